@@ -1,0 +1,95 @@
+"""The ``audit`` command line.
+
+``audit MODEL [options]`` runs the assumption audit (the main job). The capacity lab and the other
+tools are subcommands (``audit memorize``, ``audit certify``, ``audit capacity``, ``audit facts``,
+``audit assoc``, ``audit recall``, ``audit models``). Each subcommand lives beside the code it drives
+and is imported only when it is used, so ``audit --help`` stays fast.
+
+User mistakes raise ``ValueError`` (``AuditError``); they are printed as one line and exit with code 2.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+# subcommand name -> "module:attribute" of a click.Command
+SUBCOMMANDS: dict[str, str] = {
+    "models": "auditor.commands:models_command",
+    "memorize": "auditor.lab.memorize.cli:memorize_command",
+    "certify": "auditor.lab.memorize.cli:certify_command",
+    "capacity": "auditor.lab.memorize.cli:capacity_command",
+    "facts": "auditor.lab.facts.cli:facts_command",
+    "assoc": "auditor.lab.assoc.cli:assoc_command",
+    "recall": "auditor.lab.assoc.cli:recall_command",
+}
+DEFAULT_COMMAND = "model"  # `audit vit-base ...` is `audit model vit-base ...`
+_DEFAULT_TARGET = "auditor.commands:audit_command"
+
+
+def _load(target: str) -> click.Command:
+    module, attr = target.split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+class _AuditGroup(click.Group):
+    """A group whose unknown first word is the model name of the default ``model`` command."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [DEFAULT_COMMAND, *SUBCOMMANDS]
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name == DEFAULT_COMMAND:
+            return _load(_DEFAULT_TARGET)
+        target = SUBCOMMANDS.get(name)
+        if target is None:
+            return None
+        try:
+            return _load(target)
+        except ModuleNotFoundError as err:  # a room of the lab that is not installed in this build
+            raise click.UsageError(f"'audit {name}' is not available in this installation ({err})") from None
+
+    def resolve_command(self, ctx: click.Context, args: list[str]):
+        if args and args[0] not in SUBCOMMANDS and args[0] != DEFAULT_COMMAND and not args[0].startswith("-"):
+            args = [DEFAULT_COMMAND, *args]
+        return super().resolve_command(ctx, args)
+
+
+@click.group(cls=_AuditGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="attention-auditor")
+def cli() -> None:
+    """Test the token assumptions of attention-memorization theory on real models, and measure
+    what attention layers memorize.
+
+    \b
+    Main job:   audit vit-base            (also bert-base, gpt2, minilm, any hub or timm:<name> id)
+    Capacity:   audit memorize | certify | capacity
+    Facts:      audit facts | assoc | recall
+    Models:     audit models              (list the registered names)
+    """
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``audit`` console script; returns the exit code."""
+    try:
+        cli.main(args=argv, prog_name="audit", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("interrupted", err=True)
+        return 130
+    except click.ClickException as err:
+        err.show()
+        return 2
+    except (ValueError, FileNotFoundError, PermissionError, NotADirectoryError, IsADirectoryError) as err:
+        msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        click.echo(f"error: {msg}", err=True)
+        return 2
+    except KeyboardInterrupt:
+        click.echo("interrupted: finished rows are kept on disk; rerun the same command to resume", err=True)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

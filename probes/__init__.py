@@ -1,0 +1,58 @@
+"""probes: the rank tests of attention-memorization theory, as a library.
+
+All functions take torch tensors (or NumPy arrays), run on the input's device (CPU or CUDA), do their
+arithmetic in float64 and, by default, judge ranks at the tolerance of the dtype the data was produced
+in (``max(m, n) * eps * sigma_max``, the rule of ``torch.linalg.matrix_rank``).
+
+Shapes: one matrix (m, n) or a batch (..., m, n) for :func:`numerical_rank`; contexts (N, n, d) and
+queries / vectors (N, d) elsewhere.
+
+>>> import torch, probes
+>>> x = torch.randn(50, 16)
+>>> probes.kruskal_test(x, k=16, subsets=200).fraction
+1.0
+>>> probes.kruskal_rank_exact(torch.cat([x[:5], x[:1]]))   # a duplicated vector
+1
+"""
+
+from probes.assumptions import (
+    DEFAULT_THRESHOLD,
+    AssumptionResult,
+    ContextRanks,
+    assumption1,
+    assumption2,
+    assumption3,
+    context_ranks,
+    general_position,
+)
+from probes.kruskal import (
+    KruskalResult,
+    SweepResult,
+    check_witness,
+    kruskal_rank_exact,
+    kruskal_sweep,
+    kruskal_test,
+    sample_subsets,
+)
+from probes.rank import RankResult, default_rtol, numerical_rank
+
+__all__ = [
+    "DEFAULT_THRESHOLD",
+    "AssumptionResult",
+    "ContextRanks",
+    "KruskalResult",
+    "RankResult",
+    "SweepResult",
+    "assumption1",
+    "assumption2",
+    "assumption3",
+    "check_witness",
+    "context_ranks",
+    "default_rtol",
+    "general_position",
+    "kruskal_rank_exact",
+    "kruskal_sweep",
+    "kruskal_test",
+    "numerical_rank",
+    "sample_subsets",
+]

@@ -1,0 +1,230 @@
+"""The input assumptions of attention-memorization theory as tests on token tensors.
+
+- Assumption 1: the N query vectors have Kruskal rank >= n (tested at k = n).
+- Assumption 2: every context matrix E(t) (n x d) has rank n.
+- Assumption 3: the vectors e(t) + mean of the rows of E(t) have Kruskal rank >= n.
+- General position: the vectors have Kruskal rank min(N, d).
+
+Kruskal-rank tests sample k-subsets (see :mod:`probes.kruskal`); an assumption *holds* when the
+share of full-rank subsets reaches ``threshold`` (default 0.99). Assumption 2 tests every context, so
+its default threshold is 1.0 (every context must have rank n).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from probes import _fast
+from probes.kruskal import KruskalResult, kruskal_test, validate_vectors
+from probes.rank import Array, as_tensor, check_finite, resolve_rtol
+
+DEFAULT_THRESHOLD = 0.99
+
+
+@dataclass(frozen=True)
+class ContextRanks:
+    """Per-context ranks (Assumption 2).
+
+    Attributes:
+        rank: (N,) int64 rank of each context.
+        margin: (N,) float64 margins in decades (certified lower bounds where the fast path decided).
+        n, d: context length and width; ``rtol``: tolerance used.
+    """
+
+    rank: torch.Tensor
+    margin: torch.Tensor
+    n: int
+    d: int
+    rtol: float
+
+
+def _check_contexts(contexts: Array) -> torch.Tensor:
+    e = as_tensor(contexts, "contexts")
+    if e.ndim != 3:
+        raise ValueError(f"contexts must have shape (N, n, d); got shape {tuple(e.shape)}")
+    if 0 in e.shape:
+        raise ValueError(f"contexts must be non-empty (N, n, d >= 1); got shape {tuple(e.shape)}")
+    check_finite(e, "contexts")
+    return e
+
+
+def context_ranks(contexts: Array, rtol: float | None = None) -> ContextRanks:
+    """Numerical rank of every context matrix.
+
+    Args:
+        contexts: (N, n, d) the n context tokens of each of N examples, any device.
+        rtol: relative tolerance; default ``max(n, d) * eps`` of the contexts' dtype.
+
+    Returns:
+        :class:`ContextRanks` with ranks (N,) and margins (N,).
+    """
+    e = _check_contexts(contexts)
+    _, n, d = e.shape
+    rtol = resolve_rtol(rtol, n, d, e.dtype)
+    if n <= d:
+        dec = _fast.matrix_decisions(e, rtol)
+        rank, margin = dec.rank, dec.margin
+    else:  # rank <= d < n: the transposed problem is the small one
+        dec = _fast.matrix_decisions(e.transpose(1, 2), rtol)
+        rank, margin = dec.rank, dec.margin
+    return ContextRanks(rank=rank, margin=margin, n=n, d=d, rtol=rtol)
+
+
+@dataclass(frozen=True)
+class AssumptionResult:
+    """Verdict of one assumption test; ``to_dict()`` is a report row.
+
+    Attributes:
+        test: ``assumption1`` | ``assumption2`` | ``assumption3`` | ``general_position``.
+        holds: ``fraction >= threshold`` (and the test was possible at all).
+        fraction: share of full-rank subsets (or, for Assumption 2, of rank-n contexts).
+        k: subset size tested (Assumption 2: the rank required, n).
+        N, n, d: number of examples, context length (None when not given), width.
+        threshold: the share required for ``holds``.
+        rtol: relative tolerance; ``min_margin``: smallest margin in decades.
+        subsets: subsets (or contexts) tested; ``exhaustive``: every subset was tested.
+        witness: indices of a dependent subset (or of a rank-deficient context), or None.
+        rank_counts: histogram {rank: count}.
+        dtype, device, seed, seconds; note: why a verdict is trivial.
+    """
+
+    test: str
+    holds: bool
+    fraction: float
+    k: int
+    N: int
+    n: int | None
+    d: int
+    threshold: float
+    rtol: float
+    min_margin: float
+    subsets: int
+    exhaustive: bool
+    witness: tuple[int, ...] | None
+    rank_counts: dict[int, int]
+    dtype: str
+    device: str
+    seed: int | None
+    seconds: float
+    stages: dict[str, int] = field(default_factory=dict)
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Flat dict for a report row."""
+        out = asdict(self)
+        out["rank_counts"] = ";".join(f"{r}:{c}" for r, c in sorted(self.rank_counts.items()))
+        out["witness"] = "" if self.witness is None else " ".join(map(str, self.witness))
+        out["stages"] = ";".join(f"{s}:{c}" for s, c in self.stages.items())
+        return out
+
+
+def _check_threshold(threshold: Any) -> float:
+    if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not 0 < threshold <= 1:
+        raise ValueError(f"threshold must be a number in (0, 1], got {threshold!r}")
+    return float(threshold)
+
+
+def _check_n(n: Any) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n (the context length) must be a positive integer, got {n!r}")
+    return n
+
+
+def _from_kruskal(test: str, res: KruskalResult, threshold: float, n: int | None) -> AssumptionResult:
+    possible = not res.note
+    return AssumptionResult(
+        test=test, holds=possible and res.fraction >= threshold, fraction=res.fraction, k=res.k, N=res.N,
+        n=n, d=res.d, threshold=threshold, rtol=res.rtol, min_margin=res.min_margin, subsets=res.subsets,
+        exhaustive=res.exhaustive, witness=res.witness, rank_counts=res.rank_counts, dtype=res.dtype,
+        device=res.device, seed=res.seed, seconds=res.seconds, stages=res.stages, note=res.note,
+    )
+
+
+def assumption1(
+    queries: Array, n: int, *, subsets: int = 5000, seed: int = 0, rtol: float | None = None,
+    threshold: float = DEFAULT_THRESHOLD,
+) -> AssumptionResult:
+    """Assumption 1: the query set has Kruskal rank >= n (sampled at k = n).
+
+    Args:
+        queries: (N, d) one query vector per example.
+        n: context length; the subset size tested. Needs n <= N (else ValueError).
+    """
+    n = _check_n(n)
+    threshold = _check_threshold(threshold)
+    res = kruskal_test(queries, n, subsets=subsets, seed=seed, rtol=rtol)
+    return _from_kruskal("assumption1", res, threshold, n)
+
+
+def assumption3(
+    contexts: Array, queries: Array, n: int | None = None, *, subsets: int = 5000, seed: int = 0,
+    rtol: float | None = None, threshold: float = DEFAULT_THRESHOLD,
+) -> AssumptionResult:
+    """Assumption 3: the vectors e(t) + mean_i E(t)_i have Kruskal rank >= n.
+
+    Args:
+        contexts: (N, n, d); queries: (N, d); n: subset size (default: the contexts' n).
+    """
+    e = _check_contexts(contexts)
+    q = validate_vectors(queries, "queries")
+    if q.shape[0] != e.shape[0] or q.shape[1] != e.shape[2]:
+        raise ValueError(
+            f"queries {tuple(q.shape)} do not match contexts {tuple(e.shape)}; expected queries (N, d) = "
+            f"({e.shape[0]}, {e.shape[2]})"
+        )
+    n = e.shape[1] if n is None else _check_n(n)
+    threshold = _check_threshold(threshold)
+    mixed = q.to(torch.float64) + e.to(torch.float64).mean(dim=1)  # (N, d)
+    rtol = resolve_rtol(rtol, n, e.shape[2], e.dtype)  # judged at the tokens' own dtype
+    res = kruskal_test(mixed, n, subsets=subsets, seed=seed, rtol=rtol)
+    res = dataclasses.replace(res, dtype=str(e.dtype).removeprefix("torch."))
+    return _from_kruskal("assumption3", res, threshold, n)
+
+
+def general_position(
+    vectors: Array, *, subsets: int = 5000, seed: int = 0, rtol: float | None = None,
+    threshold: float = DEFAULT_THRESHOLD, n: int | None = None,
+) -> AssumptionResult:
+    """General position: Kruskal rank = min(N, d), sampled at k = min(N, d). ``vectors``: (N, d)."""
+    x = validate_vectors(vectors)
+    threshold = _check_threshold(threshold)
+    k = min(x.shape)
+    res = kruskal_test(x, k, subsets=subsets, seed=seed, rtol=rtol)
+    return _from_kruskal("general_position", res, threshold, n)
+
+
+def assumption2(
+    contexts: Array, *, rtol: float | None = None, threshold: float = 1.0
+) -> AssumptionResult:
+    """Assumption 2: every context matrix (n x d) has rank n.
+
+    Args:
+        contexts: (N, n, d).
+        threshold: share of rank-n contexts required (default 1.0: all of them).
+    When n > d no context can have rank n: the result says so (fraction 0).
+    """
+    start = time.perf_counter()
+    e = _check_contexts(contexts)
+    threshold = _check_threshold(threshold)
+    n_ex, n, d = e.shape
+    common = dict(test="assumption2", k=n, N=n_ex, n=n, d=d, threshold=threshold, subsets=n_ex,
+                  exhaustive=True, dtype=str(e.dtype).removeprefix("torch."), device=str(e.device), seed=None)
+    cr = context_ranks(e, rtol)
+    full = cr.rank == n
+    bad = (~full).nonzero().flatten()
+    note = f"n = {n} > d = {d}: no context can have rank n" if n > d else ""
+    fraction = float(full.double().mean())
+    return AssumptionResult(
+        holds=not note and fraction >= threshold, fraction=fraction, rtol=cr.rtol,
+        min_margin=float(cr.margin.min()) if cr.margin.numel() else math.inf,
+        witness=(int(bad[0]),) if bad.numel() else None,
+        rank_counts=dict(sorted(Counter(cr.rank.tolist()).items())),
+        seconds=time.perf_counter() - start, note=note, **common,
+    )
