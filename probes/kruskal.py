@@ -130,7 +130,9 @@ def kruskal_test(
     seed: int = 0,
     rtol: float | None = None,
     *,
+    rank_sample: int = 100,
     _gram: torch.Tensor | None = None,
+    _spectrum: torch.Tensor | None = None,
 ) -> KruskalResult:
     """Test whether random k-subsets of ``vectors`` are linearly independent.
 
@@ -141,6 +143,8 @@ def kruskal_test(
         subsets: how many random subsets to test; when C(N, k) <= subsets every subset is tested once.
         seed: sampling seed (same seed, same subsets, on any device).
         rtol: relative tolerance; default ``max(k, d) * eps`` of the vectors' dtype.
+        rank_sample: when every k-subset is provably dependent (see ``note``), the rank histogram is
+            computed on this many of the sampled subsets only.
 
     Returns:
         :class:`KruskalResult` (``.fraction``, ``.rank_counts``, ``.min_margin``, ``.witness``).
@@ -170,17 +174,45 @@ def kruskal_test(
         idx = sample_subsets(n_vec, k, subsets, seed)  # (S, k)
     x64 = x.to(torch.float64)
     gram = _gram if _gram is not None else _pool_gram(x64)
+    note = ""
+    spectrum = _spectrum if _spectrum is not None else pool_spectrum(x64)
+    if k > 1 and _all_subsets_dependent(x64, k, rtol, spectrum):
+        # Interlacing proves every k-subset dependent: only a sample is needed for the rank histogram.
+        idx = idx[:rank_sample]
+        note = (f"every {k}-subset is dependent (sigma_{k} of the whole set is below the smallest "
+                f"possible subset tolerance); rank histogram from {idx.shape[0]} subsets")
     dec = _test_subsets(x64, idx, rtol, gram)
     full = dec.rank == k
     dependent = (~full).nonzero().flatten()
     witness = tuple(idx[int(dependent[0])].tolist()) if dependent.numel() else None
     counts = Counter(dec.rank.tolist())
+    tested = subsets if note else int(idx.shape[0])
     return KruskalResult(
-        subsets=int(idx.shape[0]), exhaustive=exhaustive, full_rank=int(full.sum()),
+        subsets=tested, exhaustive=exhaustive or bool(note), full_rank=int(full.sum()),
         fraction=float(full.double().mean()), rank_counts=dict(sorted(counts.items())),
         min_margin=float(dec.margin.min()), witness=witness, seconds=time.perf_counter() - start,
-        stages=dec.stages, **common,
+        stages=dec.stages, note=note, **common,
     )
+
+
+def pool_spectrum(x64: torch.Tensor) -> torch.Tensor:
+    """Singular values (descending) of the whole (N, d) set, float64."""
+    return torch.linalg.svdvals(x64)
+
+
+def _all_subsets_dependent(x64: torch.Tensor, k: int, rtol: float, spectrum: torch.Tensor) -> bool:
+    """True when EVERY k-subset is provably rank-deficient at its own tolerance.
+
+    Removing rows never increases singular values, so sigma_k(X_S) <= sigma_k(X). Each subset's
+    tolerance is rtol * sigma_1(X_S) >= rtol * max_{i in S} |x_i| >= rtol * nu_k, where nu_k is the k-th
+    smallest row norm of the whole set. So sigma_k(X) <= rtol * nu_k (with a float64 safety margin)
+    settles every subset at once, e.g. general position at k = d for tokens of lower rank.
+    """
+    if k > spectrum.numel():
+        return True
+    slack = float(spectrum[0]) * 64 * sum(x64.shape) * torch.finfo(torch.float64).eps
+    nu_k = float(x64.norm(dim=1).sort().values[k - 1])
+    return float(spectrum[k - 1]) + slack < rtol * nu_k
 
 
 def check_witness(vectors: Array, witness: tuple[int, ...], rtol: float | None = None) -> bool:
@@ -230,7 +262,8 @@ def kruskal_sweep(
     ks = sorted({_check_k(k, x.shape[0]) for k in ks})
     if not ks:
         raise ValueError("ks must list at least one subset size")
-    gram = _pool_gram(x.to(torch.float64))
+    x64 = x.to(torch.float64)
+    gram, spectrum = _pool_gram(x64), pool_spectrum(x64)
     results = []
     iterator = ks
     if progress:
@@ -238,7 +271,8 @@ def kruskal_sweep(
 
         iterator = tqdm(ks, desc="kruskal sweep", unit="k")
     for k in iterator:
-        results.append(kruskal_test(x, k, subsets=subsets, seed=seed, rtol=rtol, _gram=gram))
+        results.append(kruskal_test(x, k, subsets=subsets, seed=seed, rtol=rtol, _gram=gram,
+                                    _spectrum=spectrum))
     lower = 0
     for r in results:
         if r.fraction < 1.0:

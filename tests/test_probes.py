@@ -327,3 +327,14 @@ def test_bad_input_is_a_one_line_value_error(call, message):
     with pytest.raises(ValueError, match=message) as info:
         call()
     assert "\n" not in str(info.value)
+
+
+def test_low_rank_pool_is_settled_for_every_subset_at_once():
+    """Tokens spanning 6 of 10 dimensions: every 8-subset is dependent, proven by interlacing."""
+    x = (generic(40, 6, seed=24) @ generic(6, 10, seed=25)).float()
+    res = probes.kruskal_test(x, 8, subsets=5000)
+    assert res.fraction == 0.0 and res.exhaustive and "every 8-subset is dependent" in res.note
+    assert set(res.rank_counts) == {6} and sum(res.rank_counts.values()) == 100
+    assert probes.check_witness(x, res.witness)
+    gp = probes.general_position(x)
+    assert not gp.holds and gp.k == 10
