@@ -48,8 +48,12 @@ class _AuditGroup(click.Group):
             return None
         try:
             return _load(target)
-        except ModuleNotFoundError as err:  # a room of the lab that is not installed in this build
-            raise click.UsageError(f"'audit {name}' is not available in this installation ({err})") from None
+        except ModuleNotFoundError as err:  # an optional room whose dependencies are not installed
+
+            def unavailable() -> None:
+                raise click.UsageError(f"'audit {name}' is not available in this installation ({err})")
+
+            return click.Command(name, callback=unavailable, help=f"(unavailable: {err})")
 
     def resolve_command(self, ctx: click.Context, args: list[str]):
         if args and args[0] not in SUBCOMMANDS and args[0] != DEFAULT_COMMAND and not args[0].startswith("-"):

@@ -8,9 +8,10 @@ decides:
 1. Gram + shifted Cholesky (cheap, level-3, batched on CPU and CUDA alike). With G = X_S X_S^T in
    float64, sigma_k^2 = lambda_min(G). An upper bound ``lam_hi >= lambda_max`` (min of trace and the
    Gershgorin row sum) gives ``tol_hi >= tol``. If the Cholesky factorisation of
-   ``G - ((M * tol_hi)^2 + 2 delta) I`` succeeds, then lambda_min > (M tol_hi)^2, so the matrix is
-   full rank with a margin of at least log10(M) decades. ``delta`` bounds the float64 error of forming
-   and factoring G, so a success is a proof, not an estimate.
+   ``G - (tol_hi^2 + 2 delta) I`` succeeds, then lambda_min > tol^2: the matrix is full rank.
+   ``delta`` bounds the float64 error of forming and factoring G, so a success is a proof, not an
+   estimate. The margin of a certified matrix is a proven lower bound from the same factor L:
+   lambda_min(G - s I) >= 1 / |L^-1|_F^2 (one batched triangular inverse).
 2. Eigenvalues of G (``eigvalsh``) for the matrices stage 1 did not certify: exact ranks and margins,
    except where an eigenvalue lies within the float64 error band around tol^2.
 3. float64 SVD of X_S itself for those few (and for data whose tolerance is below the Gram's
@@ -29,7 +30,6 @@ import torch
 
 from probes.rank import margins_from_singular_values
 
-CERTIFY_DECADES = 2.0  # stage 1 certifies independence with a margin of at least this many decades
 _F64_EPS = torch.finfo(torch.float64).eps
 _GUARD = 8.0  # safety factor on the float64 error bound of the Gram route
 
@@ -79,13 +79,19 @@ def decide(
     lam_hi = torch.minimum(trace, gersh)  # >= lambda_max
     delta = _gram_error(gram, lam_hi, width)
 
-    # Stage 1: certify full rank with margin >= CERTIFY_DECADES.
-    scale = 10.0**CERTIFY_DECADES
-    shift = (scale * rtol) ** 2 * lam_hi + 2 * delta  # (c,)
+    # Stage 1: certify full rank: Cholesky of G - s I succeeds  =>  lambda_min(G) > s >= tol^2.
+    tol_hi2 = rtol**2 * lam_hi  # (c,) >= tol^2
+    shift = tol_hi2 + 2 * delta
     eye = torch.eye(k, dtype=gram.dtype, device=device)
-    _, info = torch.linalg.cholesky_ex(gram - shift[:, None, None] * eye)  # (c,) 0 = success
+    chol, info = torch.linalg.cholesky_ex(gram - shift[:, None, None] * eye)  # (c, k, k), (c,)
     certified = (info == 0) & (lam_hi > 0)
-    margin[certified] = CERTIFY_DECADES
+    if bool(certified.any()):
+        # Certified margin: lambda_min(G - sI) >= 1 / trace((G - sI)^-1) = 1 / |L^-1|_F^2, so
+        # sigma_k^2 >= s + 1 / |L^-1|_F^2 and tol^2 <= tol_hi^2.
+        lc = chol[certified]
+        inv = torch.linalg.solve_triangular(lc, eye.expand_as(lc), upper=False)  # (c', k, k) = L^-1
+        lam_lo = shift[certified] - 2 * delta[certified] + 1.0 / inv.square().sum((-2, -1))
+        margin[certified] = 0.5 * torch.log10(lam_lo / tol_hi2[certified].clamp(min=torch.finfo(gram.dtype).tiny))
     stages["cholesky"] = int(certified.sum())
     todo = (~certified).nonzero().flatten()
     if todo.numel() == 0:

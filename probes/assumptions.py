@@ -43,6 +43,7 @@ class ContextRanks:
     n: int
     d: int
     rtol: float
+    stages: dict[str, int] = field(default_factory=dict)
 
 
 def _check_contexts(contexts: Array) -> torch.Tensor:
@@ -68,13 +69,9 @@ def context_ranks(contexts: Array, rtol: float | None = None) -> ContextRanks:
     e = _check_contexts(contexts)
     _, n, d = e.shape
     rtol = resolve_rtol(rtol, n, d, e.dtype)
-    if n <= d:
-        dec = _fast.matrix_decisions(e, rtol)
-        rank, margin = dec.rank, dec.margin
-    else:  # rank <= d < n: the transposed problem is the small one
-        dec = _fast.matrix_decisions(e.transpose(1, 2), rtol)
-        rank, margin = dec.rank, dec.margin
-    return ContextRanks(rank=rank, margin=margin, n=n, d=d, rtol=rtol)
+    # for n > d the rank is at most d and the transposed (d, n) problem is the small one
+    dec = _fast.matrix_decisions(e if n <= d else e.transpose(1, 2), rtol)
+    return ContextRanks(rank=dec.rank, margin=dec.margin, n=n, d=d, rtol=rtol, stages=dec.stages)
 
 
 @dataclass(frozen=True)
@@ -201,13 +198,14 @@ def general_position(
 
 
 def assumption2(
-    contexts: Array, *, rtol: float | None = None, threshold: float = 1.0
+    contexts: Array, *, rtol: float | None = None, threshold: float = 1.0, ranks: ContextRanks | None = None
 ) -> AssumptionResult:
     """Assumption 2: every context matrix (n x d) has rank n.
 
     Args:
         contexts: (N, n, d).
         threshold: share of rank-n contexts required (default 1.0: all of them).
+        ranks: the result of :func:`context_ranks` on the same contexts and rtol, if already computed.
     When n > d no context can have rank n: the result says so (fraction 0).
     """
     start = time.perf_counter()
@@ -216,7 +214,7 @@ def assumption2(
     n_ex, n, d = e.shape
     common = dict(test="assumption2", k=n, N=n_ex, n=n, d=d, threshold=threshold, subsets=n_ex,
                   exhaustive=True, dtype=str(e.dtype).removeprefix("torch."), device=str(e.device), seed=None)
-    cr = context_ranks(e, rtol)
+    cr = ranks if ranks is not None else context_ranks(e, rtol)
     full = cr.rank == n
     bad = (~full).nonzero().flatten()
     note = f"n = {n} > d = {d}: no context can have rank n" if n > d else ""
@@ -226,5 +224,5 @@ def assumption2(
         min_margin=float(cr.margin.min()) if cr.margin.numel() else math.inf,
         witness=(int(bad[0]),) if bad.numel() else None,
         rank_counts=dict(sorted(Counter(cr.rank.tolist()).items())),
-        seconds=time.perf_counter() - start, note=note, **common,
+        seconds=time.perf_counter() - start, stages=cr.stages, note=note, **common,
     )

@@ -14,6 +14,7 @@ submatrices, with exact fallbacks, so verdicts equal a float64 SVD at the same t
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections import Counter
@@ -38,8 +39,8 @@ class KruskalResult:
         subsets: number of subsets tested; ``exhaustive`` when these were all C(N, k) of them.
         full_rank: how many tested subsets had rank k; ``fraction = full_rank / subsets``.
         rank_counts: histogram {rank: count} over the tested subsets.
-        min_margin: smallest margin in decades over the tested subsets (for subsets certified by the
-            fast path this is a certified lower bound of 2 decades, see :mod:`probes._fast`).
+        min_margin: smallest margin in decades over the tested subsets (a proven lower bound where the
+            fast path certified a subset, exact elsewhere; see :mod:`probes._fast`).
         witness: sorted indices of one dependent subset (proof that Kruskal rank < k), or None.
         rtol: relative tolerance used; ``dtype``: dtype the vectors were given in; ``device``.
         seed, seconds, stages: sampling seed, wall time, how many subsets each stage decided.
@@ -113,6 +114,12 @@ def sample_subsets(n_vectors: int, k: int, count: int, seed: int) -> torch.Tenso
     return torch.cat(parts)
 
 
+def all_subsets(n_vectors: int, k: int) -> torch.Tensor:
+    """Every k-subset of range(N) in lexicographic order: (C(N, k), k) int64 (callers bound C(N, k))."""
+    flat = itertools.chain.from_iterable(itertools.combinations(range(n_vectors), k))
+    return torch.tensor(list(flat), dtype=torch.int64).reshape(-1, k)
+
+
 def _pool_gram(x64: torch.Tensor) -> torch.Tensor | None:
     return x64 @ x64.T if x64.shape[0] <= POOL_GRAM_MAX_N else None  # (N, N)
 
@@ -169,7 +176,7 @@ def kruskal_test(
             note=f"k = {k} > d = {d}: any {k} vectors in R^{d} are dependent", **common,
         )
     if exhaustive:
-        idx = torch.combinations(torch.arange(n_vec), r=k) if k > 1 else torch.arange(n_vec)[:, None]
+        idx = all_subsets(n_vec, k)
     else:
         idx = sample_subsets(n_vec, k, subsets, seed)  # (S, k)
     x64 = x.to(torch.float64)
@@ -313,9 +320,9 @@ def kruskal_rank_exact(vectors: Array, rtol: float | None = None, *, max_subsets
     chunk = 65536
     for k in range(1, top + 1):
         r = resolve_rtol(rtol, k, d, x.dtype)
-        combos = torch.combinations(torch.arange(n_vec), r=k) if k > 1 else torch.arange(n_vec)[:, None]
-        for start in range(0, combos.shape[0], chunk):
-            dec = _test_subsets(x64, combos[start : start + chunk], r, gram)
+        combos = itertools.combinations(range(n_vec), k)
+        while block := list(itertools.islice(combos, chunk)):
+            dec = _test_subsets(x64, torch.tensor(block, dtype=torch.int64), r, gram)
             if bool((dec.rank < k).any()):
                 return k - 1
     return top

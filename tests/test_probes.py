@@ -338,3 +338,16 @@ def test_low_rank_pool_is_settled_for_every_subset_at_once():
     assert probes.check_witness(x, res.witness)
     gp = probes.general_position(x)
     assert not gp.holds and gp.k == 10
+
+
+def test_certified_margins_never_exceed_the_exact_margins():
+    x = torch.cat([generic(60, 20, seed=26), generic(20, 5, seed=27) @ generic(5, 20, seed=28)]).float()
+    subsets = probes.sample_subsets(80, 12, 400, seed=2)
+    rtol = probes.default_rtol(12, 20, torch.float32)
+    dec = _fast.subset_decisions(x.double(), subsets, rtol, None)
+    exact = probes.numerical_rank(x.double()[subsets], rtol)  # (400,) batched SVD reference
+    assert dec.rank.tolist() == exact.rank.tolist()
+    certified = dec.rank == 12
+    assert certified.any() and (~certified).any()
+    assert (dec.margin[certified] <= exact.margin[certified] + 1e-9).all()
+    assert (dec.margin[certified] > 0).all()

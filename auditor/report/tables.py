@@ -1,0 +1,116 @@
+"""Tables of an audit: the Table-1 layout (representation rows x assumption columns) and the files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pandas as pd
+
+from auditor.lab.sweep import write_csv_atomic
+
+if TYPE_CHECKING:
+    from auditor.audit import AuditResult
+
+TEST_TITLES = {
+    "assumption2": "Assumption 2 (rank n per context)",
+    "assumption1": "Assumption 1 (Kruskal, k = n)",
+    "assumption3": "Assumption 3 (query + mean context)",
+    "general_position": "General position (k = min(N, d))",
+}
+
+
+def _rank_span(counts: str) -> str:
+    ranks = [int(part.split(":")[0]) for part in str(counts).split(";") if ":" in part]
+    if not ranks:
+        return ""
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {min(ranks)}-{max(ranks)}"
+
+
+def cell(row: pd.Series) -> str:
+    """One table cell: verdict, fraction and, where it failed, the ranks seen."""
+    if row.get("status") == "skipped":
+        note = str(row.get("note", ""))
+        if note.startswith("weights unavailable"):
+            return "skipped: no weights"
+        if note.startswith("N = "):
+            return "skipped: N < k"
+        return "skipped"
+    mark = "holds" if bool(row["holds"]) else "fails"
+    if row["test"] == "assumption2":
+        full = round(float(row["fraction"]) * int(row["N"]))
+        text = f"{mark}: {full}/{int(row['N'])} rank n"
+    else:
+        text = f"{mark}: {float(row['fraction']):.4f}"
+    if not bool(row["holds"]):
+        span = _rank_span(row.get("rank_counts", ""))
+        text += f" ({span})" if span else ""
+    return text
+
+
+def summary_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """Representation x test table (the layout of paper A's Table 1)."""
+    if rows.empty:
+        return pd.DataFrame()
+    frame = rows.assign(row=rows["representation"] + " @ " + rows["weights"].astype(str), cell=rows.apply(cell, axis=1))
+    table = frame.pivot_table(index="row", columns="test", values="cell", aggfunc="first", sort=False)
+    cols = [t for t in TEST_TITLES if t in table.columns]
+    return table[cols].rename(columns=TEST_TITLES).rename_axis(index="representation @ weights", columns=None)
+
+
+def _provenance_lines(result: AuditResult) -> list[str]:
+    rows, config = result.rows, result.config
+    ok = rows[rows["status"] == "ok"]
+    first = ok.iloc[0] if not ok.empty else rows.iloc[0]
+
+    def val(key: str) -> str:
+        v = first.get(key, "")
+        return "" if pd.isna(v) else str(int(v) if isinstance(v, float) and v.is_integer() else v)
+
+    rtol = "max(k, d) x eps of the token dtype" if config.rtol is None else f"{config.rtol:g}"
+    lines = [
+        f"- model: `{config.model}`; data: {val('data_source')}",
+        f"- tokenizer / preprocessing: {val('tokenizer')}",
+        f"- N = {val('N')}, n = {val('n')}, d = {val('d')}; token dtype: {val('dtype')}; tests ran on: {val('device')}",
+        f"- Kruskal tests: {config.subsets} random k-subsets (all of them when C(N, k) is smaller), seed "
+        f"{config.seed}; holds at >= {config.threshold:g} full rank (Assumption 2: every context)",
+        f"- rank tolerance: sigma > sigma_max x rtol, rtol = {rtol}",
+        f"- git commit: {val('git_commit')}; versions: {val('versions')}",
+    ]
+    skipped = rows[rows["status"] == "skipped"]
+    for note in sorted(set(skipped["note"].astype(str))):
+        lines.append(f"- skipped: {note}")
+    return lines
+
+
+def write_report(result: AuditResult, out: Path) -> None:
+    """Write results.csv, sweep.csv (if any), config.json, summary.md and the plots into ``out``."""
+    from auditor.report.plots import write_plots
+
+    out = Path(out)
+    write_csv_atomic(result.rows, out / "results.csv")
+    if not result.curves.empty:
+        write_csv_atomic(result.curves, out / "sweep.csv")
+    config = {k: (list(v) if isinstance(v, tuple) else v) for k, v in result.config.__dict__.items()}
+    (out / "config.json").write_text(json.dumps(config, indent=2, default=str) + "\n")
+    plots = write_plots(result, out)
+    table = summary_table(result.rows)
+    total = float(pd.to_numeric(result.rows.get("seconds"), errors="coerce").fillna(0).sum())
+    lines = [
+        f"# Assumption audit: {result.config.model}",
+        "",
+        table.to_markdown() if not table.empty else "(no rows)",
+        "",
+        "Fractions are the share of full-rank sampled k-subsets (Assumptions 1, 3, general position) or of "
+        "rank-n contexts (Assumption 2); an assumption holds when the share reaches the threshold. A Kruskal "
+        "test that fails comes with a witness subset in results.csv.",
+        "",
+        "## How this was made",
+        *_provenance_lines(result),
+        f"- rank tests took {total:.1f} s in total",
+        "",
+    ]
+    if plots:
+        lines += ["## Plots", *[f"![{p.stem}]({p.name})" for p in plots], ""]
+    (out / "summary.md").write_text("\n".join(lines))

