@@ -49,11 +49,12 @@ class _AuditGroup(click.Group):
         try:
             return _load(target)
         except ModuleNotFoundError as err:  # an optional room whose dependencies are not installed
+            reason = str(err)
 
             def unavailable() -> None:
-                raise click.UsageError(f"'audit {name}' is not available in this installation ({err})")
+                raise click.UsageError(f"'audit {name}' is not available in this installation ({reason})")
 
-            return click.Command(name, callback=unavailable, help=f"(unavailable: {err})")
+            return click.Command(name, callback=unavailable, help=f"(unavailable: {reason})")
 
     def resolve_command(self, ctx: click.Context, args: list[str]):
         if args and args[0] not in SUBCOMMANDS and args[0] != DEFAULT_COMMAND and not args[0].startswith("-"):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from auditor.audit import DEFAULT_REPRESENTATIONS, DEFAULT_WEIGHTS, TESTS, AuditConfig, default_out
+from auditor.runner import DEFAULT_REPRESENTATIONS, DEFAULT_WEIGHTS, TESTS, AuditConfig, default_out
 
 
 def _csv(value: str | None) -> tuple[str, ...] | None:
@@ -67,8 +67,8 @@ def audit_command(model: str, out: Path | None, quiet: bool, representations: st
       audit gpt2 --data ../shared/data/wikitext-2/test.txt --context-length 256 --samples 500
       audit minilm --data ../shared/data/wikitext-2/test.txt --context-length 128 --sweep
     """
-    from auditor.audit import run
     from auditor.report import summary_table
+    from auditor.runner import run
 
     config = AuditConfig(model=model, representations=_csv(representations), weights=_csv(weights),
                          tests=_csv(tests), sweep_ks=_ints(sweep_ks), **options)

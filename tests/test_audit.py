@@ -10,9 +10,9 @@ import torch
 from conftest import shared_data
 
 import auditor
-from auditor.audit import AuditConfig, plan, run
 from auditor.cli import main
 from auditor.errors import AuditError
+from auditor.runner import AuditConfig, plan, run
 from auditor.tokens import Tokens
 
 
@@ -130,7 +130,7 @@ def test_cli_bad_inputs_give_one_line_errors(tmp_path, capsys):
     short.write_text("too short for a window")
     cases = [
         (["vit-bse"], "did you mean 'vit-base'"),
-        (["vit-base", "--data", str(empty)], "empty"),
+        (["vit-base", "--data", str(empty)], "no image files"),
         (["vit-base", "--data", str(tmp_path / "missing")], "not"),
         (["gpt2", "--data", str(short), "--context-length", "64", "-q"], "64"),
         (["gpt2", "--context-length", "1024", "-q"], "exceeds the width d = 768"),

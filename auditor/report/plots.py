@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 if TYPE_CHECKING:
-    from auditor.audit import AuditResult
+    from auditor.runner import AuditResult
 
 
 def write_plots(result: AuditResult, out: Path) -> list[Path]:

@@ -11,7 +11,7 @@ import pandas as pd
 from auditor.lab.sweep import write_csv_atomic
 
 if TYPE_CHECKING:
-    from auditor.audit import AuditResult
+    from auditor.runner import AuditResult
 
 TEST_TITLES = {
     "assumption2": "Assumption 2 (rank n per context)",

@@ -1,6 +1,6 @@
 """The audit: model -> inputs -> tokens -> probes -> rows -> report.
 
-``audit("vit-base")`` loads the model once per weights source, extracts every requested representation
+``audit("vit-base")`` (also ``auditor.audit``) loads the model once per weights source, extracts every requested representation
 in one early-exit pass, runs the assumption tests of :mod:`probes` on the tokens (on the GPU when there
 is one) and returns one row per representation x test as a DataFrame; with ``out`` it also writes
 ``results.csv``, ``summary.md``, plots and (optionally) the tokens.

@@ -1,0 +1,260 @@
+"""Token extraction: run a model over the inputs once and keep the representations asked for.
+
+Representations (one name each, used identically in the CLI, CSV columns and plots):
+
+- ``embedding``: what enters the first block, token/patch embeddings with positions (``hidden_states[0]``).
+- ``random-attention``: ``embedding`` passed through ONE random single-head self-attention layer with a
+  skip connection, the layer paper A (Section 5.1) uses to show that attention mixing makes Assumption 1
+  hold: with X = LayerNorm(E) (no affine) and seeded Gaussian d x d matrices of variance 1/d,
+  ``E + softmax(X W_Q (X W_K)^T / sqrt(d)) X W_V W_O``. The residual is added to the un-normalised E and
+  the variance matches the Xavier initialisation of the authors' layer (their notebook, read for facts).
+- ``block.L``: the output of transformer block L (``hidden_states[L + 1]``); ``block.-1`` is the last.
+
+Forward hooks are attached inside a context manager and always removed; the deepest hook raises a
+private exception, so the forward pass stops right after the last block needed (``embedding`` alone
+runs no block at all).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import json
+import math
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from auditor.data import Inputs
+from auditor.errors import AuditError
+from auditor.models.base import LoadedModel, dtype_name
+from auditor.tokens import Tokens
+
+EMBEDDING = "embedding"
+RANDOM_ATTENTION = "random-attention"
+_BLOCK = re.compile(r"block\.(-?\d+)")
+
+
+@dataclass(frozen=True)
+class Representation:
+    """A validated representation name; ``block`` is the block index for ``block.L``."""
+
+    name: str  # canonical: "embedding", "random-attention", "block.3"
+    kind: str  # "embedding" | "random-attention" | "block"
+    block: int | None = None
+
+    @property
+    def layer(self) -> str:
+        """Where the tokens come from, in Hugging Face's hidden_states numbering."""
+        if self.kind == "block":
+            return f"hidden_states[{self.block + 1}]"
+        if self.kind == RANDOM_ATTENTION:
+            return "random attention on hidden_states[0]"
+        return "hidden_states[0]"
+
+
+def parse_representation(name: str, num_layers: int) -> Representation:
+    """Validate a representation name for a model of ``num_layers`` blocks (negatives count from the end)."""
+    valid = f"valid: {EMBEDDING}, {RANDOM_ATTENTION}, block.0 .. block.{num_layers - 1}"
+    text = str(name).strip()
+    if text in (EMBEDDING, RANDOM_ATTENTION):
+        return Representation(text, text)
+    match = _BLOCK.fullmatch(text)
+    if match is None:
+        close = difflib.get_close_matches(text, [EMBEDDING, RANDOM_ATTENTION, "block.0"], n=2, cutoff=0.6)
+        hint = f"did you mean {', '.join(repr(c) for c in close)}? " if close else ""
+        raise AuditError(f"unknown representation {text!r}; {hint}{valid}")
+    index = int(match.group(1))
+    resolved = index + num_layers if index < 0 else index
+    if not 0 <= resolved < num_layers:
+        raise AuditError(
+            f"representation {text!r} is out of range: the model has {num_layers} blocks; {valid}"
+        )
+    return Representation(f"block.{resolved}", "block", resolved)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The random attention layer
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RandomAttention:
+    """A fixed random single-head self-attention layer with a skip connection (weights (d, d) each)."""
+
+    w_q: torch.Tensor
+    w_k: torch.Tensor
+    w_v: torch.Tensor
+    w_o: torch.Tensor
+    eps: float = 1e-5  # torch.nn.LayerNorm's default, as in the authors' layer
+
+    @classmethod
+    def create(cls, d: int, seed: int, device: torch.device, dtype: torch.dtype) -> RandomAttention:
+        """Gaussian weights of variance 1/d drawn on the CPU from ``seed`` (same on every device)."""
+        gen = torch.Generator().manual_seed(seed)
+        w_q, w_k, w_v, w_o = (torch.randn(d, d, generator=gen) / math.sqrt(d) for _ in range(4))
+        return cls(*(w.to(device=device, dtype=dtype) for w in (w_q, w_k, w_v, w_o)))
+
+    def __call__(self, embedding: torch.Tensor) -> torch.Tensor:
+        """embedding: (B, n, d) -> (B, n, d)."""
+        d = embedding.shape[-1]
+        x = F.layer_norm(embedding, (d,), eps=self.eps)  # (B, n, d), no affine
+        q, k, v = x @ self.w_q, x @ self.w_k, x @ self.w_v  # (B, n, d) each
+        scores = (q @ k.transpose(-1, -2)) / math.sqrt(d)  # (B, n, n)
+        weights = scores.float().softmax(dim=-1).to(embedding.dtype)  # (B, n, n), rows in the simplex
+        return embedding + (weights @ v) @ self.w_o  # (B, n, d)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Hooks
+# ---------------------------------------------------------------------------------------------------
+
+
+class _StopForward(Exception):  # noqa: N818 - a control-flow signal, not an error
+    """Raised by the deepest hook: everything needed has been captured."""
+
+
+@contextlib.contextmanager
+def capture(
+    blocks: Sequence[nn.Module], embedding: bool, block_indices: Sequence[int]
+) -> Iterator[dict[str, torch.Tensor]]:
+    """Hooks that store ``embedding`` (input of block 0) and ``block.L`` outputs in the yielded dict.
+
+    The forward pass is stopped (by :class:`_StopForward`, caught by :func:`run_until_captured`) after
+    the deepest requested block, or before block 0 when only the embedding is wanted. The hooks are
+    removed on exit, also when the body raises.
+    """
+    store: dict[str, torch.Tensor] = {}
+    deepest = max(block_indices, default=-1)
+    handles = []
+
+    def embedding_hook(module, args, kwargs):
+        store[EMBEDDING] = args[0] if args else kwargs["hidden_states"]
+        if deepest < 0:
+            raise _StopForward
+
+    def block_hook(index: int):
+        def hook(module, args, output):
+            store[f"block.{index}"] = output[0] if isinstance(output, tuple | list) else output
+            if index == deepest:
+                raise _StopForward
+
+        return hook
+
+    try:
+        if embedding or deepest < 0:
+            handles.append(blocks[0].register_forward_pre_hook(embedding_hook, with_kwargs=True))
+        for index in sorted(set(block_indices)):
+            handles.append(blocks[index].register_forward_hook(block_hook(index)))
+        yield store
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def run_until_captured(loaded: LoadedModel, batch: dict[str, torch.Tensor]) -> None:
+    """One forward pass of ``loaded`` on ``batch``, stopped by the deepest hook."""
+    with contextlib.suppress(_StopForward):
+        loaded.adapter.forward(loaded.model, batch)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Extraction
+# ---------------------------------------------------------------------------------------------------
+
+
+def _to_device(batch: dict[str, torch.Tensor], loaded: LoadedModel) -> dict[str, torch.Tensor]:
+    return {
+        k: v.to(loaded.device, loaded.dtype) if v.is_floating_point() else v.to(loaded.device)
+        for k, v in batch.items()
+    }
+
+
+def extract(
+    loaded: LoadedModel,
+    inputs: Inputs,
+    representations: Sequence[str],
+    *,
+    batch_size: int = 32,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict[str, Tokens]:
+    """Tokens of every requested representation, in one pass over ``inputs``.
+
+    Returns ``{name: Tokens}`` with contexts (N, n, d) on the CPU in the model's dtype and queries
+    (N, d) = contexts[:, query_index]. ``seed`` draws the random attention layer's weights.
+    """
+    reps = list(
+        {r.name: r for r in (parse_representation(x, loaded.num_layers) for x in representations)}.values()
+    )
+    if not reps:
+        raise AuditError(f"no representation requested; valid: {EMBEDDING}, {RANDOM_ATTENTION}, block.<L>")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise AuditError(f"batch_size must be a positive integer; got {batch_size!r}")
+    if inputs.n != loaded.n:
+        raise AuditError(
+            f"the inputs hold {inputs.n} tokens per example but {loaded.name} uses n = {loaded.n}"
+        )
+    num, n, d = inputs.N, loaded.n, loaded.d
+    need_embedding = any(r.kind in (EMBEDDING, RANDOM_ATTENTION) for r in reps)
+    block_indices = sorted({r.block for r in reps if r.kind == "block"})
+    mixer = (
+        RandomAttention.create(d, seed, loaded.device, loaded.dtype)
+        if any(r.kind == RANDOM_ATTENTION for r in reps)
+        else None
+    )
+    out = {r.name: torch.empty((num, n, d), dtype=loaded.dtype) for r in reps}  # (N, n, d) each, CPU
+    blocks = loaded.adapter.blocks(loaded.model)
+    row = 0
+    bar = tqdm(total=num, disable=not progress, desc=f"extract {loaded.name}", unit="ex")
+    with torch.inference_mode(), capture(blocks, need_embedding, block_indices) as store, bar:
+        for batch in inputs.batches(batch_size):
+            batch = _to_device(batch, loaded)
+            size = next(iter(batch.values())).shape[0]
+            store.clear()
+            run_until_captured(loaded, batch)
+            for rep in reps:
+                if rep.kind == RANDOM_ATTENTION:
+                    tokens = mixer(store[EMBEDDING])
+                else:
+                    tokens = store[rep.name]
+                if tuple(tokens.shape) != (size, n, d):
+                    raise RuntimeError(
+                        f"{rep.name}: got tokens {tuple(tokens.shape)}, expected {(size, n, d)}"
+                    )
+                out[rep.name][row : row + size].copy_(tokens)
+            row += size
+            bar.update(size)
+    if row != num:
+        raise RuntimeError(f"the inputs yielded {row} examples but announced N = {num}")
+    meta = {
+        "model": loaded.name,
+        "family": loaded.family,
+        "modality": loaded.modality,
+        "weights": loaded.weights,
+        "weights_source": loaded.details.get("weights_source", ""),
+        "dtype": dtype_name(loaded.dtype),
+        "device": str(loaded.device),
+        "data_source": inputs.data_source,
+        "data_counts": json.dumps(dict(inputs.counts), sort_keys=True),
+        "tokenizer": inputs.tokenizer,
+        "query_index": str(loaded.query_index),
+        "n": str(n),
+        "d": str(d),
+        "seed": str(seed),
+        "model_seed": str(loaded.seed),
+    }
+    result = {}
+    for rep in reps:
+        contexts = out[rep.name]
+        result[rep.name] = Tokens(
+            contexts=contexts,
+            queries=contexts[:, loaded.query_index].clone(),  # (N, d)
+            meta={**meta, "representation": rep.name, "layer": rep.layer},
+        )
+    return result

