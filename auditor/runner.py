@@ -232,9 +232,25 @@ def audit(model: str = "vit-base", *, out: str | Path | None = None, progress: b
 
 
 def run(config: AuditConfig, *, out: str | Path | None = None, progress: bool = True) -> AuditResult:
-    """:func:`audit` with a resolved config; returns rows, curves and the per-context ranks."""
+    """:func:`audit` with a resolved config; returns rows, curves and the per-context ranks.
+
+    A run that fails (bad data, an impossible n, ...) leaves no empty report folder behind.
+    """
+    created = [] if out is None else [p for p in (Path(out), *Path(out).parents) if not p.exists()]
+    try:
+        return _run(config, out=out, progress=progress)
+    except BaseException:
+        for folder in created:  # deepest first; rmdir never removes a folder that holds a file
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        raise
+
+
+def _run(config: AuditConfig, *, out: str | Path | None, progress: bool) -> AuditResult:
     from auditor.data import load_inputs
-    from auditor.extract import extract
+    from auditor.extract import extract, parse_representation
     from auditor.models import WeightsUnavailable, load_model, resolve, resolve_device
 
     spec = resolve(config.model, trust_remote_code=config.trust_remote_code)
@@ -258,11 +274,16 @@ def run(config: AuditConfig, *, out: str | Path | None = None, progress: bool = 
             for rep in reps:
                 records += _skipped(config, Row(rep, weights), f"weights unavailable: {err}", {})
             continue
+        for rep in reps:  # validate names before any data is read
+            parse_representation(rep, loaded.num_layers)
         if loaded.n > loaded.d:
             raise AuditError(f"context length n = {loaded.n} exceeds the width d = {loaded.d} of {config.model}: "
                              f"Assumption 2 (rank n) is impossible; use --context-length <= {loaded.d}")
         samples = config.samples or MAX_DEFAULT_SAMPLES
         inputs = load_inputs(loaded, config.data, samples, seed=config.seed, progress=progress)
+        if config.sweep and config.sweep_ks and max(config.sweep_ks) > inputs.N:
+            raise AuditError(f"sweep k = {max(config.sweep_ks)} exceeds the N = {inputs.N} examples loaded; "
+                             f"valid: 1 <= k <= {inputs.N} (or load more with --samples)")
         tokens = extract(loaded, inputs, reps, batch_size=config.batch_size, seed=config.seed, progress=progress)
         del loaded
         bar = tqdm(total=len(tokens) * len(config.tests), desc=f"tests ({weights})", unit="test",
