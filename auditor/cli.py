@@ -83,8 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     except click.exceptions.Abort:
         click.echo("interrupted", err=True)
         return 130
-    except click.ClickException as err:
-        err.show()
+    except click.ClickException as err:  # bad option values, unknown options: one line
+        click.echo(f"error: {err.format_message()}", err=True)
         return 2
     except (ValueError, FileNotFoundError, PermissionError, NotADirectoryError, IsADirectoryError) as err:
         msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

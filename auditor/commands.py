@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from auditor.errors import AuditError
 from auditor.runner import DEFAULT_REPRESENTATIONS, DEFAULT_WEIGHTS, TESTS, AuditConfig, default_out
 
 
@@ -22,7 +23,7 @@ def _ints(value: str | None) -> tuple[int, ...] | None:
     try:
         return tuple(int(s) for s in items)
     except ValueError:
-        raise click.BadParameter(f"expected comma-separated integers, got {value!r}") from None
+        raise AuditError(f"--sweep-ks takes comma-separated integers like 50,197,400; got {value!r}") from None
 
 
 @click.command("model", context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
@@ -49,6 +50,11 @@ def _ints(value: str | None) -> tuple[int, ...] | None:
 @click.option("--sweep-ks", default=None, help="Comma list of k for --sweep (default: 16 steps up to min(N, d)).")
 @click.option("--sweep-subsets", type=int, default=500, show_default=True, help="Subsets per k in --sweep.")
 @click.option("--save-tokens", is_flag=True, help="Write contexts and queries as safetensors (for audit capacity).")
+@click.option("--workers", type=int, default=1, show_default=True,
+              help="Shard token extraction across this many workers (tokens are identical to one process).")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="Where --workers run: local processes or Ray.")
+@click.option("--address", default=None, help="Ray cluster address for --executor ray (e.g. auto).")
 @click.option("--trust-remote-code", is_flag=True, help="Allow hub models to run their own code (off by default).")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Report folder (default: reports/<model>-<timestamp>).")

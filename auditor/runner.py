@@ -61,11 +61,17 @@ class AuditConfig:
     sweep_subsets: int = 500
     save_tokens: bool = False
     trust_remote_code: bool = False
+    workers: int = 1  # > 1: shard extraction across workers (see auditor.shard)
+    executor: str = "local"  # "local" (processes on this machine) | "ray"
+    address: str | None = None  # Ray cluster address for executor="ray"
 
     def __post_init__(self) -> None:
         _positive("subsets", self.subsets)
         _positive("batch_size", self.batch_size)
         _positive("sweep_subsets", self.sweep_subsets)
+        _positive("workers", self.workers)
+        if self.executor not in ("local", "ray"):
+            raise did_you_mean("executor", self.executor, ("local", "ray"))
         if self.samples is not None:
             _positive("samples", self.samples)
         if self.context_length is not None:
@@ -284,7 +290,17 @@ def _run(config: AuditConfig, *, out: str | Path | None, progress: bool) -> Audi
         if config.sweep and config.sweep_ks and max(config.sweep_ks) > inputs.N:
             raise AuditError(f"sweep k = {max(config.sweep_ks)} exceeds the N = {inputs.N} examples loaded; "
                              f"valid: 1 <= k <= {inputs.N} (or load more with --samples)")
-        tokens = extract(loaded, inputs, reps, batch_size=config.batch_size, seed=config.seed, progress=progress)
+        if config.workers > 1:  # shard extraction across processes / Ray workers; tokens are identical
+            from auditor.shard import ModelRecipe, extract_sharded
+
+            recipe = ModelRecipe.of(loaded, device=config.device, context_length=config.context_length,
+                                    trust_remote_code=config.trust_remote_code)
+            tokens = extract_sharded(recipe, inputs, reps, workers=config.workers, executor=config.executor,
+                                     address=config.address, batch_size=config.batch_size, seed=config.seed,
+                                     loaded=loaded, progress=progress)
+        else:
+            tokens = extract(loaded, inputs, reps, batch_size=config.batch_size, seed=config.seed,
+                             progress=progress)
         del loaded
         bar = tqdm(total=len(tokens) * len(config.tests), desc=f"tests ({weights})", unit="test",
                    disable=not progress)

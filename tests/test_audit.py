@@ -164,3 +164,13 @@ def test_corrupt_and_grayscale_images_are_counted_not_fatal(tmp_path):
     assert row.N == 7 and row.holds
     counts = json.loads(row.data_counts)
     assert counts["skipped_unreadable"] == 2 and counts["converted_grayscale"] == 1
+
+
+def test_sharded_extraction_gives_the_same_rows(tmp_path):
+    """--workers 2 splits extraction across local worker processes; the numbers must not change."""
+    common = dict(data=str(shared_data("imagenet-sample")), samples=12, representations=("block.0",),
+                  weights=("random",), tests=("assumption2", "general_position"), batch_size=4, device="cpu")
+    one = run(AuditConfig(model="vit-base", **common), progress=False).rows
+    two = run(AuditConfig(model="vit-base", workers=2, executor="local", **common), progress=False).rows
+    numeric = ["k", "N", "n", "d", "fraction", "holds", "min_margin", "rank_counts", "witness"]
+    pd.testing.assert_frame_equal(one[numeric], two[numeric])
