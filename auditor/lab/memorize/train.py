@@ -1,0 +1,292 @@
+"""Memorization sweeps over H, n, d_h, N and seeds, trained as batched buckets on the shared engine.
+
+A sweep is a list of :class:`MemorizeRun` (one layer on one dataset). Compatible runs (same d, task,
+label width, context sharing and variant) are sorted by cost and cut into buckets of ``bucket_size``
+members; one bucket = one :func:`~auditor.lab.sweep.run_sweep` unit = one :func:`~auditor.lab.engine.train`
+call, so a sweep resumes at bucket granularity (and inside a bucket from the engine's checkpoint).
+
+Each result row: the run's configuration, memorized (examples memorized by gradient descent), accuracy,
+bound = H(min(n, d_h)-1)+1, the capacity certificate of the trained and of the initial attention
+(rank, certified count, tolerance, margin), saturation, steps, seconds, dtype, device, provenance.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from auditor.errors import AuditError
+from auditor.lab.engine import TrainConfig, train
+from auditor.lab.memorize.certify import (
+    attention_features,
+    capacity_bound,
+    certify,
+    proposition2_bound,
+    readout_realizable,
+)
+from auditor.lab.memorize.data import DataConfig, MemorizeData, make_data
+from auditor.lab.memorize.model import MHAConfig, MHAEnsemble
+from auditor.lab.memorize.saturation import saturation
+from auditor.lab.memorize.task import MemorizeTask
+from auditor.lab.sweep import run_sweep, unit_key
+from auditor.provenance import provenance
+
+
+@dataclass(frozen=True)
+class MemorizeRun:
+    """One layer memorizing one synthetic dataset (one member of a bucket)."""
+
+    heads: int
+    context: int  # n
+    d_h: int
+    N: int
+    seed: int = 0  # data and initialisation
+    d: int = 64
+    d_v: int | None = None  # default: d_h for spec, 1 for authors (their code)
+    task: str = "classification"
+    classes: int = 100
+    outputs: int = 1  # regression label width
+    shared_context: bool = True
+    variant: str = "spec"
+    d_model: int | None = None  # authors only; default d
+
+    def __post_init__(self) -> None:
+        self.data_config()  # validates N, n, d, task, classes
+        self.model_config()  # validates H, d_h (<= width), d_v, variant
+
+    @property
+    def value_width(self) -> int:
+        if self.d_v is not None:
+            return self.d_v
+        return 1 if self.variant == "authors" else self.d_h
+
+    def data_config(self) -> DataConfig:
+        return DataConfig(N=self.N, context=self.context, d=self.d, task=self.task, classes=self.classes,
+                          outputs=self.outputs, shared_context=self.shared_context, seed=self.seed)
+
+    def model_config(self) -> MHAConfig:
+        outputs = self.classes if self.task == "classification" else self.outputs
+        return MHAConfig(heads=self.heads, d=self.d, d_h=self.d_h, d_v=self.value_width, outputs=outputs,
+                         variant=self.variant, d_model=self.d_model if self.variant == "authors" else None,
+                         seed=self.seed)
+
+    @property
+    def bound(self) -> int:
+        return capacity_bound(self.heads, self.context, self.d_h)
+
+    def bucket_key(self) -> tuple:
+        """Runs with equal keys can share one ensemble."""
+        cfg = self.model_config()
+        return (self.d, self.task, cfg.outputs, self.shared_context, self.variant, cfg.width)
+
+
+@dataclass(frozen=True)
+class MemorizeSettings:
+    """Training and measurement settings shared by every run of a sweep."""
+
+    steps: int = 5000
+    lr: float = 1e-3
+    batch_size: int = 256
+    eval_every: int = 100
+    warmup_frac: float = 0.05
+    warmup_start: float = 0.01
+    schedule: str = "cosine"
+    tolerance: float = 0.05  # regression: |prediction - label| <= tolerance counts as memorized
+    certify: bool = True  # certificates of the initial and trained attention
+    rank_rtol: float | None = None  # None: max(N, H w) * eps(float32)
+    saturation_threshold: float = 0.99
+    bucket_size: int = 16
+    order_seed: int = 0  # data order (shared by a bucket)
+    device: str = "cpu"
+    checkpoint_every: int = 1000
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1 or self.bucket_size < 1:
+            raise AuditError("batch_size and bucket_size must be >= 1")
+        if not self.tolerance > 0:
+            raise AuditError(f"tolerance must be > 0, got {self.tolerance}")
+        if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise AuditError(f"device must be cpu, cuda or cuda:<index>, got {self.device!r}")
+        self.train_config(None)  # validates steps, lr, schedule, warm-up
+
+    def train_config(self, checkpoint: str | None) -> TrainConfig:
+        return TrainConfig(steps=self.steps, lr=self.lr, warmup_frac=self.warmup_frac,
+                           warmup_start=self.warmup_start, schedule=self.schedule, eval_every=self.eval_every,
+                           seed=self.order_seed, checkpoint=checkpoint, checkpoint_every=self.checkpoint_every)
+
+
+def paper_steps(N: int, batch_size: int = 256, epochs: int = 500, minimum: int = 50_000) -> int:
+    """The authors' step rule: max(epochs * N / batch_size, minimum)."""
+    return max(epochs * N // batch_size, minimum)
+
+
+def grid(
+    heads: Sequence[int], context: Sequence[int], d_h: Sequence[int], N: Sequence[int], seeds: Sequence[int],
+    **common: Any,
+) -> list[MemorizeRun]:
+    """The Cartesian product of the swept values (duplicates removed, order kept)."""
+    runs = [MemorizeRun(heads=H, context=n, d_h=dh, N=size, seed=seed, **common)
+            for H, n, dh, size, seed in itertools.product(heads, context, d_h, N, seeds)]
+    return list(dict.fromkeys(runs))
+
+
+_STEP_OVERHEAD = 5e6  # a training step's fixed cost (dispatch, small ops) in forward multiply-adds (~2 ms, one core)
+_MAX_WASTE = 1.5  # a bucket's padded step may cost at most this factor more than its members' own compute
+
+
+def _shape(run: MemorizeRun, batch_size: int) -> tuple[int, ...]:
+    cfg = run.model_config()
+    return (min(run.N, batch_size), run.heads, cfg.width, run.d_h, run.value_width, run.context, cfg.outputs)
+
+
+def _cost(shape: tuple[int, ...]) -> float:
+    """Multiply-adds of one forward step: B H (w d_h + n d_h + n d_v + d_v w) + B w d_o."""
+    B, H, w, dh, dv, n, o = shape
+    return B * H * (w * dh + n * dh + n * dv + dv * w) + B * w * o
+
+
+def buckets(runs: Sequence[MemorizeRun], settings: MemorizeSettings) -> list[list[MemorizeRun]]:
+    """Group compatible runs, sort by cost, and cut greedily: a bucket closes when it is full or when
+    padding every member to the bucket's largest shape would make a step cost more than 1.5 times the
+    members' own compute (both plus one step overhead, so tiny members always share a bucket)."""
+    groups: dict[tuple, list[MemorizeRun]] = {}
+    for run in runs:
+        groups.setdefault(run.bucket_key(), []).append(run)
+    out: list[list[MemorizeRun]] = []
+    for members in groups.values():
+        members = sorted(members, key=lambda r: (_cost(_shape(r, settings.batch_size)), r.context, r.N, r.seed))
+        current: list[MemorizeRun] = []
+        for run in members:
+            trial = [*current, run]
+            shapes = [_shape(r, settings.batch_size) for r in trial]
+            padded = len(trial) * _cost(tuple(map(max, zip(*shapes)))) + _STEP_OVERHEAD
+            own = sum(_cost(sh) for sh in shapes) + _STEP_OVERHEAD
+            if current and (len(current) >= settings.bucket_size or padded > _MAX_WASTE * own):
+                out.append(current)
+                trial = [run]
+            current = trial
+        out.append(current)
+    return out
+
+
+def make_units(runs: Sequence[MemorizeRun], settings: MemorizeSettings, workdir: str | Path) -> list[dict[str, Any]]:
+    """One sweep unit per bucket of :func:`buckets`."""
+    if not runs:
+        raise AuditError("the sweep has no runs; give at least one value for every swept option")
+    return [{"kind": "memorize", "runs": [dataclasses.asdict(r) for r in bucket],
+             "settings": dataclasses.asdict(settings), "workdir": str(workdir)}
+            for bucket in buckets(runs, settings)]
+
+
+def _device(name: str) -> torch.device:
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise AuditError(f"device {name!r} requested but CUDA is not available; use --device cpu")
+    return torch.device(name)
+
+
+def _certify_member(model: MHAEnsemble, i: int, data: MemorizeData, settings: MemorizeSettings) -> dict[str, Any]:
+    cert = certify(attention_features(model, data, i), data.labels, task=data.task, classes=data.classes,
+                   tolerance=settings.tolerance, rtol=settings.rank_rtol)
+    return {"rank": cert.rank, "certified": cert.certified, "rank_rtol": cert.rtol, "rank_margin": cert.margin}
+
+
+def fit_bucket(
+    configs: Sequence[MHAConfig],
+    datasets: Sequence[MemorizeData],
+    settings: MemorizeSettings,
+    *,
+    checkpoint: str | None = None,
+    history: str | Path | None = None,
+    saturation_path: str | Path | None = None,
+    progress: bool = False,
+) -> list[dict[str, Any]]:
+    """Train the layers ``configs`` (member i on ``datasets[i]``) together and measure each member.
+
+    Returns one dict per member: memorized, accuracy, steps, seconds (of the whole bucket), the
+    certificate of the trained attention (rank, certified, rank_rtol, rank_margin) and of the initial
+    attention (``*_init``), and saturation (mean saturated share of heads, share of examples with a free
+    head). ``history`` receives the training history CSV; ``saturation_path`` a long CSV with, per member,
+    every head's saturated share (``kind = head``) and the examples by number of saturated heads
+    (``kind = histogram``).
+    """
+    device = _device(settings.device)
+    model = MHAEnsemble(configs, max_context=max(ds.n for ds in datasets)).to(device)
+    task = MemorizeTask(datasets, settings.batch_size, tolerance=settings.tolerance, device=device)
+    initial = [_certify_member(model, i, ds, settings) if settings.certify else {} for i, ds in enumerate(datasets)]
+    result = train(model, task, settings.train_config(checkpoint), progress=progress)
+    if history is not None:
+        Path(history).parent.mkdir(parents=True, exist_ok=True)
+        result.history.to_csv(history, index=False)
+    with torch.no_grad():
+        memorized = task.memorized_mask(model).sum(1).cpu()
+    out, sat_rows = [], []
+    for i, (cfg, ds) in enumerate(zip(configs, datasets)):
+        ceiling = min(ds.N, cfg.heads * cfg.width, proposition2_bound(cfg.heads, ds.n) if ds.shared else ds.N)
+        trained = _certify_member(model, i, ds, settings) if settings.certify else {}
+        sat = saturation(task.attention_weights(model, i), settings.saturation_threshold)
+        sat_rows += [{"member": i, "kind": "head", "index": h, "value": v} for h, v in enumerate(sat.per_head.tolist())]
+        sat_rows += [{"member": i, "kind": "histogram", "index": k, "value": c}
+                     for k, c in enumerate(torch.bincount(sat.per_example, minlength=cfg.heads + 1).tolist())]
+        out.append({
+            "memorized": int(memorized[i]), "accuracy": float(result.accuracy[i]),
+            "certified": trained.get("certified"), "rank": trained.get("rank"),
+            "rank_rtol": trained.get("rank_rtol"), "rank_margin": trained.get("rank_margin"),
+            "certified_init": initial[i].get("certified"), "rank_init": initial[i].get("rank"),
+            "rank_margin_init": initial[i].get("rank_margin"), "rank_ceiling": ceiling,
+            "readout_realizable": readout_realizable(cfg.d_v, cfg.width, 2 if ds.task == "classification"
+                                                     else ds.labels.shape[1]),
+            "saturated_fraction": float(sat.per_head.mean()), "with_free_head": sat.with_free_head,
+            "steps": int(result.steps[i]), "max_steps": settings.steps, "seconds": result.seconds,
+            "bucket_members": len(configs), "lr": settings.lr, "batch_size": settings.batch_size,
+            "order_seed": settings.order_seed, "dtype": "float32", "device": str(device),
+        })
+    if saturation_path is not None:
+        Path(saturation_path).parent.mkdir(parents=True, exist_ok=True)
+        pd.DataFrame(sat_rows).to_csv(saturation_path, index=False)
+    return out
+
+
+def run_unit(unit: dict[str, Any], progress: bool = False) -> list[dict[str, Any]]:
+    """Train one bucket of synthetic runs and return one row per run; the sweep runner's unit function."""
+    runs = [MemorizeRun(**r) for r in unit["runs"]]
+    settings = MemorizeSettings(**unit["settings"])
+    cache: dict[DataConfig, MemorizeData] = {}
+    for run in runs:
+        if run.data_config() not in cache:
+            cache[run.data_config()] = make_data(run.data_config())
+    datasets = [cache[r.data_config()] for r in runs]  # identical datasets are stored once
+    workdir = Path(unit["workdir"])
+    key = unit_key({k: v for k, v in unit.items() if k != "workdir"})
+    measured = fit_bucket([r.model_config() for r in runs], datasets, settings,
+                          checkpoint=str(workdir / "checkpoints" / f"{key}.pt"),
+                          history=workdir / "history" / f"{key}.csv",
+                          saturation_path=workdir / "saturation" / f"{key}.csv", progress=progress)
+    stamp = provenance()
+    return [
+        {**dataclasses.asdict(run), "d_v": run.value_width, "bound": run.bound, "member": i,
+         "shared_bound": proposition2_bound(run.heads, run.context) if run.shared_context else None,
+         "parameters": run.model_config().num_parameters,
+         "tolerance": settings.tolerance if run.task == "regression" else None,
+         **m, "history": f"history/{key}.csv", "saturation": f"saturation/{key}.csv", **stamp}
+        for i, (run, m) in enumerate(zip(runs, measured))
+    ]
+
+
+def run_memorize(
+    runs: Sequence[MemorizeRun],
+    settings: MemorizeSettings,
+    out: str | Path,
+    *,
+    executor: str = "local",
+    progress: bool = True,
+) -> pd.DataFrame:
+    """Run (or resume) a sweep into ``out``; returns the rows of ``out/results.csv``."""
+    units = make_units(runs, settings, out)
+    return run_sweep(run_unit, units, out, executor=executor, progress=progress, desc="memorize buckets")

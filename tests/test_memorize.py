@@ -1,0 +1,363 @@
+"""The memorization room: data, the layer (both variants), batching with padding, training, sweeps, CLI."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from auditor.cli import main
+from auditor.errors import AuditError
+from auditor.lab.engine import TrainConfig, train
+from auditor.lab.memorize.data import DataConfig, MemorizeData, make_data
+from auditor.lab.memorize.model import MHAConfig, MHAEnsemble, sinusoidal_positions
+from auditor.lab.memorize.plots import linear_fit
+from auditor.lab.memorize.task import MemorizeTask
+from auditor.lab.memorize.train import MemorizeRun, MemorizeSettings, buckets, grid, run_memorize
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+# -- data -------------------------------------------------------------------------------------------
+def test_data_is_seeded_uniform_and_shaped():
+    cfg = DataConfig(N=50, context=6, d=8, classes=7, seed=3)
+    a, b = make_data(cfg), make_data(cfg)
+    assert torch.equal(a.contexts, b.contexts) and torch.equal(a.labels, b.labels)
+    assert a.contexts.shape == (1, 6, 8) and a.shared and a.queries.shape == (50, 8)
+    assert float(a.queries.min()) >= 0 and float(a.queries.max()) < 1 and a.labels.max() < 7
+    other = make_data(DataConfig(N=50, context=6, d=8, classes=7, seed=4))
+    assert not torch.equal(a.queries, other.queries)
+    free = make_data(DataConfig(N=50, context=6, d=8, shared_context=False, task="regression", outputs=2))
+    assert free.contexts.shape == (50, 6, 8) and not free.shared and free.labels.shape == (50, 2)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"N": 0, "context": 4}, "N"),
+        ({"N": 5, "context": 0}, "context"),
+        ({"N": 5, "context": 4, "task": "regresion"}, "did you mean 'regression'"),
+        ({"N": 5, "context": 4, "classes": 1}, "classes"),
+    ],
+)
+def test_invalid_data_configs(kwargs, match):
+    with pytest.raises(AuditError, match=match):
+        DataConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"heads": 0}, "heads must be >= 1"),
+        ({"d_h": 9}, "d_h=9 exceeds d=8"),
+        ({"variant": "author"}, "did you mean 'authors'"),
+        ({"variant": "authors", "d_model": 4, "d_h": 6}, "exceeds d_model=4"),
+    ],
+)
+def test_invalid_layer_configs(kwargs, match):
+    base = {"heads": 2, "d": 8, "d_h": 4, "d_v": 4, "outputs": 3}
+    with pytest.raises(AuditError, match=match):
+        MHAConfig(**{**base, **kwargs})
+
+
+# -- the layer --------------------------------------------------------------------------------------
+def reference_spec(model: MHAEnsemble, i: int, query: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+    """SPEC 1.1 written out head by head for one example of member i (no batching, no padding)."""
+    cfg = model.configs[i]
+    H, dh, dv = cfg.heads, cfg.d_h, cfg.d_v
+    zs = []
+    for h in range(H):
+        W_Q, W_K, W_V = model.W_Q[i, h, :, :dh], model.W_K[i, h, :, :dh], model.W_V[i, h, :, :dv]
+        s = torch.softmax(context @ W_K @ W_Q.T @ query, dim=0)  # (n,)
+        zs.append(W_V.T @ context.T @ s)  # (d_v,)
+    W_O = model.W_O[i, :H, :dv].reshape(H * dv, -1)  # (H d_v, d)
+    return model.W_D[i].T @ (W_O.T @ torch.cat(zs))  # (d_o,)
+
+
+def reference_authors(model: MHAEnsemble, i: int, query: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+    """The authors' layer: embed the (n+1)-row input, add positions, row 0 attends to rows 1..n only."""
+    cfg = model.configs[i]
+    X = torch.cat([query[None], context])  # (n+1, d)
+    n1 = X.shape[0]
+    emb = X @ model.W_in[i] + model.b_in[i] + sinusoidal_positions(n1, cfg.width)  # (n+1, w)
+    mask = torch.zeros(n1, dtype=torch.bool)
+    mask[0] = True  # nobody attends to the query row
+    outs = []
+    for h in range(cfg.heads):
+        q, k, v = emb @ model.W_Q[i, h], emb @ model.W_K[i, h], emb @ model.W_V[i, h, :, : cfg.d_v]
+        logits = (q @ k.T / math.sqrt(cfg.width)).masked_fill(mask[None], float("-inf"))  # (n+1, n+1)
+        outs.append(torch.softmax(logits, -1)[0] @ v)  # row 0's output, (d_v,)
+    o = torch.cat(outs) @ model.W_O[i, : cfg.heads, : cfg.d_v].reshape(-1, cfg.width)  # (w,)
+    return o @ model.W_D[i] + model.b_D[i]
+
+
+@pytest.mark.parametrize("variant", ["spec", "authors"])
+def test_batched_padded_layer_matches_the_formula(variant):
+    """Members of different H, d_h, d_v and n in one padded ensemble reproduce the per-head formula."""
+    d = 6
+    configs = [
+        MHAConfig(heads=1, d=d, d_h=2, d_v=3 if variant == "spec" else 1, outputs=4, variant=variant, seed=1),
+        MHAConfig(heads=3, d=d, d_h=6, d_v=1, outputs=4, variant=variant, seed=2),
+        MHAConfig(heads=2, d=d, d_h=4, d_v=2 if variant == "spec" else 1, outputs=4, variant=variant, seed=3),
+    ]
+    model = MHAEnsemble(configs, max_context=5)
+    datasets = [make_data(DataConfig(N=9, context=n, d=d, classes=4, shared_context=False, seed=n)) for n in (5, 3, 4)]
+    task = MemorizeTask(datasets, batch_size=9)
+    queries, contexts, _ = task.inputs(torch.arange(9).expand(3, -1))
+    with torch.no_grad():
+        out = model(queries, contexts, task.masks())  # (3, 9, 4)
+        ref = reference_spec if variant == "spec" else reference_authors
+        for i, ds in enumerate(datasets):
+            for t in range(ds.N):
+                expected = ref(model, i, ds.queries[t], ds.contexts[t])
+                torch.testing.assert_close(out[i, t], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_shared_and_per_example_contexts_agree():
+    data = make_data(DataConfig(N=8, context=4, d=6, classes=3, seed=0))
+    model = MHAEnsemble([MHAConfig(heads=2, d=6, d_h=3, d_v=3, outputs=3)])
+    shared = model(data.queries[None], data.contexts)  # (1, 8, 3), context (1, n, d)
+    expanded = model(data.queries[None], data.context_rows()[None])  # (1, 8, 3), contexts (1, N, n, d)
+    torch.testing.assert_close(shared, expanded, rtol=1e-5, atol=1e-6)
+
+
+def test_padding_stays_zero_and_member_extraction_roundtrips():
+    configs = [MHAConfig(heads=1, d=4, d_h=2, d_v=2, outputs=3, seed=0), MHAConfig(heads=3, d=4, d_h=4, d_v=4, outputs=3)]
+    model = MHAEnsemble(configs)
+    data = [make_data(DataConfig(N=12, context=3, d=4, classes=3, seed=s)) for s in (0, 1)]
+    train(model, MemorizeTask(data, 12), TrainConfig(steps=20, lr=0.05, early_stop=False), progress=False)
+    assert model.W_Q[0, 1:].abs().sum() == 0 and model.W_Q[0, :, :, 2:].abs().sum() == 0
+    assert model.W_O[0, 1:].abs().sum() == 0
+    single = model.member(0)
+    assert single.W_Q.shape == (1, 1, 4, 2)
+    q, ctx = data[0].queries[None], data[0].contexts
+    torch.testing.assert_close(single(q, ctx), model(q.expand(2, -1, -1), ctx.expand(2, -1, -1))[:1])
+
+
+# -- batches and training ---------------------------------------------------------------------------
+def test_batches_are_the_same_alone_and_together():
+    small = make_data(DataConfig(N=5, context=3, d=4, seed=0))
+    big = make_data(DataConfig(N=40, context=3, d=4, seed=1))
+    together = MemorizeTask([small, big], batch_size=8)
+    b_small, b_big = MemorizeTask([small], batch_size=8), MemorizeTask([big], batch_size=8)
+    g1, g2, g3 = (torch.Generator().manual_seed(0) for _ in range(3))
+    for step in range(3):
+        both, alone_s, alone_b = together.batch(step, g1), b_small.batch(step, g2), b_big.batch(step, g3)
+        assert both.index[0, both.valid[0]].tolist() == list(range(5))  # N <= B: the whole set
+        assert torch.equal(both.index[1], alone_b.index[0])
+        assert torch.equal(alone_s.index[0], torch.arange(5))
+
+
+def test_trainer_reaches_full_accuracy_on_an_easy_case():
+    """N = 12 <= H(n-1)+1 = 13 with a shared context: within the guarantee, every seed gets 100%."""
+    data = make_data(DataConfig(N=12, context=4, d=8, classes=3, seed=0))
+    model = MHAEnsemble([MHAConfig(heads=4, d=8, d_h=8, d_v=8, outputs=3, seed=s) for s in range(4)])
+    res = train(model, MemorizeTask([data] * 4, 32), TrainConfig(steps=400, lr=2e-2, eval_every=10), progress=False)
+    assert res.accuracy.tolist() == [1.0] * 4 and bool((res.steps < 400).all())
+
+
+def test_regression_memorized_within_tolerance():
+    data = make_data(DataConfig(N=6, context=4, d=8, task="regression", seed=0))
+    model = MHAEnsemble([MHAConfig(heads=3, d=8, d_h=8, d_v=8, outputs=1, seed=0)])
+    task = MemorizeTask([data], 8, tolerance=0.05)
+    res = train(model, task, TrainConfig(steps=800, lr=2e-2, eval_every=20), progress=False)
+    assert res.accuracy.item() == 1.0
+    pred = model(data.queries[None], data.contexts)[0].detach()
+    assert float((pred - data.labels).abs().max()) <= 0.05
+    assert float(MemorizeTask([data], 8, tolerance=1e-6).accuracy(model)) < 1.0  # tolerance matters
+
+
+def test_members_of_a_padded_bucket_match_the_same_configuration_alone():
+    """H, n, d_h and N all differ inside the bucket; each member equals its solo run."""
+    runs = [
+        MemorizeRun(heads=1, context=3, d_h=2, N=10, d=6, classes=4, seed=0),
+        MemorizeRun(heads=3, context=5, d_h=6, N=40, d=6, classes=4, seed=1),
+        MemorizeRun(heads=2, context=4, d_h=4, N=25, d=6, classes=4, seed=2),
+    ]
+    data = [make_data(r.data_config()) for r in runs]
+    cfg = TrainConfig(steps=120, lr=2e-2, eval_every=10, seed=4)
+    together = MHAEnsemble([r.model_config() for r in runs], max_context=5)
+    res = train(together, MemorizeTask(data, 16), cfg, progress=False)
+    for i, run in enumerate(runs):
+        alone = MHAEnsemble([run.model_config()], max_context=5)
+        solo = train(alone, MemorizeTask([data[i]], 16), cfg, progress=False)
+        assert solo.steps.item() == res.steps[i].item()
+        ref = together.member(i)
+        for name in ("W_Q", "W_K", "W_V", "W_O", "W_D"):
+            torch.testing.assert_close(getattr(alone, name), getattr(ref, name), rtol=1e-4, atol=1e-5)
+
+
+class StopAt(MemorizeTask):
+    def __init__(self, *args, at: int, **kw):
+        super().__init__(*args, **kw)
+        self.at = at
+
+    def batch(self, step, generator):
+        if step == self.at:
+            raise KeyboardInterrupt
+        return super().batch(step, generator)
+
+
+def test_memorize_training_resumes_to_the_same_result(tmp_path):
+    data = [make_data(DataConfig(N=30, context=4, d=6, classes=5, seed=s)) for s in (0, 1)]
+    configs = [MHAConfig(heads=h, d=6, d_h=6, d_v=6, outputs=5, seed=h) for h in (1, 2)]
+    cfg = TrainConfig(steps=90, lr=2e-2, eval_every=10, checkpoint=str(tmp_path / "c.pt"), checkpoint_every=20)
+    reference = MHAEnsemble(configs)
+    ref = train(reference, MemorizeTask(data, 8), TrainConfig(**{**cfg.__dict__, "checkpoint": None}), progress=False)
+    with pytest.raises(KeyboardInterrupt):
+        train(MHAEnsemble(configs), StopAt(data, 8, at=47), cfg, progress=False)
+    resumed = MHAEnsemble(configs)
+    res = train(resumed, MemorizeTask(data, 8), cfg, progress=False)
+    assert res.resumed_from == 40
+    assert torch.equal(res.accuracy, ref.accuracy) and torch.equal(res.steps, ref.steps)
+    for a, b in zip(resumed.parameters(), reference.parameters()):
+        assert torch.equal(a, b)
+
+
+# -- sweeps -----------------------------------------------------------------------------------------
+def test_buckets_cover_every_run_once_and_respect_compatibility():
+    runs = grid([1, 2, 8], [4], [4], [16, 64], [0, 1], d=8, classes=5)
+    runs += grid([2], [4], [4], [16], [0], d=8, task="regression")
+    settings = MemorizeSettings(steps=10, bucket_size=4)
+    groups = buckets(runs, settings)
+    flat = [r for b in groups for r in b]
+    assert sorted(map(repr, flat)) == sorted(map(repr, runs))
+    assert all(len(b) <= 4 and len({r.bucket_key() for r in b}) == 1 for b in groups)
+
+
+def test_sweep_rows_resume_and_plots(tmp_path):
+    runs = grid([1, 3], [3], [4], [12], [0], d=4, classes=3)
+    settings = MemorizeSettings(steps=200, lr=3e-2, batch_size=16, eval_every=20)
+    frame = run_memorize(runs, settings, tmp_path, progress=False)
+    needed = {"heads", "context", "d_h", "N", "seed", "memorized", "accuracy", "bound", "certified", "steps",
+              "seconds", "git_commit", "versions", "dtype", "device", "rank", "certified_init"}
+    assert needed <= set(frame.columns) and len(frame) == 2
+    assert frame["bound"].tolist() == [1 * 2 + 1, 3 * 2 + 1]
+    assert (frame["memorized"] == (frame["accuracy"] * frame["N"]).round()).all()
+    assert (frame["rank"] <= frame["rank_ceiling"]).all()
+    again = run_memorize(runs, settings, tmp_path, progress=False)  # every unit done: read back, not retrained
+    pd.testing.assert_frame_equal(frame, again)
+    from auditor.lab.memorize.plots import plot_sweep
+
+    fits = plot_sweep(frame, "heads", tmp_path / "h.png")
+    assert (tmp_path / "h.png").stat().st_size > 0 and "r2" in fits
+
+
+def test_linear_fit_known_answers():
+    fit = linear_fit([1, 2, 3, 4], [3, 5, 7, 9])
+    assert (fit.slope, fit.intercept) == pytest.approx((2.0, 1.0)) and fit.r2 == pytest.approx(1.0)
+    noisy = linear_fit([0, 1, 2, 3], [0, 1, 0, 1])
+    assert noisy.r2 == pytest.approx(0.2)
+
+
+# -- command line -----------------------------------------------------------------------------------
+def test_cli_memorize_and_certify(tmp_path, capsys):
+    out = tmp_path / "mem"
+    code = main(["memorize", "--heads", "1,2", "--context", "3", "--d-h", "4", "--N", "10", "--d", "4",
+                 "--classes", "3", "--steps", "60", "--threads", "1", "--out", str(out)])
+    assert code == 0
+    assert (out / "results.csv").exists() and (out / "memorized_vs_heads.png").exists()
+    header = capsys.readouterr().out.splitlines()[0]
+    assert "heads" in header and "memorized" in header and "certified" in header
+    out = tmp_path / "cert"
+    assert main(["certify", "--heads", "2", "--context", "3", "--d-h", "3", "--N", "4,8", "--d", "4",
+                 "--out", str(out)]) == 0
+    frame = pd.read_csv(out / "results.csv")
+    assert frame["rank"].tolist() == [4, 5] and (frame["shared_bound"] == 5).all()
+    assert (out / "tolerance.png").exists() and (out / "rank_vs_N.png").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["memorize", "--heads", "0", "--context", "3", "--d-h", "2", "--N", "5"], "heads must be >= 1"),
+        (["memorize", "--heads", "2", "--context", "3", "--d-h", "32", "--N", "5", "--d", "8"], "exceeds d=8"),
+        (["memorize", "--heads", "2", "--context", "3", "--d-h", "2", "--N", "0"], "N (examples) must be >= 1"),
+        (["memorize", "--heads", "x", "--context", "3", "--d-h", "2", "--N", "5"], "--heads takes integers"),
+        (["memorize", "--heads", "2"], "give --context, --d-h, --N"),
+        (["certify", "--weights", "missing.safetensors"], "does not exist"),
+        (["capacity"], "give a MODEL"),
+    ],
+)
+def test_cli_user_errors_are_one_line(args, message, capsys, tmp_path):
+    assert main([*args, "--out", str(tmp_path / "x")] if args[0] != "capacity" else args) == 2
+    err = capsys.readouterr().err
+    assert f"error: {message}" in err or message in err
+
+
+def test_memorize_data_rejects_mismatched_shapes():
+    with pytest.raises(AuditError, match="labels"):
+        MemorizeData(torch.zeros(1, 3, 4), torch.zeros(5, 4), torch.zeros(4, dtype=torch.long))
+
+
+# -- the capacity pipeline --------------------------------------------------------------------------
+def _tokens(tmp_path, name: str, same_queries: bool):
+    from auditor.tokens import Tokens
+
+    g = torch.Generator().manual_seed(0)
+    contexts = torch.randn(40, 12, 24, generator=g)  # (N, n, d)
+    if same_queries:  # like ViT's embedding layer: every CLS row is the same vector
+        contexts[:, 0] = contexts[0, 0]
+    path = tmp_path / f"{name}.safetensors"
+    Tokens(contexts, contexts[:, 0].clone(), {"model": "synthetic", "representation": name, "query_index": "0"}).save(path)
+    return path
+
+
+def test_select_rows_keeps_the_query_row():
+    from auditor.lab.memorize.pipeline import select_rows
+
+    rows = select_rows(197, 16, 0, seed=1)
+    assert rows[0] == 0 and len(rows) == 16 and torch.equal(rows, rows.sort().values)
+    assert torch.equal(rows, select_rows(197, 16, 0, seed=1))
+    assert select_rows(10, 4, -1, seed=0).tolist().count(9) == 1
+    with pytest.raises(AuditError, match="rows"):
+        select_rows(8, 9, 0, seed=0)
+
+
+def test_capacity_pipeline_reports_memorization_beside_the_assumptions(tmp_path):
+    from auditor.lab.memorize.pipeline import CapacitySettings, run_capacity
+
+    files = {"mixed": _tokens(tmp_path, "mixed", False), "embedding": _tokens(tmp_path, "embedding", True)}
+    settings = CapacitySettings(rows=4, dim=8, heads=(1, 2), classes=4, subsets=50)
+    frame = run_capacity(files, settings, MemorizeSettings(steps=150, lr=3e-2, eval_every=25), tmp_path / "out",
+                         progress=False)
+    assert len(frame) == 4 and set(frame["representation"]) == {"mixed", "embedding"}
+    by_rep = frame.groupby("representation").first()
+    assert not by_rep.loc["embedding", "assumption1_holds"]  # identical queries: Kruskal rank 1 < n
+    assert by_rep.loc["mixed", "assumption1_holds"] and by_rep.loc["mixed", "assumption2_holds"]
+    assert (frame["context"] == 4).all() and (frame["d"] == 8).all() and (frame["n_original"] == 12).all()
+    assert frame["bound"].tolist() == [4, 7, 4, 7]
+    assert frame["certified"].notna().all() and (frame["rank"] <= frame["rank_ceiling"]).all()
+
+
+@pytest.mark.slow
+def test_capacity_end_to_end_on_a_tiny_random_vit(tmp_path):
+    """Extraction API -> token files -> trained and certified layers (bundled photos, offline)."""
+    from auditor.lab.memorize.pipeline import CapacitySettings, extract_tokens, run_capacity
+
+    tiny = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64}
+    files = extract_tokens("vit-base", "random", None, 8, ["embedding", "block.0"], tmp_path, progress=False,
+                           config_overrides=tiny)
+    frame = run_capacity(files, CapacitySettings(rows=4, dim=8, heads=(1,), classes=3, subsets=20),
+                         MemorizeSettings(steps=60, lr=3e-2, eval_every=20), tmp_path, progress=False)
+    assert set(frame["representation"]) == {"embedding", "block.0"}
+    assert (frame["n_original"] == 197).all() and (frame["model"] == "vit-base").all()
+    emb = frame[frame["representation"] == "embedding"].iloc[0]
+    assert not emb["original_assumption1_holds"]  # the paper's finding: embedding-layer CLS queries are identical
+
+
+def test_cli_capacity_on_a_token_file(tmp_path, capsys):
+    path = _tokens(tmp_path, "block.0", False)
+    code = main(["capacity", "--tokens", str(path), "--rows", "4", "--dim", "8", "--heads", "1,2", "--classes", "3",
+                 "--subsets", "20", "--steps", "40", "--threads", "1", "--out", str(tmp_path / "cap")])
+    assert code == 0
+    assert (tmp_path / "cap" / "results.csv").exists() and (tmp_path / "cap" / "memorized_vs_heads_block.0.png").exists()
+    assert "assumption1_holds" in capsys.readouterr().out
