@@ -1,0 +1,167 @@
+"""Capacity sweeps of linear and MLP associative memories (deliverable 1 of capacity lab III).
+
+For every (kind, d, m) and seed, the capacity is the largest N whose memory, trained by the shared
+engine, recalls at least ``threshold`` (99%) of ALL its N items. One unit of the sweep is a bucket
+(kind, d, m): its seeds run their bisections in lock step, and each round's probes train together as
+one ensemble (one :func:`~auditor.lab.engine.train` call per round). Units go through
+:func:`auditor.lab.sweep.run_sweep`, so an interrupted sweep resumes from its finished buckets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from auditor.errors import AuditError, did_you_mean
+from auditor.lab.assoc.capacity import Bisection, invert_n_log_n, search_all
+from auditor.lab.assoc.memories import MEMORY_KINDS, MemoryMember, build_memory, memory_parameters
+from auditor.lab.engine import TrainConfig, train
+from auditor.lab.sweep import run_sweep
+from auditor.provenance import provenance
+
+log = logging.getLogger(__name__)
+
+# the paper's guide lines: params = c * N ln N
+GUIDE_CONSTANT = {"linear": 1.3, "mlp": 0.35}
+
+
+@dataclass(frozen=True)
+class AssocConfig:
+    """A capacity sweep of associative memories.
+
+    ``dims`` are the embedding dimensions d; for the MLP each d runs with every width m = r d for r in
+    ``width_ratios``. Each (d, m) is searched for every seed. Training is full batch with the shared
+    engine (``optimizer``, ``lr`` with ``schedule`` after ``warmup_frac``), at most ``steps`` updates, stopped
+    as soon as ``threshold`` of the items are recalled. The search stops when the capacity is bracketed
+    to ``rel_tol`` (relative) or exactly when ``rel_tol = 0``.
+    """
+
+    kind: str = "linear"
+    dims: tuple[int, ...] = (8, 11, 16, 22, 32, 45)
+    width_ratios: tuple[int, ...] = (1,)
+    seeds: tuple[int, ...] = (0, 1, 2)
+    steps: int = 1024
+    lr: float = 1.0
+    optimizer: str = "adamw"
+    warmup_frac: float = 0.0
+    schedule: str = "constant"
+    threshold: float = 0.99
+    rel_tol: float = 0.02
+    eval_every: int = 16
+
+    def __post_init__(self) -> None:
+        if self.kind not in MEMORY_KINDS:
+            raise did_you_mean("memory kind", self.kind, MEMORY_KINDS)
+        if not self.dims or min(self.dims) < 2:
+            raise AuditError(f"dims must be a non-empty list of integers >= 2, got {self.dims}")
+        if not self.width_ratios or min(self.width_ratios) < 1:
+            raise AuditError(f"width ratios m/d must be integers >= 1, got {self.width_ratios}")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise AuditError(f"seeds must be a non-empty list of distinct integers, got {self.seeds}")
+        if not 0 < self.threshold <= 1:
+            raise AuditError(f"threshold must be in (0, 1], got {self.threshold}")
+        if not 0 <= self.rel_tol < 1:
+            raise AuditError(f"rel_tol must be in [0, 1), got {self.rel_tol}")
+        if self.steps < 1 or self.eval_every < 1:
+            raise AuditError("steps and eval_every must be >= 1")
+        _train_config(dataclasses.asdict(self))  # validates lr, optimizer, warm-up with the engine's checks
+
+    def buckets(self) -> list[dict[str, Any]]:
+        """One JSON unit per (d, m): everything a worker needs to run that bucket's searches."""
+        widths = self.width_ratios if self.kind == "mlp" else (0,)
+        base = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("dims", "width_ratios")}
+        base["seeds"] = list(self.seeds)
+        return [{**base, "d": d, "m": r * d} for d in self.dims for r in widths]
+
+
+def _train_config(unit: dict[str, Any]) -> TrainConfig:
+    """Full-batch training, frozen once ``threshold`` is reached."""
+    return TrainConfig(
+        steps=int(unit["steps"]),
+        lr=float(unit["lr"]),
+        optimizer=unit["optimizer"],
+        warmup_frac=float(unit["warmup_frac"]),
+        schedule=unit["schedule"],
+        early_stop=True,
+        target_accuracy=float(unit["threshold"]),
+        eval_every=int(unit["eval_every"]),
+    )
+
+
+def guide_capacity(kind: str, d: int, m: int = 0) -> float:
+    """The N predicted by the paper's guide line params = c N ln N (a starting guess only)."""
+    return invert_n_log_n(memory_parameters(kind, d, m) / GUIDE_CONSTANT[kind])
+
+
+def _probe_bucket(unit: dict[str, Any], tcfg: TrainConfig, pending: list[tuple[int, int]], log_rows: list) -> list[bool]:
+    """Train one ensemble holding every pending (seed index, N) probe; return pass/fail per probe."""
+    seeds = unit["seeds"]
+    members = [MemoryMember(n_items=n, seed=seeds[i]) for i, n in pending]
+    model, task = build_memory(unit["kind"], unit["d"], members, m=unit["m"])
+    result = train(model, task, tcfg, progress=False)
+    passed = (result.accuracy >= unit["threshold"] - 1e-9).tolist()
+    for (i, n), acc, steps, ok in zip(pending, result.accuracy.tolist(), result.steps.tolist(), passed):
+        log_rows.append({"seed": seeds[i], "n_items": n, "accuracy": acc, "steps": steps, "passed": ok})
+    return passed
+
+
+def run_bucket(unit: dict[str, Any]) -> list[dict[str, Any]]:
+    """Sweep unit: the capacity of every seed of one (kind, d, m) bucket. Returns one row per seed."""
+    kind, d, m = unit["kind"], int(unit["d"]), int(unit["m"])
+    tcfg = _train_config(unit)
+    params = memory_parameters(kind, d, m)
+    guess = guide_capacity(kind, d, m)
+    max_size = 2 * params
+    lo = max(1, min(max_size - 1, math.floor(0.7 * guess)))
+    hi = max(lo + 1, min(max_size, math.ceil(1.4 * guess)))
+    searches = [Bisection(lo, hi, max_size=max_size, rel_tol=unit["rel_tol"]) for _ in unit["seeds"]]
+    probes: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+    rounds = search_all(searches, lambda pending: _probe_bucket(unit, tcfg, pending, probes))
+    seconds = time.perf_counter() - t0
+    prov = provenance()
+    rows = []
+    for seed, search in zip(unit["seeds"], searches):
+        mine = [p for p in probes if p["seed"] == seed]
+        cap = search.capacity
+        rows.append(
+            {
+                "kind": kind,
+                "d": d,
+                "m": m,
+                "params": params,
+                "seed": seed,
+                "capacity": cap,
+                "first_fail": search.hi if search.hi <= max_size else None,
+                "n_log_n": cap * math.log(cap) if cap > 1 else 0.0,
+                "guide_capacity": round(guess, 2),
+                "rounds": rounds,
+                "probes": json.dumps(mine),
+                "max_steps": unit["steps"],
+                "lr": unit["lr"],
+                "optimizer": unit["optimizer"],
+                "schedule": unit["schedule"],
+                "warmup_frac": unit["warmup_frac"],
+                "eval_every": unit["eval_every"],
+                "threshold": unit["threshold"],
+                "rel_tol": unit["rel_tol"],
+                "dtype": "float32",
+                "device": "cpu",
+                "seconds_bucket": round(seconds, 3),
+                **prov,
+            }
+        )
+    return rows
+
+
+def run_assoc(config: AssocConfig, out: str | Path, *, executor: str = "local", progress: bool = True) -> pd.DataFrame:
+    """Run (or resume) the capacity sweep into ``out``; returns the rows (also ``out/results.csv``)."""
+    return run_sweep(run_bucket, config.buckets(), out, executor=executor, progress=progress, desc=f"assoc {config.kind}")

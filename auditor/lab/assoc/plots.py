@@ -1,0 +1,147 @@
+"""Figures of capacity lab III (PNG, Agg backend): capacity and facts on log-log axes with their fits,
+the attention-versus-MLP heat map, and the loss curves with the detected stages shaded."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from auditor.lab.assoc.summary import capacity_fits, facts_fits  # noqa: E402
+
+_KIND_AXIS = {"linear": "$d^2$ (parameters)", "mlp": "$m d$ (parameters)"}
+
+
+def plot_capacity(rows: pd.DataFrame, path: str | Path) -> Path:
+    """Capacity N against parameters (d^2 or m d), one panel per memory kind, log-log.
+
+    Dots are seeds, the line through the per-size means is the power-law fit, the dashed line the
+    paper's guide params = c N ln N and the dotted one the same law with our fitted c.
+    """
+    kinds = [k for k in ("linear", "mlp") if k in set(rows["kind"])]
+    fig, axes = plt.subplots(1, len(kinds), figsize=(5.2 * len(kinds), 4.2), squeeze=False)
+    fits = capacity_fits(rows)
+    for ax, kind in zip(axes[0], kinds):
+        sub = rows[(rows["kind"] == kind) & (rows["capacity"] > 1)]
+        fit = fits[kind]
+        ax.scatter(sub["params"], sub["capacity"], s=14, alpha=0.5, color="tab:blue", label="seeds")
+        means = sub.groupby("params")["capacity"].mean()
+        ax.plot(means.index, means.values, "o", color="tab:blue", ms=6, label="mean over seeds")
+        grid_p = np.geomspace(sub["params"].min() * 0.8, sub["params"].max() * 1.25, 100)
+        if fit["power"] is not None:
+            p = fit["power"]
+            ax.plot(grid_p, p.predict(grid_p), "-", color="tab:red",
+                    label=f"fit N = {p.constant:.2g} P^{p.exponent:.2f}±{p.exponent_se:.2f}")
+        n_grid = np.geomspace(max(sub["capacity"].min() * 0.6, 2), sub["capacity"].max() * 1.6, 100)
+        ax.plot(fit["guide"] * n_grid * np.log(n_grid), n_grid, "--", color="gray",
+                label=f"paper: P = {fit['guide']} N ln N")
+        if fit["constant"] is not None:
+            c = fit["constant"]
+            ax.plot(c.constant * n_grid * np.log(n_grid), n_grid, ":", color="black",
+                    label=f"ours: P = {c.constant:.2f} N ln N")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(_KIND_AXIS[kind])
+        ax.set_ylabel("capacity N (99% of all items)")
+        ax.set_title(f"{kind} associative memory")
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3, which="both")
+    return _save(fig, path)
+
+
+def plot_facts(rows: pd.DataFrame, path: str | Path) -> Path:
+    """Facts stored (S R at 99% accuracy) against trainable parameters, log-log, with the fitted slope."""
+    fig, ax = plt.subplots(figsize=(5.6, 4.4))
+    fits = facts_fits(rows)
+    for (model, sub), color in zip(rows[rows["facts"] > 0].groupby("model"), ("tab:blue", "tab:orange", "tab:green")):
+        ax.scatter(sub["params"], sub["facts"], s=22, alpha=0.7, color=color, label=model)
+    ok = rows[rows["facts"] > 0]
+    if len(ok):
+        grid = np.geomspace(ok["params"].min() * 0.8, ok["params"].max() * 1.25, 100)
+        c = fits["slope"]
+        if c is not None:
+            lo, hi = c.ci95()
+            ax.plot(grid, c.constant * grid, "-", color="tab:red",
+                    label=f"fit: facts = {c.constant:.3f} P  (95% {lo:.3f}-{hi:.3f})")
+        ax.plot(grid, 0.15 * grid, "--", color="gray", label="paper: facts = 0.15 P")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    if len(ok):
+        ticks = [2**k for k in range(int(np.floor(np.log2(ok["params"].min()))), int(np.ceil(np.log2(ok["params"].max()))) + 1)]
+        ax.set_xticks(ticks, [str(t) for t in ticks])
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_xlabel("trainable parameters P = 4 H d_h d + 2 m d")
+    ax.set_ylabel("facts stored (S R at 99%)")
+    ax.set_title("factual recall: facts against parameters")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3, which="both")
+    return _save(fig, path)
+
+
+def plot_tradeoff(rows: pd.DataFrame, path: str | Path) -> Path:
+    """Heat map of accuracy over all facts (mean over seeds): MLP width m across, heads H down."""
+    grid = rows.pivot_table(index="heads", columns="width", values="accuracy", aggfunc="mean").sort_index()
+    fig, ax = plt.subplots(figsize=(1.1 * len(grid.columns) + 2.5, 0.8 * len(grid.index) + 1.8))
+    im = ax.imshow(grid.values, origin="lower", cmap="viridis", vmin=0, vmax=1, aspect="auto")
+    ax.set_xticks(range(len(grid.columns)), [str(c) for c in grid.columns])
+    ax.set_yticks(range(len(grid.index)), [str(i) for i in grid.index])
+    for (i, j), value in np.ndenumerate(grid.values):
+        ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7, color="white" if value < 0.6 else "black")
+    first = rows.iloc[0]
+    ax.set_xlabel("MLP width m")
+    ax.set_ylabel("heads H")
+    ax.set_title(f"accuracy over all facts, S=R={first['subjects']}, d={first['d']}, d_h={first['head_dim']}, "
+                 f"<= {first['max_steps']} steps", fontsize=10)
+    fig.colorbar(im, ax=ax, label="accuracy over all facts")
+    return _save(fig, path)
+
+
+def plot_dynamics(curves: pd.DataFrame, stages: pd.DataFrame, path: str | Path, *, seed: int | None = None) -> Path:
+    """Total, relation-only and subject-only losses of one seed, stages shaded, ln(R D) and ln D marked."""
+    seed = int(stages["seed"].iloc[0]) if seed is None else seed
+    c = curves[curves["seed"] == seed].sort_values("step")
+    st = stages[stages["seed"] == seed].iloc[0]
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    ax.plot(c["step"], c["loss"], color="black", label="total loss")
+    ax.plot(c["step"], c["relation_loss"], color="tab:blue", label="relation-only loss")
+    ax.plot(c["step"], c["subject_loss"], color="tab:orange", label="subject-only loss")
+    end = float(c["step"].max())
+    spans = [
+        (0, st["uniform_end"], "tab:gray", "uniform"),
+        (st["hallucination_start"], st["hallucination_end"], "tab:red", "hallucination"),
+        (st["converged_at"], end, "tab:green", "converged"),
+    ]
+    for start, stop, color, label in spans:
+        if _present(start) and _present(stop):
+            ax.axvspan(float(start), float(stop), color=color, alpha=0.12, label=f"{label} (detected)")
+    ax.axhline(st["uniform_level"], ls="--", lw=0.8, color="gray")
+    ax.axhline(st["hallucination_level"], ls="--", lw=0.8, color="tab:red")
+    for level in (st["uniform_level"], st["hallucination_level"]):
+        ax.text(0.5 * end, level + 0.04, f"ln {round(math.exp(level))}", va="bottom", ha="center", fontsize=8)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss over all facts (nats)")
+    ax.set_title(f"linear attention, one-hot embeddings (seed {seed})")
+    ax.legend(fontsize=7, loc="upper right")
+    ax.grid(alpha=0.3)
+    ax.set_xlim(0, end)
+    return _save(fig, path)
+
+
+def _present(value) -> bool:
+    return value is not None and not (isinstance(value, float) and math.isnan(value))
+
+
+def _save(fig, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path

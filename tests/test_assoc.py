@@ -1,0 +1,256 @@
+"""Capacity lab III, associative memories: models, bisection, fits, the sweep unit and the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from auditor.cli import main
+from auditor.errors import AuditError
+from auditor.lab.assoc.capacity import (
+    Bisection,
+    fit_guide_constant,
+    fit_power_law,
+    invert_n_log_n,
+    n_log_n,
+    search_all,
+)
+from auditor.lab.assoc.memories import (
+    LinearMemory,
+    MemoryMember,
+    MemoryTask,
+    build_memory,
+    construction_weights,
+    memory_parameters,
+    unit_sphere,
+)
+from auditor.lab.assoc.memory_sweep import AssocConfig, guide_capacity, run_bucket
+from auditor.lab.assoc.summary import capacity_fits, capacity_markdown
+from auditor.lab.engine import TrainConfig, train
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """These models are tiny: one thread is several times faster than two on a shared 2-core box."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _fit_config(steps: int = 300, lr: float = 0.1, **overrides) -> TrainConfig:
+    return TrainConfig(steps=steps, lr=lr, optimizer="adamw", warmup_frac=0.0, schedule="constant",
+                       eval_every=10, **overrides)
+
+
+# ---------------------------------------------------------------- memories
+
+
+def test_unit_sphere_rows_have_norm_one_and_depend_on_the_seed():
+    a = unit_sphere(50, 7, torch.Generator().manual_seed(1))
+    b = unit_sphere(50, 7, torch.Generator().manual_seed(1))
+    c = unit_sphere(50, 7, torch.Generator().manual_seed(2))
+    assert a.shape == (50, 7)
+    torch.testing.assert_close(a.norm(dim=1), torch.ones(50))
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+def test_orthonormal_embeddings_are_stored_exactly_by_the_construction():
+    # e_x = standard basis, W = sum_x u_x e_x^T gives W e_x = u_x, and u_x^T u_x = 1 > u_y^T u_x for y != x
+    d = 12
+    inputs = torch.eye(d)[None]  # (1, N = d, d)
+    outputs = unit_sphere(d, d, torch.Generator().manual_seed(0))[None]
+    task = MemoryTask(inputs, outputs, torch.tensor([d]))
+    model = LinearMemory(1, d, [torch.Generator().manual_seed(0)])
+    with torch.no_grad():
+        model.weight.copy_(construction_weights(inputs, outputs))
+    assert task.accuracy(model).item() == 1.0
+
+
+def test_construction_stores_few_random_items_and_fails_when_overloaded():
+    d = 32
+    model, task = build_memory("linear", d, [MemoryMember(8, seed=3), MemoryMember(2000, seed=3)])
+    with torch.no_grad():
+        model.weight.copy_(construction_weights(task.inputs, task.outputs))
+    acc = task.accuracy(model)
+    assert acc[0].item() == 1.0  # 8 nearly orthogonal items in d = 32
+    assert acc[1].item() < 0.5  # 2000 items in d^2 = 1024 numbers cannot all be recalled
+
+
+@pytest.mark.parametrize(("kind", "d", "m", "n"), [("linear", 16, 0, 24), ("mlp", 8, 32, 24)])
+def test_a_trained_memory_of_known_small_size_stores_all_items(kind, d, m, n):
+    model, task = build_memory(kind, d, [MemoryMember(n, seed=0)], m=m)
+    result = train(model, task, _fit_config(steps=400, lr=0.1 if kind == "linear" else 0.03), progress=False)
+    assert result.accuracy.item() == 1.0
+    assert bool(task.correct(model)[0, :n].all())
+    assert result.steps.item() < 400  # early stop froze it
+
+
+def test_padding_items_gives_each_member_its_own_problem():
+    members = [MemoryMember(10, seed=1), MemoryMember(40, seed=2)]
+    model, task = build_memory("mlp", 8, members, m=8)
+    alone_model, alone_task = build_memory("mlp", 8, members[:1], m=8)
+    torch.testing.assert_close(task.inputs[0, :10], alone_task.inputs[0])
+    assert torch.all(task.inputs[0, 10:] == 0)
+    torch.testing.assert_close(model.w1[0], alone_model.w1[0])
+    torch.testing.assert_close(task.loss(model, None)[0], alone_task.loss(alone_model, None)[0])
+    cfg = _fit_config(steps=60, lr=0.03, early_stop=False)
+    train(model, task, cfg, progress=False)
+    train(alone_model, alone_task, cfg, progress=False)
+    torch.testing.assert_close(model.w1[0], alone_model.w1[0], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(task.accuracy(model)[0], alone_task.accuracy(alone_model)[0])
+
+
+def test_accuracy_counts_every_item_and_ignores_padding():
+    model, task = build_memory("linear", 4, [MemoryMember(3, seed=0), MemoryMember(9, seed=1)])
+    correct = task.correct(model)
+    assert correct.shape == (2, 9)
+    assert not correct[0, 3:].any()
+    expected = torch.stack([correct[0, :3].double().mean(), correct[1].double().mean()])
+    torch.testing.assert_close(task.accuracy(model), expected)
+
+
+def test_memory_parameters_and_errors():
+    assert memory_parameters("linear", 16) == 256
+    assert memory_parameters("mlp", 16, 64) == 1024
+    with pytest.raises(AuditError, match="unknown memory kind"):
+        build_memory("lienar", 8, [MemoryMember(3, 0)])
+    with pytest.raises(AuditError, match="at least one item"):
+        MemoryMember(0, 0)
+    with pytest.raises(AuditError, match="did you mean 'linear'"):
+        AssocConfig(kind="linaer")
+    with pytest.raises(AuditError, match="dims"):
+        AssocConfig(dims=())
+    with pytest.raises(AuditError, match="optimizer"):
+        AssocConfig(optimizer="adamm")
+
+
+# ---------------------------------------------------------------- bisection
+
+
+@pytest.mark.parametrize(("threshold", "lo", "hi"), [(37, 10, 20), (37, 40, 60), (37, 30, 45), (1, 5, 9), (250, 3, 4)])
+def test_bisection_finds_a_planted_threshold_exactly(threshold, lo, hi):
+    search = Bisection(lo, hi, max_size=1000)
+    rounds = search_all([search], lambda pending: [n <= threshold for _, n in pending])
+    assert search.capacity == threshold
+    assert search.hi == threshold + 1
+    assert rounds <= 2 * math.ceil(math.log2(1000)) + 2
+    assert all((n <= threshold) == ok for n, ok in search.history)
+
+
+def test_bisection_edge_cases():
+    nothing = Bisection(4, 8, max_size=100)
+    search_all([nothing], lambda pending: [False] * len(pending))
+    assert nothing.capacity == 0
+    everything = Bisection(4, 8, max_size=100)
+    search_all([everything], lambda pending: [True] * len(pending))
+    assert everything.capacity == 100 and everything.hi == 101  # never failed: a lower bound only
+    with pytest.raises(AuditError):
+        Bisection(8, 8, max_size=100)
+    with pytest.raises(AuditError):
+        Bisection(4, 8, max_size=100, rel_tol=1.5)
+
+
+def test_bisection_relative_tolerance_brackets_the_threshold():
+    search = Bisection(100, 200, max_size=10_000, rel_tol=0.05)
+    search_all([search], lambda pending: [n <= 1234 for _, n in pending])
+    assert search.lo <= 1234 < search.hi
+    assert search.hi - search.lo <= max(1, math.floor(0.05 * search.lo))
+    assert len(search.history) < 14  # fewer probes than an exact search from 100
+
+
+def test_search_all_probes_every_pending_search_in_one_call_per_round():
+    thresholds = [5, 50, 500]
+    searches = [Bisection(10, 20, max_size=2000) for _ in thresholds]
+    calls = []
+
+    def probe(pending):
+        calls.append(list(pending))
+        assert len({i for i, _ in pending}) == len(pending)  # one probe per search per round
+        return [n <= thresholds[i] for i, n in pending]
+
+    rounds = search_all(searches, probe)
+    assert [s.capacity for s in searches] == thresholds
+    assert rounds == len(calls)
+    assert len(calls[0]) == 3
+
+
+# ---------------------------------------------------------------- fits
+
+
+def test_power_law_fit_recovers_exponent_and_constant():
+    x = np.geomspace(10, 10_000, 12)
+    fit = fit_power_law(x, 3.0 * x**1.5)
+    assert fit.exponent == pytest.approx(1.5, abs=1e-9)
+    assert fit.constant == pytest.approx(3.0, rel=1e-9)
+    assert fit.r2 == pytest.approx(1.0)
+    rng = np.random.default_rng(0)
+    noisy = fit_power_law(x, 3.0 * x**1.5 * np.exp(rng.normal(0, 0.1, len(x))))
+    lo, hi = noisy.ci95()
+    assert lo < 1.5 < hi and noisy.exponent_se > 0
+    with pytest.raises(AuditError):
+        fit_power_law([1, 2], [1, 2])
+
+
+def test_guide_constant_fit_and_n_log_n_inverse():
+    n = np.array([20.0, 80.0, 300.0, 1000.0])
+    fit = fit_guide_constant(1.3 * n_log_n(n), n_log_n(n))
+    assert fit.constant == pytest.approx(1.3)
+    assert fit.log_se == pytest.approx(0.0, abs=1e-12)
+    for value in (5.0, 100.0, 12345.0):
+        assert float(n_log_n(invert_n_log_n(value))) == pytest.approx(value, rel=1e-9)
+    assert guide_capacity("linear", 32) == pytest.approx(invert_n_log_n(1024 / 1.3))
+
+
+def test_capacity_fits_ignore_censored_points():
+    rows = pd.DataFrame({
+        "kind": ["linear"] * 4,
+        "params": [64, 256, 1024, 4096],
+        "capacity": [20, 60, 190, 4096],
+        "first_fail": [21, 61, 191, None],  # the last search never failed
+    })
+    fits = capacity_fits(rows)["linear"]
+    assert fits["censored"] == 1 and fits["points"] == 3
+    assert 0.7 < fits["power"].exponent < 1.0
+
+
+# ---------------------------------------------------------------- sweep unit and CLI
+
+
+def test_sweep_unit_reports_a_bracketed_capacity_with_provenance():
+    unit = AssocConfig(kind="linear", dims=(8,), seeds=(0, 1), steps=200, rel_tol=0.1, eval_every=10).buckets()[0]
+    rows = run_bucket(unit)
+    assert [r["seed"] for r in rows] == [0, 1]
+    for row in rows:
+        probes = json.loads(row["probes"])
+        passed = [p["n_items"] for p in probes if p["passed"]]
+        failed = [p["n_items"] for p in probes if not p["passed"]]
+        assert row["capacity"] == max(passed) and row["first_fail"] == min(failed)
+        assert all(p["accuracy"] >= 0.99 for p in probes if p["passed"])
+        assert 10 <= row["capacity"] < row["first_fail"] <= 2 * 64
+        assert row["git_commit"] and "torch=" in row["versions"]
+        assert row["params"] == 64 and row["d"] == 8 and row["dtype"] == "float32"
+
+
+def test_cli_assoc_writes_csv_summary_and_plot(tmp_path):
+    out = tmp_path / "assoc"
+    code = main(["assoc", "--memory", "linear", "--dims", "6,8,10", "--seeds", "0", "--steps", "150",
+                 "--rel-tol", "0.1", "--out", str(out)])
+    assert code == 0
+    rows = pd.read_csv(out / "capacity.csv")
+    assert sorted(rows["d"]) == [6, 8, 10] and (rows["capacity"] > 0).all()
+    assert (out / "capacity.png").stat().st_size > 0
+    assert "fitted c" in (out / "summary.md").read_text()
+    assert capacity_markdown(rows).count("linear") >= 2
+
+
+def test_cli_assoc_rejects_bad_input(tmp_path, capsys):
+    assert main(["assoc", "--dims", "8,x", "--out", str(tmp_path)]) == 2
+    assert "comma-separated integers" in capsys.readouterr().err
+    assert main(["assoc", "--scale", "papr", "--out", str(tmp_path)]) == 2
+    assert "did you mean 'paper'" in capsys.readouterr().err

@@ -1,0 +1,320 @@
+"""Capacity lab III, factual recall: the generator, the one-layer transformer, the sweeps, the learning
+dynamics and the stage detector."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from auditor.cli import main
+from auditor.errors import AuditError
+from auditor.lab.assoc.dynamics import DynamicsConfig, LinearAttentionOneHot, run_dynamics
+from auditor.lab.assoc.facts import FactBank, FactTable, member_generator
+from auditor.lab.assoc.recall import RecallMember, build_recall, recall_parameters
+from auditor.lab.assoc.recall_sweep import (
+    RecallTraining,
+    ScalingConfig,
+    TradeoffConfig,
+    run_scaling_unit,
+    run_tradeoff_unit,
+    table_shape,
+    train_models,
+)
+from auditor.lab.assoc.stages import detect_stages, find_plateau
+from auditor.lab.engine import TrainConfig, train
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """These models are tiny: one thread is several times faster than two on a shared 2-core box."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _gens(*seeds, stream=1, step=0):
+    return [member_generator(s, stream, step) for s in seeds]
+
+
+# ---------------------------------------------------------------- generator
+
+
+def test_fact_table_is_consistent_across_calls_with_the_same_seed():
+    table = FactTable(20, 6, 8, seed=11)
+    a, b = table.answers(), FactTable(20, 6, 8, seed=11).answers()
+    assert torch.equal(a, b) and torch.equal(a, table.answers())
+    assert not torch.equal(a, FactTable(20, 6, 8, seed=12).answers())
+    block = a // 8
+    assert torch.equal(block, torch.arange(6).expand(20, 6))  # a(s, r) lies in relation r's block
+    assert table.num_facts == 120 and table.num_answers == 48 and table.vocab_size == 53
+    assert table.bits() == pytest.approx(120 * 3)
+
+
+def test_structured_table_follows_the_formula():
+    answers = FactTable(16, 4, 8, structured=True).answers()
+    for s in range(16):
+        for r in range(4):
+            assert answers[s, r] == (s * 8) // 16 + r * 8
+
+
+def test_prompts_hold_subject_relation_noise_and_eos():
+    tables = [FactTable(5, 3, 4, seed=0), FactTable(9, 7, 2, seed=1)]
+    bank = FactBank(tables, prompt_length=12)
+    batch = bank.sample(200, _gens(0, 1))
+    assert batch.tokens.shape == (2, 200, 12)
+    for i, t in enumerate(tables):
+        S, R = t.subjects, t.relations
+        tok = batch.tokens[i]
+        assert torch.all(tok[:, -1] == t.eos_token)
+        body = tok[:, :-1]
+        is_subject, is_relation = body < S, (body >= S) & (body < S + R)
+        assert torch.all(is_subject.sum(1) == 1) and torch.all(is_relation.sum(1) == 1)
+        assert torch.all((body >= S + R) | is_subject | is_relation) and torch.all(body < 2 * (S + R))
+        subject = (body * is_subject).sum(1)
+        relation = (body * is_relation).sum(1) - S
+        assert torch.equal(subject, batch.subjects[i]) and torch.equal(relation, batch.relations[i])
+        assert torch.equal(batch.answers[i], t.answers()[subject, relation])
+
+
+def test_all_facts_covers_every_fact_k_times():
+    tables = [FactTable(4, 3, 8, seed=0), FactTable(6, 5, 8, seed=0)]
+    batch = FactBank(tables).all_facts(3, _gens(0, 1, stream=2))
+    for i, t in enumerate(tables):
+        valid = batch.valid[i]
+        assert int(valid.sum()) == t.num_facts * 3
+        pairs = batch.subjects[i][valid] * t.relations + batch.relations[i][valid]
+        assert torch.equal(torch.bincount(pairs, minlength=t.num_facts), torch.full((t.num_facts,), 3))
+
+
+def test_a_members_prompts_do_not_depend_on_its_ensemble():
+    alone = FactBank([FactTable(7, 4, 8, seed=3)]).sample(64, _gens(5, step=9))
+    together = FactBank([FactTable(30, 2, 8, seed=0), FactTable(7, 4, 8, seed=3)]).sample(64, _gens(1, 5, step=9))
+    assert torch.equal(alone.tokens[0], together.tokens[1])
+    assert torch.equal(alone.answers[0], together.answers[1])
+
+
+# ---------------------------------------------------------------- model
+
+
+def _members(**overrides):
+    base = {"d": 16, "heads": 3, "head_dim": 4, "width": 0, "facts": FactTable(5, 4, 8, seed=0), "seed": 0}
+    return RecallMember(**{**base, **overrides})
+
+
+def test_fast_features_equal_the_literal_attention():
+    members = [_members(width=0, seed=0), _members(width=12, seed=1, facts=FactTable(8, 3, 4, seed=2))]
+    model, task = build_recall(members, batch_size=32)
+    tokens = task.batch(0, torch.Generator()).tokens
+    torch.testing.assert_close(model.features(tokens), model.features_reference(tokens), atol=1e-5, rtol=1e-5)
+
+
+def test_no_positions_means_the_order_of_the_context_does_not_matter():
+    model, task = build_recall([_members(width=8)], batch_size=16)
+    tokens = task.batch(0, torch.Generator()).tokens
+    shuffled = tokens.clone()
+    shuffled[..., :-1] = tokens[..., torch.randperm(tokens.shape[-1] - 1)]
+    torch.testing.assert_close(model(tokens), model(shuffled), atol=1e-5, rtol=1e-5)
+
+
+def test_parameter_count_matches_the_trainable_tensors():
+    member = _members(d=12, heads=5, head_dim=3, width=7)
+    model, _ = build_recall([member])
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert trainable == member.parameters + 7  # + the m biases
+    assert member.parameters == recall_parameters(12, 5, 3, 7) == 4 * 5 * 3 * 12 + 2 * 7 * 12
+    with pytest.raises(AuditError, match="rounds to 0"):
+        _members(head_dim=0)
+
+
+def test_padded_members_match_the_same_member_alone():
+    small = _members(width=4, seed=7, facts=FactTable(3, 2, 8, seed=7))
+    big = _members(width=16, seed=8, facts=FactTable(9, 6, 8, seed=8))
+    model, task = build_recall([small, big], batch_size=64)
+    alone, alone_task = build_recall([small], batch_size=64)
+    tokens = task.batch(0, torch.Generator()).tokens
+    a_tokens = alone_task.batch(0, torch.Generator()).tokens
+    assert torch.equal(tokens[0], a_tokens[0])
+    logits = model(tokens)[0, :, : small.facts.num_answers]
+    torch.testing.assert_close(logits, alone(a_tokens)[0], atol=1e-5, rtol=1e-5)
+    cfg = TrainConfig(steps=30, lr=1e-2, optimizer="adamw", warmup_frac=0.0, schedule="constant",
+                      early_stop=False, eval_every=10)
+    train(model, task, cfg, progress=False)
+    train(alone, alone_task, cfg, progress=False)
+    torch.testing.assert_close(model.w_v[0], alone.w_v[0], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(model.w_1[0, :, :4], alone.w_1[0], atol=1e-4, rtol=1e-4)
+    assert torch.all(model.w_1[0, :, 4:] == 0)  # padded hidden units never move
+
+
+def test_training_stores_a_small_fact_table_and_accuracy_is_over_all_facts():
+    member = _members(d=24, heads=4, head_dim=4, width=24, facts=FactTable(6, 6, 4, seed=1))
+    model, task = build_recall([member], batch_size=256, eval_contexts=3)
+    result = train(model, task, TrainConfig(steps=800, lr=1e-2, optimizer="adamw", warmup_frac=0.0,
+                                            schedule="constant", target_accuracy=1.0, eval_every=25), progress=False)
+    assert result.accuracy.item() == 1.0 and result.steps.item() < 800
+    assert task.fact_recall(model).item() == 1.0
+    # the evaluation set is every fact in 3 contexts, and accuracy is their mean
+    assert int(task.eval_set.valid.sum()) == 36 * 3
+    manual = (model(task.eval_set.tokens).argmax(-1) == task.eval_set.answers).double().mean()
+    assert task.accuracy(model).item() == pytest.approx(manual.item())
+
+
+def test_fact_recall_is_at_most_the_prompt_accuracy():
+    model, task = build_recall([_members(seed=s) for s in range(3)], batch_size=8)
+    assert torch.all(task.fact_recall(model) <= task.accuracy(model) + 1e-12)
+
+
+# ---------------------------------------------------------------- sweeps
+
+
+_TINY = RecallTraining(steps=120, batch_size=64, eval_every=20, eval_contexts=2, prompt_length=8)
+
+
+def test_tradeoff_unit_rows_describe_every_cell():
+    unit = TradeoffConfig(subjects=4, relations=4, d=16, head_dim=4, heads=(2,), widths=(0, 8), seeds=(0, 1),
+                          training=_TINY).units()[0]
+    rows = pd.DataFrame(run_tradeoff_unit(unit))
+    assert len(rows) == 4 and set(rows["width"]) == {0, 8} and set(rows["seed"]) == {0, 1}
+    assert (rows["params"] == rows["attention_params"] + rows["mlp_params"]).all()
+    assert rows["accuracy"].between(0, 1).all() and (rows["stored"] == (rows["accuracy"] >= 0.99)).all()
+    assert {"git_commit", "versions", "lrs", "best_lr", "batch_size", "T", "D", "dtype", "device"} <= set(rows.columns)
+
+
+def test_each_model_keeps_its_best_learning_rate():
+    tiny = RecallTraining(steps=300, batch_size=128, eval_every=25, eval_contexts=2, lrs=(1e-6, 2e-2))
+    member = _members(d=16, heads=4, head_dim=4, width=16, facts=FactTable(3, 3, 4, seed=2))
+    (both,) = train_models([member], tiny)
+    (alone,) = train_models([member], dataclasses.replace(tiny, lrs=(2e-2,)))
+    by_lr = json.loads(both["accuracy_by_lr"])
+    assert both["best_lr"] == 2e-2 and both["passed"] and by_lr["1e-06"] < 0.5
+    assert both["accuracy"] == alone["accuracy"] and both["steps"] == alone["steps"]
+
+
+def test_scaling_unit_brackets_the_largest_table():
+    unit = ScalingConfig(dims=(8,), head_dim=2, attn_ratio=1.0, width_ratios=(1.0,), seeds=(0,),
+                         training=_TINY).units()[0]
+    (row,) = run_scaling_unit(unit)
+    assert row["heads"] == 4 and row["width"] == 8 and row["params"] == 4 * 4 * 2 * 8 + 2 * 8 * 8
+    assert row["facts"] == row["subjects"] * row["relations"] and row["subjects"] - row["relations"] in (0, 1)
+    probes = json.loads(row["probes"])
+    assert row["facts"] == max([p["facts"] for p in probes if p["passed"]], default=0)
+    if row["first_fail_facts"] is not None:
+        assert row["facts"] < row["first_fail_facts"] == min(p["facts"] for p in probes if not p["passed"])
+    assert row["bits_per_param"] == pytest.approx(row["facts"] * 3 / row["params"])
+    with pytest.raises(AuditError, match="H must be >= 1"):
+        ScalingConfig(dims=(4,), head_dim=8, attn_ratio=0.5)
+
+
+def test_table_shapes_grow_monotonically():
+    shapes = [table_shape(k) for k in range(2, 40)]
+    facts = [s * r for s, r in shapes]
+    assert shapes[:4] == [(1, 1), (2, 1), (2, 2), (3, 2)]
+    assert all(b > a for a, b in zip(facts, facts[1:]))
+    with pytest.raises(AuditError):
+        table_shape(1)
+
+
+# ---------------------------------------------------------------- learning dynamics
+
+
+def test_linear_attention_fast_path_equals_one_hot_products():
+    model = LinearAttentionOneHot(2, vocab_size=11, num_answers=6, eos_token=10, init=0.0)
+    with torch.no_grad():
+        model.attention.normal_()
+        model.readout.normal_()
+    tokens = torch.randint(11, (2, 5, 7))
+    torch.testing.assert_close(model(tokens), model.forward_reference(tokens))
+
+
+def test_dynamics_pass_through_the_hallucination_stage():
+    # the paper's setting with a 5x larger step (time rescaled) and smaller batches, to run in seconds
+    config = DynamicsConfig(lr=0.5, steps=1400, batch_size=128, eval_every=20, eval_contexts=4, seeds=(0,))
+    curves, stages = run_dynamics(config, progress=False)
+    row = stages.iloc[0]
+    assert row["uniform_end"] is not None and not math.isnan(row["uniform_end"])
+    assert row["uniform_end"] < row["hallucination_start"] < row["hallucination_end"] < row["converged_at"]
+    assert bool(row["hallucination_confirmed"])  # relation known, subject not
+    assert abs(row["hallucination_mean"] - math.log(8)) < 0.15
+    first = curves.iloc[0]
+    assert first["loss"] == pytest.approx(math.log(32), abs=1e-3)  # tiny init: uniform over R D answers
+    assert {"git_commit", "versions", "lr", "init", "optimizer"} <= set(curves.columns)
+
+
+@pytest.mark.slow
+def test_dynamics_at_the_papers_setting():
+    curves, stages = run_dynamics(DynamicsConfig(seeds=(0,)), progress=False)
+    row = stages.iloc[0]
+    assert row["uniform_end"] < row["hallucination_start"] < row["hallucination_end"] < row["converged_at"]
+    assert bool(row["hallucination_confirmed"])
+    assert curves["loss"].iloc[-1] < 0.05
+
+
+# ---------------------------------------------------------------- stage detection
+
+
+def _synthetic(noise=0.02, with_hallucination=True, seed=0):
+    """A loss curve with plateaus at ln 32 on [0, 1000], at ln 8 on [1300, 3000], converging by ~3700."""
+    steps = np.arange(0, 6001, 20)
+    hi, mid = math.log(32), math.log(8)
+    down1 = 1 / (1 + np.exp(-(steps - 1150) / 30))
+    down2 = 1 / (1 + np.exp(-(steps - 3300) / 60))
+    if with_hallucination:
+        loss = hi - (hi - mid) * down1 - mid * down2
+    else:
+        loss = hi - hi * down1
+    loss = loss + np.random.default_rng(seed).normal(0, noise, len(steps))
+    relation = np.log(4) * (1 - down1) + 0.005
+    return steps, np.clip(loss, 1e-4, None), relation
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_stage_detection_finds_known_plateaus(seed):
+    steps, loss, relation = _synthetic(seed=seed)
+    stages = detect_stages(steps, loss, num_answers=32, answers_per_relation=8, relation_loss=relation)
+    b = stages.boundaries()
+    # the band is 10% of the level: the sigmoid leaves it ~60 steps after its centre... within 2 * 60
+    assert 1000 <= b["uniform_end"] <= 1150
+    assert 1150 <= b["hallucination_start"] <= 1300
+    assert 3000 <= b["hallucination_end"] <= 3250
+    assert 3300 <= b["converged_at"] <= 3700
+    assert stages.hallucination_confirmed and stages.relation_loss_mid < 0.02
+
+
+def test_stage_detection_reports_missing_stages():
+    steps, loss, relation = _synthetic(with_hallucination=False)
+    stages = detect_stages(steps, loss, num_answers=32, answers_per_relation=8, relation_loss=relation)
+    assert stages.uniform is not None and stages.hallucination is None and not stages.hallucination_confirmed
+    assert stages.converged_at is not None
+    flat = detect_stages(steps, np.full(len(steps), math.log(32)), num_answers=32, answers_per_relation=8)
+    assert flat.hallucination is None and flat.converged_at is None and flat.uniform.start == 0
+
+
+def test_plateau_needs_enough_points_and_valid_input():
+    steps = np.arange(10)
+    loss = np.array([3.0, 3.0, 2.0, 2.0, 2.0, 2.0, 1.0, 2.0, 2.0, 1.0])
+    plateau = find_plateau(steps, loss, 2.0, band=0.05, window=1, min_points=3)
+    assert (plateau.start, plateau.end) == (2, 5)
+    assert find_plateau(steps, loss, 2.0, band=0.05, window=1, min_points=5) is None
+    with pytest.raises(AuditError, match="increasing"):
+        find_plateau(steps[::-1], loss, 2.0)
+    with pytest.raises(AuditError, match="NaN"):
+        find_plateau(steps, np.full(10, np.nan), 2.0)
+    with pytest.raises(AuditError, match="overlap"):
+        detect_stages(steps, loss, num_answers=9, answers_per_relation=8, band=0.1)
+
+
+def test_cli_recall_dynamics_and_errors(tmp_path, capsys):
+    out = tmp_path / "recall"
+    assert main(["recall", "dynamics", "--steps", "200", "--seeds", "0", "--lr", "0.5", "--out", str(out)]) == 0
+    stages = pd.read_csv(out / "dynamics_stages.csv")
+    assert list(stages["seed"]) == [0]
+    assert (out / "dynamics.png").stat().st_size > 0 and (out / "dynamics_curves.csv").exists()
+    assert "plateau levels" in (out / "dynamics.md").read_text()
+    assert main(["recall", "tradeoff", "--seeds", "a", "--out", str(out)]) == 2
+    assert "comma-separated integers" in capsys.readouterr().err
