@@ -38,11 +38,7 @@ def kruskal_curve(result: AuditResult, path: Path) -> Path:
     ax.text(d, 1.02, f" d = {d}", color="grey", va="bottom", transform=ax.get_xaxis_transform())
     ax.set(xlabel="subset size k", ylabel="share of full-rank k-subsets", ylim=(-0.03, 1.03),
            title=f"{result.config.model}: Kruskal rank of the query tokens")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return path
+    return _save(fig, ax, path)
 
 
 def context_rank_histogram(result: AuditResult, path: Path) -> Path:
@@ -58,11 +54,7 @@ def context_rank_histogram(result: AuditResult, path: Path) -> Path:
         ax.axvline(n, color="black", ls="--", lw=1, label=f"n = {n}")
     ax.set(xlabel="rank of the context matrix", ylabel="examples",
            title=f"{result.config.model}: per-example context rank (Assumption 2)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return path
+    return _save(fig, ax, path)
 
 
 def margin_histogram(result: AuditResult, path: Path) -> Path:
@@ -75,6 +67,11 @@ def margin_histogram(result: AuditResult, path: Path) -> Path:
             ax.hist(values, bins=30, alpha=0.6, label=label.replace("@", " @ "))
     ax.set(xlabel="margin (decades between the deciding singular value and the tolerance)",
            ylabel="examples", title=f"{result.config.model}: context-rank margins (2 = certified lower bound)")
+    return _save(fig, ax, path)
+
+
+def _save(fig, ax, path: Path) -> Path:
+    """Legend, layout, PNG at 130 dpi, and release the figure."""
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
