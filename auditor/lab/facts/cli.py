@@ -1,0 +1,345 @@
+"""``audit facts``: fact databases as tensors and the capacity of one attention-only layer.
+
+\b
+  audit facts generate --keys 32 --queries 8 --values-per-query 4 -o db.csv
+  audit facts rank db.csv [--effective]          # bounds, exact rank (tiny), CP estimate
+  audit facts train db.csv --d-model 8 --d-vo 1:8 [--layer-rank]
+  audit facts sweep width|budget|tau|bound|measure|scale [--quick] --out DIR
+  audit facts plot DIR
+
+Lists are comma separated (``--d-vo 1,2,4``) or inclusive ranges (``--d-vo 1:8``). Sweeps resume when
+rerun with the same ``--out``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+import pandas as pd
+import torch
+
+from auditor.errors import AuditError
+from auditor.provenance import provenance, timestamp
+
+
+def parse_ints(text: str, option: str) -> list[int]:
+    """``"1,2,4"`` or inclusive ``"1:8"`` / ``"2:16:2"`` -> ints (AuditError otherwise)."""
+    values: list[int] = []
+    try:
+        for part in (p.strip() for p in text.split(",")):
+            if ":" in part:
+                bits = [int(b) for b in part.split(":")]
+                if len(bits) not in (2, 3) or (len(bits) == 3 and bits[2] < 1):
+                    raise ValueError
+                values.extend(range(bits[0], bits[1] + 1, bits[2] if len(bits) == 3 else 1))
+            elif part:
+                values.append(int(part))
+    except ValueError:
+        raise AuditError(f"{option} takes integers like 1,2,4 or ranges like 1:8; got {text!r}") from None
+    if not values:
+        raise AuditError(f"{option} lists no values; give e.g. 1,2,4")
+    return list(dict.fromkeys(values))
+
+
+def _threads(threads: int | None) -> None:
+    if threads is not None:
+        if threads < 1:
+            raise AuditError(f"--threads must be >= 1, got {threads}")
+        torch.set_num_threads(threads)
+
+
+def _out(out: str | None, name: str) -> Path:
+    return Path(out) if out else Path("runs") / f"facts-{name}-{timestamp()}"
+
+
+def _show(frame: pd.DataFrame, columns: list[str]) -> None:
+    present = [c for c in columns if c in frame]
+    click.echo(frame[present].to_markdown(index=False, floatfmt=".4g"))
+
+
+def _load(path: str, key: str, query: str, value: str):
+    from auditor.lab.facts.database import load_csv
+
+    return load_csv(path, key=key, query=query, value=value)
+
+
+def column_options(f):
+    """--key-col/--query-col/--value-col for commands that read a database CSV."""
+    for name, default in (("value", "value"), ("query", "query"), ("key", "key")):
+        f = click.option(
+            f"--{name}-col", default=default, show_default=True, help=f"CSV column of the {name}."
+        )(f)
+    return f
+
+
+@click.group("facts", context_settings={"help_option_names": ["-h", "--help"]})
+def facts_command() -> None:
+    """Fact databases as tensors (rank, bounds) and how much one attention-only layer memorizes."""
+
+
+@facts_command.command("generate")
+@click.option("--kind", type=click.Choice(["random", "planted"]), default="random", show_default=True)
+@click.option("--keys", default=32, show_default=True, help="|K|.")
+@click.option("--queries", default=8, show_default=True, help="|Q| (relations).")
+@click.option(
+    "--values-per-query",
+    default=4,
+    show_default=True,
+    help="Values each relation owns (or shared vocabulary size).",
+)
+@click.option("--shared-values", is_flag=True, help="One value vocabulary shared by every relation.")
+@click.option("--density", default=1.0, show_default=True, help="Fraction of (key, query) pairs present.")
+@click.option("--key-groups", default=4, show_default=True, help="planted: key groups.")
+@click.option("--query-groups", default=2, show_default=True, help="planted: query groups.")
+@click.option("--noise", default=0.0, show_default=True, help="planted: fraction of facts relabelled.")
+@click.option("--seed", default=0, show_default=True)
+@click.option("-o", "--output", required=True, help="CSV file to write (columns key, query, value).")
+def generate_command(output: str, **spec: Any) -> None:
+    """Write a seeded random database as CSV."""
+    from auditor.lab.facts.database import DatabaseSpec
+
+    db = DatabaseSpec(**spec).build()
+    Path(output).parent.mkdir(parents=True, exist_ok=True)
+    db.save_csv(output)
+    click.echo(f"{db.name}: {db.num_triples} triples, shape {db.shape} -> {output}")
+
+
+@facts_command.command("rank")
+@click.argument("database", type=click.Path(dir_okay=False))
+@column_options
+@click.option("--tol", default=1e-4, show_default=True, help="Relative error at which a CP rank fits.")
+@click.option("--restarts", default=4, show_default=True, help="Random restarts per rank.")
+@click.option("--max-iter", default=3000, show_default=True, help="ALS sweeps per fit.")
+@click.option("--backend", type=click.Choice(["auto", "tensorly", "als"]), default="auto", show_default=True)
+@click.option("--effective", is_flag=True, help="Also search the effective (argmax) rank (trains CP logits).")
+@click.option("--threads", default=None, type=int, help="torch intra-op threads.")
+@click.option("--out", default=None, help="Write the row as CSV here.")
+def rank_command(
+    database: str,
+    key_col: str,
+    query_col: str,
+    value_col: str,
+    tol: float,
+    restarts: int,
+    max_iter: int,
+    backend: str,
+    effective: bool,
+    threads: int | None,
+    out: str | None,
+) -> None:
+    """Measure a database: triples, the paper's bound, certified bounds, exact rank, CP estimate."""
+    from auditor.lab.facts.cp import CPConfig, estimate_cp_rank
+    from auditor.lab.facts.effective import effective_rank
+    from auditor.lab.facts.exact import exact_rank
+    from auditor.lab.facts.tensor import rank_bounds
+
+    _threads(threads)
+    db = _load(database, key_col, query_col, value_col)
+    cp = CPConfig(tol=tol, restarts=restarts, max_iter=max_iter, backend=backend)
+    row: dict[str, Any] = {**db.summary(), **rank_bounds(db).to_row()}
+    if max(db.shape) <= 64:
+        row.update(exact_rank(db).to_row())
+    row.update({f"cp_{k}": v for k, v in estimate_cp_rank(db, cp, progress=True).to_row().items()})
+    if effective:
+        row.update(effective_rank(db).to_row())
+    row.update(provenance())
+    frame = pd.DataFrame([row])
+    show = [
+        "db",
+        "triples",
+        "keys",
+        "queries",
+        "values",
+        "paper_bound",
+        "value_slice_bound",
+        "lower",
+        "upper",
+        "exact_rank",
+        "exact_method",
+        "cp_rank",
+        "cp_reached_by",
+        "cp_tol",
+        "effective_rank",
+    ]
+    _show(frame, show)
+    if out:
+        from auditor.lab.sweep import write_csv_atomic
+
+        write_csv_atomic(frame, Path(out))
+
+
+@facts_command.command("train")
+@click.argument("database", type=click.Path(dir_okay=False))
+@column_options
+@click.option("--d-model", default="8", show_default=True, help="Widths (list or range).")
+@click.option("--heads", default="1", show_default=True, help="Head counts (list or range).")
+@click.option("--d-qk", default=None, help="d_head,qk values (default: d_model).")
+@click.option("--d-vo", default=None, help="d_head,vo values (default: d_model).")
+@click.option(
+    "--budget", is_flag=True, help="Pair each d_vo with d_qk = d_model - d_vo + 1 instead of a grid."
+)
+@click.option("--seeds", default="0", show_default=True, help="Initialisation seeds.")
+@click.option("--steps", default=2000, show_default=True)
+@click.option("--lr", default=3e-3, show_default=True)
+@click.option("--batch-size", default=None, type=int, help="Triples per step (default: full batch).")
+@click.option("--layer-rank", is_flag=True, help="Also compute the layer tensor L's bound and CP estimate.")
+@click.option("--threads", default=None, type=int, help="torch intra-op threads.")
+@click.option("--out", default=None, help="Output folder (default runs/facts-train-<time>).")
+def train_command(
+    database: str,
+    key_col: str,
+    query_col: str,
+    value_col: str,
+    d_model: str,
+    heads: str,
+    d_qk: str | None,
+    d_vo: str | None,
+    budget: bool,
+    seeds: str,
+    steps: int,
+    lr: float,
+    batch_size: int | None,
+    layer_rank: bool,
+    threads: int | None,
+    out: str | None,
+) -> None:
+    """Train one attention-only layer per configuration (all batched) and report the accuracies."""
+    from auditor.lab.engine import TrainConfig
+    from auditor.lab.facts.model import LayerConfig
+    from auditor.lab.facts.training import train_layers
+    from auditor.lab.sweep import write_csv_atomic
+
+    _threads(threads)
+    db = _load(database, key_col, query_col, value_col)
+    configs = []
+    for d in parse_ints(d_model, "--d-model"):
+        vos = parse_ints(d_vo, "--d-vo") if d_vo else [d]
+        for h in parse_ints(heads, "--heads"):
+            for vo in vos:
+                qks = [d - vo + 1] if budget else (parse_ints(d_qk, "--d-qk") if d_qk else [d])
+                for qk in qks:
+                    for s in parse_ints(seeds, "--seeds"):
+                        configs.append(LayerConfig(d_model=d, heads=h, d_qk=qk, d_vo=vo, seed=s))
+    if budget and any(c.d_qk < 1 for c in configs):
+        raise AuditError("--budget needs every d_vo <= d_model (so that d_qk = d_model - d_vo + 1 >= 1)")
+    train_cfg = TrainConfig(steps=steps, lr=lr, eval_every=50)
+    trained = train_layers(db, configs, train_cfg, batch_size=batch_size, progress=True)
+    rows = trained.rows
+    if layer_rank:
+        rows = [{**row, **_layer_row(trained.model, e)} for e, row in enumerate(rows)]
+    extra = {
+        "train_config": json.dumps(train_cfg.to_dict()),
+        "dtype": "float32",
+        "device": "cpu",
+        **provenance(),
+    }
+    frame = pd.DataFrame([{**r, **extra} for r in rows])
+    folder = _out(out, "train")
+    write_csv_atomic(frame, folder / "results.csv")
+    _show(
+        frame,
+        [
+            "d_model",
+            "heads",
+            "d_qk",
+            "d_vo",
+            "seed",
+            "params",
+            "accuracy",
+            "acc_tau0.95",
+            "steps_trained",
+            "bound",
+            "cp_rank",
+            "flattening_lower",
+        ],
+    )
+    click.echo(f"wrote {folder / 'results.csv'}")
+
+
+def _layer_row(model, member: int) -> dict[str, Any]:
+    import numpy as np
+
+    from auditor.lab.facts.cp import CPConfig, estimate_cp_rank
+    from auditor.lab.facts.layer_tensor import bound_decomposition, flattening_lower_bound, layer_tensor
+    from auditor.lab.facts.tensor import reconstruct
+
+    lt = layer_tensor(model, member)
+    L = lt.full()
+    bound, factors = bound_decomposition(lt)
+    residual = float(np.linalg.norm(reconstruct(factors) - L) / np.linalg.norm(L))
+    est = estimate_cp_rank(
+        L, CPConfig(restarts=2, max_iter=500), ceiling=bound.bound, ceiling_certified=residual <= 1e-8
+    )
+    return {
+        **bound.to_row(),
+        "construction_residual": residual,
+        "cp_rank": est.rank,
+        "flattening_lower": flattening_lower_bound(L),
+    }
+
+
+SWEEPS = ("width", "budget", "tau", "bound", "measure", "scale")
+
+
+@facts_command.command("sweep")
+@click.argument("experiment", type=click.Choice(SWEEPS))
+@click.option(
+    "--quick", is_flag=True, help="A tiny version of the experiment (smoke test, seconds to a minute)."
+)
+@click.option("--db-seeds", default=None, help="Database seeds (default per experiment).")
+@click.option("--init-seeds", default=None, help="Initialisation seeds (default per experiment).")
+@click.option("--steps", default=None, type=int, help="Training steps (default 2000; scale 3000).")
+@click.option("--lr", default=None, type=float, help="Peak Adam learning rate (default 3e-3; scale 1e-2).")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True)
+@click.option("--threads", default=None, type=int, help="torch intra-op threads.")
+@click.option("--no-plot", is_flag=True, help="Skip the PNG plots.")
+@click.option("--out", default=None, help="Output folder (rerun with the same folder to resume).")
+def sweep_command(
+    experiment: str,
+    quick: bool,
+    db_seeds: str | None,
+    init_seeds: str | None,
+    steps: int | None,
+    lr: float | None,
+    executor: str,
+    threads: int | None,
+    no_plot: bool,
+    out: str | None,
+) -> None:
+    """Run an experiment of the facts room as a resumable sweep; write results.csv and plots."""
+    from auditor.lab.facts.experiments import unit_function
+    from auditor.lab.facts.plots import plot_results
+    from auditor.lab.facts.presets import sweep_units
+    from auditor.lab.sweep import run_sweep
+
+    _threads(threads)
+    train = {k: v for k, v in (("steps", steps), ("lr", lr)) if v is not None}
+    seeds = {
+        "db_seeds": tuple(parse_ints(db_seeds, "--db-seeds")) if db_seeds else None,
+        "init_seeds": tuple(parse_ints(init_seeds, "--init-seeds")) if init_seeds else None,
+    }
+    folder = _out(out, experiment)
+    for name, configs in sweep_units(experiment, quick=quick, train=train, **seeds).items():
+        target = folder / name.removeprefix("scale-") if experiment == "scale" else folder
+        frame = run_sweep(unit_function(name), configs, target, executor=executor, desc=f"facts {name}")
+        click.echo(f"{name}: {len(frame)} rows -> {target / 'results.csv'}")
+        if not no_plot:
+            for path in plot_results(target / "results.csv"):
+                click.echo(f"plot: {path}")
+
+
+@facts_command.command("plot")
+@click.argument("folder", type=click.Path(exists=True))
+@click.option("--out", default=None, help="Folder for the PNGs (default: next to results.csv).")
+def plot_command(folder: str, out: str | None) -> None:
+    """Redraw the plot of a finished facts sweep."""
+    from auditor.lab.facts.plots import plot_results
+
+    paths = plot_results(folder, out)
+    if not paths:
+        click.echo("no plot for this experiment (scale results are tables)")
+    for path in paths:
+        click.echo(f"plot: {path}")
