@@ -77,7 +77,7 @@ class CPRankEstimate:
     floor: int  # Eckart-Young: no rank below this can reach tol
     ceiling: int  # largest rank considered (certified for databases)
     ceiling_certified: bool  # an exact decomposition with `ceiling` terms is known
-    reached_by: str  # "fit" (a restart reached tol at `rank`), "ceiling" (certified) or "none"
+    reached_by: str  # "fit" (a restart reached tol), "bounds" (floor = certified ceiling), "ceiling", "none"
     tol: float
     backend: str
     shape: tuple[int, int, int]  # the tensor that was fitted (the compressed core for databases)
@@ -176,7 +176,10 @@ def estimate_cp_rank(
     if config.verify_ceiling and certified and hi == top and top > 0:
         fits([top])
     rank = hi
-    reached = "fit" if errors.get(rank, np.inf) <= config.tol else ("ceiling" if certified else "none")
+    if errors.get(rank, np.inf) <= config.tol:
+        reached = "fit"
+    else:  # floor == certified ceiling: no rank below fits at tol and the ceiling is exact
+        reached = "bounds" if certified and bottom == top else ("ceiling" if certified else "none")
     return CPRankEstimate(
         rank=int(rank),
         floor=int(bottom),

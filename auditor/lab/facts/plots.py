@@ -73,11 +73,10 @@ def plot_budget(frame: pd.DataFrame, out: Path) -> list[Path]:
     _heatmap(left, table, label="argmax accuracy")
     cols, rows = list(table.columns), list(table.index)
     line = [(cols.index(qk), rows.index(d_model + 1 - qk)) for qk in cols if d_model + 1 - qk in rows]
-    left.plot([x for x, _ in line], [y for _, y in line], "r--", lw=1.5, label="d_qk + d_vo = d_model + 1")
-    left.legend(fontsize=8, loc="upper right")
+    left.plot([x for x, _ in line], [y for _, y in line], "r--", lw=1.5)
     left.set_xlabel("d_head,qk")
     left.set_ylabel("d_head,vo")
-    left.set_title(f"accuracy, d_model = {d_model}")
+    left.set_title(f"accuracy, d_model = {d_model} (red: d_qk + d_vo = d_model + 1)")
     budget = frame[frame["on_budget"].astype(bool)]
     for tau_col, label in (("accuracy", "argmax"), ("acc_tau0.95", "softmax >= 0.95")):
         if tau_col in budget:
