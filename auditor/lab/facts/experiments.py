@@ -119,7 +119,7 @@ def budget_configs(
     d_model: int = 8,
     heads: int = 1,
     db_seeds: tuple[int, ...] = (0, 1),
-    init_seeds: tuple[int, ...] = (0,),
+    init_seeds: tuple[int, ...] = (0, 1, 2),
     train: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Units of the budget experiment: per database seed, the full d_qk x d_vo grid in 1..d_model."""
