@@ -80,8 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``audit`` console script; returns the exit code."""
     try:
         cli.main(args=argv, prog_name="audit", standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("interrupted", err=True)
+    except click.exceptions.Abort as err:  # click turns Ctrl-C into Abort; keep what the runner said
+        cause = err.__cause__
+        detail = str(cause) if isinstance(cause, KeyboardInterrupt) and str(cause) else ""
+        click.echo(f"interrupted: {detail}" if detail else "interrupted", err=True)
         return 130
     except click.ClickException as err:  # bad option values, unknown options: one line
         click.echo(f"error: {err.format_message()}", err=True)
@@ -90,8 +92,9 @@ def main(argv: list[str] | None = None) -> int:
         msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         click.echo(f"error: {msg}", err=True)
         return 2
-    except KeyboardInterrupt:
-        click.echo("interrupted: finished rows are kept on disk; rerun the same command to resume", err=True)
+    except KeyboardInterrupt as err:
+        detail = str(err) or "finished rows are kept on disk; rerun the same command to resume a sweep"
+        click.echo(f"interrupted: {detail}", err=True)
         return 130
     return 0
 

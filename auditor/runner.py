@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ TESTS = ("assumption2", "assumption1", "assumption3", "general_position")
 DEFAULT_REPRESENTATIONS = ("embedding", "random-attention", "block.0")
 DEFAULT_WEIGHTS = ("random", "pretrained")
 MAX_DEFAULT_SAMPLES = 2000  # the paper's N
+PARTIAL_CSV = "results.partial.csv"  # rows of a run in progress (or interrupted); removed at the end
 
 COLUMNS = [
     "model", "representation", "layer", "weights", "test", "status", "k", "N", "n", "d", "fraction", "holds",
@@ -174,12 +176,14 @@ def _test_row(result: probes.AssumptionResult) -> dict[str, Any]:
 
 
 def run_tests(
-    contexts: torch.Tensor, queries: torch.Tensor, config: AuditConfig, bar: tqdm | None = None
+    contexts: torch.Tensor, queries: torch.Tensor, config: AuditConfig, bar: tqdm | None = None,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
 ) -> tuple[list[dict[str, Any]], probes.ContextRanks | None]:
     """The assumption tests of ``config.tests`` on one representation's tokens.
 
     Args:
         contexts: (N, n, d) and queries: (N, d), on the device the tests should run on.
+        on_row: called with each row as soon as its test finishes (the runner saves it to disk).
     Returns:
         rows (one per test) and the per-context ranks (for the histogram plot).
     """
@@ -202,6 +206,8 @@ def run_tests(
             rows.append(_test_row(probes.assumption3(contexts, queries, n, **common)))
         else:
             rows.append(_test_row(probes.general_position(queries, n=n, **common)))
+        if on_row is not None:
+            on_row(rows[-1])
         if bar is not None:
             bar.update()
     return rows, ranks
@@ -240,12 +246,16 @@ def audit(model: str = "vit-base", *, out: str | Path | None = None, progress: b
 def run(config: AuditConfig, *, out: str | Path | None = None, progress: bool = True) -> AuditResult:
     """:func:`audit` with a resolved config; returns rows, curves and the per-context ranks.
 
-    A run that fails (bad data, an impossible n, ...) leaves no empty report folder behind.
+    A run that fails (bad data, an impossible n, ...) leaves no empty report folder behind; an
+    interrupted one keeps its finished rows in ``results.partial.csv``.
     """
     created = [] if out is None else [p for p in (Path(out), *Path(out).parents) if not p.exists()]
     try:
         return _run(config, out=out, progress=progress)
-    except BaseException:
+    except BaseException as err:
+        if out is not None and isinstance(err, AuditError | ValueError):
+            # a user error invalidates the run: no partial rows (an interrupt or a crash keeps them)
+            (Path(out) / PARTIAL_CSV).unlink(missing_ok=True)
         for folder in created:  # deepest first; rmdir never removes a folder that holds a file
             try:
                 folder.rmdir()
@@ -255,9 +265,7 @@ def run(config: AuditConfig, *, out: str | Path | None = None, progress: bool = 
 
 
 def _run(config: AuditConfig, *, out: str | Path | None, progress: bool) -> AuditResult:
-    from auditor.data import load_inputs
-    from auditor.extract import extract, parse_representation
-    from auditor.models import WeightsUnavailable, load_model, resolve, resolve_device
+    from auditor.models import resolve, resolve_device
 
     spec = resolve(config.model, trust_remote_code=config.trust_remote_code)
     out_path = prepare_out(out) if out is not None else None
@@ -270,7 +278,43 @@ def _run(config: AuditConfig, *, out: str | Path | None, progress: bool) -> Audi
     records: list[dict[str, Any]] = []
     curves: list[pd.DataFrame] = []
     result = AuditResult(rows=pd.DataFrame(), curves=pd.DataFrame(), config=config, out=out_path)
-    tested = 0
+
+    def save_partial() -> None:  # finished rows reach the disk as they come (an interrupted run keeps them)
+        if out_path is not None and any(r.get("status") == "ok" for r in records):
+            from auditor.lab.sweep import write_csv_atomic
+
+            write_csv_atomic(pd.DataFrame(records).assign(**stamp), out_path / PARTIAL_CSV)
+
+    try:
+        _audit_loop(config, spec, by_weights, test_device, records, curves, result, out_path, progress,
+                    save_partial)
+    except KeyboardInterrupt as err:
+        save_partial()
+        where = f"; {len(records)} finished rows are in {out_path / PARTIAL_CSV}" if out_path and records else ""
+        raise KeyboardInterrupt(f"audit interrupted{where}") from err
+    tested = sum(r.get("status") == "ok" for r in records)
+    if tested == 0 and all(r.get("status") == "skipped" for r in records):
+        reasons = sorted({r["note"] for r in records})
+        raise AuditError(f"nothing could be tested: {reasons[0]}")
+    frame = pd.DataFrame(records)
+    for key, value in stamp.items():
+        frame[key] = value
+    result.rows = frame.reindex(columns=COLUMNS + [c for c in frame.columns if c not in COLUMNS])
+    result.curves = pd.concat(curves, ignore_index=True) if curves else pd.DataFrame()
+    if out_path is not None:
+        from auditor.report import write_report
+
+        write_report(result, out_path)
+        (out_path / PARTIAL_CSV).unlink(missing_ok=True)
+    return result
+
+
+def _audit_loop(config, spec, by_weights, test_device, records, curves, result, out_path, progress,
+                save_partial) -> None:
+    from auditor.data import load_inputs
+    from auditor.extract import extract, parse_representation
+    from auditor.models import WeightsUnavailable, load_model
+
     for weights, reps in by_weights.items():
         try:
             loaded = load_model(spec.name, weights, device=config.device, seed=config.seed,
@@ -279,6 +323,7 @@ def _run(config: AuditConfig, *, out: str | Path | None, progress: bool) -> Audi
         except WeightsUnavailable as err:
             for rep in reps:
                 records += _skipped(config, Row(rep, weights), f"weights unavailable: {err}", {})
+            save_partial()
             continue
         for rep in reps:  # validate names before any data is read
             parse_representation(rep, loaded.num_layers)
@@ -309,16 +354,19 @@ def _run(config: AuditConfig, *, out: str | Path | None, progress: bool) -> Audi
             if config.save_tokens and out_path is not None:
                 tok.save(out_path / "tokens" / f"{label.replace('/', '_')}.safetensors")
             contexts, queries = tok.contexts.to(test_device), tok.queries.to(test_device)
-            test_rows, ranks = run_tests(contexts, queries, config, bar)
-            if ranks is not None:
-                result.context_ranks[label] = ranks.rank.cpu()
-                result.margins[label] = ranks.margin.cpu()
             base = {"model": config.model, "representation": rep, "layer": tok.meta.get("layer", ""),
                     "weights": weights, "data_source": tok.meta.get("data_source", ""),
                     "tokenizer": tok.meta.get("tokenizer", ""), "seed": config.seed, "dtype": tok.meta.get("dtype"),
                     "data_counts": tok.meta.get("data_counts", "")}
-            records += [{**base, **r} for r in test_rows]
-            tested += sum(r["status"] == "ok" for r in test_rows)
+
+            def on_row(row: dict[str, Any], base: dict[str, Any] = base, records: list = records) -> None:
+                records.append({**base, **row})
+                save_partial()
+
+            _, ranks = run_tests(contexts, queries, config, bar, on_row=on_row)
+            if ranks is not None:
+                result.context_ranks[label] = ranks.rank.cpu()
+                result.margins[label] = ranks.margin.cpu()
             if config.sweep:
                 ks = _sweep_ks(config, tok.N, tok.n, tok.d)
                 sweep = probes.kruskal_sweep(queries, ks, subsets=config.sweep_subsets, seed=config.seed,
@@ -329,16 +377,3 @@ def _run(config: AuditConfig, *, out: str | Path | None, progress: bool) -> Audi
                 curves.append(frame)
             del contexts, queries
         bar.close()
-    if tested == 0 and all(r.get("status") == "skipped" for r in records):
-        reasons = sorted({r["note"] for r in records})
-        raise AuditError(f"nothing could be tested: {reasons[0]}")
-    frame = pd.DataFrame(records)
-    for key, value in stamp.items():
-        frame[key] = value
-    result.rows = frame.reindex(columns=COLUMNS + [c for c in frame.columns if c not in COLUMNS])
-    result.curves = pd.concat(curves, ignore_index=True) if curves else pd.DataFrame()
-    if out_path is not None:
-        from auditor.report import write_report
-
-        write_report(result, out_path)
-    return result

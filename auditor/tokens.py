@@ -88,6 +88,8 @@ class Tokens:
         """Write a safetensors file (atomically: a reader never sees a partial file)."""
         from safetensors.torch import save_file
 
+        from auditor.lab.sweep import _file_mode
+
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tensors = {"contexts": self.contexts.contiguous().cpu(), "queries": self.queries.contiguous().cpu()}
@@ -95,6 +97,7 @@ class Tokens:
         os.close(fd)
         try:
             save_file(tensors, tmp, metadata={**self.meta, "format": FORMAT})
+            os.chmod(tmp, _file_mode())  # mkstemp creates 0600; a token file is as readable as any
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)

@@ -135,7 +135,7 @@ def _check_n(n: Any) -> int:
 
 
 def _from_kruskal(test: str, res: KruskalResult, threshold: float, n: int | None) -> AssumptionResult:
-    possible = not res.note
+    possible = res.k <= res.d  # k > d: no k vectors in R^d are independent
     return AssumptionResult(
         test=test, holds=possible and res.fraction >= threshold, fraction=res.fraction, k=res.k, N=res.N,
         n=n, d=res.d, threshold=threshold, rtol=res.rtol, min_margin=res.min_margin, subsets=res.subsets,

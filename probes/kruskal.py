@@ -125,9 +125,17 @@ def _pool_gram(x64: torch.Tensor) -> torch.Tensor | None:
 
 
 def _test_subsets(
-    x64: torch.Tensor, subsets: torch.Tensor, rtol: float, gram: torch.Tensor | None
+    x64: torch.Tensor,
+    subsets: torch.Tensor,
+    rtol: float,
+    gram: torch.Tensor | None,
+    *,
+    spectrum: torch.Tensor | None = None,
+    exact_dependent: int | None = None,
 ) -> _fast.Decisions:
-    return _fast.subset_decisions(x64, subsets.to(x64.device), rtol, gram)
+    lam_cap = None if spectrum is None else float(spectrum[0]) ** 2
+    return _fast.subset_decisions(x64, subsets.to(x64.device), rtol, gram, lam_cap=lam_cap,
+                                  exact_dependent=exact_dependent)
 
 
 def kruskal_test(
@@ -137,7 +145,7 @@ def kruskal_test(
     seed: int = 0,
     rtol: float | None = None,
     *,
-    rank_sample: int = 100,
+    rank_sample: int | None = 100,
     _gram: torch.Tensor | None = None,
     _spectrum: torch.Tensor | None = None,
 ) -> KruskalResult:
@@ -150,8 +158,12 @@ def kruskal_test(
         subsets: how many random subsets to test; when C(N, k) <= subsets every subset is tested once.
         seed: sampling seed (same seed, same subsets, on any device).
         rtol: relative tolerance; default ``max(k, d) * eps`` of the vectors' dtype.
-        rank_sample: when every k-subset is provably dependent (see ``note``), the rank histogram is
-            computed on this many of the sampled subsets only.
+        rank_sample: how many dependent subsets get an exact rank for the histogram. Dependent
+            subsets beyond these are proven dependent by a shifted Cholesky factorisation (see
+            :mod:`probes._fast`) without computing their rank: they count in ``fraction`` but not in
+            ``rank_counts`` or ``min_margin`` (the ``note`` says how many). None: exact ranks for all.
+            When every k-subset is provably dependent (see ``note``), only this many subsets are
+            decomposed at all.
 
     Returns:
         :class:`KruskalResult` (``.fraction``, ``.rank_counts``, ``.min_margin``, ``.witness``).
@@ -185,20 +197,27 @@ def kruskal_test(
     spectrum = _spectrum if _spectrum is not None else pool_spectrum(x64)
     if k > 1 and _all_subsets_dependent(x64, k, rtol, spectrum):
         # Interlacing proves every k-subset dependent: only a sample is needed for the rank histogram.
-        idx = idx[:rank_sample]
+        idx = idx[: 100 if rank_sample is None else max(1, rank_sample)]
         note = (f"every {k}-subset is dependent (sigma_{k} of the whole set is below the smallest "
                 f"possible subset tolerance); rank histogram from {idx.shape[0]} subsets")
-    dec = _test_subsets(x64, idx, rtol, gram)
+    dec = _test_subsets(x64, idx, rtol, gram, spectrum=spectrum, exact_dependent=None if note else rank_sample)
     full = dec.rank == k
     dependent = (~full).nonzero().flatten()
     witness = tuple(idx[int(dependent[0])].tolist()) if dependent.numel() else None
-    counts = Counter(dec.rank.tolist())
-    tested = subsets if note else int(idx.shape[0])
+    known = dec.rank >= 0
+    counts = Counter(dec.rank[known].tolist())
+    unranked = int((~known).sum())
+    if unranked:
+        note = (f"{unranked} of {idx.shape[0]} subsets proven dependent by a shifted Cholesky "
+                f"factorisation without an exact rank; rank histogram and min margin from the other "
+                f"{idx.shape[0] - unranked}")
+    tested = subsets if note and not unranked else int(idx.shape[0])
+    margins = dec.margin[known]
     return KruskalResult(
-        subsets=tested, exhaustive=exhaustive or bool(note), full_rank=int(full.sum()),
+        subsets=tested, exhaustive=exhaustive or bool(note and not unranked), full_rank=int(full.sum()),
         fraction=float(full.double().mean()), rank_counts=dict(sorted(counts.items())),
-        min_margin=float(dec.margin.min()), witness=witness, seconds=time.perf_counter() - start,
-        stages=dec.stages, note=note, **common,
+        min_margin=float(margins.min()) if margins.numel() else math.nan, witness=witness,
+        seconds=time.perf_counter() - start, stages=dec.stages, note=note, **common,
     )
 
 

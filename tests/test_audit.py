@@ -174,3 +174,29 @@ def test_sharded_extraction_gives_the_same_rows(tmp_path):
     two = run(AuditConfig(model="vit-base", workers=2, executor="local", **common), progress=False).rows
     numeric = ["k", "N", "n", "d", "fraction", "holds", "min_margin", "rank_counts", "witness"]
     pd.testing.assert_frame_equal(one[numeric], two[numeric])
+
+
+def test_interrupted_audit_keeps_its_finished_rows(tmp_path, monkeypatch, capsys):
+    """Ctrl-C during a slow test: the rows finished before it are on disk, with provenance, and the
+    command says where; a finished run leaves no partial file."""
+    import probes
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(probes, "general_position", interrupt)
+    out = tmp_path / "report"
+    code = main(["vit-base", "--data", str(shared_data("imagenet-sample")), "--samples", "40", "-w", "random",
+                 "-r", "embedding", "--tests", "assumption2,assumption1,general_position", "--subsets", "50",
+                 "--device", "cpu", "-q", "--out", str(out)])
+    assert code == 130
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("interrupted: audit interrupted; 2 finished rows are in") and "\n" not in err
+    partial = pd.read_csv(out / "results.partial.csv")
+    assert list(partial["test"]) == ["assumption2", "assumption1"]
+    assert partial["git_commit"].notna().all() and not (out / "results.csv").exists()
+    monkeypatch.undo()
+    rows = auditor.audit("vit-base", data=str(shared_data("imagenet-sample")), samples=40, weights="random",
+                         representations="embedding", tests="assumption2", subsets=50, device="cpu",
+                         out=out, progress=False)
+    assert len(rows) == 1 and (out / "results.csv").exists() and not (out / "results.partial.csv").exists()

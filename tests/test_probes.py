@@ -351,3 +351,42 @@ def test_certified_margins_never_exceed_the_exact_margins():
     assert certified.any() and (~certified).any()
     assert (dec.margin[certified] <= exact.margin[certified] + 1e-9).all()
     assert (dec.margin[certified] > 0).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_dependence_proof_never_contradicts_the_svd(dtype):
+    """Stage 1b (a failing shifted Cholesky) may leave a matrix undecided but never calls a full-rank
+    matrix dependent: smallest singular values straddle the threshold by factors down to 1.01."""
+    k, d = 8, 8
+    rtol = max(k, d) * torch.finfo(dtype).eps
+    factors = [1e3, 3.0, 1.5, 1.01, 0.99, 0.7, 0.3, 1e-2, 1e-4, 0.0]
+    mats = torch.stack([with_singular_values([5.0] + [1.0] * (k - 2) + [f * 5.0 * rtol], k, d, seed=i)
+                        for i, f in enumerate(factors)])
+    gram = mats @ mats.transpose(1, 2)
+    dec = _fast.decide(gram, lambda pos: mats[pos], rtol, d, exact_dependent=0)
+    ref = probes.numerical_rank(mats, rtol).rank
+    proven = dec.rank == -1
+    assert (ref[proven] < k).all()  # every proof is right
+    assert ((dec.rank == ref) | proven).all()  # and everything else is exact
+    if dtype == torch.float32:
+        assert proven[-3:].all()  # clear cases (>= 2 decades below) are proven
+    else:  # float64 tolerance is below the Gram's resolution: nothing to prove, the SVD decides
+        assert not proven.any() and dec.stages["svd"] > 0
+    assert dec.stages["cholesky_dependent"] == int(proven.sum())
+
+
+def test_kruskal_test_with_proven_dependent_subsets_keeps_the_verdicts():
+    """A full-rank pool whose k = d subsets are often dependent (general position at k = d): the
+    dependence proof gives the same fraction and witness as exact ranks for every subset, and the rank
+    histogram covers only the subsets that got an exact rank."""
+    x = torch.cat([generic(14, 10, seed=30), generic(12, 4, seed=31) @ generic(4, 10, seed=32)]).float()
+    exact = probes.kruskal_test(x, 10, subsets=400, seed=3, rank_sample=None)
+    fast = probes.kruskal_test(x, 10, subsets=400, seed=3, rank_sample=5)
+    assert 0.0 < exact.fraction < 1.0 and exact.fraction == fast.fraction
+    assert exact.witness == fast.witness and probes.check_witness(x, fast.witness)
+    assert fast.stages["cholesky_dependent"] > 5
+    assert sum(fast.rank_counts.values()) == fast.full_rank + 5
+    assert sum(exact.rank_counts.values()) == 400 and exact.stages["cholesky_dependent"] == 0
+    assert "proven dependent" in fast.note and fast.subsets == 400 and not fast.exhaustive
+    gp = probes.general_position(x, subsets=400, seed=3, threshold=0.5)
+    assert gp.fraction == exact.fraction and gp.holds == (exact.fraction >= 0.5)

@@ -60,10 +60,18 @@ def unit_key(config: dict[str, Any]) -> str:
     return hashlib.sha256(_dumps(config).encode()).hexdigest()[:16]
 
 
+def _file_mode() -> int:
+    """Mode of a newly created regular file under the current umask (mkstemp would give 0600)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def _write_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=_TMP_SUFFIX)
     try:
+        os.fchmod(fd, _file_mode())
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
             fh.flush()
