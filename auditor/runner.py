@@ -12,6 +12,7 @@ loaded (offline) is kept as a *skipped* row with the reason.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import re
@@ -255,7 +256,8 @@ def run(config: AuditConfig, *, out: str | Path | None = None, progress: bool = 
     except BaseException as err:
         if out is not None and isinstance(err, AuditError | ValueError):
             # a user error invalidates the run: no partial rows (an interrupt or a crash keeps them)
-            (Path(out) / PARTIAL_CSV).unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                (Path(out) / PARTIAL_CSV).unlink(missing_ok=True)
         for folder in created:  # deepest first; rmdir never removes a folder that holds a file
             try:
                 folder.rmdir()

@@ -100,7 +100,7 @@ CLI_CASES = [
     ("zero-byte-images", ["{vit}", "--data", "{zero-byte}"], "no readable image"),
     ("corrupt-images", ["{vit}", "--data", "{corrupt}"], "no readable image"),
     ("data-is-a-file", ["{vit}", "--data", "{file}"], "is not a folder"),
-    ("text-shorter-than-n", ["{gpt2}", "--data", "{short}", "--context-length", "16"], "text too short"),
+    ("text-shorter-than-n", ["{gpt2}", "--data", "{short}", "--context-length", "32"], "text too short"),
     ("empty-text", ["{gpt2}", "--data", "{empty-txt}", "--context-length", "16"], "text too short"),
     ("no-txt-files", ["{gpt2}", "--data", "{no-txt}", "--context-length", "16"], "no .txt files"),
     ("n-greater-than-d", ["{gpt2}", "--context-length", "64"], "exceeds the width d = 32"),

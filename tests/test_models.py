@@ -299,6 +299,15 @@ def test_gpt2_offline_uses_the_byte_fallback(offline):
     assert loaded.tokenizer.name == BYTE_FALLBACK_NAME == loaded.tokenizer_name
 
 
+def test_gpt2_weights_folder_without_tokenizer_files_falls_back_to_bytes(offline, tmp_path):
+    """save_pretrained of the model alone: no tokenizer in the folder, so GPT-2's BPE (offline: the
+    byte fallback) tokenizes, never an empty vocabulary."""
+    tiny_model("gpt2").model.save_pretrained(tmp_path)
+    loaded = load_model(str(tmp_path), "pretrained", device="cpu", context_length=16)
+    assert loaded.tokenizer.name == BYTE_FALLBACK_NAME
+    assert loaded.tokenizer.encode_batch(["abc"]) == [[64, 65, 66]]
+
+
 # --- timm --------------------------------------------------------------------------------------------
 
 

@@ -57,12 +57,16 @@ def gpt2_tokenizer(spec: ModelSpec, kind: str, folder: Path | None) -> TextToken
             )
         except (OSError, ValueError):
             pass
-    source = spec.source if kind == "pretrained" else GPT2_TOKENIZER_ID
+    # a weights folder without tokenizer files (e.g. save_pretrained of the model alone) uses GPT-2's BPE
+    source = spec.source if kind == "pretrained" and folder is None else GPT2_TOKENIZER_ID
     try:
         tok = AutoTokenizer.from_pretrained(source, local_files_only=not hub_reachable())
     except (OSError, ValueError):
         return byte_fallback_tokenizer()
-    return wrap_hf_tokenizer(tok, f"{source} BPE")
+    wrapped = wrap_hf_tokenizer(tok, f"{source} BPE")
+    if not wrapped.encode_batch(["The tower is 324 metres tall."])[0]:  # an empty vocabulary: unusable
+        return byte_fallback_tokenizer()
+    return wrapped
 
 
 class GPT2Adapter(HFAdapter):
