@@ -108,6 +108,18 @@ def test_rerun_skips_finished_units_and_rebuilds_the_csv(tmp_path):
     assert subset["index"].tolist() == [5, 5, 4, 4]
 
 
+def test_moved_output_folder_still_resumes(tmp_path):
+    """A unit's ``workdir`` says where it keeps side files, not what it computes: a sweep moved to a
+    new folder (with workdir pointing there) finds its finished units."""
+    first = [{**c, "workdir": str(tmp_path / "a")} for c in CONFIGS]
+    frame = run_sweep(rank_unit, first, tmp_path / "a", progress=False)
+    shutil.move(tmp_path / "a", tmp_path / "b")
+    moved = [{**c, "workdir": str(tmp_path / "b")} for c in CONFIGS]
+    again = run_sweep(must_not_run, moved, tmp_path / "b", progress=False)
+    assert again["rank"].tolist() == frame["rank"].tolist()
+    assert unit_key(first[0]) == unit_key(moved[0]) == unit_key(CONFIGS[0])
+
+
 def test_truncated_corrupt_or_foreign_unit_files_are_run_again(tmp_path):
     reference = run_sweep(rank_unit, CONFIGS, tmp_path / "ref", progress=False)
     out = tmp_path / "run"

@@ -55,9 +55,14 @@ def _dumps(payload: Any, *, sort_keys: bool = True) -> str:
     return json.dumps(payload, sort_keys=sort_keys, default=_jsonable, separators=(",", ":"))
 
 
+LOCATION_KEYS = ("workdir",)  # say where a unit keeps side files, not what it computes: not in the key
+
+
 def unit_key(config: dict[str, Any]) -> str:
-    """Stable 16-hex-digit key of a resolved configuration (order of keys does not matter)."""
-    return hashlib.sha256(_dumps(config).encode()).hexdigest()[:16]
+    """Stable 16-hex-digit key of a resolved configuration (order of keys does not matter; the
+    ``LOCATION_KEYS`` are left out, so a moved output folder still resumes)."""
+    kept = {k: v for k, v in config.items() if k not in LOCATION_KEYS}
+    return hashlib.sha256(_dumps(kept).encode()).hexdigest()[:16]
 
 
 def _file_mode() -> int:

@@ -139,7 +139,7 @@ def certify_unit(unit: dict[str, Any]) -> list[dict[str, Any]]:
     stamp = provenance()
     folder = Path(unit["workdir"]) / "tolerance"
     folder.mkdir(parents=True, exist_ok=True)
-    key = unit_key({k: v for k, v in unit.items() if k != "workdir"})
+    key = unit_key(unit)
     pd.concat(curves).assign(d=request.d, shared_context=request.shared_context, dtype="float64 (Z)",
                              **stamp).to_csv(folder / f"{key}.csv", index=False)
     return [{**row, "dtype": "float32", "device": "cpu", **stamp} for row in rows]
@@ -158,7 +158,7 @@ def run_certify(request: CertifyRequest, out: str | Path, *, progress: bool = Tr
               "runs": [dataclasses.asdict(r) for r in bucket], "workdir": str(out)}
              for bucket in buckets(request.runs(), settings)]
     frame = run_sweep(certify_unit, units, out, progress=progress, desc="certify")
-    keys = [unit_key({k: v for k, v in unit.items() if k != "workdir"}) for unit in units]
+    keys = [unit_key(unit) for unit in units]
     curves = pd.concat([pd.read_csv(out / "tolerance" / f"{key}.csv") for key in keys], ignore_index=True)
     curves.to_csv(out / "tolerance.csv", index=False)
     _plots(frame, curves, out)

@@ -138,7 +138,7 @@ def capacity_unit(unit: dict[str, Any], progress: bool = False) -> list[dict[str
     datasets = {seed: MemorizeData(contexts, queries, random_labels(N, settings.classes, seed), "classification",
                                    settings.classes) for seed in settings.seeds}
     configs = [MHAConfig(heads=H, d=w, d_h=w, d_v=w, outputs=settings.classes, seed=seed) for H, seed in members]
-    key = unit_key({k: v for k, v in unit.items() if k != "workdir"})
+    key = unit_key(unit)
     workdir = Path(unit["workdir"])
     measured = fit_bucket(configs, [datasets[seed] for _, seed in members], train_settings,
                           checkpoint=str(workdir / "checkpoints" / f"{key}.pt"),

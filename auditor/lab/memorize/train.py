@@ -263,7 +263,7 @@ def run_unit(unit: dict[str, Any], progress: bool = False) -> list[dict[str, Any
             cache[run.data_config()] = make_data(run.data_config())
     datasets = [cache[r.data_config()] for r in runs]  # identical datasets are stored once
     workdir = Path(unit["workdir"])
-    key = unit_key({k: v for k, v in unit.items() if k != "workdir"})
+    key = unit_key(unit)
     measured = fit_bucket([r.model_config() for r in runs], datasets, settings,
                           checkpoint=str(workdir / "checkpoints" / f"{key}.pt"),
                           history=workdir / "history" / f"{key}.csv",
