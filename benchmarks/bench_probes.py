@@ -108,7 +108,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--general-position", action="store_true",
                         help="benchmark general position at k = d instead (N = min(n, 1000))")
-    parser.add_argument("--gp-subsets", type=int, default=300)
+    parser.add_argument("--gp-subsets", type=int, default=1000)
     args = parser.parse_args()
     if args.general_position:
         r = run_general_position(args, args.device)

@@ -27,7 +27,7 @@ Cholesky factorisation of ``G - (tol_lo^2 - gamma) I`` fails, then lambda_min(G)
 ``gamma`` is Demmel's bound on how far from singular a matrix can be and still break Cholesky in
 floating point (k (k + 1) u max_i g_ii), plus the error of forming G. Subsets proven dependent this way
 get rank -1 (unknown below k) and margin NaN, except the first ``exact_dependent`` of them, whose exact
-ranks come from the float64 SVD. This matters at k = d (general position), where the k x k spectra
+ranks come from stages 2 and 3. This matters at k = d (general position), where the k x k spectra
 cost ten times a Cholesky factorisation and most subsets of real tokens are dependent.
 """
 
@@ -54,11 +54,16 @@ class Decisions:
     stages: dict[str, int]
 
 
-def _shifted(gram: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
-    """G - s I for a batch: (t, k, k) minus (t,) on the diagonal, as a new tensor."""
-    out = gram.clone()
-    out.diagonal(dim1=-2, dim2=-1).sub_(shift[:, None])
-    return out
+def _shifted_cholesky(gram: torch.Tensor, shift: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cholesky_ex(G - s I)`` for a batch ((t, k, k), shifts (t,)) without copying G: the diagonal is
+    shifted in place and restored bit for bit afterwards."""
+    diag = gram.diagonal(dim1=-2, dim2=-1)  # (t, k) view
+    saved = diag.clone()
+    diag.sub_(shift[:, None])
+    try:
+        return torch.linalg.cholesky_ex(gram)
+    finally:
+        diag.copy_(saved)
 
 
 def _gram_error(gram: torch.Tensor, lam_hi: torch.Tensor, width: int) -> torch.Tensor:
@@ -101,38 +106,39 @@ def decide(
 
     diag = gram.diagonal(dim1=-2, dim2=-1)  # (c, k)
     trace = diag.sum(-1)
-    gersh = gram.abs().sum(-1).amax(-1)
+    gersh = torch.linalg.vector_norm(gram, ord=1, dim=-1).amax(-1)  # largest absolute row sum
     lam_hi = torch.minimum(trace, gersh)  # >= lambda_max
     if lam_cap is not None:
         lam_hi = lam_hi.clamp(max=lam_cap * (1 + 64 * k * _F64_EPS))
     todo = torch.arange(c, device=device)
     prove = exact_dependent is not None and k > 1
+
+    def part(a: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:  # no copy while nothing is decided
+        return a if pos.numel() == c else a[pos]
     budget = exact_dependent or 0
 
     def stage_dependent(todo: torch.Tensor) -> torch.Tensor:
         # Stage 1b: prove rank deficiency by a failing Cholesky factorisation.
         nonlocal budget
-        dep = _prove_dependent(gram[todo], lam_hi[todo], rtol, width)  # (t,) bool
+        dep = _prove_dependent(part(gram, todo), part(lam_hi, todo), rtol, width)  # (t,) bool
         proven = todo[dep]
         stages["cholesky_dependent"] += int(proven.numel())
         rank[proven] = -1
         margin[proven] = math.nan
         exact = proven[:budget]
-        if exact.numel():
-            sv = torch.linalg.svdvals(rows(exact))  # (e, k)
-            rank[exact], margin[exact] = margins_from_singular_values(sv, rtol * sv[:, 0])
-            stages["svd"] += int(exact.numel())
+        if exact.numel():  # exact ranks for the histogram: eigenvalues (SVD inside the error band)
+            _stage_exact(gram[exact], exact, rows, lam_hi[exact], rtol, width, rank, margin, stages)
             budget -= int(exact.numel())
         return todo[~dep]
 
     if prove and dependent_first:
         todo = stage_dependent(todo)
     if todo.numel():
-        todo = _stage_certify(gram[todo], todo, lam_hi[todo], rtol, width, rank, margin, stages)
+        todo = _stage_certify(part(gram, todo), todo, part(lam_hi, todo), rtol, width, rank, margin, stages)
     if prove and not dependent_first and todo.numel():
         todo = stage_dependent(todo)
     if todo.numel():
-        _stage_exact(gram[todo], todo, rows, lam_hi[todo], rtol, width, rank, margin, stages)
+        _stage_exact(part(gram, todo), todo, rows, part(lam_hi, todo), rtol, width, rank, margin, stages)
     return Decisions(rank, margin, stages)
 
 
@@ -144,7 +150,7 @@ def _stage_certify(gram, todo, lam_hi, rtol, width, rank, margin, stages) -> tor
     tol_hi2 = rtol**2 * lam_hi  # (t,) >= tol^2
     shift = tol_hi2 + 2 * delta
     eye = torch.eye(k, dtype=gram.dtype, device=gram.device)
-    chol, info = torch.linalg.cholesky_ex(_shifted(gram, shift))  # (t, k, k), (t,)
+    chol, info = _shifted_cholesky(gram, shift)  # (t, k, k), (t,)
     certified = (info == 0) & (lam_hi > 0)
     if bool(certified.any()):
         # Certified margin: lambda_min(G - sI) >= 1 / trace((G - sI)^-1) = 1 / |L^-1|_F^2, so
@@ -189,14 +195,14 @@ def _prove_dependent(gram: torch.Tensor, lam_hi: torch.Tensor, rtol: float, widt
     t, k, _ = gram.shape
     diag = gram.diagonal(dim1=-2, dim2=-1)  # (t, k)
     v = torch.ones(t, k, 1, dtype=gram.dtype, device=gram.device)
-    for _ in range(6):  # power steps towards the top eigenvector
+    for _ in range(4):  # power steps towards the top eigenvector
         v = gram @ v
         v = v / v.norm(dim=1, keepdim=True).clamp(min=torch.finfo(gram.dtype).tiny)
     rayleigh = (v.transpose(1, 2) @ gram @ v)[:, 0, 0]  # (t,) unit v: <= lambda_max up to rounding
     lam_lo = torch.maximum(diag.amax(-1), rayleigh) * (1 - 4 * k * _F64_EPS)
     gamma = 2 * k * (k + 1) * _F64_EPS * diag.amax(-1) + 2 * _gram_error(gram, lam_hi, width)
     shift = rtol**2 * lam_lo - gamma  # (t,)
-    _, info = torch.linalg.cholesky_ex(_shifted(gram, shift.clamp(min=0)))
+    _, info = _shifted_cholesky(gram, shift.clamp(min=0))
     return (info != 0) & (shift > 0)
 
 
