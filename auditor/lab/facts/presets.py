@@ -90,7 +90,9 @@ def sweep_units(
                 )
             }
         return {
-            "tau": tau_configs(TAU_DB, init_seeds=init_seeds or (0,), train=train, db_seeds=db_seeds or (0,))
+            "tau": tau_configs(
+                TAU_DB, init_seeds=init_seeds or (0, 1, 2), train=train, db_seeds=db_seeds or (0,)
+            )
         }
     if experiment == "bound":
         if quick:
