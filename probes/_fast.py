@@ -115,6 +115,7 @@ def decide(
 
     def part(a: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:  # no copy while nothing is decided
         return a if pos.numel() == c else a[pos]
+
     budget = exact_dependent or 0
 
     def stage_dependent(todo: torch.Tensor) -> torch.Tensor:
