@@ -266,34 +266,43 @@ def run(config: AuditConfig, *, out: str | Path | None = None, progress: bool = 
         raise
 
 
+@dataclass
+class _Rows:
+    """Rows and curves as they finish; rows reach ``out/results.partial.csv`` at once, so an
+    interrupted run keeps them (only once a test has run: skip rows alone are not worth a file)."""
+
+    out: Path | None
+    stamp: dict[str, Any]
+    records: list[dict[str, Any]] = field(default_factory=list)
+    curves: list[pd.DataFrame] = field(default_factory=list)
+
+    def add(self, *rows: dict[str, Any]) -> None:
+        self.records += rows
+        self.save()
+
+    def save(self) -> None:
+        if self.out is not None and any(r.get("status") == "ok" for r in self.records):
+            from auditor.lab.sweep import write_csv_atomic
+
+            write_csv_atomic(pd.DataFrame(self.records).assign(**self.stamp), self.out / PARTIAL_CSV)
+
+
 def _run(config: AuditConfig, *, out: str | Path | None, progress: bool) -> AuditResult:
-    from auditor.models import resolve, resolve_device
+    from auditor.models import resolve
 
     spec = resolve(config.model, trust_remote_code=config.trust_remote_code)
     out_path = prepare_out(out) if out is not None else None
-    rows = plan(config)
-    by_weights: dict[str, list[str]] = {}
-    for row in rows:
-        by_weights.setdefault(row.weights, []).append(row.representation)
-    test_device = resolve_device(config.device)
     stamp = provenance()
-    records: list[dict[str, Any]] = []
-    curves: list[pd.DataFrame] = []
+    done = _Rows(out_path, stamp)
     result = AuditResult(rows=pd.DataFrame(), curves=pd.DataFrame(), config=config, out=out_path)
-
-    def save_partial() -> None:  # finished rows reach the disk as they come (an interrupted run keeps them)
-        if out_path is not None and any(r.get("status") == "ok" for r in records):
-            from auditor.lab.sweep import write_csv_atomic
-
-            write_csv_atomic(pd.DataFrame(records).assign(**stamp), out_path / PARTIAL_CSV)
-
     try:
-        _audit_loop(config, spec, by_weights, test_device, records, curves, result, out_path, progress,
-                    save_partial)
+        _audit_loop(config, spec, result, done, progress)
     except KeyboardInterrupt as err:
-        save_partial()
-        where = f"; {len(records)} finished rows are in {out_path / PARTIAL_CSV}" if out_path and records else ""
+        done.save()
+        kept = out_path is not None and (out_path / PARTIAL_CSV).exists()
+        where = f"; {len(done.records)} finished rows are in {out_path / PARTIAL_CSV}" if kept else ""
         raise KeyboardInterrupt(f"audit interrupted{where}") from err
+    records = done.records
     tested = sum(r.get("status") == "ok" for r in records)
     if tested == 0 and all(r.get("status") == "skipped" for r in records):
         reasons = sorted({r["note"] for r in records})
@@ -302,7 +311,7 @@ def _run(config: AuditConfig, *, out: str | Path | None, progress: bool) -> Audi
     for key, value in stamp.items():
         frame[key] = value
     result.rows = frame.reindex(columns=COLUMNS + [c for c in frame.columns if c not in COLUMNS])
-    result.curves = pd.concat(curves, ignore_index=True) if curves else pd.DataFrame()
+    result.curves = pd.concat(done.curves, ignore_index=True) if done.curves else pd.DataFrame()
     if out_path is not None:
         from auditor.report import write_report
 
@@ -311,12 +320,17 @@ def _run(config: AuditConfig, *, out: str | Path | None, progress: bool) -> Audi
     return result
 
 
-def _audit_loop(config, spec, by_weights, test_device, records, curves, result, out_path, progress,
-                save_partial) -> None:
+def _audit_loop(config: AuditConfig, spec: Any, result: AuditResult, done: _Rows, progress: bool) -> None:
+    """Per weights source: load, extract every representation, test it; rows and curves go to ``done``,
+    per-context ranks and margins to ``result``."""
     from auditor.data import load_inputs
     from auditor.extract import extract, parse_representation
-    from auditor.models import WeightsUnavailable, load_model
+    from auditor.models import WeightsUnavailable, load_model, resolve_device
 
+    by_weights: dict[str, list[str]] = {}
+    for row in plan(config):
+        by_weights.setdefault(row.weights, []).append(row.representation)
+    test_device = resolve_device(config.device)
     for weights, reps in by_weights.items():
         try:
             loaded = load_model(spec.name, weights, device=config.device, seed=config.seed,
@@ -324,8 +338,7 @@ def _audit_loop(config, spec, by_weights, test_device, records, curves, result, 
                                 trust_remote_code=config.trust_remote_code)
         except WeightsUnavailable as err:
             for rep in reps:
-                records += _skipped(config, Row(rep, weights), f"weights unavailable: {err}", {})
-            save_partial()
+                done.add(*_skipped(config, Row(rep, weights), f"weights unavailable: {err}", {}))
             continue
         for rep in reps:  # validate names before any data is read
             parse_representation(rep, loaded.num_layers)
@@ -353,19 +366,14 @@ def _audit_loop(config, spec, by_weights, test_device, records, curves, result, 
                    disable=not progress)
         for rep, tok in tokens.items():
             label = f"{rep}@{weights}"
-            if config.save_tokens and out_path is not None:
-                tok.save(out_path / "tokens" / f"{label.replace('/', '_')}.safetensors")
+            if config.save_tokens and result.out is not None:
+                tok.save(result.out / "tokens" / f"{label.replace('/', '_')}.safetensors")
             contexts, queries = tok.contexts.to(test_device), tok.queries.to(test_device)
             base = {"model": config.model, "representation": rep, "layer": tok.meta.get("layer", ""),
                     "weights": weights, "data_source": tok.meta.get("data_source", ""),
                     "tokenizer": tok.meta.get("tokenizer", ""), "seed": config.seed, "dtype": tok.meta.get("dtype"),
                     "data_counts": tok.meta.get("data_counts", "")}
-
-            def on_row(row: dict[str, Any], base: dict[str, Any] = base, records: list = records) -> None:
-                records.append({**base, **row})
-                save_partial()
-
-            _, ranks = run_tests(contexts, queries, config, bar, on_row=on_row)
+            _, ranks = run_tests(contexts, queries, config, bar, on_row=lambda row, base=base: done.add({**base, **row}))
             if ranks is not None:
                 result.context_ranks[label] = ranks.rank.cpu()
                 result.margins[label] = ranks.margin.cpu()
@@ -376,6 +384,6 @@ def _audit_loop(config, spec, by_weights, test_device, records, curves, result, 
                 frame = sweep.frame().assign(model=config.model, representation=rep, weights=weights, n=tok.n,
                                              lower_estimate=sweep.lower_estimate,
                                              upper_bound=sweep.upper_bound)
-                curves.append(frame)
+                done.curves.append(frame)
             del contexts, queries
         bar.close()
