@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
+import logging
 import math
 import re
 from collections.abc import Callable
@@ -33,7 +35,10 @@ TESTS = ("assumption2", "assumption1", "assumption3", "general_position")
 DEFAULT_REPRESENTATIONS = ("embedding", "random-attention", "block.0")
 DEFAULT_WEIGHTS = ("random", "pretrained")
 MAX_DEFAULT_SAMPLES = 2000  # the paper's N
+log = logging.getLogger(__name__)
 PARTIAL_CSV = "results.partial.csv"  # rows of a run in progress (or interrupted); removed at the end
+PARTIAL_CONFIG = "results.partial.json"  # the configuration those rows belong to (resume only if equal)
+_NOT_RESULTS = ("workers", "executor", "address", "save_tokens")  # config fields that cannot change a row
 
 COLUMNS = [
     "model", "representation", "layer", "weights", "test", "status", "k", "N", "n", "d", "fraction", "holds",
@@ -179,12 +184,15 @@ def _test_row(result: probes.AssumptionResult) -> dict[str, Any]:
 def run_tests(
     contexts: torch.Tensor, queries: torch.Tensor, config: AuditConfig, bar: tqdm | None = None,
     on_row: Callable[[dict[str, Any]], None] | None = None,
+    reuse: Callable[[str], dict[str, Any] | None] | None = None,
 ) -> tuple[list[dict[str, Any]], probes.ContextRanks | None]:
     """The assumption tests of ``config.tests`` on one representation's tokens.
 
     Args:
         contexts: (N, n, d) and queries: (N, d), on the device the tests should run on.
         on_row: called with each row as soon as its test finishes (the runner saves it to disk).
+        reuse: returns the finished row of a Kruskal test from an interrupted run of the same
+            configuration, or None. Assumption 2 always runs (seconds; it feeds the rank histogram).
     Returns:
         rows (one per test) and the per-context ranks (for the histogram plot).
     """
@@ -194,7 +202,10 @@ def run_tests(
     ranks = None
     for test in config.tests:
         k = n if test in ("assumption1", "assumption3") else min(num, d)
-        if test != "assumption2" and k > num:
+        cached = reuse(test) if reuse is not None and test != "assumption2" else None
+        if cached is not None:
+            rows.append(cached)
+        elif test != "assumption2" and k > num:
             rows.append({"test": test, "status": "skipped", "k": k, "N": num, "n": n, "d": d,
                          "note": f"N = {num} examples < k = {k}: too few for one {k}-subset; "
                                  f"give at least {k} samples"})
@@ -256,8 +267,9 @@ def run(config: AuditConfig, *, out: str | Path | None = None, progress: bool = 
     except BaseException as err:
         if out is not None and isinstance(err, AuditError | ValueError):
             # a user error invalidates the run: no partial rows (an interrupt or a crash keeps them)
-            with contextlib.suppress(OSError):
-                (Path(out) / PARTIAL_CSV).unlink(missing_ok=True)
+            for name in (PARTIAL_CSV, PARTIAL_CONFIG):
+                with contextlib.suppress(OSError):
+                    (Path(out) / name).unlink(missing_ok=True)
         for folder in created:  # deepest first; rmdir never removes a folder that holds a file
             try:
                 folder.rmdir()
@@ -266,15 +278,51 @@ def run(config: AuditConfig, *, out: str | Path | None = None, progress: bool = 
         raise
 
 
+def _config_record(config: AuditConfig) -> dict[str, Any]:
+    """The configuration fields that decide a row, as JSON would store them."""
+    fields = {k: v for k, v in dataclasses.asdict(config).items() if k not in _NOT_RESULTS}
+    return json.loads(json.dumps(fields, default=str))
+
+
+def _stamped(records: list[dict[str, Any]], stamp: dict[str, Any]) -> pd.DataFrame:
+    """Rows as a frame; provenance columns filled where a row has none of its own (reused rows keep the
+    commit and versions that computed them)."""
+    frame = pd.DataFrame(records)
+    for key, value in stamp.items():
+        frame[key] = frame[key].fillna(value) if key in frame.columns else value
+    return frame
+
+
 @dataclass
 class _Rows:
     """Rows and curves as they finish; rows reach ``out/results.partial.csv`` at once, so an
-    interrupted run keeps them (only once a test has run: skip rows alone are not worth a file)."""
+    interrupted run keeps them (only once a test has run: skip rows alone are not worth a file).
+    ``previous``: finished Kruskal rows of an interrupted run with the same configuration."""
 
     out: Path | None
     stamp: dict[str, Any]
+    config: dict[str, Any]
     records: list[dict[str, Any]] = field(default_factory=list)
     curves: list[pd.DataFrame] = field(default_factory=list)
+    previous: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
+
+    def load_previous(self) -> int:
+        """Read the finished rows an interrupted run of this configuration left in ``out``."""
+        if self.out is None or not (self.out / PARTIAL_CSV).is_file():
+            return 0
+        try:
+            same = json.loads((self.out / PARTIAL_CONFIG).read_text()) == self.config
+            frame = pd.read_csv(self.out / PARTIAL_CSV) if same else None
+        except (OSError, ValueError):  # unreadable or from another version: start afresh
+            return 0
+        if frame is None or not {"representation", "weights", "test", "status"} <= set(frame.columns):
+            return 0
+        for row in frame[frame["status"] == "ok"].to_dict("records"):
+            row = {k: v for k, v in row.items() if not (isinstance(v, float) and math.isnan(v))}
+            note = "reused from the interrupted run's results.partial.csv"
+            row["note"] = f"{row['note']}; {note}" if row.get("note") else note
+            self.previous[(row["representation"], row["weights"], row["test"])] = row
+        return len(self.previous)
 
     def add(self, *rows: dict[str, Any]) -> None:
         self.records += rows
@@ -282,9 +330,15 @@ class _Rows:
 
     def save(self) -> None:
         if self.out is not None and any(r.get("status") == "ok" for r in self.records):
-            from auditor.lab.sweep import write_csv_atomic
+            from auditor.lab.sweep import _write_atomic, write_csv_atomic
 
-            write_csv_atomic(pd.DataFrame(self.records).assign(**self.stamp), self.out / PARTIAL_CSV)
+            _write_atomic(self.out / PARTIAL_CONFIG, json.dumps(self.config, indent=1))
+            write_csv_atomic(_stamped(self.records, self.stamp), self.out / PARTIAL_CSV)
+
+    def discard(self) -> None:
+        for name in (PARTIAL_CSV, PARTIAL_CONFIG):
+            with contextlib.suppress(OSError):
+                (self.out / name).unlink(missing_ok=True)
 
 
 def _run(config: AuditConfig, *, out: str | Path | None, progress: bool) -> AuditResult:
@@ -293,30 +347,32 @@ def _run(config: AuditConfig, *, out: str | Path | None, progress: bool) -> Audi
     spec = resolve(config.model, trust_remote_code=config.trust_remote_code)
     out_path = prepare_out(out) if out is not None else None
     stamp = provenance()
-    done = _Rows(out_path, stamp)
+    done = _Rows(out_path, stamp, _config_record(config))
+    if done.load_previous():
+        log.warning("resuming: %d finished tests of an interrupted run in %s are reused (Assumption 2 and "
+                    "the sweep run again)", len(done.previous), out_path)
     result = AuditResult(rows=pd.DataFrame(), curves=pd.DataFrame(), config=config, out=out_path)
     try:
         _audit_loop(config, spec, result, done, progress)
     except KeyboardInterrupt as err:
         done.save()
         kept = out_path is not None and (out_path / PARTIAL_CSV).exists()
-        where = f"; {len(done.records)} finished rows are in {out_path / PARTIAL_CSV}" if kept else ""
+        where = (f"; {len(done.records)} finished rows are in {out_path / PARTIAL_CSV}; rerun the same command "
+                 f"to resume" if kept else "")
         raise KeyboardInterrupt(f"audit interrupted{where}") from err
     records = done.records
     tested = sum(r.get("status") == "ok" for r in records)
     if tested == 0 and all(r.get("status") == "skipped" for r in records):
         reasons = sorted({r["note"] for r in records})
         raise AuditError(f"nothing could be tested: {reasons[0]}")
-    frame = pd.DataFrame(records)
-    for key, value in stamp.items():
-        frame[key] = value
+    frame = _stamped(records, stamp)
     result.rows = frame.reindex(columns=COLUMNS + [c for c in frame.columns if c not in COLUMNS])
     result.curves = pd.concat(done.curves, ignore_index=True) if done.curves else pd.DataFrame()
     if out_path is not None:
         from auditor.report import write_report
 
         write_report(result, out_path)
-        (out_path / PARTIAL_CSV).unlink(missing_ok=True)
+        done.discard()
     return result
 
 
@@ -373,7 +429,9 @@ def _audit_loop(config: AuditConfig, spec: Any, result: AuditResult, done: _Rows
                     "weights": weights, "data_source": tok.meta.get("data_source", ""),
                     "tokenizer": tok.meta.get("tokenizer", ""), "seed": config.seed, "dtype": tok.meta.get("dtype"),
                     "data_counts": tok.meta.get("data_counts", "")}
-            _, ranks = run_tests(contexts, queries, config, bar, on_row=lambda row, base=base: done.add({**base, **row}))
+            _, ranks = run_tests(contexts, queries, config, bar,
+                                 on_row=lambda row, base=base: done.add({**base, **row}),
+                                 reuse=lambda test, key=(rep, weights): done.previous.get((*key, test)))
             if ranks is not None:
                 result.context_ranks[label] = ranks.rank.cpu()
                 result.margins[label] = ranks.margin.cpu()

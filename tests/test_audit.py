@@ -176,27 +176,42 @@ def test_sharded_extraction_gives_the_same_rows(tmp_path):
     pd.testing.assert_frame_equal(one[numeric], two[numeric])
 
 
-def test_interrupted_audit_keeps_its_finished_rows(tmp_path, monkeypatch, capsys):
+def test_interrupted_audit_keeps_its_finished_rows_and_resumes(tmp_path, monkeypatch, capsys):
     """Ctrl-C during a slow test: the rows finished before it are on disk, with provenance, and the
-    command says where; a finished run leaves no partial file."""
+    command says where. Rerunning the same command reuses the finished Kruskal tests (they are not
+    computed again) and leaves no partial file; another configuration starts afresh."""
     import probes
+
+    real_assumption1 = probes.assumption1
 
     def interrupt(*args, **kwargs):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(probes, "general_position", interrupt)
     out = tmp_path / "report"
-    code = main(["vit-base", "--data", str(shared_data("imagenet-sample")), "--samples", "40", "-w", "random",
-                 "-r", "embedding", "--tests", "assumption2,assumption1,general_position", "--subsets", "50",
-                 "--device", "cpu", "-q", "--out", str(out)])
-    assert code == 130
+    argv = ["gpt2", "--data", str(shared_data("wikitext-2/valid.txt")), "--context-length", "16", "--samples",
+            "40", "-w", "random", "-r", "block.0", "--tests", "assumption2,assumption1,general_position",
+            "--subsets", "50", "--device", "cpu", "-q", "--out", str(out)]
+    assert main(argv) == 130
     err = capsys.readouterr().err.strip()
     assert err.startswith("interrupted: audit interrupted; 2 finished rows are in") and "\n" not in err
     partial = pd.read_csv(out / "results.partial.csv")
     assert list(partial["test"]) == ["assumption2", "assumption1"]
     assert partial["git_commit"].notna().all() and not (out / "results.csv").exists()
+
     monkeypatch.undo()
-    rows = auditor.audit("vit-base", data=str(shared_data("imagenet-sample")), samples=40, weights="random",
-                         representations="embedding", tests="assumption2", subsets=50, device="cpu",
-                         out=out, progress=False)
-    assert len(rows) == 1 and (out / "results.csv").exists() and not (out / "results.partial.csv").exists()
+    calls = []
+    monkeypatch.setattr(probes, "assumption1", lambda *a, **k: calls.append(1) or real_assumption1(*a, **k))
+    assert main(argv) == 0
+    rows = pd.read_csv(out / "results.csv")
+    assert list(rows["test"]) == ["assumption2", "assumption1", "general_position"] and calls == []
+    reused = rows.set_index("test").loc["assumption1"]
+    assert "reused" in reused["note"] and reused["fraction"] == partial.set_index("test").loc["assumption1", "fraction"]
+    assert not (out / "results.partial.csv").exists() and not (out / "results.partial.json").exists()
+
+    (out / "results.partial.csv").write_bytes((out / "results.csv").read_bytes())  # as if interrupted again
+    (out / "results.partial.json").write_text("{}")  # ... but under another configuration
+    auditor.audit("gpt2", data=str(shared_data("wikitext-2/valid.txt")), context_length=16, samples=40,
+                  weights="random", representations="block.0", tests="assumption1", subsets=50, device="cpu",
+                  out=out, progress=False)
+    assert calls == [1]  # computed, not reused
