@@ -330,9 +330,9 @@ class _Rows:
 
     def save(self) -> None:
         if self.out is not None and any(r.get("status") == "ok" for r in self.records):
-            from auditor.lab.sweep import _write_atomic, write_csv_atomic
+            from auditor.atomic import write_csv_atomic, write_text_atomic
 
-            _write_atomic(self.out / PARTIAL_CONFIG, json.dumps(self.config, indent=1))
+            write_text_atomic(self.out / PARTIAL_CONFIG, json.dumps(self.config, indent=1))
             write_csv_atomic(_stamped(self.records, self.stamp), self.out / PARTIAL_CSV)
 
     def discard(self) -> None:

@@ -12,7 +12,6 @@ anyone is safe to open; :meth:`Tokens.load` checks everything a rank test relies
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -88,19 +87,16 @@ class Tokens:
         """Write a safetensors file (atomically: a reader never sees a partial file)."""
         from safetensors.torch import save_file
 
-        from auditor.lab.sweep import _file_mode
+        from auditor.atomic import temporary_path
 
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         tensors = {"contexts": self.contexts.contiguous().cpu(), "queries": self.queries.contiguous().cpu()}
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        os.close(fd)
+        tmp = temporary_path(path)
         try:
-            save_file(tensors, tmp, metadata={**self.meta, "format": FORMAT})
-            os.chmod(tmp, _file_mode())  # mkstemp creates 0600; a token file is as readable as any
+            save_file(tensors, str(tmp), metadata={**self.meta, "format": FORMAT})
             os.replace(tmp, path)
         except BaseException:
-            Path(tmp).unlink(missing_ok=True)
+            tmp.unlink(missing_ok=True)
             raise
 
     @classmethod

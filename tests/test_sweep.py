@@ -414,3 +414,17 @@ def test_sharded_extraction_reports_worker_errors_as_one_line(ray_local, tiny_mo
         extract_sharded(wrong, inputs, ["embedding"], workers=2, executor="ray", batch_size=8, progress=False)
     with pytest.raises(AuditError, match="unknown executor 'dask'"):
         extract_sharded(recipe, inputs, ["embedding"], executor="dask")
+
+
+def test_atomic_files_get_the_umask_mode_not_a_private_one(tmp_path):
+    from auditor.atomic import write_csv_atomic, write_text_atomic
+
+    old = os.umask(0o022)
+    try:
+        write_text_atomic(tmp_path / "a" / "x.json", "{}")
+        write_csv_atomic(pd.DataFrame({"k": [1]}), tmp_path / "y.csv")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "a" / "x.json").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "y.csv").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "a" / "x.json").read_text() == "{}" and not list(tmp_path.rglob("*.tmp"))

@@ -26,7 +26,6 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from typing import Any
 import pandas as pd
 from tqdm.auto import tqdm
 
+from auditor.atomic import TMP_SUFFIX, write_csv_atomic, write_text_atomic
 from auditor.errors import AuditError
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,6 @@ log = logging.getLogger(__name__)
 UnitFn = Callable[[dict[str, Any]], "dict[str, Any] | list[dict[str, Any]]"]
 EXECUTORS = ("local", "ray")
 UNIT_FORMAT = "attention-auditor-unit/1"
-_TMP_SUFFIX = ".tmp"
 
 
 def _jsonable(value: Any) -> Any:
@@ -63,33 +62,6 @@ def unit_key(config: dict[str, Any]) -> str:
     ``LOCATION_KEYS`` are left out, so a moved output folder still resumes)."""
     kept = {k: v for k, v in config.items() if k not in LOCATION_KEYS}
     return hashlib.sha256(_dumps(kept).encode()).hexdigest()[:16]
-
-
-def _file_mode() -> int:
-    """Mode of a newly created regular file under the current umask (mkstemp would give 0600)."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=_TMP_SUFFIX)
-    try:
-        os.fchmod(fd, _file_mode())
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def write_csv_atomic(frame: pd.DataFrame, path: Path) -> None:
-    """Write ``frame`` to ``path`` as CSV through a temporary file (never a half-written CSV)."""
-    _write_atomic(Path(path), frame.to_csv(index=False))
 
 
 def _read_unit(path: Path) -> list[dict[str, Any]] | None:
@@ -171,7 +143,7 @@ def _exclusive(units: Path) -> Iterator[None]:
         except OSError:  # file systems without flock support: proceed unlocked
             log.warning("cannot lock %s; make sure no other sweep writes into it", units)
         # temporary files of a sweep that was killed mid-write (never read; the real files are complete)
-        for stale in [*units.glob(f".*{_TMP_SUFFIX}"), *units.parent.glob(f".results.csv.*{_TMP_SUFFIX}")]:
+        for stale in [*units.glob(f".*{TMP_SUFFIX}"), *units.parent.glob(f".results.csv.*{TMP_SUFFIX}")]:
             stale.unlink(missing_ok=True)
         yield
     finally:
@@ -229,7 +201,7 @@ def run_sweep(
         text = _dumps(config)
         rows = [{**row, "unit": key, "unit_config": text} for row in _as_rows(result, config)]
         payload = {"format": UNIT_FORMAT, "key": key, "config": config, "rows": rows}
-        _write_atomic(units / f"{key}.json", _dumps(payload, sort_keys=False))  # rows keep their column order
+        write_text_atomic(units / f"{key}.json", _dumps(payload, sort_keys=False))  # rows keep their column order
         written += 1
 
     try:

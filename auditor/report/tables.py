@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from auditor.lab.sweep import write_csv_atomic
+from auditor.atomic import write_csv_atomic
 
 if TYPE_CHECKING:
     from auditor.runner import AuditResult

@@ -10,6 +10,7 @@ import click
 import pandas as pd
 import torch
 
+from auditor.atomic import write_csv_atomic
 from auditor.errors import AuditError
 from auditor.lab.assoc import plots, presets, summary
 from auditor.lab.assoc.dynamics import DynamicsConfig, run_dynamics
@@ -21,7 +22,7 @@ from auditor.lab.assoc.recall_sweep import (
     run_scaling,
     run_tradeoff,
 )
-from auditor.lab.sweep import EXECUTORS, write_csv_atomic
+from auditor.lab.sweep import EXECUTORS
 from auditor.provenance import timestamp
 
 

@@ -166,7 +166,7 @@ def rank_command(
     ]
     _show(frame, show)
     if out:
-        from auditor.lab.sweep import write_csv_atomic
+        from auditor.atomic import write_csv_atomic
 
         write_csv_atomic(frame, Path(out))
 
@@ -207,10 +207,10 @@ def train_command(
     out: str | None,
 ) -> None:
     """Train one attention-only layer per configuration (all batched) and report the accuracies."""
+    from auditor.atomic import write_csv_atomic
     from auditor.lab.engine import TrainConfig
     from auditor.lab.facts.model import LayerConfig
     from auditor.lab.facts.training import train_layers
-    from auditor.lab.sweep import write_csv_atomic
 
     _threads(threads)
     db = _load(database, key_col, query_col, value_col)
