@@ -156,9 +156,9 @@ def _stage_certify(gram, todo, lam_hi, rtol, width, rank, margin, stages) -> tor
     if bool(certified.any()):
         # Certified margin: lambda_min(G - sI) >= 1 / trace((G - sI)^-1) = 1 / |L^-1|_F^2, so
         # sigma_k^2 >= s + 1 / |L^-1|_F^2 and tol^2 <= tol_hi^2.
-        lc = chol[certified]
+        lc = chol if bool(certified.all()) else chol[certified]  # no copy in the common case
         inv = torch.linalg.solve_triangular(lc, eye.expand_as(lc), upper=False)  # (c', k, k) = L^-1
-        lam_lo = shift[certified] - 2 * delta[certified] + 1.0 / inv.square().sum((-2, -1))
+        lam_lo = shift[certified] - 2 * delta[certified] + 1.0 / torch.linalg.vector_norm(inv, dim=(-2, -1)) ** 2
         tiny = torch.finfo(gram.dtype).tiny
         margin[todo[certified]] = 0.5 * torch.log10(lam_lo / tol_hi2[certified].clamp(min=tiny))
     stages["cholesky"] += int(certified.sum())
