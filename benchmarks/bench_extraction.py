@@ -130,7 +130,7 @@ def _write_report(path: Path, args: argparse.Namespace, lines: list[str]) -> Non
         "",
         f"Machine: {cpu}; git {prov['git_commit']}; {prov['versions']}",
         "",
-        "Other jobs shared the machine during the run, so absolute times are noisy; the ratio is measured",
+        "Absolute times depend on the machine's load; the ratio is measured",
         "on interleaved runs and is the figure to read.",
         "",
     ]
