@@ -49,6 +49,8 @@ def _ints(value: str | None) -> tuple[int, ...] | None:
 @click.option("--sweep", is_flag=True, help="Also trace the Kruskal curve: full-rank share against k.")
 @click.option("--sweep-ks", default=None, help="Comma list of k for --sweep (default: 16 steps up to min(N, d)).")
 @click.option("--sweep-subsets", type=int, default=500, show_default=True, help="Subsets per k in --sweep.")
+@click.option("--sweep-refine", type=int, default=6, show_default=True,
+              help="Extra k placed by bisection where the curve leaves 1.0 (pins the Kruskal rank estimate).")
 @click.option("--save-tokens", is_flag=True, help="Write contexts and queries as safetensors (for audit capacity).")
 @click.option("--workers", type=int, default=1, show_default=True,
               help="Shard token extraction across this many workers (tokens are identical to one process).")

@@ -67,6 +67,7 @@ class AuditConfig:
     sweep: bool = False
     sweep_ks: tuple[int, ...] | None = None
     sweep_subsets: int = 500
+    sweep_refine: int = 6  # extra k placed by bisection where the curve leaves 1.0
     save_tokens: bool = False
     trust_remote_code: bool = False
     workers: int = 1  # > 1: shard extraction across workers (see auditor.shard)
@@ -77,6 +78,8 @@ class AuditConfig:
         _positive("subsets", self.subsets)
         _positive("batch_size", self.batch_size)
         _positive("sweep_subsets", self.sweep_subsets)
+        if isinstance(self.sweep_refine, bool) or not isinstance(self.sweep_refine, int) or self.sweep_refine < 0:
+            raise AuditError(f"sweep_refine must be an integer >= 0; got {self.sweep_refine!r}")
         _positive("workers", self.workers)
         if self.executor not in ("local", "ray"):
             raise did_you_mean("executor", self.executor, ("local", "ray"))
@@ -438,6 +441,7 @@ def _audit_loop(config: AuditConfig, spec: Any, result: AuditResult, done: _Rows
             if config.sweep:
                 ks = _sweep_ks(config, tok.N, tok.n, tok.d)
                 sweep = probes.kruskal_sweep(queries, ks, subsets=config.sweep_subsets, seed=config.seed,
+                                             refine=config.sweep_refine,
                                              rtol=config.rtol, progress=progress)
                 frame = sweep.frame().assign(model=config.model, representation=rep, weights=weights, n=tok.n,
                                              lower_estimate=sweep.lower_estimate,

@@ -259,15 +259,18 @@ class SweepResult:
             full rank (an estimate: sampling cannot prove it), or 0.
         upper_bound: certified: Kruskal rank <= upper_bound, from the smallest k with a witness (k - 1);
             None when no dependent subset was found.
+        refined: the k that bisection added (see ``refine`` in :func:`kruskal_sweep`).
     """
 
     results: list[KruskalResult]
     lower_estimate: int
     upper_bound: int | None
+    refined: tuple[int, ...] = ()
 
     def frame(self) -> pd.DataFrame:
-        """One row per k."""
-        return pd.DataFrame([r.to_dict() for r in self.results])
+        """One row per k (``refined``: added by bisection rather than asked for)."""
+        frame = pd.DataFrame([r.to_dict() for r in self.results])
+        return frame.assign(refined=frame["k"].isin(self.refined))
 
 
 def kruskal_sweep(
@@ -277,12 +280,16 @@ def kruskal_sweep(
     seed: int = 0,
     rtol: float | None = None,
     *,
+    refine: int = 0,
     progress: bool = False,
 ) -> SweepResult:
     """Run :func:`kruskal_test` for every k in ``ks`` (the full-rank fraction curve against k).
 
     The pool's Gram matrix is formed once and shared by every k. ``rtol`` None uses the default for
-    each k (``max(k, d) * eps``).
+    each k (``max(k, d) * eps``). ``refine``: up to this many extra k, each halving the gap between the
+    lower estimate and the first k with a dependent subset (bisection), so the Kruskal rank estimate is
+    known to within ``gap / 2**refine``; stops early once the gap is 1. Refined k are marked in
+    ``SweepResult.frame()`` (column ``refined``).
     """
     x = validate_vectors(vectors)
     ks = sorted({_check_k(k, x.shape[0]) for k in ks})
@@ -296,16 +303,32 @@ def kruskal_sweep(
         from tqdm.auto import tqdm
 
         iterator = tqdm(ks, desc="kruskal sweep", unit="k")
-    for k in iterator:
-        results.append(kruskal_test(x, k, subsets=subsets, seed=seed, rtol=rtol, _gram=gram,
-                                    _spectrum=spectrum))
+    def test(k: int) -> KruskalResult:
+        return kruskal_test(x, k, subsets=subsets, seed=seed, rtol=rtol, _gram=gram, _spectrum=spectrum)
+
+    results = [test(k) for k in iterator]
+    refined: list[int] = []
+    for _ in range(_check_count("refine", refine) if refine else 0):
+        lower = _lower_estimate(results)
+        first_bad = next((r.k for r in results if r.fraction < 1.0), None)
+        if first_bad is None or first_bad - lower <= 1:
+            break
+        k = (lower + first_bad) // 2
+        refined.append(k)
+        results = sorted([*results, test(k)], key=lambda r: r.k)
+    upper = next((r.k - 1 for r in results if r.witness is not None), None)
+    return SweepResult(results=results, lower_estimate=_lower_estimate(results), upper_bound=upper,
+                       refined=tuple(refined))
+
+
+def _lower_estimate(results: list[KruskalResult]) -> int:
+    """Largest tested k below the first k with a dependent subset (0 when the first one fails)."""
     lower = 0
     for r in results:
         if r.fraction < 1.0:
             break
         lower = r.k
-    upper = next((r.k - 1 for r in results if r.witness is not None), None)
-    return SweepResult(results=results, lower_estimate=lower, upper_bound=upper)
+    return lower
 
 
 def kruskal_rank_exact(vectors: Array, rtol: float | None = None, *, max_subsets: int = 2_000_000) -> int:

@@ -70,9 +70,13 @@ def test_vit_report_files_and_provenance(vit_audit):
     summary = (out / "summary.md").read_text()
     assert "| embedding @ random" in summary and "fails: 0.0000 (rank 1)" in summary
     curve = result.curves
-    embedding_curve = curve[curve.representation == "embedding"].set_index("k")["fraction"]
-    assert embedding_curve.tolist() == [0.0, 0.0, 0.0]
-    assert set(curve["k"]) == {50, 197, 240}
+    assert set(curve.loc[~curve["refined"], "k"]) == {50, 197, 240}
+    embedding = curve[curve.representation == "embedding"].set_index("k")
+    assert embedding.loc[[50, 197, 240], "fraction"].tolist() == [0.0, 0.0, 0.0]
+    # bisection below k = 50 pins the Kruskal rank of identical CLS tokens: exactly 1
+    assert embedding["refined"].sum() == 6 and embedding.loc[1, "fraction"] == 1.0
+    assert (embedding["lower_estimate"] == 1).all() and (embedding["upper_bound"] == 1).all()
+    assert "Kruskal rank of the queries (from the sweep)" in summary
 
 
 def test_saved_tokens_round_trip(vit_audit):

@@ -110,6 +110,7 @@ CLI_CASES = [
     ("zero-samples", ["{vit}", "--samples", "0"], "samples must be a positive integer"),
     ("negative-samples", ["{vit}", "--samples", "-3"], "samples must be a positive integer"),
     ("zero-subsets", ["{vit}", "--subsets", "0"], "subsets must be a positive integer"),
+    ("negative-sweep-refine", ["{vit}", "--sweep", "--sweep-refine", "-1"], "sweep_refine must be an integer >= 0"),
     ("zero-batch-size", ["{vit}", "--batch-size", "0"], "batch_size must be a positive integer"),
     ("zero-context-length", ["{gpt2}", "--context-length", "0"], "context_length must be a positive integer"),
     ("negative-sweep-k", ["{vit}", "--sweep", "--sweep-ks", "-3"], "sweep k must be a positive integer"),

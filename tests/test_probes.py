@@ -255,6 +255,22 @@ def test_kruskal_sweep_bounds():
     assert frame["fraction"].is_monotonic_decreasing
 
 
+def test_sweep_refinement_bisects_to_the_kruskal_rank():
+    """Kruskal rank 3 (10 of the vectors lie in 3 dimensions): a coarse sweep at k = 2 and 8 leaves a
+    gap; bisection adds k = 5, 3, 4 and pins the estimate to 3 = the certified upper bound."""
+    cluster = generic(10, 3, seed=18) @ generic(3, 10, seed=16)
+    x = torch.cat([generic(15, 10, seed=17), cluster])
+    coarse = probes.kruskal_sweep(x, [2, 8], subsets=3000, seed=1)
+    assert (coarse.lower_estimate, coarse.upper_bound) == (2, 7) and coarse.refined == ()
+    fine = probes.kruskal_sweep(x, [2, 8], subsets=3000, seed=1, refine=6)
+    assert fine.refined == (5, 3, 4)  # stops once the gap is 1, before using all 6
+    assert (fine.lower_estimate, fine.upper_bound) == (3, 3)
+    frame = fine.frame()
+    assert frame["k"].tolist() == [2, 3, 4, 5, 8] and frame["refined"].tolist() == [False, True, True, True, False]
+    with pytest.raises(ValueError, match="refine must be a positive integer"):
+        probes.kruskal_sweep(x, [2, 8], refine=-1)
+
+
 def test_identical_queries_fail_assumption1_and_assumption3_repairs_it():
     """The ViT embedding layer: every CLS query is the same vector."""
     n_ex, n, d = 40, 5, 16

@@ -84,6 +84,19 @@ def _provenance_lines(result: AuditResult) -> list[str]:
     return lines
 
 
+def kruskal_table(curves: pd.DataFrame) -> pd.DataFrame:
+    """One row per representation @ weights: the sweep's lower estimate and certified upper bound."""
+    rows = []
+    for (rep, weights), frame in curves.groupby(["representation", "weights"], sort=False):
+        upper = frame["upper_bound"].iloc[0]
+        refined = frame.loc[frame.get("refined", pd.Series(False, index=frame.index)).astype(bool), "k"]
+        rows.append({"representation @ weights": f"{rep} @ {weights}",
+                     "lower estimate": int(frame["lower_estimate"].iloc[0]),
+                     "certified upper bound": "none found" if pd.isna(upper) else int(upper),
+                     "k tested": len(frame), "refined k": " ".join(str(int(k)) for k in sorted(refined)) or "-"})
+    return pd.DataFrame(rows).set_index("representation @ weights")
+
+
 def write_report(result: AuditResult, out: Path) -> None:
     """Write results.csv, sweep.csv (if any), config.json, summary.md and the plots into ``out``."""
     from auditor.report.plots import write_plots
@@ -111,6 +124,11 @@ def write_report(result: AuditResult, out: Path) -> None:
         f"- rank tests took {total:.1f} s in total",
         "",
     ]
+    if not result.curves.empty:
+        lines += ["## Kruskal rank of the queries (from the sweep)", "", kruskal_table(result.curves).to_markdown(),
+                  "", "Lower estimate: the largest k whose sampled subsets (and those of every smaller tested k) "
+                  "were all full rank; sampling cannot prove it. Upper bound: certified by a dependent subset "
+                  "(witness) at the next k. Bisection added the refined k between the two.", ""]
     if plots:
         lines += ["## Plots", *[f"![{p.stem}]({p.name})" for p in plots], ""]
     (out / "summary.md").write_text("\n".join(lines))
