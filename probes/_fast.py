@@ -47,7 +47,8 @@ _GUARD = 8.0  # safety factor on the float64 error bound of the Gram route
 @dataclass
 class Decisions:
     """Per-matrix outcome: rank (S,), margin (S,) in decades (a lower bound where certified), and how
-    many matrices each stage decided."""
+    many matrices each stage decided. A matrix proven rank-deficient without an exact rank (stage 1b)
+    has rank -1 and margin NaN."""
 
     rank: torch.Tensor
     margin: torch.Tensor
