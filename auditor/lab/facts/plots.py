@@ -40,6 +40,16 @@ def _title(frame: pd.DataFrame) -> str:
     )
 
 
+def _save(fig, path: Path, title: str | None = None) -> Path:
+    """Title, layout, PNG at 130 dpi; the figure is released."""
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path
+
+
 def plot_width(frame: pd.DataFrame, out: Path) -> list[Path]:
     """Accuracy over (d_model, d_vo) and against d_model + d_vo (d_qk = d_model, H = 1)."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
@@ -57,12 +67,7 @@ def plot_width(frame: pd.DataFrame, out: Path) -> list[Path]:
     right.set_ylim(0, 1.02)
     right.legend(fontsize=8)
     right.grid(alpha=0.3)
-    fig.suptitle(f"facts/width: {_title(frame)}")
-    fig.tight_layout()
-    path = out / "width.png"
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return [path]
+    return [_save(fig, out / "width.png", f"facts/width: {_title(frame)}")]
 
 
 def plot_budget(frame: pd.DataFrame, out: Path) -> list[Path]:
@@ -89,12 +94,7 @@ def plot_budget(frame: pd.DataFrame, out: Path) -> list[Path]:
     right.grid(alpha=0.3)
     right.legend(fontsize=8)
     right.set_title("fixed parameter budget 2 d_model (d_model + 1) per head")
-    fig.suptitle(f"facts/budget: {_title(frame)}")
-    fig.tight_layout()
-    path = out / "budget.png"
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return [path]
+    return [_save(fig, out / "budget.png", f"facts/budget: {_title(frame)}")]
 
 
 def plot_tau(frame: pd.DataFrame, out: Path) -> list[Path]:
@@ -123,12 +123,7 @@ def plot_tau(frame: pd.DataFrame, out: Path) -> list[Path]:
     right.set_ylim(0, 1.02)
     right.grid(alpha=0.3)
     right.legend(fontsize=8)
-    fig.suptitle(f"facts/tau: {_title(frame)}")
-    fig.tight_layout()
-    path = out / "tau.png"
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return [path]
+    return [_save(fig, out / "tau.png", f"facts/tau: {_title(frame)}")]
 
 
 def plot_bound(frame: pd.DataFrame, out: Path) -> list[Path]:
@@ -153,11 +148,7 @@ def plot_bound(frame: pd.DataFrame, out: Path) -> list[Path]:
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     ax.set_title("facts/bound: rank(L) against its bound")
-    fig.tight_layout()
-    path = out / "bound.png"
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return [path]
+    return [_save(fig, out / "bound.png")]
 
 
 PLOTS = {"width": plot_width, "budget": plot_budget, "tau": plot_tau, "bound": plot_bound}
