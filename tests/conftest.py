@@ -100,6 +100,16 @@ def tiny_model(name: str, *, seed: int = 0, context_length: int | None = None, *
     )
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for a module of tiny models: several times faster than two on a shared
+    2-core machine (OpenMP contention). Use with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def vit_base_random():
     """The paper's ViT-base architecture with random weights (seed 0) on the CPU, built once per session."""

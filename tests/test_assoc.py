@@ -33,14 +33,7 @@ from auditor.lab.assoc.memory_sweep import AssocConfig, guide_capacity, run_buck
 from auditor.lab.assoc.summary import capacity_fits, capacity_markdown
 from auditor.lab.engine import TrainConfig, train
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """These models are tiny: one thread is several times faster than two on a shared 2-core box."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.one_thread
 
 
 def _fit_config(steps: int = 300, lr: float = 0.1, **overrides) -> TrainConfig:

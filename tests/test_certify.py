@@ -23,13 +23,7 @@ from auditor.lab.memorize.model import MHAConfig, MHAEnsemble
 from auditor.lab.memorize.saturation import saturation
 from auditor.lab.memorize.task import MemorizeTask
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.one_thread
 
 
 def layer(H: int, d: int, d_h: int, outputs: int = 5, seed: int = 0, **kw) -> MHAEnsemble:

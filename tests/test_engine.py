@@ -43,13 +43,7 @@ class RandomLabels:
         return (model(self.x).argmax(-1) == self.y).float().mean(1)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: one intra-op thread avoids OpenMP contention on a shared 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.one_thread
 
 
 def make_problem(E: int, N: int = 16, d: int = 8, C: int = 5, seed: int = 0):

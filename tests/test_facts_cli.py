@@ -6,20 +6,13 @@ import json
 
 import pandas as pd
 import pytest
-import torch
 
 from auditor.cli import main
 from auditor.lab.facts.experiments import check_configs, unit_function
 from auditor.lab.facts.presets import sweep_units
 from auditor.lab.sweep import run_sweep
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.one_thread
 
 
 def test_generate_then_rank(tmp_path, capsys):

@@ -34,12 +34,7 @@ CONFIGS = [
 ]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.one_thread
 
 
 def reference_logits(w: dict[str, np.ndarray], K: int, d_qk: int, k: int, q: int) -> np.ndarray:

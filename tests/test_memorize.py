@@ -17,13 +17,7 @@ from auditor.lab.memorize.plots import linear_fit
 from auditor.lab.memorize.task import MemorizeTask
 from auditor.lab.memorize.train import MemorizeRun, MemorizeSettings, buckets, grid, run_memorize
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.one_thread
 
 
 # -- data -------------------------------------------------------------------------------------------

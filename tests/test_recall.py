@@ -29,14 +29,7 @@ from auditor.lab.assoc.recall_sweep import (
 from auditor.lab.assoc.stages import detect_stages, find_plateau
 from auditor.lab.engine import TrainConfig, train
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """These models are tiny: one thread is several times faster than two on a shared 2-core box."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.one_thread
 
 
 def _gens(*seeds, stream=1, step=0):
