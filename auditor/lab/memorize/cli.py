@@ -15,28 +15,8 @@ import pandas as pd
 import torch
 
 from auditor.errors import AuditError
+from auditor.options import parse_ints
 from auditor.provenance import provenance, timestamp
-
-
-def parse_ints(text: str, option: str) -> list[int]:
-    """``"1,2,4"`` or ``"1:8"`` / ``"0:60:10"`` (inclusive) -> list of ints; AuditError otherwise."""
-    values: list[int] = []
-    try:
-        for part in text.split(","):
-            part = part.strip()
-            if ":" in part:
-                bits = [int(b) for b in part.split(":")]
-                if len(bits) not in (2, 3) or (len(bits) == 3 and bits[2] < 1):
-                    raise ValueError
-                step = bits[2] if len(bits) == 3 else 1
-                values.extend(range(bits[0], bits[1] + 1, step))
-            elif part:
-                values.append(int(part))
-    except ValueError:
-        raise AuditError(f"{option} takes integers like 1,2,4 or ranges like 1:8 or 0:60:10; got {text!r}") from None
-    if not values:
-        raise AuditError(f"{option} lists no values; give e.g. 1,2,4")
-    return list(dict.fromkeys(values))
 
 
 def _out(out: str | None, command: str) -> Path:

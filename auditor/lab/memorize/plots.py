@@ -28,6 +28,16 @@ class LinearFit:
     points: int
 
 
+def _finish(fig, ax, path: str | Path) -> None:
+    """Grid and legend on ``ax`` (if given), layout, PNG at 130 dpi; the figure is released."""
+    if ax is not None:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
 def linear_fit(x: np.ndarray, y: np.ndarray) -> LinearFit:
     """Fit a line; R^2 = 1 - SS_res / SS_tot (nan with fewer than 3 points or constant y)."""
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
@@ -86,11 +96,7 @@ def plot_sweep(frame: pd.DataFrame, x: str, path: str | Path, title: str = "") -
     ax.set_xlabel(X_LABELS[x])
     ax.set_ylabel("examples memorized")
     ax.set_title(title or f"memorization against {X_LABELS[x]}")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    _finish(fig, ax, path)
     return pd.DataFrame(fits)
 
 
@@ -110,11 +116,7 @@ def plot_tolerance(curves: pd.DataFrame, path: str | Path, title: str = "") -> N
     ax.set_xlabel("relative tolerance rtol (singular values > rtol * sigma_max count)")
     ax.set_ylabel("numerical rank of Z")
     ax.set_title(title or "rank of Z against tolerance (dotted: H(n-1)+1)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    _finish(fig, ax, path)
 
 
 def plot_rank_vs_examples(frame: pd.DataFrame, path: str | Path, title: str = "") -> None:
@@ -130,11 +132,7 @@ def plot_rank_vs_examples(frame: pd.DataFrame, path: str | Path, title: str = ""
     ax.set_xlabel("examples N")
     ax.set_ylabel("numerical rank of Z (default tolerance)")
     ax.set_title(title or "rank of Z against N (dotted: H(n-1)+1)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    _finish(fig, ax, path)
 
 
 def plot_saturation(records: pd.DataFrame, path: str | Path, title: str = "") -> None:
@@ -153,6 +151,4 @@ def plot_saturation(records: pd.DataFrame, path: str | Path, title: str = "") ->
     right.set_ylabel("share of examples saturated")
     right.set_ylim(0, 1)
     fig.suptitle(title or "softmax saturation")
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    _finish(fig, None, path)
