@@ -6,10 +6,14 @@
   overrides for ``load_model(..., config_overrides=...)`` that keep a real family small and fast.
 - ``tiny_model(name, **overrides)``: a random-weight tiny model of a registered family, on the CPU.
 - fixture ``vit_base_random``: the real ViT-base architecture, random weights, shared by the session.
+- ``forward_atol(x, width)`` and ``margin_atol(margin, rtol, rel)``: the float tolerances that follow
+  from the dtype when the same computation runs with other kernels (another batch size, another torch
+  build). Bit-identity is asserted only for the same process and the same shapes.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import random
 from pathlib import Path
@@ -38,6 +42,28 @@ def shared_data(relative: str) -> Path:
     if os.environ.get("CI"):
         pytest.fail(f"shared data missing under CI: {where}")
     pytest.skip(f"shared data not available: {where}")
+
+
+def forward_atol(x: torch.Tensor, width: int) -> float:
+    """Worst-case absolute difference of two float evaluations of one forward pass whose kernels differ
+    only in how they sum (batch size, blocking, library build): a length-``width`` dot product in the
+    dtype of ``x`` carries at most ``width * eps`` relative error (the classical gamma_n bound), scaled
+    by the largest magnitude of the result."""
+    return width * torch.finfo(x.dtype).eps * x.abs().max().item()
+
+
+def margin_atol(margin: float, rtol: float, rel: float) -> float:
+    """How far a rank margin (decades between a singular value and ``rtol * sigma_max``) can move when
+    the matrix moves by ``rel * sigma_max`` in spectral norm (Weyl: every singular value moves by at
+    most that): the deciding value sigma = rtol * sigma_max * 10**margin moves by a relative
+    ``x = rel / (rtol * 10**margin)`` and sigma_max by ``rel``. Infinite once x >= 1, i.e. when the
+    margin is inside the float noise of the data and no float tolerance can be promised."""
+    if not math.isfinite(margin):
+        return 0.0
+    x = rel / (rtol * 10.0**margin)
+    if x >= 1 or rel >= 1:
+        return math.inf
+    return math.log10((1 + x) / (1 - x)) + 2 * math.log10((1 + rel) / (1 - rel))
 
 
 def tiny_vit(**overrides: Any) -> dict[str, Any]:
