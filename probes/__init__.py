@@ -5,7 +5,13 @@ arithmetic in float64 and, by default, judge ranks at the tolerance of the dtype
 in (``max(m, n) * eps * sigma_max``, the rule of ``torch.linalg.matrix_rank``).
 
 Shapes: one matrix (m, n) or a batch (..., m, n) for :func:`numerical_rank`; contexts (N, n, d) and
-queries / vectors (N, d) elsewhere.
+queries / vectors (N, d) elsewhere. Sizes and seeds may be Python or NumPy integers. Results have a
+one-line ``repr`` and a ``to_dict()`` of plain typed values (:func:`flatten_row` makes CSV cells).
+
+Work is bounded: ``subsets`` per Kruskal test (default 5000) or per sweep step (default 500),
+``max_seconds`` for a sweep, ``max_subsets`` for the exact search, and a memory bound on subset counts
+(:func:`max_subsets_in_memory`). Long runs show a progress bar in interactive use (``progress=None``,
+the default; True / False force it on or off).
 
 >>> import torch, probes
 >>> x = torch.randn(50, 16)
@@ -29,9 +35,11 @@ from probes.kruskal import (
     KruskalResult,
     SweepResult,
     check_witness,
+    flatten_row,
     kruskal_rank_exact,
     kruskal_sweep,
     kruskal_test,
+    max_subsets_in_memory,
     sample_subsets,
 )
 from probes.rank import RankResult, default_rtol, numerical_rank
@@ -49,10 +57,12 @@ __all__ = [
     "check_witness",
     "context_ranks",
     "default_rtol",
+    "flatten_row",
     "general_position",
     "kruskal_rank_exact",
     "kruskal_sweep",
     "kruskal_test",
+    "max_subsets_in_memory",
     "numerical_rank",
     "sample_subsets",
 ]

@@ -8,22 +8,37 @@
 Kruskal-rank tests sample k-subsets (see :mod:`probes.kruskal`); an assumption *holds* when the
 share of full-rank subsets reaches ``threshold`` (default 0.99). Assumption 2 tests every context, so
 its default threshold is 1.0 (every context must have rank n).
+
+The Kruskal tests take the bounds and the ``progress`` option of :func:`probes.kruskal_test`:
+``subsets`` (default 5000, as ``audit --subsets``) and a bar for large tests in interactive use.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from probes import _fast
-from probes.kruskal import KruskalResult, kruskal_test, validate_vectors
-from probes.rank import Array, as_tensor, check_finite, resolve_rtol
+from probes.kruskal import KruskalResult, _fmt_witness, _typed, kruskal_test, validate_vectors
+from probes.rank import (
+    Array,
+    abs_max,
+    as_tensor,
+    check_finite,
+    check_int,
+    ldexp2,
+    pow2_exponent,
+    pow2_rescale,
+    resolve_rtol,
+)
 
 DEFAULT_THRESHOLD = 0.99
 
@@ -69,12 +84,13 @@ def context_ranks(contexts: Array, rtol: float | None = None) -> ContextRanks:
     e = _check_contexts(contexts)
     _, n, d = e.shape
     rtol = resolve_rtol(rtol, n, d, e.dtype)
+    e, _ = pow2_rescale(e, (1, 2))  # exact powers of two per context where float64 would under/overflow
     # for n > d the rank is at most d and the transposed (d, n) problem is the small one
     dec = _fast.matrix_decisions(e if n <= d else e.transpose(1, 2), rtol)
     return ContextRanks(rank=dec.rank, margin=dec.margin, n=n, d=d, rtol=rtol, stages=dec.stages)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class AssumptionResult:
     """Verdict of one assumption test; ``to_dict()`` is a report row.
 
@@ -114,24 +130,33 @@ class AssumptionResult:
     note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        """Flat dict for a report row."""
-        out = asdict(self)
-        out["rank_counts"] = ";".join(f"{r}:{c}" for r, c in sorted(self.rank_counts.items()))
-        out["witness"] = "" if self.witness is None else " ".join(map(str, self.witness))
-        out["stages"] = ";".join(f"{s}:{c}" for s, c in self.stages.items())
-        return out
+        """Flat dict of typed values for a report row: ints (k, N, n, d, subsets, seed; n and seed may
+        be None), bools (holds, exhaustive), floats (fraction, threshold, rtol, min_margin, seconds),
+        ``rank_counts`` dict[int, int], ``witness`` list[int] or None, ``stages`` dict[str, int].
+        :func:`probes.flatten_row` turns it into CSV cells."""
+        return _typed(asdict(self))
+
+    def __repr__(self) -> str:
+        verdict = "holds" if self.holds else "fails"
+        if self.test == "assumption2":
+            scope = f"of {self.subsets} contexts with rank n={self.k}"
+        else:
+            over = f"over {'all ' if self.exhaustive else ''}{self.subsets} subsets"
+            scope = f"{over} at k={self.k}"
+        text = (f"AssumptionResult({self.test}: {verdict}, fraction={self.fraction:.4f} {scope}, N={self.N}, "
+                f"d={self.d}, min_margin={self.min_margin:.2f} decades{_fmt_witness(self.witness)}")
+        return text + (f"; {self.note}" if self.note else "") + ")"
 
 
 def _check_threshold(threshold: Any) -> float:
-    if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not 0 < threshold <= 1:
+    if (isinstance(threshold, bool | np.bool_) or not isinstance(threshold, numbers.Real)
+            or not 0 < threshold <= 1):
         raise ValueError(f"threshold must be a number in (0, 1], got {threshold!r}")
     return float(threshold)
 
 
 def _check_n(n: Any) -> int:
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n (the context length) must be a positive integer, got {n!r}")
-    return n
+    return check_int(n, "n (the context length)")
 
 
 def _from_kruskal(test: str, res: KruskalResult, threshold: float, n: int | None) -> AssumptionResult:
@@ -146,28 +171,30 @@ def _from_kruskal(test: str, res: KruskalResult, threshold: float, n: int | None
 
 def assumption1(
     queries: Array, n: int, *, subsets: int = 5000, seed: int = 0, rtol: float | None = None,
-    threshold: float = DEFAULT_THRESHOLD,
+    threshold: float = DEFAULT_THRESHOLD, progress: bool | None = None,
 ) -> AssumptionResult:
     """Assumption 1: the query set has Kruskal rank >= n (sampled at k = n).
 
     Args:
         queries: (N, d) one query vector per example.
         n: context length; the subset size tested. Needs n <= N (else ValueError).
+        subsets, seed, rtol, progress: as in :func:`probes.kruskal_test`.
     """
     n = _check_n(n)
     threshold = _check_threshold(threshold)
-    res = kruskal_test(queries, n, subsets=subsets, seed=seed, rtol=rtol)
+    res = kruskal_test(queries, n, subsets=subsets, seed=seed, rtol=rtol, progress=progress)
     return _from_kruskal("assumption1", res, threshold, n)
 
 
 def assumption3(
     contexts: Array, queries: Array, n: int | None = None, *, subsets: int = 5000, seed: int = 0,
-    rtol: float | None = None, threshold: float = DEFAULT_THRESHOLD,
+    rtol: float | None = None, threshold: float = DEFAULT_THRESHOLD, progress: bool | None = None,
 ) -> AssumptionResult:
     """Assumption 3: the vectors e(t) + mean_i E(t)_i have Kruskal rank >= n.
 
     Args:
         contexts: (N, n, d); queries: (N, d); n: subset size (default: the contexts' n).
+        subsets, seed, rtol, progress: as in :func:`probes.kruskal_test`.
     """
     e = _check_contexts(contexts)
     q = validate_vectors(queries, "queries")
@@ -178,22 +205,32 @@ def assumption3(
         )
     n = e.shape[1] if n is None else _check_n(n)
     threshold = _check_threshold(threshold)
-    mixed = q.to(torch.float64) + e.to(torch.float64).mean(dim=1)  # (N, d)
+    q64, e64 = q.to(torch.float64), e.to(torch.float64)
+    if torch.float64 in (q.dtype, e.dtype):  # one exact power of two for both, where float64 would overflow
+        exp = pow2_exponent(torch.maximum(abs_max(q), abs_max(e)))
+        if exp is not None:
+            q64, e64 = ldexp2(q64, -exp), ldexp2(e64, -exp)
+    mixed = q64 + e64.mean(dim=1)  # (N, d)
     rtol = resolve_rtol(rtol, n, e.shape[2], e.dtype)  # judged at the tokens' own dtype
-    res = kruskal_test(mixed, n, subsets=subsets, seed=seed, rtol=rtol)
+    res = kruskal_test(mixed, n, subsets=subsets, seed=seed, rtol=rtol, progress=progress)
     res = dataclasses.replace(res, dtype=str(e.dtype).removeprefix("torch."))
     return _from_kruskal("assumption3", res, threshold, n)
 
 
 def general_position(
     vectors: Array, *, subsets: int = 5000, seed: int = 0, rtol: float | None = None,
-    threshold: float = DEFAULT_THRESHOLD, n: int | None = None,
+    threshold: float = DEFAULT_THRESHOLD, n: int | None = None, progress: bool | None = None,
 ) -> AssumptionResult:
-    """General position: Kruskal rank = min(N, d), sampled at k = min(N, d). ``vectors``: (N, d)."""
+    """General position: Kruskal rank = min(N, d), sampled at k = min(N, d). ``vectors``: (N, d).
+
+    ``n`` (optional) is only recorded in the result; subsets, seed, rtol, progress: as in
+    :func:`probes.kruskal_test`.
+    """
     x = validate_vectors(vectors)
     threshold = _check_threshold(threshold)
+    n = None if n is None else _check_n(n)
     k = min(x.shape)
-    res = kruskal_test(x, k, subsets=subsets, seed=seed, rtol=rtol)
+    res = kruskal_test(x, k, subsets=subsets, seed=seed, rtol=rtol, progress=progress)
     return _from_kruskal("general_position", res, threshold, n)
 
 

@@ -10,27 +10,109 @@ A subset's rank uses the rule of :func:`probes.numerical_rank` with ``rtol = max
 vectors' dtype by default (the k x d matrix of the subset). The work runs through
 :mod:`probes._fast`: one float64 Gram matrix of the pool, then batched Cholesky of the k x k principal
 submatrices, with exact fallbacks, so verdicts equal a float64 SVD at the same tolerance.
+
+Bounds and progress. Every function here does a bounded amount of work:
+
+- ``kruskal_test``: at most ``subsets`` subsets (default 5000, as ``audit --subsets``);
+- ``kruskal_sweep``: at most ``subsets`` per k (default 500, as ``audit --sweep-subsets``), and
+  ``max_seconds`` stops it from starting another k once that much time has passed;
+- ``kruskal_rank_exact``: refuses searches of more than ``max_subsets`` subsets (default 2,000,000).
+
+Subset counts whose indices would not fit in memory (:data:`MAX_INDEX_BYTES`, see
+:func:`max_subsets_in_memory`) are refused with a ValueError that gives the valid range. ``progress``
+(default None, automatic) shows a ``tqdm`` bar when the work is large (more than
+:data:`LARGE_SUBSETS` subsets, or k >= :data:`LARGE_K`) and the output is interactive (stderr a
+terminal, or a notebook); True always shows one, False never.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import numbers
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 
 from probes import _fast
-from probes.rank import Array, as_tensor, check_finite, numerical_rank, resolve_rtol
+from probes.rank import (
+    Array,
+    as_tensor,
+    check_finite,
+    check_int,
+    check_seed,
+    numerical_rank,
+    pow2_rescale,
+    resolve_rtol,
+)
 
 POOL_GRAM_MAX_N = 8192  # above this the (N, N) pool Gram would not pay off; Gram per subset instead
+MAX_INDEX_BYTES = 2 * 2**30  # memory allowed for the subsets of one test: indices plus per-subset results
+LARGE_SUBSETS = 1000  # automatic progress: more subsets than this ...
+LARGE_K = 256  # ... or subsets at least this large
 
 
-@dataclass(frozen=True)
+def max_subsets_in_memory(k: int) -> int:
+    """The most k-subsets one test may hold: their int64 indices and per-subset results (rank and
+    margin) within :data:`MAX_INDEX_BYTES`."""
+    return MAX_INDEX_BYTES // (8 * k + 16)
+
+
+def _check_memory(count: int, k: int, name: str = "subsets") -> None:
+    limit = max_subsets_in_memory(k)
+    if count > limit:
+        need = count * (8 * k + 16) / 2**30
+        raise ValueError(
+            f"{name} = {count:,} subsets of size k = {k} would need {need:,.1f} GiB for their indices "
+            f"(limit {MAX_INDEX_BYTES / 2**30:g} GiB); valid: 1 <= {name} <= {limit:,} at k = {k}"
+        )
+
+
+def progress_bar(progress: bool | None, *, large: bool, total: int, desc: str, unit: str = "subset"):
+    """A ``tqdm.auto`` bar, or None.
+
+    ``progress`` True: always a bar; False: never; None (automatic): a bar when the work is ``large``,
+    shown only when the output is interactive (tqdm's ``disable=None``: stderr is a terminal, or the
+    code runs in a notebook). Nested bars (e.g. inside an outer loop's bar) disappear when done.
+    """
+    if progress is not None and not isinstance(progress, bool):
+        raise ValueError(f"progress must be True, False or None (automatic), got {progress!r}")
+    if progress is False or (progress is None and not large):
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, leave=None, disable=None if progress is None else False)
+
+
+def _fmt_witness(witness: tuple[int, ...] | None, show: int = 8) -> str:
+    if witness is None:
+        return ""
+    if len(witness) <= show:
+        return f", witness={list(witness)}"
+    head = ", ".join(map(str, witness[:show]))
+    return f", witness=[{head}, ... ({len(witness)} indices)]"
+
+
+def flatten_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A ``to_dict()`` row with its structured fields as compact strings, for one CSV cell each:
+    ``rank_counts`` ``{196: 3, 197: 4997}`` -> ``"196:3;197:4997"``, ``witness`` ``[2, 6]`` -> ``"2 6"``
+    (None -> ``""``), ``stages`` ``{"cholesky": 5000, ...}`` -> ``"cholesky:5000;..."``."""
+    out = dict(row)
+    if isinstance(out.get("rank_counts"), dict):
+        out["rank_counts"] = ";".join(f"{r}:{c}" for r, c in sorted(out["rank_counts"].items()))
+    if "witness" in out and not isinstance(out["witness"], str):
+        out["witness"] = "" if out["witness"] is None else " ".join(map(str, out["witness"]))
+    if isinstance(out.get("stages"), dict):
+        out["stages"] = ";".join(f"{s}:{c}" for s, c in out["stages"].items())
+    return out
+
+
+@dataclass(frozen=True, repr=False)
 class KruskalResult:
     """Outcome of testing k-subsets of N vectors in R^d.
 
@@ -66,12 +148,38 @@ class KruskalResult:
     note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        """Flat dict for a report row (histogram and witness as compact strings)."""
-        out = asdict(self)
-        out["rank_counts"] = ";".join(f"{r}:{c}" for r, c in sorted(self.rank_counts.items()))
-        out["witness"] = "" if self.witness is None else " ".join(map(str, self.witness))
-        out["stages"] = ";".join(f"{s}:{c}" for s, c in self.stages.items())
-        return out
+        """Flat dict of typed values: ints (k, N, d, subsets, full_rank, seed), bools (exhaustive),
+        floats (fraction, min_margin, rtol, seconds), ``rank_counts`` dict[int, int], ``witness``
+        list[int] or None, ``stages`` dict[str, int]. :func:`flatten_row` turns it into CSV cells."""
+        return _typed(asdict(self))
+
+    def __repr__(self) -> str:
+        over = f"over {'all ' if self.exhaustive else ''}{self.subsets} subsets"
+        text = (f"KruskalResult(k={self.k}, N={self.N}, d={self.d}: fraction={self.fraction:.4f} "
+                f"({self.full_rank}/{self.subsets} full rank) {over}, min_margin={self.min_margin:.2f} "
+                f"decades{_fmt_witness(self.witness)}")
+        return text + (f"; {self.note}" if self.note else "") + ")"
+
+
+_INT_FIELDS = ("k", "N", "n", "d", "subsets", "full_rank", "seed")
+_FLOAT_FIELDS = ("fraction", "min_margin", "rtol", "threshold", "seconds")
+
+
+def _typed(out: dict[str, Any]) -> dict[str, Any]:
+    """Plain Python types for a result dict (no NumPy or torch scalars, no strings for structures)."""
+    for key in _INT_FIELDS:
+        if out.get(key) is not None:
+            out[key] = int(out[key])
+    for key in _FLOAT_FIELDS:
+        if key in out:
+            out[key] = float(out[key])
+    for key in ("holds", "exhaustive"):
+        if key in out:
+            out[key] = bool(out[key])
+    out["witness"] = None if out["witness"] is None else [int(i) for i in out["witness"]]
+    out["rank_counts"] = {int(r): int(c) for r, c in sorted(out["rank_counts"].items())}
+    out["stages"] = {str(s): int(c) for s, c in out["stages"].items()}
+    return out
 
 
 def validate_vectors(vectors: Array, name: str = "vectors") -> torch.Tensor:
@@ -85,25 +193,36 @@ def validate_vectors(vectors: Array, name: str = "vectors") -> torch.Tensor:
     return x
 
 
+def pool64(x: torch.Tensor) -> torch.Tensor:
+    """The (N, d) pool in float64, rescaled by an exact power of two when its Gram would underflow or
+    overflow (see :func:`probes.rank.pow2_rescale`); Kruskal verdicts are scale-invariant."""
+    scaled, _ = pow2_rescale(x)
+    return scaled.to(torch.float64)
+
+
 def _check_k(k: Any, n_vectors: int) -> int:
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"k must be a positive integer, got {k!r}")
+    k = check_int(k, "k")
     if k > n_vectors:
         raise ValueError(f"k = {k} exceeds the number of vectors N = {n_vectors}; valid: 1 <= k <= N")
     return k
 
 
-def _check_count(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
-
-
 def sample_subsets(n_vectors: int, k: int, count: int, seed: int) -> torch.Tensor:
     """``count`` uniformly random k-subsets of range(N), each sorted: (count, k) int64, on the CPU.
 
-    Reproducible: the same (N, k, count, seed) always gives the same subsets, on any device.
+    Reproducible: the same (N, k, count, seed) always gives the same subsets, on any device. torch's
+    CPU generator (Mersenne Twister) keeps only the low 32 bits of the seed, so seeds that agree modulo
+    2**32 (e.g. -1 and 2**32 - 1) give the same subsets; use seeds in [0, 2**32) for distinct draws.
+
+    Raises:
+        ValueError: N, k or count not a positive integer, k > N, a seed outside the 64-bit range, or
+            more subsets than fit in memory (:func:`max_subsets_in_memory`).
     """
+    n_vectors = check_int(n_vectors, "N")
+    k = _check_k(k, n_vectors)
+    count = check_int(count, "count")
+    seed = check_seed(seed)
+    _check_memory(count, k, "count")
     gen = torch.Generator().manual_seed(seed)
     rows_per_chunk = max(1, 2**24 // n_vectors)
     parts = []
@@ -116,8 +235,9 @@ def sample_subsets(n_vectors: int, k: int, count: int, seed: int) -> torch.Tenso
 
 def all_subsets(n_vectors: int, k: int) -> torch.Tensor:
     """Every k-subset of range(N) in lexicographic order: (C(N, k), k) int64 (callers bound C(N, k))."""
+    total = math.comb(n_vectors, k)
     flat = itertools.chain.from_iterable(itertools.combinations(range(n_vectors), k))
-    return torch.tensor(list(flat), dtype=torch.int64).reshape(-1, k)
+    return torch.from_numpy(np.fromiter(flat, dtype=np.int64, count=total * k)).reshape(total, k)
 
 
 def _pool_gram(x64: torch.Tensor) -> torch.Tensor | None:
@@ -132,10 +252,12 @@ def _test_subsets(
     *,
     spectrum: torch.Tensor | None = None,
     exact_dependent: int | None = None,
+    bar=None,
 ) -> _fast.Decisions:
+    """Decide every subset (the progress ``bar``, if any, advances after each chunk)."""
     lam_cap = None if spectrum is None else float(spectrum[0]) ** 2
     return _fast.subset_decisions(x64, subsets.to(x64.device), rtol, gram, lam_cap=lam_cap,
-                                  exact_dependent=exact_dependent)
+                                  exact_dependent=exact_dependent, on_chunk=None if bar is None else bar.update)
 
 
 def kruskal_test(
@@ -146,17 +268,17 @@ def kruskal_test(
     rtol: float | None = None,
     *,
     rank_sample: int | None = 100,
-    _gram: torch.Tensor | None = None,
-    _spectrum: torch.Tensor | None = None,
+    progress: bool | None = None,
 ) -> KruskalResult:
     """Test whether random k-subsets of ``vectors`` are linearly independent.
 
     Args:
         vectors: (N, d) the pool (e.g. the N query tokens), on CPU or CUDA; computed on its device.
-        k: subset size, 1 <= k <= N. For k > d no k vectors can be independent: the result says so
-            (fraction 0) without testing.
+        k: subset size, 1 <= k <= N (Python or NumPy integer). For k > d no k vectors can be
+            independent: the result says so (fraction 0) without testing.
         subsets: how many random subsets to test; when C(N, k) <= subsets every subset is tested once.
-        seed: sampling seed (same seed, same subsets, on any device).
+            The subsets actually tested must fit in memory (:func:`max_subsets_in_memory`).
+        seed: sampling seed, an integer in [-2**63, 2**63 - 1] (same seed, same subsets, on any device).
         rtol: relative tolerance; default ``max(k, d) * eps`` of the vectors' dtype.
         rank_sample: how many dependent subsets get an exact rank for the histogram. Dependent
             subsets beyond these are proven dependent by a shifted Cholesky factorisation (see
@@ -164,18 +286,43 @@ def kruskal_test(
             ``rank_counts`` or ``min_margin`` (the ``note`` says how many). None: exact ranks for all.
             When every k-subset is provably dependent (see ``note``), only this many subsets are
             decomposed at all.
+        progress: None (automatic): a progress bar for large tests (more than 1000 subsets, or
+            k >= 256) when the output is interactive; True: always; False: never.
 
     Returns:
         :class:`KruskalResult` (``.fraction``, ``.rank_counts``, ``.min_margin``, ``.witness``).
 
     Raises:
-        ValueError: wrong shape, empty or non-finite vectors, k outside 1..N, subsets < 1, bad rtol.
+        ValueError: wrong shape, empty or non-finite vectors, k outside 1..N, subsets < 1 or beyond
+            memory, a non-integer or out-of-range seed, bad rtol.
     """
     start = time.perf_counter()
     x = validate_vectors(vectors)
+    k = _check_k(k, x.shape[0])
+    subsets = check_int(subsets, "subsets")
+    seed = check_seed(seed)
+    if rank_sample is not None:
+        rank_sample = check_int(rank_sample, "rank_sample", minimum=0)
+    return _kruskal(x, None, k, subsets, seed, rtol, rank_sample=rank_sample, progress=progress, start=start)
+
+
+def _kruskal(
+    x: torch.Tensor,
+    x64: torch.Tensor | None,
+    k: int,
+    subsets: int,
+    seed: int,
+    rtol: float | None,
+    *,
+    rank_sample: int | None = 100,
+    progress: bool | None = None,
+    start: float,
+    gram: torch.Tensor | None = None,
+    spectrum: torch.Tensor | None = None,
+) -> KruskalResult:
+    """:func:`kruskal_test` on validated arguments; ``x64`` (the scaled float64 pool), ``gram`` and
+    ``spectrum`` may come precomputed from a sweep."""
     n_vec, d = x.shape
-    k = _check_k(k, n_vec)
-    subsets = _check_count("subsets", subsets)
     rtol = resolve_rtol(rtol, k, d, x.dtype)
     common = dict(k=k, N=n_vec, d=d, rtol=rtol, dtype=str(x.dtype).removeprefix("torch."),
                   device=str(x.device), seed=seed)
@@ -187,20 +334,31 @@ def kruskal_test(
             witness=tuple(range(k)), seconds=time.perf_counter() - start,
             note=f"k = {k} > d = {d}: any {k} vectors in R^{d} are dependent", **common,
         )
+    _check_memory(min(total, subsets), k)
     if exhaustive:
         idx = all_subsets(n_vec, k)
     else:
         idx = sample_subsets(n_vec, k, subsets, seed)  # (S, k)
-    x64 = x.to(torch.float64)
-    gram = _gram if _gram is not None else _pool_gram(x64)
+    if x64 is None:
+        x64 = pool64(x)
+    if gram is None:
+        gram = _pool_gram(x64)
     note = ""
-    spectrum = _spectrum if _spectrum is not None else pool_spectrum(x64)
+    if spectrum is None:
+        spectrum = pool_spectrum(x64)
     if k > 1 and _all_subsets_dependent(x64, k, rtol, spectrum):
         # Interlacing proves every k-subset dependent: only a sample is needed for the rank histogram.
         idx = idx[: 100 if rank_sample is None else max(1, rank_sample)]
         note = (f"every {k}-subset is dependent (sigma_{k} of the whole set is below the smallest "
                 f"possible subset tolerance); rank histogram from {idx.shape[0]} subsets")
-    dec = _test_subsets(x64, idx, rtol, gram, spectrum=spectrum, exact_dependent=None if note else rank_sample)
+    bar = progress_bar(progress, large=idx.shape[0] > LARGE_SUBSETS or k >= LARGE_K, total=int(idx.shape[0]),
+                       desc=f"kruskal k={k}")
+    try:
+        dec = _test_subsets(x64, idx, rtol, gram, spectrum=spectrum,
+                            exact_dependent=None if note else rank_sample, bar=bar)
+    finally:
+        if bar is not None:
+            bar.close()
     full = dec.rank == k
     dependent = (~full).nonzero().flatten()
     witness = tuple(idx[int(dependent[0])].tolist()) if dependent.numel() else None
@@ -242,14 +400,22 @@ def _all_subsets_dependent(x64: torch.Tensor, k: int, rtol: float, spectrum: tor
 
 
 def check_witness(vectors: Array, witness: tuple[int, ...], rtol: float | None = None) -> bool:
-    """Re-check a witness with a plain float64 SVD: True when those vectors are dependent."""
+    """Re-check a witness with a plain float64 SVD: True when those vectors are dependent.
+
+    ``witness``: distinct row indices (a tuple, list or integer array, e.g. ``KruskalResult.witness``).
+    """
     x = validate_vectors(vectors)
-    sub = x[list(witness)]  # (k, d)
-    res = numerical_rank(sub, rtol)
-    return int(res.rank) < len(witness)
+    try:
+        idx = [check_int(i, "witness index", minimum=0) for i in witness]
+    except TypeError:
+        raise ValueError(f"witness must be a sequence of row indices, got {witness!r}") from None
+    if not idx or len(set(idx)) != len(idx) or max(idx) >= x.shape[0]:
+        raise ValueError(f"witness must hold distinct row indices in 0..{x.shape[0] - 1}, got {witness!r}")
+    res = numerical_rank(x[idx], rtol)  # (k, d); rescaled there when needed
+    return int(res.rank) < len(idx)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class SweepResult:
     """Kruskal tests over several k.
 
@@ -260,28 +426,45 @@ class SweepResult:
         upper_bound: certified: Kruskal rank <= upper_bound, from the smallest k with a witness (k - 1);
             None when no dependent subset was found.
         refined: the k that bisection added (see ``refine`` in :func:`kruskal_sweep`).
+        truncated: ``max_seconds`` ran out before every requested k (or bisection step) was tested;
+            ``skipped``: the requested k that were not tested.
+        seconds: wall time of the whole sweep.
     """
 
     results: list[KruskalResult]
     lower_estimate: int
     upper_bound: int | None
     refined: tuple[int, ...] = ()
+    truncated: bool = False
+    skipped: tuple[int, ...] = ()
+    seconds: float = 0.0
 
     def frame(self) -> pd.DataFrame:
-        """One row per k (``refined``: added by bisection rather than asked for)."""
-        frame = pd.DataFrame([r.to_dict() for r in self.results])
+        """One row per k (``refined``: added by bisection rather than asked for); ``rank_counts``,
+        ``witness`` and ``stages`` as compact strings (:func:`flatten_row`)."""
+        frame = pd.DataFrame([flatten_row(r.to_dict()) for r in self.results])
         return frame.assign(refined=frame["k"].isin(self.refined))
+
+    def __repr__(self) -> str:
+        ks = [r.k for r in self.results]
+        refined = f", {len(self.refined)} refined" if self.refined else ""
+        text = (f"SweepResult(k={ks[0]}..{ks[-1]} ({len(ks)} values{refined}): "
+                f"lower_estimate={self.lower_estimate}, upper_bound={self.upper_bound}")
+        if self.truncated:
+            text += f"; truncated by max_seconds, not tested: {list(self.skipped) or 'bisection steps'}"
+        return text + ")"
 
 
 def kruskal_sweep(
     vectors: Array,
     ks: list[int] | range,
-    subsets: int = 5000,
+    subsets: int = 500,
     seed: int = 0,
     rtol: float | None = None,
     *,
-    refine: int = 0,
-    progress: bool = False,
+    refine: int = 6,
+    progress: bool | None = None,
+    max_seconds: float | None = None,
 ) -> SweepResult:
     """Run :func:`kruskal_test` for every k in ``ks`` (the full-rank fraction curve against k).
 
@@ -289,36 +472,86 @@ def kruskal_sweep(
     each k (``max(k, d) * eps``). ``refine``: up to this many extra k, each halving the gap between the
     lower estimate and the first k with a dependent subset (bisection), so the Kruskal rank estimate is
     known to within ``gap / 2**refine``; stops early once the gap is 1. Refined k are marked in
-    ``SweepResult.frame()`` (column ``refined``).
+    ``SweepResult.frame()`` (column ``refined``). The defaults (500 subsets per k, 6 refinement steps)
+    are the ``audit --sweep`` defaults; ``refine=0`` runs exactly the given ``ks``.
+
+    Bounds: ``subsets`` per k (default 500, the CLI's ``--sweep-subsets``); ``max_seconds``: no new k
+    (requested or bisection) starts once this much time has passed since the call. The first k always
+    runs and a k in progress is finished, so the sweep may overrun by one k's time; the result is then
+    marked ``truncated`` and lists the ``skipped`` k. ``progress``: None (automatic) shows a bar over
+    the k when the sweep is large and the output interactive; True always, False never.
     """
+    start = time.perf_counter()
     x = validate_vectors(vectors)
-    ks = sorted({_check_k(k, x.shape[0]) for k in ks})
+    n_vec, d = x.shape
+    bad_ks = f"ks must be a list of subset sizes (e.g. range(10, 101, 10)), got {ks!r}"
+    if isinstance(ks, numbers.Number | str | bytes) or (isinstance(ks, torch.Tensor | np.ndarray) and ks.ndim != 1):
+        raise ValueError(bad_ks)
+    try:
+        requested = ks.tolist() if isinstance(ks, torch.Tensor | np.ndarray) else list(ks)
+    except TypeError:
+        raise ValueError(bad_ks) from None
+    ks = sorted({_check_k(k, n_vec) for k in requested})
     if not ks:
         raise ValueError("ks must list at least one subset size")
-    x64 = x.to(torch.float64)
+    subsets = check_int(subsets, "subsets")
+    seed = check_seed(seed)
+    refine = check_int(refine, "refine", minimum=0)
+    if max_seconds is not None and (isinstance(max_seconds, bool) or not isinstance(max_seconds, numbers.Real)
+                                    or not 0 < max_seconds < math.inf):
+        raise ValueError(f"max_seconds must be a positive number of seconds or None, got {max_seconds!r}")
+    for k in ks:
+        if k <= d:
+            _check_memory(min(math.comb(n_vec, k), subsets), k)
+    x64 = pool64(x)
     gram, spectrum = _pool_gram(x64), pool_spectrum(x64)
-    results = []
-    iterator = ks
-    if progress:
-        from tqdm.auto import tqdm
+    work = sum(min(math.comb(n_vec, k), subsets) for k in ks if k <= d)
+    bar = progress_bar(progress, large=work > LARGE_SUBSETS or ks[-1] >= LARGE_K, total=len(ks),
+                       desc="kruskal sweep", unit="k")
 
-        iterator = tqdm(ks, desc="kruskal sweep", unit="k")
     def test(k: int) -> KruskalResult:
-        return kruskal_test(x, k, subsets=subsets, seed=seed, rtol=rtol, _gram=gram, _spectrum=spectrum)
+        if bar is not None:
+            bar.set_postfix(k=k)
+        res = _kruskal(x, x64, k, subsets, seed, rtol, progress=False, start=time.perf_counter(),
+                       gram=gram, spectrum=spectrum)
+        if bar is not None:
+            bar.update()
+        return res
 
-    results = [test(k) for k in iterator]
+    def out_of_time() -> bool:
+        return max_seconds is not None and time.perf_counter() - start > max_seconds
+
+    results: list[KruskalResult] = []
+    skipped: tuple[int, ...] = ()
+    truncated = False
     refined: list[int] = []
-    for _ in range(_check_count("refine", refine) if refine else 0):
-        lower = _lower_estimate(results)
-        first_bad = next((r.k for r in results if r.fraction < 1.0), None)
-        if first_bad is None or first_bad - lower <= 1:
-            break
-        k = (lower + first_bad) // 2
-        refined.append(k)
-        results = sorted([*results, test(k)], key=lambda r: r.k)
+    try:
+        for i, k in enumerate(ks):
+            if results and out_of_time():
+                skipped, truncated = tuple(ks[i:]), True
+                break
+            results.append(test(k))
+        for _ in range(0 if truncated else refine):
+            lower = _lower_estimate(results)
+            first_bad = next((r.k for r in results if r.fraction < 1.0), None)
+            if first_bad is None or first_bad - lower <= 1:
+                break
+            if out_of_time():
+                truncated = True
+                break
+            k = (lower + first_bad) // 2
+            refined.append(k)
+            if bar is not None:
+                bar.total += 1
+                bar.refresh()
+            results = sorted([*results, test(k)], key=lambda r: r.k)
+    finally:
+        if bar is not None:
+            bar.close()
     upper = next((r.k - 1 for r in results if r.witness is not None), None)
     return SweepResult(results=results, lower_estimate=_lower_estimate(results), upper_bound=upper,
-                       refined=tuple(refined))
+                       refined=tuple(refined), truncated=truncated, skipped=skipped,
+                       seconds=time.perf_counter() - start)
 
 
 def _lower_estimate(results: list[KruskalResult]) -> int:
@@ -331,7 +564,9 @@ def _lower_estimate(results: list[KruskalResult]) -> int:
     return lower
 
 
-def kruskal_rank_exact(vectors: Array, rtol: float | None = None, *, max_subsets: int = 2_000_000) -> int:
+def kruskal_rank_exact(
+    vectors: Array, rtol: float | None = None, *, max_subsets: int = 2_000_000, progress: bool | None = None
+) -> int:
     """Exact Kruskal rank of a small set: test every k-subset for k = 1, 2, ... and stop at the first
     k with a dependent subset.
 
@@ -341,14 +576,17 @@ def kruskal_rank_exact(vectors: Array, rtol: float | None = None, *, max_subsets
     Args:
         vectors: (N, d).
         rtol: relative tolerance for each subset (default ``max(k, d) * eps`` per k).
-        max_subsets: refuse when the worst case would test more subsets than this.
+        max_subsets: refuse when the worst case would test more subsets than this (the bound on time;
+            subsets are tested in chunks, so memory stays small).
+        progress: None (automatic): a bar over the worst-case subset count when it exceeds 1000 and the
+            output is interactive; True: always; False: never.
 
     Raises:
         ValueError: bad input, or a search larger than ``max_subsets`` (use :func:`kruskal_sweep`).
     """
     x = validate_vectors(vectors)
     n_vec, d = x.shape
-    _check_count("max_subsets", max_subsets)
+    max_subsets = check_int(max_subsets, "max_subsets")
     pool_rank = int(numerical_rank(x, rtol).rank)
     top = min(pool_rank + 1, n_vec, d)
     worst = sum(math.comb(n_vec, j) for j in range(1, top + 1))
@@ -357,14 +595,21 @@ def kruskal_rank_exact(vectors: Array, rtol: float | None = None, *, max_subsets
             f"exact Kruskal rank of N = {n_vec} vectors would test up to {worst:,} subsets "
             f"(> max_subsets = {max_subsets:,}); use kruskal_sweep for a sampled estimate"
         )
-    x64 = x.to(torch.float64)
+    x64 = pool64(x)
     gram = x64 @ x64.T  # (N, N)
     chunk = 65536
-    for k in range(1, top + 1):
-        r = resolve_rtol(rtol, k, d, x.dtype)
-        combos = itertools.combinations(range(n_vec), k)
-        while block := list(itertools.islice(combos, chunk)):
-            dec = _test_subsets(x64, torch.tensor(block, dtype=torch.int64), r, gram)
-            if bool((dec.rank < k).any()):
-                return k - 1
-    return top
+    bar = progress_bar(progress, large=worst > LARGE_SUBSETS, total=worst, desc="exact Kruskal rank")
+    try:
+        for k in range(1, top + 1):
+            r = resolve_rtol(rtol, k, d, x.dtype)
+            combos = itertools.combinations(range(n_vec), k)
+            while block := list(itertools.islice(combos, chunk)):
+                dec = _test_subsets(x64, torch.tensor(block, dtype=torch.int64), r, gram)
+                if bar is not None:
+                    bar.update(len(block))
+                if bool((dec.rank < k).any()):
+                    return k - 1
+        return top
+    finally:
+        if bar is not None:
+            bar.close()

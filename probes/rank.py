@@ -9,17 +9,27 @@ arithmetic itself.
 Every verdict comes with a *margin*: the distance, in decades, between the threshold and the nearest
 deciding singular value (the last one kept, sigma_r, and the first one dropped, sigma_{r+1}). A margin
 of 3 means the tolerance would have to change a thousandfold to flip the verdict.
+
+Rank decisions are scale-invariant, so float64 data whose magnitude would make its Gram matrices
+underflow or overflow (e.g. values near 1e-170 or 1e160) is first rescaled by an exact power of two
+(:func:`pow2_rescale`); the verdicts equal those of the same data at an ordinary scale.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
+import operator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 Array = torch.Tensor | np.ndarray
+
+SAFE_EXPONENT = 200  # float64 data with max |x| in [2^-200, 2^200] is used as given (no rescaling)
+SEED_RANGE = (-(2**63), 2**63 - 1)  # seeds are 64-bit: torch.Generator.manual_seed's signed range
 
 
 @dataclass(frozen=True)
@@ -73,9 +83,92 @@ def resolve_rtol(rtol: float | None, m: int, n: int, dtype: torch.dtype) -> floa
     """Validate a user tolerance, or return the default for data produced in ``dtype``."""
     if rtol is None:
         return default_rtol(m, n, dtype)
-    if not isinstance(rtol, int | float) or not math.isfinite(rtol) or not 0 <= rtol < 1:
+    if isinstance(rtol, bool | np.bool_) or not isinstance(rtol, numbers.Real) or not 0 <= rtol < 1:
         raise ValueError(f"rtol must be a finite number in [0, 1), got {rtol!r}")
     return float(rtol)
+
+
+def check_int(value: Any, name: str, minimum: int | None = 1) -> int:
+    """``value`` as a Python int: Python and NumPy integers (anything ``operator.index`` accepts) but
+    not bools; at least ``minimum`` when given. Raises a one-line ValueError otherwise."""
+    what = ("an integer" if minimum is None else "a positive integer" if minimum == 1
+            else f"an integer >= {minimum}")
+    if isinstance(value, bool | np.bool_) or (isinstance(value, torch.Tensor) and value.dtype == torch.bool):
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+    try:
+        out = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be {what}, got {value!r}") from None
+    if minimum is not None and out < minimum:
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+    return out
+
+
+def check_seed(seed: Any) -> int:
+    """A sampling seed: an integer in the 64-bit range ``[-2**63, 2**63 - 1]``."""
+    if isinstance(seed, bool | np.bool_):
+        raise ValueError(f"seed must be an integer, got {seed!r}")
+    try:
+        out = operator.index(seed)
+    except TypeError:
+        raise ValueError(f"seed must be an integer, got {seed!r}") from None
+    lo, hi = SEED_RANGE
+    if not lo <= out <= hi:
+        raise ValueError(f"seed must be an integer in [-2**63, 2**63 - 1] (64 bits), got {out}")
+    return out
+
+
+def _pow2(p: torch.Tensor) -> torch.Tensor:
+    """Exactly ``2.0 ** p`` as float64, for integer p in [-1022, 1023], built from its bits."""
+    return torch.bitwise_left_shift(p.to(torch.int64) + 1023, 52).view(torch.float64)
+
+
+def ldexp2(t: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    """``t * 2**e`` for float64 ``t`` and integer ``e`` (broadcast), exact unless the result leaves
+    the float64 range; e may span [-2044, 2046] (two factors)."""
+    half = torch.div(e, 2, rounding_mode="floor")
+    return t * _pow2(half) * _pow2(e - half)
+
+
+def abs_max(t: torch.Tensor, dims: tuple[int, ...] | None = None) -> torch.Tensor:
+    """Largest |value| (over ``dims``, kept; over everything when None) as float64, without an
+    elementwise copy of ``t``."""
+    if dims is None:
+        hi, lo = t.amax(), t.amin()
+    else:
+        hi, lo = t.amax(dim=dims, keepdim=True), t.amin(dim=dims, keepdim=True)
+    return torch.maximum(hi.double().abs(), lo.double().abs())
+
+
+def pow2_exponent(amax: torch.Tensor) -> torch.Tensor | None:
+    """Exponents e with ``amax * 2**-e`` in [0.5, 1) (0 where amax is 0), or None when every amax is
+    already within ``[2**-SAFE_EXPONENT, 2**SAFE_EXPONENT]`` (or 0) and nothing needs rescaling."""
+    _, exp = torch.frexp(amax)  # amax = mantissa * 2**exp, mantissa in [0.5, 1)
+    exp = torch.where(amax > 0, exp.to(torch.int64), 0)
+    if not bool((exp.abs() > SAFE_EXPONENT).any()):
+        return None
+    return exp
+
+
+def pow2_rescale(a: torch.Tensor, dims: tuple[int, ...] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Rescale float64 data by exact powers of two so that its Gram matrices neither underflow nor
+    overflow.
+
+    Args:
+        a: data in any dtype; only float64 can leave the safe range (float32, float16, bfloat16 and
+            integer values are within [2^-149, 2^128], whose squares float64 holds comfortably).
+        dims: the dimensions of one block that shares a scale (e.g. (-2, -1) for a batch of
+            matrices); None: one scale for everything.
+    Returns:
+        ``(scaled, e)`` with ``a = scaled * 2**e`` per block (``e`` keeps the reduced dimensions), or
+        ``(a, None)`` -- the same tensor, no copy -- when no block needs rescaling.
+    """
+    if a.dtype != torch.float64 or a.numel() == 0:
+        return a, None
+    e = pow2_exponent(abs_max(a, dims))
+    if e is None:
+        return a, None
+    return ldexp2(a, -e), e
 
 
 def margins_from_singular_values(sv: torch.Tensor, tol: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,8 +220,13 @@ def numerical_rank(a: Array, rtol: float | None = None, *, source_dtype: torch.d
     if m == 0 or n == 0 or a.numel() == 0:
         raise ValueError(f"numerical_rank needs a non-empty matrix; got shape {tuple(a.shape)}")
     check_finite(a, "matrix")
+    if source_dtype is not None and not isinstance(source_dtype, torch.dtype):
+        raise ValueError(f"source_dtype must be a torch.dtype, got {source_dtype!r}")
     rtol = resolve_rtol(rtol, m, n, source_dtype or a.dtype)
-    sv = torch.linalg.svdvals(a.to(torch.float64))  # (..., min(m, n)) descending
+    scaled, e = pow2_rescale(a, (-2, -1))  # a = scaled * 2**e per matrix (exact)
+    sv = torch.linalg.svdvals(scaled.to(torch.float64))  # (..., min(m, n)) descending
     tol = sv[..., 0] * rtol
     rank, margin = margins_from_singular_values(sv, tol)
+    if e is not None:
+        tol = ldexp2(tol, e[..., 0, 0])  # back to the units of a
     return RankResult(rank=rank, margin=margin, tol=tol, rtol=rtol)

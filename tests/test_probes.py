@@ -246,7 +246,7 @@ def test_cuda_matches_cpu():
 def test_kruskal_sweep_bounds():
     cluster = generic(10, 3, seed=18) @ generic(3, 10, seed=16)  # 10 vectors in 3 dims: Kruskal rank 3
     x = torch.cat([generic(15, 10, seed=17), cluster])
-    sweep = probes.kruskal_sweep(x, [2, 3, 4, 5, 6, 8], subsets=3000, seed=1)
+    sweep = probes.kruskal_sweep(x, [2, 3, 4, 5, 6, 8], subsets=3000, seed=1, refine=0)
     assert sweep.upper_bound == 3  # certified by a witness at k = 4
     assert sweep.lower_estimate == 3
     assert probes.check_witness(x, sweep.results[2].witness)
@@ -260,14 +260,14 @@ def test_sweep_refinement_bisects_to_the_kruskal_rank():
     gap; bisection adds k = 5, 3, 4 and pins the estimate to 3 = the certified upper bound."""
     cluster = generic(10, 3, seed=18) @ generic(3, 10, seed=16)
     x = torch.cat([generic(15, 10, seed=17), cluster])
-    coarse = probes.kruskal_sweep(x, [2, 8], subsets=3000, seed=1)
+    coarse = probes.kruskal_sweep(x, [2, 8], subsets=3000, seed=1, refine=0)
     assert (coarse.lower_estimate, coarse.upper_bound) == (2, 7) and coarse.refined == ()
     fine = probes.kruskal_sweep(x, [2, 8], subsets=3000, seed=1, refine=6)
     assert fine.refined == (5, 3, 4)  # stops once the gap is 1, before using all 6
     assert (fine.lower_estimate, fine.upper_bound) == (3, 3)
     frame = fine.frame()
     assert frame["k"].tolist() == [2, 3, 4, 5, 8] and frame["refined"].tolist() == [False, True, True, True, False]
-    with pytest.raises(ValueError, match="refine must be a positive integer"):
+    with pytest.raises(ValueError, match="refine must be an integer >= 0"):
         probes.kruskal_sweep(x, [2, 8], refine=-1)
 
 
