@@ -2,12 +2,15 @@
 
 >>> import auditor
 >>> rows = auditor.audit("vit-base", data="../shared/data/imagenet-sample", samples=300, subsets=1000)
+>>> rows = auditor.audit(my_vit, my_image_processor, "../shared/data/imagenet-sample")  # a model you hold
+>>> rows = auditor.audit_tokens(contexts, queries)  # tensors you hold: (N, n, d) and (N, d)
 
-``audit`` returns one row per representation x test as a pandas DataFrame (see :mod:`auditor.runner`);
+Each returns one typed row per representation x test as a pandas DataFrame (integers as ``Int64``,
+verdicts as ``boolean``, ``rank_counts`` a dict, ``witness`` a list; see :mod:`auditor.report.schema`);
 the ``audit`` command line does the same and writes a report. The capacity lab lives in
 :mod:`auditor.lab`.
 """
 
-from auditor.runner import AuditConfig, audit
+from auditor.runner import AuditConfig, AuditResult, audit, audit_tokens, run
 
-__all__ = ["AuditConfig", "audit"]
+__all__ = ["AuditConfig", "AuditResult", "audit", "audit_tokens", "run"]

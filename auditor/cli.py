@@ -88,9 +88,13 @@ def main(argv: list[str] | None = None) -> int:
     except click.ClickException as err:  # bad option values, unknown options: one line
         click.echo(f"error: {err.format_message()}", err=True)
         return 2
-    except (ValueError, FileNotFoundError, PermissionError, NotADirectoryError, IsADirectoryError) as err:
+    except ValueError as err:
         msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         click.echo(f"error: {msg}", err=True)
+        return 2
+    except OSError as err:  # a missing or unreadable file, a full disk, a read-only folder: one line too
+        where = f": {err.filename}" if err.filename else ""
+        click.echo(f"error: {err.strerror or type(err).__name__}{where}", err=True)
         return 2
     except KeyboardInterrupt as err:
         detail = str(err) or "finished rows are kept on disk; rerun the same command to resume a sweep"

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import click
 
 from auditor.errors import AuditError
-from auditor.runner import DEFAULT_REPRESENTATIONS, DEFAULT_WEIGHTS, TESTS, AuditConfig, default_out
+from auditor.runner import MAX_SUBSETS, AuditConfig, default_out
+from auditor.sources import MAX_DEFAULT_SAMPLES
+
+_D = {f.name: f.default for f in dataclasses.fields(AuditConfig)}  # the CLI's defaults are the config's
 
 
 def _csv(value: str | None) -> tuple[str, ...] | None:
@@ -28,41 +32,56 @@ def _ints(value: str | None) -> tuple[int, ...] | None:
 
 @click.command("model", context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.argument("model")
-@click.option("--data", default=None, metavar="PATH|hf:NAME",
+@click.option("--data", default=_D["data"], metavar="PATH|hf:NAME",
               help="Image folder (ImageNet layout or flat), .txt file/folder, or hf:<dataset>. "
                    "Default: a small real sample bundled with installed packages (labelled as such).")
-@click.option("--samples", type=int, default=None, help="Examples N to use (default: all, at most 2000).")
-@click.option("--subsets", type=int, default=5000, show_default=True, help="Random k-subsets per Kruskal test.")
-@click.option("--representations", "-r", default=",".join(DEFAULT_REPRESENTATIONS), show_default=True,
+@click.option("--samples", type=int, default=_D["samples"],
+              help=f"Examples N to use (default: all, at most {MAX_DEFAULT_SAMPLES}); a seeded random draw "
+                   "unless --first.")
+@click.option("--first", is_flag=True, default=_D["first"], help="Take the first N examples instead of a seeded "
+              "random draw.")
+@click.option("--subsets", type=int, default=_D["subsets"], show_default=True,
+              help=f"Random k-subsets per Kruskal test (at most {MAX_SUBSETS:,}).")
+@click.option("--representations", "-r", default=",".join(_D["representations"]), show_default=True,
               help="Comma list of embedding, random-attention, block.L; pin weights with @, e.g. block.0@pretrained.")
-@click.option("--weights", "-w", default=",".join(DEFAULT_WEIGHTS), show_default=True,
+@click.option("--weights", "-w", default=",".join(_D["weights"]), show_default=True,
               help="Comma list of random, pretrained, or a save_pretrained folder.")
-@click.option("--tests", default=",".join(TESTS), show_default=True, help="Which assumption tests to run.")
-@click.option("--threshold", type=float, default=0.99, show_default=True,
+@click.option("--tests", default=",".join(_D["tests"]), show_default=True, help="Which assumption tests to run.")
+@click.option("--threshold", type=float, default=_D["threshold"], show_default=True,
               help="Share of full-rank subsets needed for an assumption to hold.")
-@click.option("--tolerance", "rtol", type=float, default=None,
+@click.option("--tolerance", "rtol", type=float, default=_D["rtol"],
               help="Relative rank tolerance (default: max(k, d) x eps of the token dtype).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed for random weights and subsets.")
-@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
-@click.option("--batch-size", type=int, default=32, show_default=True, help="Examples per forward pass.")
-@click.option("--context-length", type=int, default=None, help="n for text models (default BERT 512, GPT-2 1024).")
-@click.option("--sweep", is_flag=True, help="Also trace the Kruskal curve: full-rank share against k.")
-@click.option("--sweep-ks", default=None, help="Comma list of k for --sweep (default: 16 steps up to min(N, d)).")
-@click.option("--sweep-subsets", type=int, default=500, show_default=True, help="Subsets per k in --sweep.")
-@click.option("--sweep-refine", type=int, default=6, show_default=True,
+@click.option("--seed", type=int, default=_D["seed"], show_default=True,
+              help="Seed for the example draw, random weights and subsets (64-bit integer).")
+@click.option("--device", default=_D["device"], show_default=True, help="auto, cpu, cuda or cuda:N.")
+@click.option("--batch-size", type=int, default=_D["batch_size"], show_default=True, help="Examples per forward pass.")
+@click.option("--context-length", type=int, default=_D["context_length"],
+              help="n for text models (default BERT 512, GPT-2 1024).")
+@click.option("--sweep", is_flag=True, default=_D["sweep"],
+              help="Also trace the Kruskal curve: full-rank share against k.")
+@click.option("--sweep-ks", default=_D["sweep_ks"], help="Comma list of k for --sweep (default: 16 steps up to min(N, d)).")
+@click.option("--sweep-subsets", type=int, default=_D["sweep_subsets"], show_default=True,
+              help="Subsets per k in --sweep.")
+@click.option("--sweep-refine", type=int, default=_D["sweep_refine"], show_default=True,
               help="Extra k placed by bisection where the curve leaves 1.0 (pins the Kruskal rank estimate).")
-@click.option("--save-tokens", is_flag=True, help="Write contexts and queries as safetensors (for audit capacity).")
-@click.option("--workers", type=int, default=1, show_default=True,
+@click.option("--save-tokens", is_flag=True, default=_D["save_tokens"],
+              help="Write contexts and queries as safetensors (for --tokens and audit capacity).")
+@click.option("--tokens", "tokens", multiple=True, metavar="FILE",
+              help="Test token files written by --save-tokens again, without loading MODEL or extracting "
+                   "(repeatable, or a comma list).")
+@click.option("--threads", type=int, default=_D["threads"], help="torch threads (default: torch's own choice).")
+@click.option("--workers", type=int, default=_D["workers"], show_default=True,
               help="Shard token extraction across this many workers (tokens are identical to one process).")
-@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+@click.option("--executor", type=click.Choice(["local", "ray"]), default=_D["executor"], show_default=True,
               help="Where --workers run: local processes or Ray.")
-@click.option("--address", default=None, help="Ray cluster address for --executor ray (e.g. auto).")
-@click.option("--trust-remote-code", is_flag=True, help="Allow hub models to run their own code (off by default).")
+@click.option("--address", default=_D["address"], help="Ray cluster address for --executor ray (e.g. auto).")
+@click.option("--trust-remote-code", is_flag=True, default=_D["trust_remote_code"],
+              help="Allow hub models to run their own code (off by default).")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
-              help="Report folder (default: reports/<model>-<timestamp>).")
+              help="Report folder (default: reports/<model>-<timestamp>); rerunning into it reuses finished tests.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
 def audit_command(model: str, out: Path | None, quiet: bool, representations: str, weights: str, tests: str,
-                  sweep_ks: str | None, **options) -> None:
+                  sweep_ks: str | None, tokens: tuple[str, ...], **options) -> None:
     """Test the token assumptions of attention-memorization theory on MODEL.
 
     MODEL is a registered name (vit-base, vit-base-224, bert-base, bert-large, gpt2, gpt2-large, minilm;
@@ -74,12 +93,14 @@ def audit_command(model: str, out: Path | None, quiet: bool, representations: st
       audit vit-base --data ../shared/data/imagenet-sample    # 1000 ImageNet images
       audit gpt2 --data ../shared/data/wikitext-2/test.txt --context-length 256 --samples 500
       audit minilm --data ../shared/data/wikitext-2/test.txt --context-length 128 --sweep
+      audit vit-base --tokens reports/vit/tokens/block.0@random.safetensors --subsets 20000
     """
     from auditor.report import summary_table
     from auditor.runner import run
 
+    files = tuple(f for item in tokens for f in _csv(item) or ()) or None
     config = AuditConfig(model=model, representations=_csv(representations), weights=_csv(weights),
-                         tests=_csv(tests), sweep_ks=_ints(sweep_ks), **options)
+                         tests=_csv(tests), sweep_ks=_ints(sweep_ks), tokens=files, **options)
     out = out or default_out(model)
     result = run(config, out=out, progress=not quiet)
     rows = result.rows
@@ -91,6 +112,9 @@ def audit_command(model: str, out: Path | None, quiet: bool, representations: st
         click.echo(f"\ndata: {'; '.join(sources)}")
     if tokenizers:
         click.echo(f"tokens from: {'; '.join(tokenizers)}")
+    reused = int(rows["note"].astype(str).str.contains("reused from").sum())
+    if reused:
+        click.echo(f"reused: {reused} finished tests of an earlier run on the same data (see the note column)")
     for note in sorted(set(rows.loc[rows["status"] == "skipped", "note"].astype(str))):
         click.echo(f"skipped: {note}")
     click.echo(f"report: {out}/summary.md (rows in {out}/results.csv)")

@@ -24,6 +24,7 @@ import math
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -175,6 +176,15 @@ def _to_device(batch: dict[str, torch.Tensor], loaded: LoadedModel) -> dict[str,
     }
 
 
+def _weights_source(loaded: LoadedModel) -> str:
+    """Where the weights were read from, as the user named it: an installed copy found by the tool is named
+    after what it is a copy of, not by this machine's absolute path."""
+    source = str(loaded.details.get("weights_source", ""))
+    if loaded.weights == "pretrained" and Path(source).is_absolute():
+        return f"installed copy of {loaded.spec.source}"
+    return source
+
+
 def extract(
     loaded: LoadedModel,
     inputs: Inputs,
@@ -237,7 +247,7 @@ def extract(
         "family": loaded.family,
         "modality": loaded.modality,
         "weights": loaded.weights,
-        "weights_source": loaded.details.get("weights_source", ""),
+        "weights_source": _weights_source(loaded),
         "dtype": dtype_name(loaded.dtype),
         "device": str(loaded.device),
         "data_source": inputs.data_source,

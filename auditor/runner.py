@@ -1,13 +1,18 @@
 """The audit: model -> inputs -> tokens -> probes -> rows -> report.
 
-``audit("vit-base")`` (also ``auditor.audit``) loads the model once per weights source, extracts every requested representation
-in one early-exit pass, runs the assumption tests of :mod:`probes` on the tokens (on the GPU when there
-is one) and returns one row per representation x test as a DataFrame; with ``out`` it also writes
-``results.csv``, ``summary.md``, plots and (optionally) the tokens.
+``audit("vit-base")`` (also ``auditor.audit``) loads the model once per weights source, extracts every
+requested representation in one early-exit pass, runs the assumption tests of :mod:`probes` on the
+tokens (on the GPU when there is one) and returns one typed row per representation x test as a
+DataFrame (columns and types: :mod:`auditor.report.schema`); with ``out`` it also writes
+``results.csv``, ``summary.md``, plots and (optionally) the tokens. The same pipeline takes a
+transformers model object the caller holds (``audit(model, processor, data)``), saved token files
+(``tokens=``, ``audit MODEL --tokens FILE``) or tensors (:func:`audit_tokens`).
 
-Rows are named by representation and weights: the default plan is ``embedding``, ``random-attention``
-and ``block.0``, each with random and with pretrained weights. A pretrained row whose weights cannot be
-loaded (offline) is kept as a *skipped* row with the reason.
+Every option is checked before a model loads or the report folder is touched, so a mistake costs
+nothing and never disturbs an interrupted run's ``results.partial.*``. Rows are named by representation
+and weights: the default plan is ``embedding``, ``random-attention`` and ``block.0``, each with random
+and with pretrained weights. A pretrained row whose weights cannot be loaded (offline) is kept as a
+*skipped* row with the reason.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import json
 import logging
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,31 +35,51 @@ from tqdm.auto import tqdm
 import probes
 from auditor.errors import AuditError, did_you_mean
 from auditor.provenance import provenance, timestamp
+from auditor.report.folder import PARTIAL_CSV, ReportFolder, RowStore
+from auditor.report.schema import COLUMNS, rows_frame
+from auditor.sources import (
+    Row,
+    TokenGroup,
+    TokenItem,
+    check_model_options,
+    check_object_options,
+    check_shapes,
+    fingerprint,
+    model_groups,
+    object_groups,
+    plan,
+    read_token_files,
+)
+from auditor.tokens import Tokens
+
+__all__ = ["COLUMNS", "AuditConfig", "AuditResult", "audit", "audit_tokens", "plan", "run", "run_tests"]
 
 TESTS = ("assumption2", "assumption1", "assumption3", "general_position")
+QUERY_TESTS = ("assumption1", "general_position")  # the tests that need no context matrices
 DEFAULT_REPRESENTATIONS = ("embedding", "random-attention", "block.0")
 DEFAULT_WEIGHTS = ("random", "pretrained")
-MAX_DEFAULT_SAMPLES = 2000  # the paper's N
+DEFAULT_SUBSETS = 5000
+MAX_SUBSETS = 10_000_000  # per test; the sampled share is then known to about +-0.0003
+MAX_SWEEP_REFINE = 64  # bisection steps; log2(d) of any real model is far below
+MAX_THREADS = 1024
+TENSORS = "tensors"  # the model column of audit_tokens rows
+GIVEN = "given"  # ... and their weights column
 log = logging.getLogger(__name__)
-PARTIAL_CSV = "results.partial.csv"  # rows of a run in progress (or interrupted); removed at the end
-PARTIAL_CONFIG = "results.partial.json"  # the configuration those rows belong to (resume only if equal)
-_NOT_RESULTS = ("workers", "executor", "address", "save_tokens")  # config fields that cannot change a row
-
-COLUMNS = [
-    "model", "representation", "layer", "weights", "test", "status", "k", "N", "n", "d", "fraction", "holds",
-    "threshold", "min_margin", "subsets", "exhaustive", "rank_counts", "witness", "tolerance", "dtype",
-    "device", "data_source", "data_counts", "tokenizer", "seed", "seconds", "note", "git_commit", "versions",
-]
+_NOT_RESULTS = ("workers", "executor", "address", "save_tokens", "threads", "tokens")  # cannot change a row
 
 
 @dataclass(frozen=True)
 class AuditConfig:
-    """Everything that decides an audit's numbers (recorded in every report)."""
+    """Everything that decides an audit's numbers (recorded in every report).
+
+    The ``audit`` command line has one option per field, with the same defaults.
+    """
 
     model: str = "vit-base"
     data: str | None = None
-    samples: int | None = None  # None: all available, at most MAX_DEFAULT_SAMPLES
-    subsets: int = 5000
+    samples: int | None = None  # None: all available, at most 2000 (the paper's N)
+    first: bool = False  # take the first `samples` examples instead of a seeded random draw
+    subsets: int = DEFAULT_SUBSETS
     representations: tuple[str, ...] = DEFAULT_REPRESENTATIONS
     weights: tuple[str, ...] = DEFAULT_WEIGHTS
     tests: tuple[str, ...] = TESTS
@@ -69,33 +94,40 @@ class AuditConfig:
     sweep_subsets: int = 500
     sweep_refine: int = 6  # extra k placed by bisection where the curve leaves 1.0
     save_tokens: bool = False
+    tokens: tuple[str, ...] | None = None  # token files to test again instead of extracting
     trust_remote_code: bool = False
+    threads: int | None = None  # torch threads for the run (None: torch's default)
     workers: int = 1  # > 1: shard extraction across workers (see auditor.shard)
     executor: str = "local"  # "local" (processes on this machine) | "ray"
     address: str | None = None  # Ray cluster address for executor="ray"
 
     def __post_init__(self) -> None:
-        _positive("subsets", self.subsets)
+        _bounded("subsets", self.subsets, 1, MAX_SUBSETS)
+        _bounded("sweep_subsets", self.sweep_subsets, 1, MAX_SUBSETS)
+        _bounded("sweep_refine", self.sweep_refine, 0, MAX_SWEEP_REFINE)
         _positive("batch_size", self.batch_size)
-        _positive("sweep_subsets", self.sweep_subsets)
-        if isinstance(self.sweep_refine, bool) or not isinstance(self.sweep_refine, int) or self.sweep_refine < 0:
-            raise AuditError(f"sweep_refine must be an integer >= 0; got {self.sweep_refine!r}")
         _positive("workers", self.workers)
+        if self.threads is not None:
+            _bounded("threads", self.threads, 1, MAX_THREADS)
         if self.executor not in ("local", "ray"):
             raise did_you_mean("executor", self.executor, ("local", "ray"))
         if self.samples is not None:
             _positive("samples", self.samples)
         if self.context_length is not None:
             _positive("context_length", self.context_length)
+        for name in ("first", "sweep", "save_tokens", "trust_remote_code"):
+            if not isinstance(getattr(self, name), bool):
+                raise AuditError(f"{name} must be True or False; got {getattr(self, name)!r}")
         if isinstance(self.threshold, bool) or not isinstance(self.threshold, int | float) or not (
             0 < self.threshold <= 1
         ):
             raise AuditError(f"threshold must be a number in (0, 1]; got {self.threshold!r}")
-        if self.rtol is not None and (not isinstance(self.rtol, int | float) or not 0 <= self.rtol < 1
-                                      or math.isnan(self.rtol)):
+        if self.rtol is not None and (isinstance(self.rtol, bool) or not isinstance(self.rtol, int | float)
+                                      or not 0 <= self.rtol < 1 or math.isnan(self.rtol)):
             raise AuditError(f"tolerance (rtol) must be a number in [0, 1); got {self.rtol!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise AuditError(f"seed must be an integer; got {self.seed!r}")
+        lo, hi = probes.rank.SEED_RANGE
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not lo <= self.seed <= hi:
+            raise AuditError(f"seed must be an integer in [-2**63, 2**63 - 1] (64 bits); got {self.seed!r}")
         for test in self.tests:
             if test not in TESTS:
                 raise did_you_mean("test", test, TESTS)
@@ -107,6 +139,8 @@ class AuditConfig:
         if self.sweep_ks is not None:
             for k in self.sweep_ks:
                 _positive("sweep k", k)
+        if self.tokens is not None and not self.tokens:
+            raise AuditError("tokens lists no file; give at least one token file (written by --save-tokens)")
 
 
 def _positive(name: str, value: Any) -> None:
@@ -114,24 +148,10 @@ def _positive(name: str, value: Any) -> None:
         raise AuditError(f"{name} must be a positive integer; got {value!r}")
 
 
-@dataclass(frozen=True)
-class Row:
-    """A planned report row: a representation under one weights source."""
-
-    representation: str
-    weights: str
-
-
-def plan(config: AuditConfig) -> list[Row]:
-    """Representation x weights rows. ``block.0@pretrained`` pins one representation to one source."""
-    rows: list[Row] = []
-    for item in config.representations:
-        name, _, pinned = item.partition("@")
-        for w in [pinned] if pinned else config.weights:
-            row = Row(name.strip(), w.strip())
-            if row not in rows:
-                rows.append(row)
-    return rows
+def _bounded(name: str, value: Any, lo: int, hi: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        word = "a positive integer" if lo == 1 else f"an integer >= {lo}"
+        raise AuditError(f"{name} must be {word} (valid: {lo:,} .. {hi:,}); got {value!r}")
 
 
 @dataclass
@@ -145,6 +165,16 @@ class AuditResult:
     margins: dict[str, torch.Tensor] = field(default_factory=dict)
     out: Path | None = None
 
+    def __repr__(self) -> str:
+        from auditor.report import summary_table
+
+        status = self.rows["status"] if "status" in self.rows else pd.Series(dtype=str)
+        where = f"; report in {self.out}" if self.out is not None else ""
+        head = (f"AuditResult({self.config.model}: {len(self.rows)} rows, {int((status == 'ok').sum())} tested, "
+                f"{int((status == 'skipped').sum())} skipped{where})")
+        table = summary_table(self.rows)
+        return head if table.empty else f"{head}\n{table.to_string()}"
+
 
 def default_out(model: str) -> Path:
     """``reports/<model>-<timestamp>``, with the model name made filesystem-safe."""
@@ -152,23 +182,15 @@ def default_out(model: str) -> Path:
     return Path("reports") / f"{slug}-{timestamp()}"
 
 
-def prepare_out(out: str | Path) -> Path:
-    """Create the output folder up front, so an unwritable path fails before any work is done."""
-    path = Path(out)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as err:
-        raise AuditError(f"cannot write to output folder {str(path)!r} ({err.strerror}); choose another --out") from None
-    return path
+# ---------------------------------------------------------------------------------------------------
+# The tests on one representation's tokens
+# ---------------------------------------------------------------------------------------------------
 
 
-def _skipped(config: AuditConfig, row: Row, reason: str, extra: dict[str, Any]) -> list[dict[str, Any]]:
+def _skipped(config: AuditConfig, row: Row, reason: str) -> list[dict[str, Any]]:
     return [
         {"model": config.model, "representation": row.representation, "weights": row.weights, "test": test,
-         "status": "skipped", "note": reason, "seed": config.seed, **extra}
+         "status": "skipped", "note": reason, "seed": config.seed}
         for test in config.tests
     ]
 
@@ -185,25 +207,32 @@ def _test_row(result: probes.AssumptionResult) -> dict[str, Any]:
 
 
 def run_tests(
-    contexts: torch.Tensor, queries: torch.Tensor, config: AuditConfig, bar: tqdm | None = None,
+    contexts: torch.Tensor | None, queries: torch.Tensor, config: AuditConfig, bar: tqdm | None = None,
     on_row: Callable[[dict[str, Any]], None] | None = None,
     reuse: Callable[[str], dict[str, Any] | None] | None = None,
+    *, n: int | None = None,
 ) -> tuple[list[dict[str, Any]], probes.ContextRanks | None]:
     """The assumption tests of ``config.tests`` on one representation's tokens.
 
     Args:
-        contexts: (N, n, d) and queries: (N, d), on the device the tests should run on.
+        contexts: (N, n, d) and queries: (N, d), on the device the tests should run on. ``contexts`` may
+            be None when only queries are held (then only Assumption 1 and general position apply).
         on_row: called with each row as soon as its test finishes (the runner saves it to disk).
-        reuse: returns the finished row of a Kruskal test from an interrupted run of the same
-            configuration, or None. Assumption 2 always runs (seconds; it feeds the rank histogram).
+        reuse: returns the finished row of a Kruskal test from an earlier run of the same configuration
+            on the same data, or None. Assumption 2 always runs (seconds; it feeds the rank histogram).
+        n: the context length (default: ``contexts.shape[1]``).
     Returns:
-        rows (one per test) and the per-context ranks (for the histogram plot).
+        rows (one per test; typed values, see :mod:`auditor.report.schema`) and the per-context ranks.
     """
-    num, n, d = contexts.shape
+    num, d = queries.shape
+    n = int(contexts.shape[1]) if n is None else n
     common = dict(subsets=config.subsets, seed=config.seed, rtol=config.rtol, threshold=config.threshold)
     rows: list[dict[str, Any]] = []
     ranks = None
     for test in config.tests:
+        if contexts is None and test not in QUERY_TESTS:
+            raise AuditError(f"{test} needs the context matrices; without contexts valid tests are "
+                             f"{', '.join(QUERY_TESTS)}")
         k = n if test in ("assumption1", "assumption3") else min(num, d)
         cached = reuse(test) if reuse is not None and test != "assumption2" else None
         if cached is not None:
@@ -236,49 +265,136 @@ def _sweep_ks(config: AuditConfig, num: int, n: int, d: int) -> list[int]:
     return [k for k in ks if k <= num]
 
 
-def audit(model: str = "vit-base", *, out: str | Path | None = None, progress: bool = True,
-          **options: Any) -> pd.DataFrame:
-    """Run the assumption audit of ``model``; return one row per representation x test.
+# ---------------------------------------------------------------------------------------------------
+# The public entry points
+# ---------------------------------------------------------------------------------------------------
 
-    Options are the fields of :class:`AuditConfig` (``data``, ``samples``, ``subsets``,
-    ``representations``, ``weights``, ``tests``, ``threshold``, ``rtol``, ``seed``, ``device``,
-    ``batch_size``, ``context_length``, ``sweep``, ``sweep_ks``, ``save_tokens``, ...). With ``out`` the
-    report (results.csv, summary.md, plots) is written there. Raises AuditError for user mistakes.
-    """
-    for key in ("representations", "weights", "tests", "sweep_ks"):
-        if isinstance(options.get(key), str):
-            options[key] = tuple(s.strip() for s in options[key].split(",") if s.strip())
+
+def _options(options: dict[str, Any]) -> dict[str, Any]:
+    """Comma strings or sequences as tuples; unknown names refused with the valid ones."""
+    for key in ("representations", "weights", "tests", "sweep_ks", "tokens"):
+        if isinstance(options.get(key), str | Path):
+            options[key] = tuple(s.strip() for s in str(options[key]).split(",") if s.strip())
         elif options.get(key) is not None:
-            options[key] = tuple(options[key])
-    unknown = set(options) - {f.name for f in dataclasses.fields(AuditConfig)}
+            options[key] = tuple(str(v) if key == "tokens" else v for v in options[key])
+    valid = [f.name for f in dataclasses.fields(AuditConfig) if f.name != "model"]
+    unknown = set(options) - set(valid)
     if unknown:
-        raise AuditError(f"unknown audit option(s) {sorted(unknown)}; valid: "
-                         f"{', '.join(f.name for f in dataclasses.fields(AuditConfig) if f.name != 'model')}")
-    config = AuditConfig(model=model, **options)
-    return run(config, out=out, progress=progress).rows
+        raise AuditError(f"unknown audit option(s) {sorted(unknown)}; valid: {', '.join(valid)}")
+    return options
 
 
-def run(config: AuditConfig, *, out: str | Path | None = None, progress: bool = True) -> AuditResult:
+def audit(model: Any = "vit-base", processor: Any = None, data: str | None = None, *,
+          out: str | Path | None = None, progress: bool = True, **options: Any) -> pd.DataFrame:
+    """Run the assumption audit of ``model``; return one typed row per representation x test.
+
+    Args:
+        model: a registered name (``vit-base``, ``gpt2``, ...; see ``audit models``), a hub id, a
+            save_pretrained folder, ``timm:<name>``, or a transformers model object of the ViT, BERT or
+            GPT-2 family that you hold (its weights are audited as ``weights = "in-memory"``).
+        processor: for a model object, its image processor or tokenizer (None: the family's default).
+        data: image folder, .txt file or folder, ``hf:<dataset>``, or None for the bundled sample.
+        out: folder for the report (results.csv, summary.md, plots); None writes nothing.
+        options: the fields of :class:`AuditConfig` (``samples``, ``first``, ``subsets``,
+            ``representations``, ``weights``, ``tests``, ``threshold``, ``rtol``, ``seed``, ``device``,
+            ``batch_size``, ``context_length``, ``sweep``, ``sweep_ks``, ``save_tokens``, ``tokens``,
+            ``threads``, ...), with the defaults of the ``audit`` command line.
+    Raises:
+        AuditError (a ValueError) for a user mistake, before any work is done where it can be seen then.
+    """
+    options = _options(options)
+    if data is not None:
+        options["data"] = str(data)
+    if isinstance(model, str):
+        if processor is not None:
+            raise AuditError("processor goes with a model object; a model named by string brings its own "
+                             "tokenizer or image preprocessing")
+        return run(AuditConfig(model=model, **options), out=out, progress=progress).rows
+    from auditor.models.from_object import IN_MEMORY, from_object
+
+    misplaced = sorted(set(options) & {"weights", "workers", "executor", "address", "tokens", "trust_remote_code"})
+    if misplaced:
+        raise AuditError(f"option(s) {', '.join(misplaced)} do not apply to a model object (its weights are "
+                         "the ones audited, in this process)")
+    loaded = from_object(model, processor, context_length=options.get("context_length"))
+    config = AuditConfig(model=loaded.name, weights=(IN_MEMORY,), **options)
+    return run(config, out=out, progress=progress, model_object=loaded).rows
+
+
+def audit_tokens(
+    contexts: Any, queries: Any, n: int | None = None, *, tests: tuple[str, ...] | str | None = None,
+    subsets: int = DEFAULT_SUBSETS, seed: int = 0, rtol: float | None = None,
+    threshold: float = probes.DEFAULT_THRESHOLD, out: str | Path | None = None, progress: bool = True,
+) -> pd.DataFrame:
+    """The assumption tests on tokens you already hold; the same typed rows as :func:`audit`.
+
+    Args:
+        contexts: (N, n, d) context matrices E(t), or None when only the queries are held.
+        queries: (N, d) query vectors e(t).
+        n: the context length; default ``contexts.shape[1]`` (required without contexts).
+        tests: which tests (default: all four; without contexts Assumption 1 and general position).
+        subsets, seed, rtol, threshold: as for :func:`audit`.
+        out: folder for a report (results.csv, summary.md, plots); None writes nothing.
+    """
+    queries = torch.as_tensor(queries)
+    if queries.ndim != 2:
+        raise AuditError(f"queries must be (N, d); got shape {tuple(queries.shape)}")
+    if contexts is None:
+        if n is None:
+            raise AuditError("without contexts, give n (the context length the Kruskal tests use as k)")
+        _positive("n", n)
+        tokens = Tokens(queries[:, None, :], queries, {})  # (N, 1, d): checks shapes; not tested as contexts
+        n_tokens = n
+    else:
+        tokens = Tokens(torch.as_tensor(contexts), queries, {})
+        if n is not None and n != tokens.n:
+            raise AuditError(f"n = {n} but the contexts hold n = {tokens.n} tokens per example")
+        n_tokens = tokens.n
+    if tests is None:
+        tests = TESTS if contexts is not None else QUERY_TESTS
+    config = AuditConfig(model=TENSORS, representations=(f"tokens@{GIVEN}",), weights=(GIVEN,),
+                         **_options({"tests": tests, "subsets": subsets, "seed": seed, "rtol": rtol,
+                                     "threshold": threshold}))
+    meta = {"model": TENSORS, "representation": "tokens", "weights": GIVEN,
+            "dtype": str(queries.dtype).removeprefix("torch."), "data_source": "tensors given to audit_tokens"}
+    item = TokenItem("tokens", tokens.queries, None if contexts is None else tokens.contexts, n_tokens, meta)
+    group = TokenGroup(GIVEN, [item], fingerprint([("queries", tokens.queries)] + (
+        [] if contexts is None else [("contexts", tokens.contexts)])))
+    check_shapes(config, n=n_tokens, d=tokens.d, num=tokens.N)
+    return _run_groups(config, lambda out_path: iter([group]), out=out, progress=progress).rows
+
+
+def run(config: AuditConfig, *, out: str | Path | None = None, progress: bool = True,
+        model_object: Any = None) -> AuditResult:
     """:func:`audit` with a resolved config; returns rows, curves and the per-context ranks.
 
-    A run that fails (bad data, an impossible n, ...) leaves no empty report folder behind; an
-    interrupted one keeps its finished rows in ``results.partial.csv``.
+    ``model_object``: a :class:`~auditor.models.LoadedModel` built around a model the caller holds (see
+    :func:`auditor.models.from_object`). Options are checked before anything is loaded or written; a run
+    that fails leaves no folder it created behind, and an interrupted one keeps its finished rows in
+    ``results.partial.csv`` (a later run of the same configuration on the same data reuses them).
     """
-    created = [] if out is None else [p for p in (Path(out), *Path(out).parents) if not p.exists()]
-    try:
-        return _run(config, out=out, progress=progress)
-    except BaseException as err:
-        if out is not None and isinstance(err, AuditError | ValueError):
-            # a user error invalidates the run: no partial rows (an interrupt or a crash keeps them)
-            for name in (PARTIAL_CSV, PARTIAL_CONFIG):
-                with contextlib.suppress(OSError):
-                    (Path(out) / name).unlink(missing_ok=True)
-        for folder in created:  # deepest first; rmdir never removes a folder that holds a file
-            try:
-                folder.rmdir()
-            except OSError:
-                break
-        raise
+    if config.tokens is not None:
+        files = read_token_files(config)
+        labels = tuple(f"{item.representation}@{group.weights}" for group in files for item in group.items)
+        config = dataclasses.replace(config, representations=labels,
+                                     weights=tuple(dict.fromkeys(g.weights for g in files)))
+        return _run_groups(config, lambda out_path: iter(files), out=out, progress=progress,
+                           keep={Path(f) for f in config.tokens})
+    if model_object is not None:
+        check_object_options(config, model_object)
+        return _run_groups(config, lambda out_path: object_groups(config, model_object, out_path, progress),
+                           out=out, progress=progress)
+    from auditor.models import resolve
+
+    spec = resolve(config.model, trust_remote_code=config.trust_remote_code)
+    check_model_options(config, spec)
+    return _run_groups(config, lambda out_path: model_groups(config, spec, out_path, progress),
+                       out=out, progress=progress)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The run: groups -> tests -> rows -> report
+# ---------------------------------------------------------------------------------------------------
 
 
 def _config_record(config: AuditConfig) -> dict[str, Any]:
@@ -287,165 +403,102 @@ def _config_record(config: AuditConfig) -> dict[str, Any]:
     return json.loads(json.dumps(fields, default=str))
 
 
-def _stamped(records: list[dict[str, Any]], stamp: dict[str, Any]) -> pd.DataFrame:
-    """Rows as a frame; provenance columns filled where a row has none of its own (reused rows keep the
-    commit and versions that computed them)."""
-    frame = pd.DataFrame(records)
-    for key, value in stamp.items():
-        frame[key] = frame[key].fillna(value) if key in frame.columns else value
-    return frame
-
-
-@dataclass
-class _Rows:
-    """Rows and curves as they finish; rows reach ``out/results.partial.csv`` at once, so an
-    interrupted run keeps them (only once a test has run: skip rows alone are not worth a file).
-    ``previous``: finished Kruskal rows of an interrupted run with the same configuration."""
-
-    out: Path | None
-    stamp: dict[str, Any]
-    config: dict[str, Any]
-    records: list[dict[str, Any]] = field(default_factory=list)
-    curves: list[pd.DataFrame] = field(default_factory=list)
-    previous: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
-
-    def load_previous(self) -> int:
-        """Read the finished rows an interrupted run of this configuration left in ``out``."""
-        if self.out is None or not (self.out / PARTIAL_CSV).is_file():
-            return 0
-        try:
-            same = json.loads((self.out / PARTIAL_CONFIG).read_text()) == self.config
-            frame = pd.read_csv(self.out / PARTIAL_CSV) if same else None
-        except (OSError, ValueError):  # unreadable or from another version: start afresh
-            return 0
-        if frame is None or not {"representation", "weights", "test", "status"} <= set(frame.columns):
-            return 0
-        for row in frame[frame["status"] == "ok"].to_dict("records"):
-            row = {k: v for k, v in row.items() if not (isinstance(v, float) and math.isnan(v))}
-            note = "reused from the interrupted run's results.partial.csv"
-            row["note"] = f"{row['note']}; {note}" if row.get("note") else note
-            self.previous[(row["representation"], row["weights"], row["test"])] = row
-        return len(self.previous)
-
-    def add(self, *rows: dict[str, Any]) -> None:
-        self.records += rows
-        self.save()
-
-    def save(self) -> None:
-        if self.out is not None and any(r.get("status") == "ok" for r in self.records):
-            from auditor.atomic import write_csv_atomic, write_text_atomic
-
-            write_text_atomic(self.out / PARTIAL_CONFIG, json.dumps(self.config, indent=1))
-            write_csv_atomic(_stamped(self.records, self.stamp), self.out / PARTIAL_CSV)
-
-    def discard(self) -> None:
-        for name in (PARTIAL_CSV, PARTIAL_CONFIG):
-            with contextlib.suppress(OSError):
-                (self.out / name).unlink(missing_ok=True)
-
-
-def _run(config: AuditConfig, *, out: str | Path | None, progress: bool) -> AuditResult:
-    from auditor.models import resolve
-
-    spec = resolve(config.model, trust_remote_code=config.trust_remote_code)
-    out_path = prepare_out(out) if out is not None else None
-    stamp = provenance()
-    done = _Rows(out_path, stamp, _config_record(config))
-    if done.load_previous():
-        log.warning("resuming: %d finished tests of an interrupted run in %s are reused (Assumption 2 and "
-                    "the sweep run again)", len(done.previous), out_path)
-    result = AuditResult(rows=pd.DataFrame(), curves=pd.DataFrame(), config=config, out=out_path)
+@contextlib.contextmanager
+def _torch_threads(threads: int | None) -> Iterator[None]:
+    """``torch.set_num_threads(threads)`` for the block (None: leave torch's setting)."""
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
     try:
-        _audit_loop(config, spec, result, done, progress)
-    except KeyboardInterrupt as err:
-        done.save()
-        kept = out_path is not None and (out_path / PARTIAL_CSV).exists()
-        where = (f"; {len(done.records)} finished rows are in {out_path / PARTIAL_CSV}; rerun the same command "
-                 f"to resume" if kept else "")
-        raise KeyboardInterrupt(f"audit interrupted{where}") from err
-    records = done.records
-    tested = sum(r.get("status") == "ok" for r in records)
-    if tested == 0 and all(r.get("status") == "skipped" for r in records):
-        reasons = sorted({r["note"] for r in records})
-        raise AuditError(f"nothing could be tested: {reasons[0]}")
-    frame = _stamped(records, stamp)
-    result.rows = frame.reindex(columns=COLUMNS + [c for c in frame.columns if c not in COLUMNS])
-    result.curves = pd.concat(done.curves, ignore_index=True) if done.curves else pd.DataFrame()
-    if out_path is not None:
-        from auditor.report import write_report
-
-        write_report(result, out_path)
-        done.discard()
-    return result
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
-def _audit_loop(config: AuditConfig, spec: Any, result: AuditResult, done: _Rows, progress: bool) -> None:
-    """Per weights source: load, extract every representation, test it; rows and curves go to ``done``,
-    per-context ranks and margins to ``result``."""
-    from auditor.data import load_inputs
-    from auditor.extract import extract, parse_representation
-    from auditor.models import WeightsUnavailable, load_model, resolve_device
-
-    by_weights: dict[str, list[str]] = {}
-    for row in plan(config):
-        by_weights.setdefault(row.weights, []).append(row.representation)
-    test_device = resolve_device(config.device)
-    for weights, reps in by_weights.items():
+def _run_groups(config: AuditConfig, groups: Callable[[Path | None], Iterator[TokenGroup]], *,
+                out: str | Path | None, progress: bool, keep: set[Path] = frozenset()) -> AuditResult:
+    """Take the report folder (if any), test every group, write the report, tidy the folder."""
+    with _torch_threads(config.threads), (ReportFolder(out) if out is not None else contextlib.nullcontext()) as folder:
+        out_path = folder.path if folder is not None else None
+        stamp = provenance()
+        done = RowStore(out_path, stamp, _config_record(config))
+        if done.load_previous():
+            log.warning("resuming: %d finished Kruskal tests of an earlier run in %s are reused where the data "
+                        "is the same (Assumption 2 and the sweep run again)", len(done.previous), out_path)
+        result = AuditResult(rows=pd.DataFrame(), curves=pd.DataFrame(), config=config, out=out_path)
         try:
-            loaded = load_model(spec.name, weights, device=config.device, seed=config.seed,
-                                context_length=config.context_length,
-                                trust_remote_code=config.trust_remote_code)
-        except WeightsUnavailable as err:
-            for rep in reps:
-                done.add(*_skipped(config, Row(rep, weights), f"weights unavailable: {err}", {}))
-            continue
-        for rep in reps:  # validate names before any data is read
-            parse_representation(rep, loaded.num_layers)
-        if loaded.n > loaded.d:
-            raise AuditError(f"context length n = {loaded.n} exceeds the width d = {loaded.d} of {config.model}: "
-                             f"Assumption 2 (rank n) is impossible; use --context-length <= {loaded.d}")
-        samples = config.samples or MAX_DEFAULT_SAMPLES
-        inputs = load_inputs(loaded, config.data, samples, seed=config.seed, progress=progress)
-        if config.sweep and config.sweep_ks and max(config.sweep_ks) > inputs.N:
-            raise AuditError(f"sweep k = {max(config.sweep_ks)} exceeds the N = {inputs.N} examples loaded; "
-                             f"valid: 1 <= k <= {inputs.N} (or load more with --samples)")
-        if config.workers > 1:  # shard extraction across processes / Ray workers; tokens are identical
-            from auditor.shard import ModelRecipe, extract_sharded
+            for group in groups(out_path):
+                _test_group(group, config, result, done, folder, progress)
+        except KeyboardInterrupt as err:
+            done.save()
+            kept = out_path is not None and (out_path / PARTIAL_CSV).exists()
+            where = (f"; {len(done.records)} finished rows are in {out_path / PARTIAL_CSV}; rerun the same "
+                     f"command to resume" if kept else "")
+            raise KeyboardInterrupt(f"audit interrupted{where}") from err
+        records = done.records
+        if not any(r.get("status") == "ok" for r in records) and all(r.get("status") == "skipped" for r in records):
+            reasons = sorted({r["note"] for r in records})
+            raise AuditError(f"nothing could be tested: {reasons[0]}")
+        result.rows = rows_frame(records, stamp)
+        result.curves = pd.concat(done.curves, ignore_index=True) if done.curves else pd.DataFrame()
+        if folder is not None:
+            from auditor.report import write_report
 
-            recipe = ModelRecipe.of(loaded, device=config.device, context_length=config.context_length,
-                                    trust_remote_code=config.trust_remote_code)
-            tokens = extract_sharded(recipe, inputs, reps, workers=config.workers, executor=config.executor,
-                                     address=config.address, batch_size=config.batch_size, seed=config.seed,
-                                     loaded=loaded, progress=progress)
-        else:
-            tokens = extract(loaded, inputs, reps, batch_size=config.batch_size, seed=config.seed,
-                             progress=progress)
-        del loaded
-        bar = tqdm(total=len(tokens) * len(config.tests), desc=f"tests ({weights})", unit="test",
-                   disable=not progress)
-        for rep, tok in tokens.items():
-            label = f"{rep}@{weights}"
-            if config.save_tokens and result.out is not None:
-                tok.save(result.out / "tokens" / f"{label.replace('/', '_')}.safetensors")
-            contexts, queries = tok.contexts.to(test_device), tok.queries.to(test_device)
-            base = {"model": config.model, "representation": rep, "layer": tok.meta.get("layer", ""),
-                    "weights": weights, "data_source": tok.meta.get("data_source", ""),
-                    "tokenizer": tok.meta.get("tokenizer", ""), "seed": config.seed, "dtype": tok.meta.get("dtype"),
-                    "data_counts": tok.meta.get("data_counts", "")}
-            _, ranks = run_tests(contexts, queries, config, bar,
-                                 on_row=lambda row, base=base: done.add({**base, **row}),
-                                 reuse=lambda test, key=(rep, weights): done.previous.get((*key, test)))
-            if ranks is not None:
-                result.context_ranks[label] = ranks.rank.cpu()
-                result.margins[label] = ranks.margin.cpu()
-            if config.sweep:
-                ks = _sweep_ks(config, tok.N, tok.n, tok.d)
-                sweep = probes.kruskal_sweep(queries, ks, subsets=config.sweep_subsets, seed=config.seed,
-                                             refine=config.sweep_refine,
-                                             rtol=config.rtol, progress=progress)
-                frame = sweep.frame().assign(model=config.model, representation=rep, weights=weights, n=tok.n,
-                                             lower_estimate=sweep.lower_estimate,
-                                             upper_bound=sweep.upper_bound)
-                done.curves.append(frame)
-            del contexts, queries
-        bar.close()
+            try:
+                written = write_report(result, folder.path, {"torch_threads": torch.get_num_threads()})
+            except OSError as err:
+                raise AuditError(f"cannot write the report into {str(folder.path)!r} ({err.strerror or err}); "
+                                 f"the finished rows stay in {PARTIAL_CSV}: free some space or fix the folder and "
+                                 "rerun to resume") from None
+            folder.produced.update(written)
+            folder.tidy(keep)
+        return result
+
+
+def _test_group(group: TokenGroup, config: AuditConfig, result: AuditResult, done: RowStore,
+                folder: ReportFolder | None, progress: bool) -> None:
+    """The tests (and the sweep) on every representation of one group; rows go to ``done``."""
+    from auditor.models import resolve_device
+
+    if group.skipped is not None:
+        for rep in group.representations:
+            done.add(*_skipped(config, Row(rep, group.weights), group.skipped))
+        return
+    test_device = resolve_device(config.device)
+    bar = tqdm(total=len(group.items) * len(config.tests), desc=f"tests ({group.weights})", unit="test",
+               disable=not progress)
+    for item in group.items:
+        rep, weights = item.representation, group.weights
+        label = f"{rep}@{weights}"
+        if config.save_tokens and folder is not None and item.tokens is not None:
+            path = folder.tokens_dir() / f"{label.replace('/', '_')}.safetensors"
+            try:
+                item.tokens.save(path)
+            except OSError as err:
+                raise AuditError(f"cannot save tokens in {str(path.parent)!r} ({err.strerror or err}); free some "
+                                 "space or choose another --out") from None
+            folder.produced.add(path)
+        contexts = item.contexts.to(test_device) if item.contexts is not None else None
+        queries = item.queries.to(test_device)
+        meta = item.meta
+        base = {"model": config.model, "representation": rep, "layer": meta.get("layer", ""), "weights": weights,
+                "data_source": meta.get("data_source", ""), "data_counts": meta.get("data_counts", ""),
+                "first": group.first, "data_fingerprint": group.fingerprint,
+                "tokenizer": meta.get("tokenizer", ""), "seed": config.seed,
+                "dtype": meta.get("dtype") or str(queries.dtype).removeprefix("torch.")}
+        _, ranks = run_tests(contexts, queries, config, bar, n=item.n,
+                             on_row=lambda row, base=base: done.add({**base, **row}),
+                             reuse=lambda test, key=(rep, weights): done.reuse(*key, test, group.fingerprint))
+        done.settle(rep, weights)
+        if ranks is not None:
+            result.context_ranks[label] = ranks.rank.cpu()
+            result.margins[label] = ranks.margin.cpu()
+        if config.sweep:
+            ks = _sweep_ks(config, queries.shape[0], item.n, queries.shape[1])
+            sweep = probes.kruskal_sweep(queries, ks, subsets=config.sweep_subsets, seed=config.seed,
+                                         refine=config.sweep_refine, rtol=config.rtol, progress=progress)
+            frame = sweep.frame().assign(model=config.model, representation=rep, weights=weights, n=item.n,
+                                         lower_estimate=sweep.lower_estimate, upper_bound=sweep.upper_bound)
+            done.curves.append(frame)
+        del contexts, queries
+    bar.close()

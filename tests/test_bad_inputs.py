@@ -54,7 +54,8 @@ def files(tmp_path_factory) -> dict[str, Path]:
     gen = torch.Generator().manual_seed(0)
     contexts = torch.randn(8, 4, 6, generator=gen)  # (N, n, d)
     queries = contexts[:, 0].clone()  # (N, d)
-    Tokens(contexts, queries, {"n": "4", "d": "6"}).save(root / "ok.safetensors")
+    f["ok"] = root / "ok.safetensors"
+    Tokens(contexts, queries, {"n": "4", "d": "6"}).save(f["ok"])
     nan, inf = contexts.clone(), queries.clone()
     nan[1, 2, 3] = math.nan
     inf[0, 5] = math.inf
@@ -126,13 +127,20 @@ CLI_CASES = [
     ("unknown-weights", ["{vit}", "-w", "pretrainned"], "weights must be 'random', 'pretrained' or a folder"),
     ("unknown-device", ["{vit}", "--device", "tpu"], "valid: auto, cpu, cuda"),
     ("unwritable-out", ["{vit}", "--out", "{file}/report"], "cannot write to output folder"),
+    ("huge-subsets", ["{vit}", "--subsets", "1000000000"], "valid: 1 .. 10,000,000"),
+    ("subsets-beyond-memory", ["vit-base", "--subsets", "5000000"], "do not fit in memory"),
+    ("huge-seed", ["{vit}", "--seed", str(2**70)], "seed must be an integer in [-2**63, 2**63 - 1]"),
+    ("zero-threads", ["{vit}", "--threads", "0"], "threads must be a positive integer"),
+    ("tokens-with-data", ["{vit}", "--tokens", "{ok}", "--data", "{empty}"], "do not apply when re-testing"),
+    ("tokens-nan", ["{vit}", "--tokens", "{nan}"], "contain NaN or infinite values"),
+    ("tokens-missing", ["{vit}", "--tokens", "{root}/none.safetensors"], "does not exist"),
     ("memorize-zero-heads", ["memorize", "--heads", "0", "--context", "4", "--d-h", "4", "--N", "16"],
-     "heads must be >= 1"),
-    ("memorize-zero-N", ["memorize", "--heads", "1", "--context", "4", "--d-h", "4", "--N", "0"], "N (examples)"),
+     "--heads takes values in 1.."),
+    ("memorize-zero-N", ["memorize", "--heads", "1", "--context", "4", "--d-h", "4", "--N", "0"], "--N takes values in 1.."),
     ("memorize-negative-d", ["memorize", "--heads", "1", "--context", "4", "--d-h", "4", "--N", "16", "--d", "-4"],
      "d must be >= 1"),
     ("memorize-negative-lr", ["memorize", "--heads", "1", "--context", "4", "--d-h", "4", "--N", "16", "--lr", "-1"],
-     "lr must be > 0"),
+     "lr must be a finite number > 0"),
     ("memorize-bad-list", ["memorize", "--heads", "a", "--context", "4", "--d-h", "4", "--N", "16"],
      "takes integers like 1,2,4"),
     ("capacity-nan-tokens", ["capacity", "--tokens", "{nan}"], "contain NaN or infinite values"),
@@ -194,7 +202,7 @@ def _load_tokens(name: str):
 def api_cases():
     """(id, callable taking the fixture files and a fresh tmp folder, a fragment of the message)."""
     import probes
-    from auditor import audit
+    from auditor import audit, audit_tokens
     from auditor.data import load_inputs
     from auditor.extract import extract
     from auditor.lab.sweep import run_sweep
@@ -219,6 +227,12 @@ def api_cases():
         ("config-nan-threshold", lambda f, t: AuditConfig(threshold=math.nan), "threshold must be a number"),
         ("config-negative-rtol", lambda f, t: AuditConfig(rtol=-0.5), "must be a number in [0, 1)"),
         ("config-float-seed", lambda f, t: AuditConfig(seed=1.5), "seed must be an integer"),
+        ("config-huge-seed", lambda f, t: AuditConfig(seed=2**70), "seed must be an integer in [-2**63"),
+        ("config-first-not-bool", lambda f, t: AuditConfig(first="yes"), "first must be True or False"),
+        ("config-huge-subsets", lambda f, t: AuditConfig(subsets=10**9), "valid: 1 .. 10,000,000"),
+        ("audit-processor-with-name", lambda f, t: audit("vit-base", "a processor"), "processor goes with a model"),
+        ("audit-tokens-bad-queries", lambda f, t: audit_tokens(None, good[0], n=2), "queries must be (N, d)"),
+        ("audit-tokens-n-mismatch", lambda f, t: audit_tokens(good[:, None, :], good, n=2), "n = 2 but the contexts"),
         ("model-unknown-weights", lambda f, t: load_model("vit-base", "pretrainned"), "weights must be"),
         ("extract-block-out-of-range", lambda f, t: extract(_tiny(f), _inputs(f), ["block.99"]), "out of range"),
         ("extract-zero-batch", lambda f, t: extract(_tiny(f), _inputs(f), ["embedding"], batch_size=0),

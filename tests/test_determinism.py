@@ -81,7 +81,7 @@ def test_a_different_seed_changes_the_numbers_but_not_what_theory_fixes(audits):
     assert not first["min_margin"].equals(other["min_margin"])
     for rows in (first, other):
         a1 = rows[(rows.representation == "embedding") & (rows.test == "assumption1")].iloc[0]
-        assert a1.fraction == 0.0 and a1.rank_counts.startswith("1:")
+        assert a1.fraction == 0.0 and set(a1.rank_counts) == {1}
 
 
 def test_an_audit_row_is_reproduced_from_its_own_line(audits, vit_folder):

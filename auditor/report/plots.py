@@ -1,7 +1,12 @@
-"""Plots of an audit: Kruskal curves (with n and d marked), per-context ranks and margins."""
+"""Plots of an audit: Kruskal curves (with n and d marked), per-context ranks and margins.
+
+Each plot function draws one figure; :func:`write_plots` saves them as PNGs through a
+:class:`~auditor.atomic.Staged` writer, so a failed save (full disk) leaves no empty or partial PNG.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -11,21 +16,33 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from auditor.atomic import Staged
     from auditor.runner import AuditResult
 
+PLOT_FILES = ("kruskal_curve.png", "context_ranks.png", "margins.png")
 
-def write_plots(result: AuditResult, out: Path) -> list[Path]:
-    """Write the PNGs that apply to ``result`` into ``out``; return their paths."""
-    paths = []
+
+def write_plots(result: AuditResult, out: Path, staged: Staged) -> list[Path]:
+    """Stage the PNGs that apply to ``result`` in ``out`` (renamed into place by ``staged.commit()``);
+    return their final paths."""
+    plots: list[tuple[str, Callable[[AuditResult], Figure]]] = []
     if not result.curves.empty:
-        paths.append(kruskal_curve(result, out / "kruskal_curve.png"))
+        plots.append(("kruskal_curve.png", kruskal_curve))
     if result.context_ranks:
-        paths.append(context_rank_histogram(result, out / "context_ranks.png"))
-        paths.append(margin_histogram(result, out / "margins.png"))
+        plots += [("context_ranks.png", context_rank_histogram), ("margins.png", margin_histogram)]
+    paths = []
+    for name, draw in plots:
+        fig = draw(result)
+        try:
+            paths.append(staged.write(out / name, lambda tmp, fig=fig: fig.savefig(tmp, dpi=130, format="png")))
+        finally:
+            plt.close(fig)
     return paths
 
 
-def kruskal_curve(result: AuditResult, path: Path) -> Path:
+def kruskal_curve(result: AuditResult) -> Figure:
     """Full-rank fraction of k-subsets of the queries against k, one line per representation."""
     fig, ax = plt.subplots(figsize=(7, 4.2))
     curves = result.curves
@@ -38,10 +55,10 @@ def kruskal_curve(result: AuditResult, path: Path) -> Path:
     per_k = f", {subsets} random subsets per k" if subsets else ""
     ax.set(xlabel="subset size k", ylabel="share of full-rank k-subsets", ylim=(-0.03, 1.03),
            title=f"{result.config.model}: Kruskal rank of the query tokens{per_k}")
-    return _save(fig, ax, path)
+    return _finish(fig, ax)
 
 
-def context_rank_histogram(result: AuditResult, path: Path) -> Path:
+def context_rank_histogram(result: AuditResult) -> Figure:
     """Histogram of per-context ranks (Assumption 2 asks for every rank to equal n)."""
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for label, ranks in result.context_ranks.items():
@@ -54,10 +71,10 @@ def context_rank_histogram(result: AuditResult, path: Path) -> Path:
         ax.axvline(n, color="black", ls="--", lw=1, label=f"n = {n}")
     ax.set(xlabel="rank of the context matrix", ylabel="examples",
            title=f"{result.config.model}: per-example context rank (Assumption 2)")
-    return _save(fig, ax, path)
+    return _finish(fig, ax)
 
 
-def margin_histogram(result: AuditResult, path: Path) -> Path:
+def margin_histogram(result: AuditResult) -> Figure:
     """Distribution of context-rank margins in decades (how far each verdict is from flipping)."""
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for label, margins in result.margins.items():
@@ -67,13 +84,11 @@ def margin_histogram(result: AuditResult, path: Path) -> Path:
             ax.hist(values, bins=30, alpha=0.6, label=label.replace("@", " @ "))
     ax.set(xlabel="margin (decades between the deciding singular value and the tolerance)",
            ylabel="examples", title=f"{result.config.model}: context-rank margins (2 = certified lower bound)")
-    return _save(fig, ax, path)
+    return _finish(fig, ax)
 
 
-def _save(fig, ax, path: Path) -> Path:
-    """Legend, layout, PNG at 130 dpi, and release the figure."""
+def _finish(fig: Figure, ax) -> Figure:
+    """Legend and layout (the caller saves and closes the figure)."""
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return path
+    return fig

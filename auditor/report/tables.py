@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from auditor.atomic import write_csv_atomic
+from auditor.atomic import Staged
+from auditor.report.schema import csv_text, parse_rank_counts
 
 if TYPE_CHECKING:
     from auditor.runner import AuditResult
@@ -21,11 +22,12 @@ TEST_TITLES = {
 }
 
 
-def _rank_span(counts: str) -> str:
-    ranks = [int(part.split(":")[0]) for part in str(counts).split(";") if ":" in part]
+def _rank_span(counts: Any) -> str:
+    """``rank 1`` or ``ranks 195-197`` from a rank histogram (dict or its CSV text)."""
+    ranks = sorted(parse_rank_counts(counts) or {})
     if not ranks:
         return ""
-    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {min(ranks)}-{max(ranks)}"
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks[0]}-{ranks[-1]}"
 
 
 def cell(row: pd.Series) -> str:
@@ -44,7 +46,7 @@ def cell(row: pd.Series) -> str:
     else:
         text = f"{mark}: {float(row['fraction']):.4f}"
     if not bool(row["holds"]):
-        span = _rank_span(row.get("rank_counts", ""))
+        span = _rank_span(row.get("rank_counts"))
         text += f" ({span})" if span else ""
     return text
 
@@ -69,8 +71,11 @@ def _provenance_lines(result: AuditResult) -> list[str]:
         return "" if pd.isna(v) else str(int(v) if isinstance(v, float) and v.is_integer() else v)
 
     rtol = "max(k, d) x eps of the token dtype" if config.rtol is None else f"{config.rtol:g}"
+    taken = first.get("first")
+    drawn = ("" if taken is None or pd.isna(taken) else "; examples: the first N of the source" if taken
+             else f"; examples: a random draw of N (seed {config.seed})")
     lines = [
-        f"- model: `{config.model}`; data: {val('data_source')}",
+        f"- model: `{config.model}`; data: {val('data_source')}{drawn}",
         f"- tokenizer / preprocessing: {val('tokenizer')}",
         f"- N = {val('N')}, n = {val('n')}, d = {val('d')}; token dtype: {val('dtype')}; tests ran on: {val('device')}",
         f"- Kruskal tests: {config.subsets} random k-subsets (all of them when C(N, k) is smaller), seed "
@@ -97,17 +102,32 @@ def kruskal_table(curves: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("representation @ weights")
 
 
-def write_report(result: AuditResult, out: Path) -> None:
-    """Write results.csv, sweep.csv (if any), config.json, summary.md and the plots into ``out``."""
+REPORT_FILES = ("results.csv", "sweep.csv", "config.json", "summary.md")
+
+
+def write_report(result: AuditResult, out: Path, extra_config: dict[str, Any] | None = None) -> list[Path]:
+    """Write results.csv, sweep.csv (if any), config.json, summary.md and the plots into ``out``.
+
+    Every file is staged first and renamed into place only when all were written (a link at a target is
+    replaced, never written through). ``extra_config``: more keys for config.json (e.g. the torch threads
+    used). Returns the paths written; an OSError (full disk, read-only folder) leaves the folder as it was.
+    """
     from auditor.report.plots import write_plots
 
     out = Path(out)
-    write_csv_atomic(result.rows, out / "results.csv")
-    if not result.curves.empty:
-        write_csv_atomic(result.curves, out / "sweep.csv")
     config = {k: (list(v) if isinstance(v, tuple) else v) for k, v in result.config.__dict__.items()}
-    (out / "config.json").write_text(json.dumps(config, indent=2, default=str) + "\n")
-    plots = write_plots(result, out)
+    with Staged() as staged:
+        plots = write_plots(result, out, staged)
+        if not result.curves.empty:
+            staged.text(out / "sweep.csv", csv_text(result.curves))
+        staged.text(out / "config.json", json.dumps({**config, **(extra_config or {})}, indent=2, default=str) + "\n")
+        staged.text(out / "summary.md", _summary(result, plots))
+        staged.text(out / "results.csv", csv_text(result.rows))
+        return staged.commit()
+
+
+def _summary(result: AuditResult, plots: list[Path]) -> str:
+    """The text of summary.md: the table, how it was made, the sweep's Kruskal ranks, the plots."""
     table = summary_table(result.rows)
     total = float(pd.to_numeric(result.rows.get("seconds"), errors="coerce").fillna(0).sum())
     lines = [
@@ -131,4 +151,4 @@ def write_report(result: AuditResult, out: Path) -> None:
                   "(witness) at the next k. Bisection added the refined k between the two.", ""]
     if plots:
         lines += ["## Plots", *[f"![{p.stem}]({p.name})" for p in plots], ""]
-    (out / "summary.md").write_text("\n".join(lines))
+    return "\n".join(lines)

@@ -1,0 +1,145 @@
+"""The rows of an audit: their columns, their types in Python and their text form in ``results.csv``.
+
+In memory (the DataFrame ``auditor.audit`` returns) a row is typed: counts are nullable integers
+(``Int64``: ``k``, ``N``, ``n``, ``d``, ``subsets``, ``seed``), verdicts nullable booleans (``holds``,
+``exhaustive``, ``first``), ``rank_counts`` a ``{rank: count}`` dict and ``witness`` a list of example
+indices (None when no subset was found dependent). Skipped rows hold ``<NA>`` where nothing was measured.
+
+In ``results.csv`` the histogram is written ``rank:count;rank:count`` and the witness as space-separated
+indices, so a report stays readable as text; :func:`read_rows` turns such a file back into typed rows.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import pandas as pd
+
+COLUMNS = [
+    "model", "representation", "layer", "weights", "test", "status", "k", "N", "n", "d", "fraction", "holds",
+    "threshold", "min_margin", "subsets", "exhaustive", "rank_counts", "witness", "tolerance", "dtype",
+    "device", "data_source", "data_counts", "first", "data_fingerprint", "tokenizer", "seed", "seconds", "note",
+    "git_commit", "versions",
+]
+INT_COLUMNS = ("k", "N", "n", "d", "subsets", "seed")
+BOOL_COLUMNS = ("holds", "exhaustive", "first")
+FLOAT_COLUMNS = ("fraction", "threshold", "min_margin", "tolerance", "seconds")
+TEXT_CELLS = {"rank_counts": str, "witness": str}  # read as text: a one-index witness is not a number
+
+
+def _missing(value: Any) -> bool:
+    """None, NaN or pd.NA (never True for a list or dict)."""
+    if value is None or value is pd.NA:
+        return True
+    return isinstance(value, float) and math.isnan(value)
+
+
+def parse_rank_counts(value: Any) -> dict[int, int] | None:
+    """``{rank: count}`` from a dict or from its CSV form ``"196:3;197:4997"``; None when missing."""
+    if _missing(value):
+        return None
+    if isinstance(value, Mapping):
+        return {int(r): int(c) for r, c in sorted(value.items())}
+    pairs = [part.split(":") for part in str(value).split(";") if part.strip()]
+    return {int(r): int(c) for r, c in sorted(pairs, key=lambda p: int(p[0]))}
+
+
+def parse_witness(value: Any) -> list[int] | None:
+    """Example indices from a list or from their CSV form ``"3 17 40"``; None when there is none."""
+    if _missing(value):
+        return None
+    if isinstance(value, str):
+        return [int(i) for i in value.split()] or None
+    return [int(i) for i in value]
+
+
+def format_rank_counts(value: Any) -> str:
+    """The CSV cell of a rank histogram: ``"rank:count;..."`` in increasing rank ("" when missing)."""
+    counts = parse_rank_counts(value)
+    return "" if not counts else ";".join(f"{r}:{c}" for r, c in counts.items())
+
+
+def format_witness(value: Any) -> str:
+    """The CSV cell of a witness: space-separated indices ("" when there is none)."""
+    witness = parse_witness(value)
+    return "" if witness is None else " ".join(map(str, witness))
+
+
+def _boolean(value: Any) -> bool | None:
+    if _missing(value):
+        return None
+    if isinstance(value, str):
+        return {"true": True, "false": False}[value.strip().lower()]
+    return bool(value)
+
+
+def typed_record(record: Mapping[str, Any]) -> dict[str, Any]:
+    """One row with its structured fields typed (from a probes result or a CSV line)."""
+    out = dict(record)
+    if "rank_counts" in out:
+        out["rank_counts"] = parse_rank_counts(out["rank_counts"])
+    if "witness" in out:
+        out["witness"] = parse_witness(out["witness"])
+    for key in INT_COLUMNS:
+        if key in out:
+            out[key] = None if _missing(out[key]) else int(out[key])
+    for key in BOOL_COLUMNS:
+        if key in out:
+            out[key] = _boolean(out[key])
+    return out
+
+
+def rows_frame(records: Iterable[Mapping[str, Any]], stamp: Mapping[str, Any] | None = None) -> pd.DataFrame:
+    """Typed rows in the column order of :data:`COLUMNS` (other columns after them).
+
+    ``stamp``: provenance columns filled where a row has none of its own (a reused row keeps the commit
+    and versions that computed it).
+    """
+    typed = [typed_record(r) for r in records]
+    for row in typed:
+        for key, value in (stamp or {}).items():
+            if _missing(row.get(key)):
+                row[key] = value
+    frame = pd.DataFrame(typed)
+    for key in COLUMNS:
+        if key not in frame.columns:
+            frame[key] = None
+    frame = frame[COLUMNS + [c for c in frame.columns if c not in COLUMNS]]
+    for key in INT_COLUMNS:
+        frame[key] = pd.array([None if _missing(v) else int(v) for v in frame[key]], dtype="Int64")
+    for key in BOOL_COLUMNS:
+        frame[key] = pd.array([_boolean(v) for v in frame[key]], dtype="boolean")
+    for key in FLOAT_COLUMNS:
+        frame[key] = pd.to_numeric(frame[key], errors="coerce").astype("float64")
+    for key in ("rank_counts", "witness"):  # Python objects; None where nothing was measured
+        frame[key] = pd.Series([None if _missing(v) else v for v in frame[key]], index=frame.index, dtype=object)
+    return frame
+
+
+def csv_text(frame: pd.DataFrame) -> str:
+    """``results.csv`` (or ``sweep.csv``) text of a frame: structured cells as compact strings."""
+    out = frame.copy()
+    if "rank_counts" in out.columns:
+        out["rank_counts"] = [format_rank_counts(v) for v in out["rank_counts"]]
+    if "witness" in out.columns:
+        out["witness"] = [format_witness(v) for v in out["witness"]]
+    for key in out.columns:  # any other dict or list cell (e.g. a sweep's ``stages``): one string
+        if out[key].dtype == object and out[key].map(lambda v: isinstance(v, dict | list | tuple)).any():
+            out[key] = [_cell(v) for v in out[key]]
+    return out.to_csv(index=False)
+
+
+def _cell(value: Any) -> Any:
+    if isinstance(value, dict):
+        return ";".join(f"{k}:{v}" for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return " ".join(map(str, value))
+    return value
+
+
+def read_rows(path: str | os.PathLike[str]) -> pd.DataFrame:
+    """Typed rows from a ``results.csv`` (or ``results.partial.csv``) written by :func:`csv_text`."""
+    return rows_frame(pd.read_csv(path, dtype=TEXT_CELLS).to_dict("records"))
