@@ -2,26 +2,85 @@
 
 from __future__ import annotations
 
+import math
+
 from auditor.errors import AuditError
 
+MAX_VALUES = 10_000  # longest list one option may expand to (a sweep of more units is a typo, not a plan)
+MAX_SIZE = 1_000_000  # largest size (heads, context rows, widths, examples) a list option accepts
+MAX_SEED = 2**63 - 1  # seeds are 64-bit: torch.manual_seed and int64 CSV columns hold them
 
-def parse_ints(text: str, option: str) -> list[int]:
+
+def _count(start: int, stop: int, step: int) -> int:
+    """Length of ``range(start, stop + 1, step)`` without building it (``len`` overflows past 2**63)."""
+    return max(0, (stop - start) // step + 1)
+
+
+def parse_ints(
+    text: str,
+    option: str,
+    *,
+    low: int = -MAX_SEED,
+    high: int = MAX_SEED,
+    max_values: int = MAX_VALUES,
+) -> list[int]:
     """``"1,2,4"`` or inclusive ranges ``"1:8"`` / ``"0:60:10"`` -> ints, duplicates dropped in order.
 
-    Raises AuditError (one line, naming ``option`` and what is valid) for anything else.
+    Every value must lie in ``low .. high`` and the list may hold at most ``max_values`` values; both are
+    checked before a range is expanded. Raises AuditError (one line, naming ``option`` and what is
+    valid) for anything else.
     """
-    values: list[int] = []
+    parts: list[tuple[int, int, int]] = []  # (start, stop, step), inclusive
     try:
         for part in (p.strip() for p in text.split(",")):
             if ":" in part:
                 bits = [int(b) for b in part.split(":")]
                 if len(bits) not in (2, 3) or (len(bits) == 3 and bits[2] < 1):
                     raise ValueError
-                values.extend(range(bits[0], bits[1] + 1, bits[2] if len(bits) == 3 else 1))
+                parts.append((bits[0], bits[1], bits[2] if len(bits) == 3 else 1))
             elif part:
-                values.append(int(part))
+                value = int(part)
+                parts.append((value, value, 1))
     except ValueError:
         raise AuditError(f"{option} takes integers like 1,2,4 or ranges like 1:8 or 0:60:10; got {text!r}") from None
+    total = 0
+    for start, stop, step in parts:
+        n = _count(start, stop, step)
+        last = start + (n - 1) * step
+        if n and (start < low or last > high):
+            bad = start if start < low else last
+            raise AuditError(f"{option} takes values in {low}..{high}; got {bad}")
+        total += n
+        if total > max_values:
+            raise AuditError(f"{option} lists more than {max_values:,} values; give a shorter list or a coarser "
+                             f"range (e.g. 0:1000:10)")
+    values = [v for start, stop, step in parts for v in range(start, stop + 1, step)]
     if not values:
         raise AuditError(f"{option} lists no values; give e.g. 1,2,4")
+    return list(dict.fromkeys(values))
+
+
+def parse_sizes(text: str, option: str) -> list[int]:
+    """A list of sizes (heads, context rows, widths, examples): integers in 1 .. MAX_SIZE."""
+    return parse_ints(text, option, low=1, high=MAX_SIZE)
+
+
+def parse_seeds(text: str, option: str) -> list[int]:
+    """A list of seeds: integers in 0 .. 2**63 - 1."""
+    return parse_ints(text, option, low=0, high=MAX_SEED)
+
+
+def parse_floats(text: str, option: str, *, positive: bool = False, max_values: int = MAX_VALUES) -> list[float]:
+    """``"1e-2,3e-2"`` -> finite floats (``positive``: each > 0), duplicates dropped in order."""
+    try:
+        values = [float(p) for p in (p.strip() for p in text.split(",")) if p]
+    except ValueError:
+        raise AuditError(f"{option} takes comma-separated numbers like 1e-2,3e-2; got {text!r}") from None
+    if not values:
+        raise AuditError(f"{option} lists no values; give e.g. 1e-2,3e-2")
+    if len(values) > max_values:
+        raise AuditError(f"{option} lists more than {max_values:,} values; give a shorter list")
+    for value in values:
+        if not math.isfinite(value) or (positive and value <= 0):
+            raise AuditError(f"{option} takes {'positive ' if positive else ''}finite numbers; got {value}")
     return list(dict.fromkeys(values))

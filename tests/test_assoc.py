@@ -244,6 +244,6 @@ def test_cli_assoc_writes_csv_summary_and_plot(tmp_path):
 
 def test_cli_assoc_rejects_bad_input(tmp_path, capsys):
     assert main(["assoc", "--dims", "8,x", "--out", str(tmp_path)]) == 2
-    assert "comma-separated integers" in capsys.readouterr().err
+    assert "--dims takes integers like 1,2,4" in capsys.readouterr().err
     assert main(["assoc", "--scale", "papr", "--out", str(tmp_path)]) == 2
     assert "did you mean 'paper'" in capsys.readouterr().err

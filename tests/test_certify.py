@@ -18,6 +18,7 @@ from auditor.lab.memorize.certify import (
     readout_realizable,
     tolerance_curve,
 )
+from auditor.lab.memorize.certify_runs import CertifyRequest
 from auditor.lab.memorize.data import DataConfig, MemorizeData, make_data
 from auditor.lab.memorize.model import MHAConfig, MHAEnsemble
 from auditor.lab.memorize.saturation import saturation
@@ -132,6 +133,13 @@ def test_certify_rejects_bad_input():
         certify(torch.zeros(3, 2), torch.zeros(4, dtype=torch.long), classes=3)
     with pytest.raises(AuditError, match="classes"):
         certify(torch.zeros(3, 2), torch.zeros(3, dtype=torch.long))
+
+
+@pytest.mark.parametrize("rtol", [0.0, 1.0, -1e-6, math.inf, math.nan])
+def test_certify_request_refuses_a_rank_tolerance_outside_0_1(rtol):
+    with pytest.raises(AuditError, match=r"rtol \(the relative rank tolerance\) must be in \(0, 1\)"):
+        CertifyRequest(rtol=rtol)
+    assert CertifyRequest(rtol=1e-6).rtol == 1e-6
 
 
 def test_saturation_counts_known_patterns():

@@ -211,6 +211,13 @@ def test_deterministic_given_seed():
     assert not torch.equal(runs[0], runs[2])
 
 
+@pytest.mark.parametrize("field", ["lr", "weight_decay", "grad_clip", "member_lr"])
+@pytest.mark.parametrize("value", [math.inf, math.nan])
+def test_non_finite_rates_are_refused(field, value):
+    with pytest.raises(AuditError, match="finite"):
+        TrainConfig(steps=10, **{field: (value,) if field == "member_lr" else value})
+
+
 def test_invalid_configs_raise_audit_error():
     with pytest.raises(AuditError, match="steps"):
         TrainConfig(steps=0)

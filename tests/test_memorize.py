@@ -272,9 +272,9 @@ def test_cli_memorize_and_certify(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["memorize", "--heads", "0", "--context", "3", "--d-h", "2", "--N", "5"], "heads must be >= 1"),
+        (["memorize", "--heads", "0", "--context", "3", "--d-h", "2", "--N", "5"], "--heads takes values in 1..1000000"),
         (["memorize", "--heads", "2", "--context", "3", "--d-h", "32", "--N", "5", "--d", "8"], "exceeds d=8"),
-        (["memorize", "--heads", "2", "--context", "3", "--d-h", "2", "--N", "0"], "N (examples) must be >= 1"),
+        (["memorize", "--heads", "2", "--context", "3", "--d-h", "2", "--N", "0"], "--N takes values in 1..1000000"),
         (["memorize", "--heads", "x", "--context", "3", "--d-h", "2", "--N", "5"], "--heads takes integers"),
         (["memorize", "--heads", "2"], "give --context, --d-h, --N"),
         (["certify", "--weights", "missing.safetensors"], "does not exist"),

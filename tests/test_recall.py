@@ -310,4 +310,4 @@ def test_cli_recall_dynamics_and_errors(tmp_path, capsys):
     assert (out / "dynamics.png").stat().st_size > 0 and (out / "dynamics_curves.csv").exists()
     assert "plateau levels" in (out / "dynamics.md").read_text()
     assert main(["recall", "tradeoff", "--seeds", "a", "--out", str(out)]) == 2
-    assert "comma-separated integers" in capsys.readouterr().err
+    assert "--seeds takes integers like 1,2,4" in capsys.readouterr().err

@@ -96,14 +96,14 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.steps < 1:
             raise AuditError(f"steps must be >= 1, got {self.steps}")
-        if not self.lr > 0:
-            raise AuditError(f"lr must be > 0, got {self.lr}")
+        if not 0 < self.lr < math.inf:
+            raise AuditError(f"lr must be a finite number > 0, got {self.lr}")
         if self.optimizer not in OPTIMIZERS:
             raise did_you_mean("optimizer", self.optimizer, OPTIMIZERS)
         if self.schedule not in SCHEDULES:
             raise did_you_mean("schedule", self.schedule, SCHEDULES)
-        if self.weight_decay < 0:
-            raise AuditError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if not 0 <= self.weight_decay < math.inf:
+            raise AuditError(f"weight_decay must be a finite number >= 0, got {self.weight_decay}")
         if not 0 <= self.warmup_frac < 1:
             raise AuditError(f"warmup_frac must be in [0, 1), got {self.warmup_frac}")
         if not 0 < self.warmup_start <= 1:
@@ -116,10 +116,10 @@ class TrainConfig:
             raise AuditError(f"betas must be two numbers in [0, 1), got {self.betas}")
         if not self.eps > 0 or not 0 <= self.momentum < 1:
             raise AuditError("eps must be > 0 and momentum in [0, 1)")
-        if self.member_lr is not None and not all(lr > 0 for lr in self.member_lr):
-            raise AuditError("every member_lr must be > 0")
-        if self.grad_clip is not None and not self.grad_clip > 0:
-            raise AuditError(f"grad_clip must be > 0, got {self.grad_clip}")
+        if self.member_lr is not None and not all(0 < lr < math.inf for lr in self.member_lr):
+            raise AuditError("every member_lr must be a finite number > 0")
+        if self.grad_clip is not None and not 0 < self.grad_clip < math.inf:
+            raise AuditError(f"grad_clip must be a finite number > 0, got {self.grad_clip}")
 
     @property
     def warmup_steps(self) -> int:

@@ -180,8 +180,7 @@ def run_sweep(
     finish and are written, then the first error is raised. Either way finished units stay on disk,
     and a failed sweep that finished nothing leaves no folder behind.
     """
-    if executor not in EXECUTORS:
-        raise AuditError(f"unknown executor {executor!r}; valid: {', '.join(EXECUTORS)}")
+    check_executor(executor)  # before the output folder exists
     if not configs:
         raise AuditError("the sweep lists no configurations; give at least one")
     for name, value in (("num_cpus", num_cpus), ("num_gpus", num_gpus)):
@@ -243,12 +242,31 @@ def user_error(err: BaseException) -> BaseException:
     return cause if isinstance(cause, ValueError) else err
 
 
+RAY_MISSING = ('--executor ray needs Ray, which is not installed; install it with '
+               'pip install "attention-auditor[ray]" or use --executor local')
+
+
+def require_ray() -> None:
+    """Raise the one-line AuditError ``RAY_MISSING`` when Ray cannot be imported (call it before any work)."""
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise AuditError(RAY_MISSING) from None
+
+
+def check_executor(executor: str) -> None:
+    """A known executor whose library is importable; else a one-line AuditError."""
+    if executor not in EXECUTORS:
+        raise AuditError(f"unknown executor {executor!r}; valid: {', '.join(EXECUTORS)}")
+    if executor == "ray":
+        require_ray()
+
+
 def connect_ray(address: str | None) -> bool:
     """Join (or start) Ray; True when this call started it (so the caller shuts it down)."""
-    try:
-        import ray
-    except ImportError:
-        raise AuditError("--executor ray needs Ray: pip install 'attention-auditor[ray]'") from None
+    require_ray()
+    import ray
+
     if ray.is_initialized():
         return False
     try:

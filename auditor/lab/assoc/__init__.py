@@ -1,4 +1,4 @@
-"""Capacity lab III: associative memories and factual recall (SPEC 3, paper C).
+"""Capacity lab III: associative memories and factual recall (paper C).
 
 Files, in the order of the experiments:
 

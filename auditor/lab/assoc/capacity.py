@@ -1,7 +1,7 @@
 """Capacity by threshold search, and scaling-law fits with uncertainty.
 
 Capacity of a memory is the largest size N at which it still stores ALL N items (to the 99% accuracy
-criterion of SPEC 3). :class:`Bisection` finds that threshold for one memory, assuming success is
+criterion of paper C). :class:`Bisection` finds that threshold for one memory, assuming success is
 monotone in N: it keeps the largest size known to pass (``lo``) and the smallest known to fail
 (``hi``), first expanding the bracket when a guess was wrong, then halving it. :func:`search_all` runs
 many bisections in lock step so that each round's probes of every search train together as one

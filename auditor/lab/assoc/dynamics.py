@@ -1,4 +1,4 @@
-"""Learning dynamics of factual recall (deliverable 3 of capacity lab III; SPEC 3, paper C Figure 5).
+"""Learning dynamics of factual recall (deliverable 3 of capacity lab III; paper C, Figure 5).
 
 The simplified model of the paper's gradient-flow analysis: one-hot token embeddings (d = vocabulary
 size), one linear-attention head (no softmax) in which the EOS position queries, and a linear read-out

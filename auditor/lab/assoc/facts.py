@@ -1,4 +1,4 @@
-"""The synthetic factual recall task of SPEC 3 (paper C): fact tables and prompts.
+"""The synthetic factual recall task of paper C: fact tables and prompts.
 
 S subjects, R relations; relation r owns the block of D answers [r D, (r + 1) D), and the fact a(s, r)
 is an answer of that block (uniform at random, or the structured table a(s, r) = floor(s D / S) + r D

@@ -1,4 +1,4 @@
-"""Linear and MLP associative memories (SPEC 3, paper C) as batched ensembles.
+"""Linear and MLP associative memories (paper C) as batched ensembles.
 
 An associative memory stores N pairs x -> f(x) = x. Item x has a random unit-norm input embedding
 e_x in R^d and a random unit-norm output embedding u_x in R^d; the memory maps e_x to a vector F(e_x)

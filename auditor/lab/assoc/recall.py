@@ -1,4 +1,4 @@
-"""One-layer transformers on the factual recall task (SPEC 3), as batched ensembles.
+"""One-layer transformers on the factual recall task (paper C), as batched ensembles.
 
 The model of paper C: frozen random token embeddings and unembeddings (entries N(0, 1/d)), one layer
 of H softmax heads of dimension d_h in which only the last (EOS) position queries, then an optional

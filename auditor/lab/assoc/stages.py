@@ -1,4 +1,4 @@
-"""Automatic detection of the learning stages of factual recall (SPEC 3, paper C, Figure 5).
+"""Automatic detection of the learning stages of factual recall (paper C, Figure 5).
 
 Trained from a tiny initialisation, the linear-attention model passes three stages: a plateau at the
 loss of the uniform prediction, ln(R D); a plateau at ln D, the *hallucination* stage, where the model

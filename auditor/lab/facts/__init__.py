@@ -1,4 +1,4 @@
-"""The facts room of the capacity lab: fact databases as tensors (Paper B, SPEC section 2).
+"""The facts room of the capacity lab: fact databases as tensors (Paper B).
 
 Flow: a :class:`FactDatabase` (CSV, DataFrame or :class:`DatabaseSpec` generator) -> its tensor D and
 certified rank bounds (:mod:`.tensor`), exact rank for tiny cases (:mod:`.exact`), a CP-rank estimate

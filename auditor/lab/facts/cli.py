@@ -19,22 +19,16 @@ from typing import Any
 
 import click
 import pandas as pd
-import torch
 
 from auditor.errors import AuditError
-from auditor.options import parse_ints
-from auditor.provenance import provenance, timestamp
-
-
-def _threads(threads: int | None) -> None:
-    if threads is not None:
-        if threads < 1:
-            raise AuditError(f"--threads must be >= 1, got {threads}")
-        torch.set_num_threads(threads)
+from auditor.lab.cli import SEED, SIZE, default_out, output_folder, threads_option
+from auditor.lab.sweep import check_executor
+from auditor.options import parse_seeds, parse_sizes
+from auditor.provenance import provenance
 
 
 def _out(out: str | None, name: str) -> Path:
-    return Path(out) if out else Path("runs") / f"facts-{name}-{timestamp()}"
+    return default_out(out, f"facts-{name}")
 
 
 def _show(frame: pd.DataFrame, columns: list[str]) -> None:
@@ -64,21 +58,23 @@ def facts_command() -> None:
 
 @facts_command.command("generate")
 @click.option("--kind", type=click.Choice(["random", "planted"]), default="random", show_default=True)
-@click.option("--keys", default=32, show_default=True, help="|K|.")
-@click.option("--queries", default=8, show_default=True, help="|Q| (relations).")
+@click.option("--keys", default=32, type=SIZE, show_default=True, help="|K|.")
+@click.option("--queries", default=8, type=SIZE, show_default=True, help="|Q| (relations).")
 @click.option(
     "--values-per-query",
     default=4,
+    type=SIZE,
     show_default=True,
     help="Values each relation owns (or shared vocabulary size).",
 )
 @click.option("--shared-values", is_flag=True, help="One value vocabulary shared by every relation.")
 @click.option("--density", default=1.0, show_default=True, help="Fraction of (key, query) pairs present.")
-@click.option("--key-groups", default=4, show_default=True, help="planted: key groups.")
-@click.option("--query-groups", default=2, show_default=True, help="planted: query groups.")
+@click.option("--key-groups", default=4, type=SIZE, show_default=True, help="planted: key groups.")
+@click.option("--query-groups", default=2, type=SIZE, show_default=True, help="planted: query groups.")
 @click.option("--noise", default=0.0, show_default=True, help="planted: fraction of facts relabelled.")
-@click.option("--seed", default=0, show_default=True)
+@click.option("--seed", default=0, type=SEED, show_default=True)
 @click.option("-o", "--output", required=True, help="CSV file to write (columns key, query, value).")
+@threads_option
 def generate_command(output: str, **spec: Any) -> None:
     """Write a seeded random database as CSV."""
     from auditor.lab.facts.database import DatabaseSpec
@@ -97,7 +93,7 @@ def generate_command(output: str, **spec: Any) -> None:
 @click.option("--max-iter", default=3000, show_default=True, help="ALS sweeps per fit.")
 @click.option("--backend", type=click.Choice(["auto", "tensorly", "als"]), default="auto", show_default=True)
 @click.option("--effective", is_flag=True, help="Also search the effective (argmax) rank (trains CP logits).")
-@click.option("--threads", default=None, type=int, help="torch intra-op threads.")
+@threads_option
 @click.option("--out", default=None, help="Write the row as CSV here.")
 def rank_command(
     database: str,
@@ -109,7 +105,6 @@ def rank_command(
     max_iter: int,
     backend: str,
     effective: bool,
-    threads: int | None,
     out: str | None,
 ) -> None:
     """Measure a database: triples, the paper's bound, certified bounds, exact rank, CP estimate."""
@@ -118,9 +113,8 @@ def rank_command(
     from auditor.lab.facts.exact import exact_rank
     from auditor.lab.facts.tensor import rank_bounds
 
-    _threads(threads)
-    db = _load(database, key_col, query_col, value_col)
     cp = CPConfig(tol=tol, restarts=restarts, max_iter=max_iter, backend=backend)
+    db = _load(database, key_col, query_col, value_col)
     row: dict[str, Any] = {**db.summary(), **rank_bounds(db).to_row()}
     if max(db.shape) <= 64:
         row.update(exact_rank(db).to_row())
@@ -168,7 +162,7 @@ def rank_command(
 @click.option("--lr", default=3e-3, show_default=True)
 @click.option("--batch-size", default=None, type=int, help="Triples per step (default: full batch).")
 @click.option("--layer-rank", is_flag=True, help="Also compute the layer tensor L's bound and CP estimate.")
-@click.option("--threads", default=None, type=int, help="torch intra-op threads.")
+@threads_option
 @click.option("--out", default=None, help="Output folder (default runs/facts-train-<time>).")
 def train_command(
     database: str,
@@ -185,7 +179,6 @@ def train_command(
     lr: float,
     batch_size: int | None,
     layer_rank: bool,
-    threads: int | None,
     out: str | None,
 ) -> None:
     """Train one attention-only layer per configuration (all batched) and report the accuracies."""
@@ -194,20 +187,23 @@ def train_command(
     from auditor.lab.facts.model import LayerConfig
     from auditor.lab.facts.training import train_layers
 
-    _threads(threads)
-    db = _load(database, key_col, query_col, value_col)
-    configs = []
-    for d in parse_ints(d_model, "--d-model"):
-        vos = parse_ints(d_vo, "--d-vo") if d_vo else [d]
-        for h in parse_ints(heads, "--heads"):
-            for vo in vos:
-                qks = [d - vo + 1] if budget else (parse_ints(d_qk, "--d-qk") if d_qk else [d])
-                for qk in qks:
-                    for s in parse_ints(seeds, "--seeds"):
-                        configs.append(LayerConfig(d_model=d, heads=h, d_qk=qk, d_vo=vo, seed=s))
-    if budget and any(c.d_qk < 1 for c in configs):
+    widths, head_counts = parse_sizes(d_model, "--d-model"), parse_sizes(heads, "--heads")
+    vo_list = parse_sizes(d_vo, "--d-vo") if d_vo else None
+    qk_list = parse_sizes(d_qk, "--d-qk") if d_qk else None
+    seed_list = parse_seeds(seeds, "--seeds")
+    if budget and vo_list and max(vo_list) > min(widths):
         raise AuditError("--budget needs every d_vo <= d_model (so that d_qk = d_model - d_vo + 1 >= 1)")
+    if batch_size is not None and batch_size < 1:
+        raise AuditError(f"--batch-size must be >= 1, got {batch_size}")
     train_cfg = TrainConfig(steps=steps, lr=lr, eval_every=50)
+    configs = []
+    for d in widths:
+        for h in head_counts:
+            for vo in vo_list or [d]:
+                for qk in [d - vo + 1] if budget else (qk_list or [d]):
+                    for s in seed_list:
+                        configs.append(LayerConfig(d_model=d, heads=h, d_qk=qk, d_vo=vo, seed=s))
+    db = _load(database, key_col, query_col, value_col)
     trained = train_layers(db, configs, train_cfg, batch_size=batch_size, progress=True)
     rows = trained.rows
     if layer_rank:
@@ -276,7 +272,7 @@ SWEEPS = ("width", "budget", "tau", "bound", "measure", "scale")
 @click.option("--steps", default=None, type=int, help="Training steps (default 2000).")
 @click.option("--lr", default=None, type=float, help="Peak Adam learning rate (default 3e-3; scale 1e-2).")
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True)
-@click.option("--threads", default=None, type=int, help="torch intra-op threads.")
+@threads_option
 @click.option("--no-plot", is_flag=True, help="Skip the PNG plots.")
 @click.option("--out", default=None, help="Output folder (rerun with the same folder to resume).")
 def sweep_command(
@@ -287,35 +283,39 @@ def sweep_command(
     steps: int | None,
     lr: float | None,
     executor: str,
-    threads: int | None,
     no_plot: bool,
     out: str | None,
 ) -> None:
     """Run an experiment of the facts room as a resumable sweep; write results.csv and plots."""
-    from auditor.lab.facts.experiments import unit_function
+    from auditor.lab.engine import TrainConfig
+    from auditor.lab.facts.experiments import TRAIN, unit_function
     from auditor.lab.facts.plots import plot_results
     from auditor.lab.facts.presets import sweep_units
     from auditor.lab.sweep import run_sweep
 
-    _threads(threads)
+    check_executor(executor)
     train = {k: v for k, v in (("steps", steps), ("lr", lr)) if v is not None}
+    TrainConfig(**{**TRAIN, **train})  # --steps and --lr checked before the folder exists
     seeds = {
-        "db_seeds": tuple(parse_ints(db_seeds, "--db-seeds")) if db_seeds else None,
-        "init_seeds": tuple(parse_ints(init_seeds, "--init-seeds")) if init_seeds else None,
+        "db_seeds": tuple(parse_seeds(db_seeds, "--db-seeds")) if db_seeds else None,
+        "init_seeds": tuple(parse_seeds(init_seeds, "--init-seeds")) if init_seeds else None,
     }
+    units = sweep_units(experiment, quick=quick, train=train, **seeds)
     folder = _out(out, experiment)
-    for name, configs in sweep_units(experiment, quick=quick, train=train, **seeds).items():
-        target = folder / name.removeprefix("scale-") if experiment == "scale" else folder
-        frame = run_sweep(unit_function(name), configs, target, executor=executor, desc=f"facts {name}")
-        click.echo(f"{name}: {len(frame)} rows -> {target / 'results.csv'}")
-        if not no_plot:
-            for path in plot_results(target / "results.csv"):
-                click.echo(f"plot: {path}")
+    with output_folder(folder):
+        for name, configs in units.items():
+            target = folder / name.removeprefix("scale-") if experiment == "scale" else folder
+            frame = run_sweep(unit_function(name), configs, target, executor=executor, desc=f"facts {name}")
+            click.echo(f"{name}: {len(frame)} rows -> {target / 'results.csv'}")
+            if not no_plot:
+                for path in plot_results(target / "results.csv"):
+                    click.echo(f"plot: {path}")
 
 
 @facts_command.command("plot")
 @click.argument("folder", type=click.Path(exists=True))
 @click.option("--out", default=None, help="Folder for the PNGs (default: next to results.csv).")
+@threads_option
 def plot_command(folder: str, out: str | None) -> None:
     """Redraw the plot of a finished facts sweep."""
     from auditor.lab.facts.plots import plot_results

@@ -1,6 +1,6 @@
 """The memorization room of the capacity lab (Paper A): how many examples multi-head attention memorizes.
 
-Layout: ``data`` (the synthetic generator of SPEC 1.5) -> ``model`` (the SPEC 1.1 layer and the authors'
+Layout: ``data`` (the synthetic uniform-[0, 1) generator) -> ``model`` (the layer of the theory and the authors'
 variant as a batched Ensemble) -> ``task`` (padding and masks so different H, n, d_h, N train together)
 -> ``train`` (sweeps on the shared engine, bucketed) -> ``certify`` (rank of Z, least-squares readout,
 Proposition 2) and ``saturation`` -> ``plots``; ``figures`` holds the Figure 2 presets, ``pipeline``

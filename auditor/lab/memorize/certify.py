@@ -1,4 +1,4 @@
-"""Capacity certificates (SPEC 1.2): memorization as linear algebra once the attention is fixed.
+"""Capacity certificates: memorization as linear algebra once the attention is fixed.
 
 For fixed key/query weights, stack per example the per-head convex combinations of its context rows,
 

@@ -11,6 +11,7 @@ look high-rank in exact arithmetic; the full rank-against-tolerance curves go to
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,8 @@ class CertifyRequest:
             raise AuditError(f"train_steps must be >= 0, got {self.train_steps}")
         if not (self.heads and self.context and self.d_h and self.N and self.seeds):
             raise AuditError("every swept option needs at least one value")
+        if self.rtol is not None and not (math.isfinite(self.rtol) and 0 < self.rtol < 1):
+            raise AuditError(f"rtol (the relative rank tolerance) must be in (0, 1), got {self.rtol}")
 
     def runs(self) -> list[MemorizeRun]:
         top = max(self.N)
@@ -68,8 +71,10 @@ class CertifyRequest:
 def load_attention_weights(path: str | Path) -> tuple[torch.Tensor, torch.Tensor]:
     """W_Q, W_K of shape (H, d, d_h) from a .safetensors file or a tensor-only .pt file."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise AuditError(f"weights file {str(path)!r} does not exist; give a .safetensors or .pt file or 'random'")
+    if not path.is_file():
+        raise AuditError(f"weights {str(path)!r} is not a file; give a .safetensors or .pt file or 'random'")
     try:
         if path.suffix == ".safetensors":
             from safetensors.torch import load_file
@@ -81,9 +86,20 @@ def load_attention_weights(path: str | Path) -> tuple[torch.Tensor, torch.Tensor
         raise AuditError(f"{path}: not a readable weights file ({type(err).__name__})") from None
     if not isinstance(tensors, dict) or not {"W_Q", "W_K"} <= set(tensors):
         raise AuditError(f"{path}: needs tensors 'W_Q' and 'W_K' of shape (H, d, d_h)")
+    for name in ("W_Q", "W_K"):
+        value = tensors[name]
+        if not isinstance(value, torch.Tensor):
+            raise AuditError(f"{path}: {name} is a {type(value).__name__}, not a tensor; save W_Q and W_K as "
+                             "real tensors of shape (H, d, d_h)")
+        if value.is_complex() or value.dtype == torch.bool:
+            raise AuditError(f"{path}: {name} has dtype {str(value.dtype).removeprefix('torch.')}; "
+                             "W_Q and W_K must be real numbers")
     W_Q, W_K = tensors["W_Q"].float(), tensors["W_K"].float()
-    if W_Q.dim() != 3 or W_Q.shape != W_K.shape:
-        raise AuditError(f"{path}: W_Q {tuple(W_Q.shape)} and W_K {tuple(W_K.shape)} must both be (H, d, d_h)")
+    if W_Q.dim() != 3 or W_Q.shape != W_K.shape or W_Q.numel() == 0:
+        raise AuditError(f"{path}: W_Q {tuple(W_Q.shape)} and W_K {tuple(W_K.shape)} must both be (H, d, d_h), "
+                         "none of them 0")
+    if not (torch.isfinite(W_Q).all() and torch.isfinite(W_K).all()):
+        raise AuditError(f"{path}: W_Q and W_K must be finite (found NaN or infinity, also after casting to float32)")
     return W_Q, W_K
 
 

@@ -1,4 +1,4 @@
-"""Synthetic memorization data (SPEC 1.5): Uniform[0, 1) queries and contexts, random labels.
+"""Synthetic memorization data: Uniform[0, 1) queries and contexts, random labels.
 
 One example is a context E(t) (n rows of width d), a query e(t) (width d) and a label: a class in
 ``0 .. classes-1`` (classification) or a vector in [0, 1)^outputs (regression). With

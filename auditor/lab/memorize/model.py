@@ -1,8 +1,8 @@
-"""The multi-head attention layer of SPEC 1.1 as a batched :class:`~auditor.lab.engine.Ensemble`.
+"""The multi-head attention layer of Paper A as a batched :class:`~auditor.lab.engine.Ensemble`.
 
 Two variants share one implementation:
 
-* ``spec``: the layer as written in SPEC 1.1. Per head ``s_h = softmax(E W_K^h (W_Q^h)^T e)`` over the
+* ``spec``: the layer as the theory states it. Per head ``s_h = softmax(E W_K^h (W_Q^h)^T e)`` over the
   n context rows (no scaling), ``z_h = (W_V^h)^T E^T s_h``, ``o = W_O^T [z_1; ...; z_H]``,
   ``y_hat = W_D^T o``. No biases.
 * ``authors``: the layer as Mahdavi et al. ran their Figure 2 (facts read from their code): a
@@ -237,7 +237,7 @@ class MHAEnsemble(Ensemble):
     def features(
         self, queries: torch.Tensor, contexts: torch.Tensor, context_mask: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Attention weights (E, B, H, n) and the mixed rows E(t)^T s_h(t): (E, B, H, w) (rows of Z, SPEC 1.2)."""
+        """Attention weights (E, B, H, n) and the mixed rows E(t)^T s_h(t): (E, B, H, w) (the rows of Z in :mod:`.certify`)."""
         q, ctx = self.embed(queries, contexts)
         s = self._attention(q, ctx, context_mask)  # (E, H, n, B)
         if ctx.dim() == 3:

@@ -110,8 +110,9 @@ class MemorizeSettings:
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.bucket_size < 1:
             raise AuditError("batch_size and bucket_size must be >= 1")
-        if not self.tolerance > 0:
-            raise AuditError(f"tolerance must be > 0, got {self.tolerance}")
+        if not 0 < self.tolerance < 0.5:  # also refuses NaN and infinity
+            raise AuditError(f"tolerance must be in (0, 0.5), got {self.tolerance}: regression labels are uniform in "
+                             "[0, 1), so at 0.5 or more the constant prediction 0.5 counts as memorizing every example")
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise AuditError(f"device must be cpu, cuda or cuda:<index>, got {self.device!r}")
         self.train_config(None)  # validates steps, lr, schedule, warm-up
