@@ -1,4 +1,5 @@
-"""Data loading: image folders (conversions and unreadable files counted), text windows without padding."""
+"""Data loading: image folders (conversions and unreadable files counted), text windows without padding,
+seeded random draws or the first examples, files that are never read, non-UTF-8 text."""
 
 from __future__ import annotations
 
@@ -12,8 +13,17 @@ from PIL import Image
 
 from auditor.data import Inputs, load_inputs
 from auditor.data.images import list_image_files
-from auditor.data.samples import SKIMAGE_PHOTOS, bundled_image_files, bundled_text
-from auditor.data.text import chunks, pair_windows, split_sentences, stream_windows
+from auditor.data.samples import (
+    CROPS_PER_PHOTO,
+    MATPLOTLIB_PHOTOS,
+    SKIMAGE_PHOTOS,
+    bundled_image_files,
+    crop_boxes,
+    halton,
+    reference_text,
+)
+from auditor.data.selection import random_order, selection_note
+from auditor.data.text import chunks, pair_windows, read_text_file, split_sentences, stream_windows
 from auditor.errors import AuditError
 from auditor.models import TextTokenizer, hub_reachable
 from auditor.models.gpt2 import _BYTE_TO_ID, byte_fallback_tokenizer
@@ -81,12 +91,59 @@ def test_image_folder_counts_conversions_and_skips_unreadable(messy_folder):
     assert torch.equal(gray[0], gray[1]) and torch.equal(gray[1], gray[2])  # gray -> RGB copies the channel
 
 
-def test_samples_limit_takes_the_first_readable_in_sorted_order(messy_folder):
+def test_first_takes_the_first_readable_in_sorted_order(messy_folder):
     loaded = tiny_model("vit-base")
-    two = load_inputs(loaded, str(messy_folder), samples=2, progress=False)
-    three = load_inputs(loaded, str(messy_folder), samples=3, progress=False)
-    assert two.N == 2
+    two = load_inputs(loaded, str(messy_folder), samples=2, first=True, progress=False)
+    three = load_inputs(loaded, str(messy_folder), samples=3, first=True, progress=False)
+    assert two.N == 2 and "first 2 of 5 image files" in two.data_source
     assert torch.equal(two.tensors["pixel_values"], three.tensors["pixel_values"][:2])
+    assert "first 3 of 5 image files" in three.data_source and three.counts["skipped_unreadable"] == 0
+    every = load_inputs(loaded, str(messy_folder), samples=5, first=True, progress=False)
+    assert every.N == 3 and "all 5 image files" in every.data_source and every.counts["skipped_unreadable"] == 2
+
+
+def test_samples_are_a_seeded_random_draw_in_source_order(tmp_path, photo):
+    """More images than asked for: a uniform random subset fixed by the seed, put back in source order."""
+    for i in range(12):
+        photo.crop((i * 20, 0, i * 20 + 64, 64)).save(tmp_path / f"img{i:02d}.png")
+    loaded = tiny_model("vit-base")
+    every = load_inputs(loaded, str(tmp_path), samples=12, progress=False).tensors["pixel_values"]
+    assert every.shape[0] == 12
+    draws = {}
+    for seed in (0, 0, 1):
+        inputs = load_inputs(loaded, str(tmp_path), samples=5, seed=seed, progress=False)
+        assert f"5 of 12 image files drawn at random (seed {seed})" in inputs.data_source
+        rows = [next(j for j in range(12) if torch.equal(every[j], image)) for image in inputs.tensors["pixel_values"]]
+        assert rows == sorted(rows) and len(set(rows)) == 5  # distinct images, in source order
+        draws.setdefault(seed, []).append(rows)
+    assert draws[0][0] == draws[0][1] == sorted(random_order(12, 0)[:5])
+    assert draws[1][0] != draws[0][0]
+
+
+def test_random_order_and_selection_notes_are_fixed():
+    assert random_order(10, 0) == random_order(10, 0) and sorted(random_order(10, 3)) == list(range(10))
+    assert random_order(10, 0) != random_order(10, 1)
+    assert selection_note(5, 5, "crops", samples=9, seed=0, first=False) == "all 5 crops"
+    assert selection_note(3, 9, "files", samples=3, seed=2, first=True) == "first 3 of 9 files"
+    assert selection_note(3, 9, "files", samples=3, seed=2, first=False) == "3 of 9 files drawn at random (seed 2)"
+
+
+def test_report_folders_hidden_folders_and_exclude_are_never_read(tmp_path, photo):
+    """``--data .`` must not read the report being written, earlier reports or hidden folders."""
+    photo.crop((0, 0, 64, 64)).save(tmp_path / "real.png")
+    out = tmp_path / "reports" / "now"
+    old = tmp_path / "reports" / "old"
+    hidden = tmp_path / ".venv" / "lib"
+    for folder in (out, old, hidden):
+        folder.mkdir(parents=True)
+        photo.crop((64, 64, 128, 128)).save(folder / "plot.png")
+    (old / "results.csv").write_text("model\n")
+    (old / "summary.md").write_text("# audit\n")
+    listed = [p.relative_to(tmp_path).as_posix() for p in list_image_files(tmp_path)]
+    assert listed == ["real.png", "reports/now/plot.png"]  # reports/now holds no results yet
+    assert list_image_files(tmp_path, exclude=out) == [tmp_path / "real.png"]
+    inputs = load_inputs(tiny_model("vit-base"), str(tmp_path), samples=10, exclude=str(out), progress=False)
+    assert inputs.N == 1 and "(folder, 1 image files; all 1 image files)" in inputs.data_source
 
 
 @pytest.mark.parametrize(
@@ -121,13 +178,33 @@ def test_timm_preprocessing_equals_timms_own_transform(photo):
     torch.testing.assert_close(pre.normalize(pre.to_uint8(photo)[None])[0], reference, rtol=0, atol=1e-6)
 
 
-def test_bundled_photos_are_labelled_offline_default():
-    files, label = bundled_image_files()
-    assert [f.name for f in files] == list(SKIMAGE_PHOTOS)
-    assert label == "bundled:skimage.data (9 photos; offline default)"
-    inputs = load_inputs(tiny_model("vit-base"), None, samples=100, progress=False)
-    assert inputs.N == 9 and inputs.data_source == label
-    assert inputs.counts["skipped_unreadable"] == 0 and inputs.counts["converted_grayscale"] == 0
+def test_bundled_default_is_486_labelled_crops_of_the_real_photos():
+    files, _ = bundled_image_files()
+    assert [f.name for f in files] == list(SKIMAGE_PHOTOS + MATPLOTLIB_PHOTOS)
+    inputs = load_inputs(tiny_model("vit-base"), None, samples=2000, progress=False)
+    assert inputs.N == len(files) * CROPS_PER_PHOTO == 486 > 197  # k = n = 197 for ViT-base
+    assert inputs.data_source == (
+        "bundled:skimage.data and matplotlib photo crops (486 crops of 18 photos; derived, offline default); "
+        "all 486 crops"
+    )
+    assert inputs.counts["skipped_unreadable"] == 0
+    assert inputs.counts["converted_grayscale"] == 8 * CROPS_PER_PHOTO  # cameraman, coins, moon, ... gravel
+    pixels = inputs.tensors["pixel_values"].flatten(1)
+    assert len({bytes(row.numpy()) for row in pixels}) == 486  # no two crops alike
+    again = load_inputs(tiny_model("vit-base"), None, samples=50, seed=4, progress=False)
+    assert again.N == 50 and "50 of 486 crops drawn at random (seed 4)" in again.data_source
+    kept = sorted(random_order(486, 4)[:50])
+    assert torch.equal(again.tensors["pixel_values"], inputs.tensors["pixel_values"][kept])
+
+
+def test_crop_boxes_are_spread_inside_the_photo():
+    assert [halton(i, 2) for i in range(1, 5)] == [0.5, 0.25, 0.75, 0.125]
+    boxes = crop_boxes(600, 400)
+    assert len(boxes) == CROPS_PER_PHOTO and len(set(boxes)) == CROPS_PER_PHOTO
+    assert set(boxes).isdisjoint(crop_boxes(600, 400, start=CROPS_PER_PHOTO))  # each photo its own layout
+    for left, top, right, bottom in boxes:
+        assert right - left == bottom - top and 0.29 * 400 <= right - left <= 0.91 * 400
+        assert left >= 0 and right <= 600 and top >= 0 and bottom <= 400
 
 
 def test_hf_imagefolder_on_local_files(messy_folder):
@@ -145,23 +222,25 @@ def test_hf_hub_dataset_offline_is_a_one_line_error(offline):
         load_inputs(tiny_model("vit-base"), "hf:imagenet-1k:validation", samples=4, progress=False)
 
 
-def test_shared_imagenet_sample_reads_in_sorted_order():
+def test_shared_imagenet_sample_is_drawn_at_random():
     folder = shared_data("imagenet-sample")
     inputs = load_inputs(tiny_model("vit-base"), str(folder), samples=16, progress=False)
     assert inputs.N == 16 and inputs.counts["skipped_unreadable"] == 0
-    assert str(folder) in inputs.data_source
+    assert inputs.data_source.startswith(str(folder)) and "16 of 1000 image files drawn at random (seed 0)" in (
+        inputs.data_source
+    )
 
 
 # --- text ---------------------------------------------------------------------------------------------
 
 
 def test_gpt2_windows_are_the_contiguous_byte_stream(tmp_path, offline):
-    text = bundled_text()[0][:20_000]
+    text = reference_text()[:20_000]
     path = tmp_path / "doc.txt"
     path.write_text(text, encoding="utf-8")
     loaded = tiny_model("gpt2", context_length=32)
     assert loaded.tokenizer.name.startswith("gpt2-bytes")  # no BPE files offline: known answer below
-    inputs = load_inputs(loaded, str(path), samples=10, progress=False)
+    inputs = load_inputs(loaded, str(path), samples=10, first=True, progress=False)
     ids = inputs.tensors["input_ids"]
     assert ids.shape == (10, 32) and set(inputs.tensors) == {"input_ids"}
     expected = _BYTE_TO_ID[np.frombuffer(text.encode("utf-8"), dtype=np.uint8)][: 10 * 32]
@@ -171,7 +250,7 @@ def test_gpt2_windows_are_the_contiguous_byte_stream(tmp_path, offline):
 def test_bert_pairs_have_exactly_n_real_tokens_and_no_padding():
     loaded = tiny_model("bert-base", context_length=48)
     tok = loaded.tokenizer
-    inputs = load_inputs(loaded, None, samples=12, progress=False)
+    inputs = load_inputs(loaded, None, samples=12, first=True, progress=False)
     ids, types = inputs.tensors["input_ids"], inputs.tensors["token_type_ids"]
     assert ids.shape == types.shape == (12, 48)
     assert not (ids == 0).any()  # [PAD] never appears
@@ -180,7 +259,7 @@ def test_bert_pairs_have_exactly_n_real_tokens_and_no_padding():
     for row, kinds in zip(ids, types):
         first_sep = int((row == tok.sep_id).nonzero()[0])
         assert (kinds[: first_sep + 1] == 0).all() and (kinds[first_sep + 1 :] == 1).all()
-    first_sentence = split_sentences(bundled_text()[0])[0]
+    first_sentence = split_sentences(reference_text())[0]
     s1 = tok.encode(first_sentence)[: (48 - 3) // 2]
     assert ids[0, 1 : 1 + len(s1)].tolist() == s1
 
@@ -201,7 +280,7 @@ def test_text_too_short_names_tokens_found_and_n(tmp_path, offline):
 
 
 def test_text_folder_and_hf_text_builder_agree(tmp_path):
-    text = bundled_text()[0][:8000]
+    text = reference_text()[:8000]
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "part.txt").write_text(text)
     loaded = tiny_model("gpt2", context_length=16)
@@ -215,7 +294,7 @@ def test_text_folder_and_hf_text_builder_agree(tmp_path):
 def test_chunked_tokenization_equals_whole_text_with_a_real_byte_level_bpe():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    text = bundled_text()[0][:60_000] + "\n\n  indented\n \n tail\n"
+    text = reference_text()[:60_000] + "\n\n  indented\n \n tail\n"
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)  # GPT-2's regex and byte map
     bpe.decoder = decoders.ByteLevel()
@@ -236,6 +315,7 @@ def test_wikitext_windows_for_gpt2_and_bert():
     assert gpt2.tensors["input_ids"].shape == (64, 32) and bert.tensors["input_ids"].shape == (64, 64)
     assert not (bert.tensors["input_ids"] == 0).any()
     assert "wikitext-2/test.txt" in gpt2.data_source and "contiguous windows of n=32" in gpt2.data_source
+    assert "drawn at random (seed 0)" in gpt2.data_source and "drawn at random (seed 0)" in bert.data_source
 
 
 def test_inputs_batches_cover_every_example_once():
@@ -253,3 +333,61 @@ def test_byte_fallback_round_trip_is_lossless():
     text = "naïve café — 東京\n"
     inverse = {int(i): b for b, i in enumerate(_BYTE_TO_ID)}
     assert bytes(inverse[i] for i in tok.encode(text)).decode("utf-8") == text
+
+
+# --- text: random windows, encodings, files never read -------------------------------------------------
+
+
+def test_text_windows_are_a_seeded_random_subset_in_source_order(tmp_path, offline):
+    path = tmp_path / "doc.txt"
+    path.write_text(reference_text()[:30_000], encoding="utf-8")
+    loaded = tiny_model("gpt2", context_length=32)
+    every = load_inputs(loaded, str(path), samples=10**5, progress=False)
+    assert every.data_source.endswith(f"all {every.N} contiguous windows of n=32 tokens")
+    drawn = load_inputs(loaded, str(path), samples=20, seed=3, progress=False)
+    assert f"20 of {every.N} contiguous windows of n=32 tokens drawn at random (seed 3)" in drawn.data_source
+    kept = sorted(random_order(every.N, 3)[:20])
+    assert torch.equal(drawn.tensors["input_ids"], every.tensors["input_ids"][kept])
+    first = load_inputs(loaded, str(path), samples=20, seed=3, first=True, progress=False)
+    assert first.data_source.endswith("first 20 contiguous windows of n=32 tokens")
+    assert torch.equal(first.tensors["input_ids"], every.tensors["input_ids"][:20])
+
+
+def test_bert_pair_token_types_survive_the_random_draw():
+    loaded = tiny_model("bert-base", context_length=24)
+    inputs = load_inputs(loaded, None, samples=8, seed=1, first=True, progress=False)
+    ids, types = inputs.tensors["input_ids"], inputs.tensors["token_type_ids"]
+    first_sep = (ids == loaded.tokenizer.sep_id).int().argmax(dim=1)  # (N,)
+    assert torch.equal(types, (torch.arange(24)[None, :] > first_sep[:, None]).long())
+
+
+def test_latin1_text_is_counted_and_binary_or_mostly_latin1_text_is_refused(tmp_path, offline):
+    words = reference_text()[:5000]
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes(words.encode("ascii", "replace") + "café crème".encode("latin-1"))
+    counts: dict[str, int] = {}
+    text = read_text_file(latin1, counts)
+    assert counts == {"undecodable_bytes": 2} and text.endswith("caf\ufffd cr\ufffdme")
+    inputs = load_inputs(tiny_model("gpt2", context_length=16), str(latin1), samples=4, progress=False)
+    assert inputs.counts["undecodable_bytes"] == 2 and inputs.counts["tokens_read"] > 5000
+    mostly = tmp_path / "mostly.txt"
+    mostly.write_bytes(("é" * 200 + words[:1000]).encode("latin-1", "replace"))
+    binary = tmp_path / "binary.txt"
+    binary.write_bytes(words.encode() + b"\x00\x01\x02" * 10)
+    utf16 = tmp_path / "utf16.txt"
+    utf16.write_text(words, encoding="utf-16")
+    for path, message in ((mostly, "200 of its 1200 bytes are not valid UTF-8"), (binary, "contains NUL bytes"),
+                          (utf16, "contains NUL bytes")):
+        with pytest.raises(AuditError, match="text must be UTF-8") as err:
+            load_inputs(tiny_model("gpt2", context_length=16), str(path), samples=4, progress=False)
+        assert message in str(err.value) and str(path) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_text_folder_skips_excluded_and_report_folders(tmp_path, offline):
+    (tmp_path / "corpus.txt").write_text(reference_text()[:4000] + "\n")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "notes.txt").write_text("x" * 4000)
+    loaded = tiny_model("gpt2", context_length=16)
+    inputs = load_inputs(loaded, str(tmp_path), samples=1000, exclude=tmp_path / "out", progress=False)
+    assert "(folder, 1 .txt files, sorted)" in inputs.data_source
+    assert inputs.counts["tokens_read"] == len(reference_text()[:4000].encode()) + 1

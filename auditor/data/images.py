@@ -1,6 +1,8 @@
-"""Images -> ViT inputs: deterministic file order, RGB conversion and unreadable files counted.
+"""Images -> ViT inputs: a seeded random draw (or the first files), RGB conversion and unreadable files counted.
 
-Every image is decoded once, converted to RGB (grayscale and CMYK conversions are counted), resized
+A source with more images than asked for is read in a seeded random order until enough images decode;
+the kept ones are put back in source order (``first=True``: sorted order from the start). Every image
+is decoded once, converted to RGB (grayscale and CMYK conversions are counted), resized
 by the model's preprocessor and kept as uint8 (150 KB per 224 x 224 image); batches are standardised
 to float on the fly. A file that cannot be decoded (zero bytes, truncated, not an image) is skipped and
 counted, never fatal; a source with no readable image is an AuditError.
@@ -10,7 +12,7 @@ from __future__ import annotations
 
 import io
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 from auditor.data import HF_PREFIX, Inputs
+from auditor.data.selection import reading_order, selection_note, visible_files
 from auditor.errors import AuditError
 from auditor.models.base import ImagePreprocessor, LoadedModel, first_line, hub_reachable
 
@@ -30,16 +33,21 @@ GRAYSCALE_MODES = ("1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F")
 COUNT_KEYS = ("converted_grayscale", "converted_cmyk", "converted_other", "skipped_unreadable")
 
 
-def list_image_files(folder: Path) -> list[Path]:
-    """Image files under ``folder`` (recursively), sorted by relative path; other files are ignored."""
+# an image to decode: a file, encoded bytes, or a loader of an image derived in memory (bundled crops)
+Source = Path | bytes | Callable[[], Image.Image]
+
+
+def list_image_files(folder: Path, exclude: str | Path | None = None) -> list[Path]:
+    """Image files under ``folder`` (recursively), sorted by relative path; other files are ignored, and so
+    are ``exclude`` (the report being written), earlier audit reports and hidden folders."""
     if not folder.exists():
         raise AuditError(f"image folder {str(folder)!r} does not exist")
     if not folder.is_dir():
         raise AuditError(f"{str(folder)!r} is not a folder; give a folder of images")
-    files = [p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES]
+    files = visible_files(folder, IMAGE_SUFFIXES, exclude)
     if not files:
         raise AuditError(f"no image files ({', '.join(IMAGE_SUFFIXES)}) under {str(folder)!r}")
-    return sorted(files, key=lambda p: p.relative_to(folder).as_posix())
+    return files
 
 
 def to_rgb(image: Image.Image, counts: dict[str, int]) -> Image.Image:
@@ -59,12 +67,18 @@ def to_rgb(image: Image.Image, counts: dict[str, int]) -> Image.Image:
     return image.convert("RGB")
 
 
-def decode(
-    source: Path | bytes, preprocessor: ImagePreprocessor, counts: dict[str, int]
-) -> torch.Tensor | None:
-    """(3, H, W) uint8 pixels of one image file or encoded bytes, or None (counted) if it cannot be read."""
+def _open(source: Source) -> Image.Image:
+    if isinstance(source, Path):
+        return Image.open(source)
+    if isinstance(source, bytes):
+        return Image.open(io.BytesIO(source))
+    return source()
+
+
+def decode(source: Source, preprocessor: ImagePreprocessor, counts: dict[str, int]) -> torch.Tensor | None:
+    """(3, H, W) uint8 pixels of one image, or None (counted) if it cannot be read."""
     try:
-        with Image.open(source if isinstance(source, Path) else io.BytesIO(source)) as image:
+        with _open(source) as image:
             image.load()  # decode now: truncated or corrupt data fails here
             return preprocessor.to_uint8(to_rgb(image, counts))
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
@@ -74,27 +88,52 @@ def decode(
 
 
 def decode_images(
-    sources: Iterable[Path | bytes],
+    sources: Iterable[Source],
     preprocessor: ImagePreprocessor,
     samples: int,
     *,
     total: int | None = None,
     progress: bool = True,
-) -> tuple[torch.Tensor, dict[str, int]]:
-    """The first ``samples`` readable images as (N, 3, H, W) uint8, and the conversion/skip counts."""
+) -> tuple[torch.Tensor, dict[str, int], list[int]]:
+    """The first ``samples`` readable images of ``sources`` as (N, 3, H, W) uint8, the conversion/skip
+    counts, and the positions in ``sources`` of the kept images."""
     counts = dict.fromkeys(COUNT_KEYS, 0)
     pixels: list[torch.Tensor] = []
+    kept: list[int] = []
     with tqdm(total=total, disable=not progress, desc="images", unit="file") as bar:
-        for source in sources:
+        for position, source in enumerate(sources):
             image = decode(source, preprocessor, counts)  # (3, H, W) uint8 or None
             bar.update(1)
             if image is not None:
                 pixels.append(image)
+                kept.append(position)
                 if len(pixels) == samples:
                     break
     if not pixels:
-        return torch.empty((0, 3, *preprocessor.size), dtype=torch.uint8), counts
-    return torch.stack(pixels), counts  # (N, 3, H, W)
+        return torch.empty((0, 3, *preprocessor.size), dtype=torch.uint8), counts, kept
+    return torch.stack(pixels), counts, kept  # (N, 3, H, W)
+
+
+def pick_images(
+    sources: Sequence[Source] | Callable[[int], Source],
+    total: int,
+    preprocessor: ImagePreprocessor,
+    samples: int,
+    *,
+    seed: int,
+    first: bool,
+    progress: bool,
+) -> tuple[torch.Tensor, dict[str, int]]:
+    """``samples`` readable images of a source of ``total`` (by index: a sequence or a getter), tried in
+    :func:`reading_order` and returned in source order: pixels (N, 3, H, W) uint8 and the counts."""
+    get = sources.__getitem__ if isinstance(sources, Sequence) else sources
+    order = reading_order(total, samples, seed, first)
+    pixels, counts, kept = decode_images(
+        (get(i) for i in order), preprocessor, samples, total=min(total, samples), progress=progress
+    )
+    chosen = [order[p] for p in kept]
+    ranks = sorted(range(len(chosen)), key=chosen.__getitem__)  # back to source order
+    return (pixels[ranks] if ranks else pixels), counts
 
 
 def image_inputs(
@@ -135,15 +174,23 @@ def _parse_hf(spec: str) -> tuple[str, str | None, str]:
     return parts[0], parts[1], parts[2]
 
 
-def load_hf_dataset(spec: str, local_builder: str) -> tuple[Any, str]:
-    """A (streamed, for the hub) dataset split and its label; unreachable or unknown -> AuditError."""
+def load_hf_dataset(
+    spec: str, local_builder: str, suffixes: Sequence[str], exclude: str | Path | None = None
+) -> tuple[Any, str]:
+    """A dataset split (streamed, for the hub) and its label; unreachable or unknown -> AuditError.
+
+    A local folder is read by ``local_builder`` from its files with ``suffixes`` (see
+    :func:`~auditor.data.selection.visible_files`: never ``exclude`` nor an audit report).
+    """
     import datasets
 
     name, config, split = _parse_hf(spec)
     folder = Path(name).expanduser()
     try:
         if folder.exists():
-            files = str(folder / "**") if folder.is_dir() else str(folder)
+            files = [str(p) for p in visible_files(folder, suffixes, exclude)] if folder.is_dir() else str(folder)
+            if not files:
+                raise AuditError(f"no {', '.join(suffixes)} files under {str(folder)!r}")
             data = datasets.load_dataset(local_builder, data_files={split: files}, split=split)
             return data, f"{spec} ({local_builder} builder on local files, split {split})"
         if not hub_reachable():
@@ -158,48 +205,67 @@ def load_hf_dataset(spec: str, local_builder: str) -> tuple[Any, str]:
         raise AuditError(f"cannot load dataset {spec!r}: {first_line(err)}") from None
 
 
-def _hf_image_sources(data: Any) -> Iterator[bytes | Path]:
-    """Encoded images of a dataset (decoded by :func:`decode`, so failures are counted the same way)."""
+def _hf_image_column(data: Any) -> tuple[Any, str]:
+    """The dataset with its image column left encoded (decoded by :func:`decode`, so failures are counted
+    the same way), and that column's name."""
     import datasets
 
     features = data.features or {}
     column = next((k for k, f in features.items() if isinstance(f, datasets.Image)), None)
     if column is None:
         raise AuditError(f"the dataset has no image column (columns: {', '.join(features) or 'unknown'})")
-    for row in data.cast_column(column, datasets.Image(decode=False)):
-        item = row[column] or {}
-        if item.get("bytes") is not None:
-            yield item["bytes"]
-        elif item.get("path"):
-            yield Path(item["path"])
-        else:
-            yield b""  # an empty cell: counted as unreadable
+    return data.cast_column(column, datasets.Image(decode=False)), column
+
+
+def _hf_source(item: Any) -> Source:
+    item = item or {}
+    if item.get("bytes") is not None:
+        return item["bytes"]
+    if item.get("path"):
+        return Path(item["path"])
+    return b""  # an empty cell: counted as unreadable
 
 
 def load_image_inputs(
-    loaded: LoadedModel, data: str | None, samples: int, *, progress: bool = True
+    loaded: LoadedModel,
+    data: str | None,
+    samples: int,
+    *,
+    seed: int = 0,
+    first: bool = False,
+    exclude: str | Path | None = None,
+    progress: bool = True,
 ) -> Inputs:
-    """Image inputs from a folder, ``hf:...`` or (None) the bundled skimage photographs."""
+    """Image inputs from a folder, ``hf:...`` or (None) crops of the bundled skimage photographs."""
     preprocessor = loaded.image_preprocessor
     if preprocessor is None:
         raise AuditError(f"{loaded.name} takes no images")
+    pick = dict(seed=seed, first=first, progress=progress)
     if data is None:
-        from auditor.data.samples import bundled_image_files
+        from auditor.data.samples import bundled_image_crops, release_photos
 
-        files, label = bundled_image_files()
-        pixels, counts = decode_images(files, preprocessor, samples, total=len(files), progress=progress)
-        return image_inputs(pixels, counts, loaded, label)
+        crops, label = bundled_image_crops()
+        try:
+            pixels, counts = pick_images(crops, len(crops), preprocessor, samples, **pick)
+        finally:
+            release_photos()
+        note = selection_note(len(pixels), len(crops), "crops", samples=samples, seed=seed, first=first)
+        return image_inputs(pixels, counts, loaded, f"{label}; {note}")
     if data.startswith(HF_PREFIX):
-        dataset, label = load_hf_dataset(data, "imagefolder")
-        total = len(dataset) if hasattr(dataset, "__len__") else None
-        pixels, counts = decode_images(
-            _hf_image_sources(dataset), preprocessor, samples, total=total, progress=progress
-        )
-        return image_inputs(pixels, counts, loaded, label)
+        dataset, label = load_hf_dataset(data, "imagefolder", IMAGE_SUFFIXES, exclude)
+        dataset, column = _hf_image_column(dataset)
+        if hasattr(dataset, "__len__"):  # a local dataset: random access
+            total = len(dataset)
+            pixels, counts = pick_images(lambda i: _hf_source(dataset[i][column]), total, preprocessor,
+                                         samples, **pick)
+            note = selection_note(len(pixels), total, "images", samples=samples, seed=seed, first=first)
+        else:  # streamed from the hub: its size is unknown, so the first images are read
+            sources = (_hf_source(row[column]) for row in dataset)
+            pixels, counts, _ = decode_images(sources, preprocessor, samples, progress=progress)
+            note = f"first {len(pixels)} readable images (a streamed dataset is read from its start)"
+        return image_inputs(pixels, counts, loaded, f"{label}; {note}")
     folder = Path(data).expanduser()
-    files = list_image_files(folder)
-    pixels, counts = decode_images(
-        files, preprocessor, samples, total=min(len(files), samples), progress=progress
-    )
-    label = f"{folder} (folder, {len(files)} image files, sorted; first {int(pixels.shape[0])} readable)"
-    return image_inputs(pixels, counts, loaded, label)
+    files = list_image_files(folder, exclude)
+    pixels, counts = pick_images(files, len(files), preprocessor, samples, **pick)
+    note = selection_note(len(pixels), len(files), "image files", samples=samples, seed=seed, first=first)
+    return image_inputs(pixels, counts, loaded, f"{folder} (folder, {len(files)} image files; {note})")

@@ -40,3 +40,4 @@ __all__ = [
     "resolve_device",
     "resolve_dtype",
 ]
+from auditor.models.from_object import from_object  # noqa: E402, F401  (a model object the caller holds)

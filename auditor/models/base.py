@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import pickle
 import re
 import socket
 from abc import ABC, abstractmethod
@@ -33,7 +32,6 @@ from auditor.errors import AuditError
 FAMILIES = ("vit", "bert", "gpt2")
 MODALITIES = ("image", "text")
 TEXT_LAYOUTS = ("stream", "pairs")  # GPT-2: contiguous windows; BERT: [CLS] s1 [SEP] s2 [SEP]
-SAFETENSORS, TORCH_BIN = "model.safetensors", "pytorch_model.bin"
 WEIGHTS_HELP = "weights must be 'random', 'pretrained' or a folder written by save_pretrained"
 
 
@@ -186,6 +184,12 @@ class Adapter(ABC):
         """Row of the context that is the query: CLS (0) unless overridden."""
         return 0
 
+    def planned_shape(
+        self, spec: ModelSpec, weights: str, *, context_length: int | None, overrides: Mapping[str, Any] | None
+    ) -> tuple[int, int] | None:
+        """(n, d) from the architecture alone, before any weights are read; None when only loading tells."""
+        return None
+
 
 # ---------------------------------------------------------------------------------------------------
 # Small shared helpers: devices, dtypes, weights argument, hub reachability
@@ -223,6 +227,12 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def valid_devices() -> list[str]:
+    """The device names that work on this machine: ``auto``, ``cpu`` and one ``cuda:<i>`` per visible GPU."""
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return ["auto", "cpu", *(["cuda"] if count else []), *(f"cuda:{i}" for i in range(count))]
+
+
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
     """``auto`` (CUDA when available, else CPU), ``cpu`` or ``cuda[:i]``; a missing GPU is a user error."""
     text = str(device)
@@ -234,11 +244,26 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     if match is None:
         raise AuditError(f"unknown device {text!r}; valid: auto, cpu, cuda, cuda:<index>")
     if not torch.cuda.is_available():
-        raise AuditError(f"device {text!r} requested but CUDA is not available here; use --device cpu")
+        raise AuditError(
+            f"device {text!r} requested but CUDA is not available here; valid here: {', '.join(valid_devices())}"
+        )
     index = int(match.group(1) or 0)
     if index >= torch.cuda.device_count():
-        raise AuditError(f"device {text!r}: only {torch.cuda.device_count()} CUDA device(s) visible")
+        raise AuditError(
+            f"device {text!r}: only {torch.cuda.device_count()} CUDA device(s) visible; "
+            f"valid here: {', '.join(valid_devices())}"
+        )
     return torch.device("cuda", index)
+
+
+def looks_like_path(text: str) -> bool:
+    """Whether a name is meant as a local path rather than a hub id ``owner/name`` or a short name."""
+    return (
+        text in (".", "..")
+        or text.startswith(("/", "./", "../", "~", ".\\", "..\\"))
+        or "\\" in text
+        or text.count("/") > 1
+    )
 
 
 def weights_kind(weights: str) -> str:
@@ -250,6 +275,8 @@ def weights_kind(weights: str) -> str:
         return "folder"
     if path.exists():
         raise AuditError(f"{WEIGHTS_HELP}; {weights!r} is a file, not a folder")
+    if looks_like_path(str(weights)):
+        raise AuditError(f"weights folder {weights!r} does not exist; {WEIGHTS_HELP}")
     raise AuditError(f"{WEIGHTS_HELP}; {weights!r} is none of these (no such folder)")
 
 
@@ -285,6 +312,17 @@ def first_line(err: BaseException) -> str:
     return type(err).__name__
 
 
+def default_context_length(preferred: int, max_positions: int, d: int) -> int:
+    """The default n of a text model: the family's paper value (BERT 512, GPT-2 1024) within the position
+    table, unless that exceeds the width d, where no context could have rank n (Assumption 2); then the
+    largest power of two <= d / 2 (gpt2, d = 768: 256; minilm, d = 384: 128), which leaves room for k = n
+    subsets in d dimensions and keeps the default audit fast."""
+    n = min(preferred, max_positions)
+    if n > d:
+        n = 1 << max(1, (d // 2).bit_length() - 1)
+    return n
+
+
 def check_context_length(requested: int | None, default: int, max_positions: int, what: str) -> int:
     """The context length n for a text model: ``requested`` or ``default``, within [2, max_positions]."""
     n = default if requested is None else requested
@@ -293,6 +331,18 @@ def check_context_length(requested: int | None, default: int, max_positions: int
     if not 2 <= n <= max_positions:
         raise AuditError(f"context_length {n} is out of range for {what}: valid 2..{max_positions}")
     return n
+
+
+def check_width(name: str, n: int, d: int, fixed: bool = False) -> None:
+    """Refuse a context length n above the width d: no context can have rank n (Assumption 2)."""
+    if n > d:
+        fix = (
+            "n is fixed by the image and patch size, so audit a wider model"
+            if fixed
+            else f"choose a context length of at most {d} (--context-length)"
+        )
+        raise AuditError(f"context length n = {n} exceeds the width d = {d} of {name}: no context can have "
+                         f"rank n (Assumption 2); {fix}")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -312,7 +362,7 @@ def apply_overrides(config: Any, overrides: Mapping[str, Any] | None) -> Any:
 
 
 @contextlib.contextmanager
-def _quiet_transformers() -> Iterator[None]:
+def quiet_transformers() -> Iterator[None]:
     """Silence transformers' loading logs and progress bars for one call, then restore them."""
     from transformers.utils import logging as hf_logging
 
@@ -325,57 +375,6 @@ def _quiet_transformers() -> Iterator[None]:
         hf_logging.set_verbosity(verbosity)
         if bars:
             hf_logging.enable_progress_bar()
-
-
-def load_pretrained(
-    model_class: Any, source: str, *, model_kwargs: Mapping[str, Any], optional: tuple[str, ...]
-):
-    """``model_class.from_pretrained(source)`` with safe formats only, or :class:`WeightsUnavailable`.
-
-    safetensors first; a checkpoint with only ``pytorch_model.bin`` is read by transformers with
-    ``torch.load(weights_only=True)``. Weights the checkpoint lacks (other than the ``optional`` heads such
-    as the pooler) mean it is not a checkpoint of this architecture: that is refused, not random-filled.
-    """
-    local = Path(source).is_dir()
-    offline = not local and not hub_reachable()
-    formats: tuple[bool, ...] = (True, False)  # use_safetensors: safetensors first, then weights-only .bin
-    if local:
-        present = {p.name.removesuffix(".index.json") for p in Path(source).iterdir()}  # sharded too
-        formats = tuple(f for f, name in ((True, SAFETENSORS), (False, TORCH_BIN)) if name in present)
-        if not formats:
-            raise WeightsUnavailable(f"{source}: no {SAFETENSORS} or {TORCH_BIN} in the folder")
-    failures: list[BaseException] = []
-    for use_safetensors in formats:
-        try:
-            with _quiet_transformers():  # the load report lists the unused pooler/heads: checked below
-                model, info = model_class.from_pretrained(
-                    source,
-                    use_safetensors=use_safetensors,
-                    local_files_only=local or offline,
-                    output_loading_info=True,
-                    **model_kwargs,
-                )
-        except (
-            OSError,
-            ValueError,
-            RuntimeError,
-            pickle.UnpicklingError,
-        ) as err:  # unpickling: not weights-only
-            failures.append(err)
-            continue
-        missing = [k for k in info.get("missing_keys", ()) if not k.startswith(optional)]
-        if missing:
-            raise WeightsUnavailable(
-                f"{source}: the checkpoint lacks {len(missing)} weights of {model_class.__name__} "
-                f"(e.g. {sorted(missing)[0]}); it is not a checkpoint of this architecture"
-            )
-        return model
-    reason = (
-        "the Hugging Face hub is unreachable and the weights are not in the local cache"
-        if offline
-        else first_line(failures[0])
-    )
-    raise WeightsUnavailable(f"pretrained weights for {source!r} unavailable: {reason}")
 
 
 def folder_model_type(folder: Path) -> str:
@@ -434,6 +433,31 @@ class HFAdapter(Adapter):
             raise AuditError(f"{spec.name}: no architecture known offline; use weights='pretrained'")
         return apply_overrides(spec.config(), overrides)
 
+    def check_folder(self, folder: Path) -> None:
+        """Refuse a ``save_pretrained`` folder of another family."""
+        found = folder_model_type(folder)
+        if found not in self.model_types:
+            raise AuditError(f"{folder} holds a {found or 'unknown'} model, not a {self.family} model")
+
+    def pretrained_source(self, spec: ModelSpec) -> str:
+        """Where pretrained weights are read: an installed copy when there is one, else the hub id."""
+        local = spec.local_weights() if spec.local_weights is not None else None
+        return str(local) if local is not None else spec.source
+
+    def planned_shape(self, spec, weights, *, context_length, overrides):
+        kind = weights_kind(weights)
+        if kind == "folder":
+            folder = Path(weights).expanduser()
+            self.check_folder(folder)
+            config = self.config_class.from_pretrained(str(folder))
+        elif kind == "random":
+            config = self.build_config(spec, overrides)
+        elif spec.config is not None:
+            config = spec.config()  # the registered (or hub-read) architecture of the pretrained weights
+        else:
+            return None
+        return self.context_length(config, context_length), self.width(config)
+
     def load(
         self,
         spec: ModelSpec,
@@ -446,27 +470,23 @@ class HFAdapter(Adapter):
         trust_remote_code: bool,
         overrides: Mapping[str, Any] | None,
     ) -> LoadedModel:
+        from auditor.models.checkpoint import load_pretrained
+
         kind = weights_kind(weights)
         folder = Path(weights).expanduser() if kind == "folder" else None
         if kind != "random" and overrides:
             raise AuditError("config overrides apply to weights='random' only")
         if kind == "random":
             config = self.build_config(spec, overrides)
+            n = self.context_length(config, context_length)  # a bad n fails before the model is built
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
                 model = self.model_class(config, **self.model_kwargs)
             read_from = f"random init (torch.manual_seed({seed}))"
         else:
             if folder is not None:
-                found = folder_model_type(folder)
-                if found not in self.model_types:
-                    raise AuditError(
-                        f"{folder} holds a {found or 'unknown'} model, not a {self.family} model"
-                    )
-                source = str(folder)
-            else:
-                local = spec.local_weights() if spec.local_weights is not None else None
-                source = str(local) if local is not None else spec.source
+                self.check_folder(folder)
+            source = str(folder) if folder is not None else self.pretrained_source(spec)
             model = load_pretrained(
                 self.model_class, source, model_kwargs=self.model_kwargs, optional=self.optional_weights
             )

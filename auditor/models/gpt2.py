@@ -1,7 +1,9 @@
 """GPT-2 from Hugging Face (``GPT2Model``): ``gpt2``, ``gpt2-large`` and hub ids.
 
-Tokens: n = 1024 by default (the position table; paper A), settable; the query is the LAST token (row
-n - 1), the only position that sees the whole context under the causal mask. Inputs are contiguous
+Tokens: n = 1024 by default (the position table; the paper's gpt2-large, d = 1280), settable up to the
+position table. A model narrower than 1024 gets the largest power of two <= d / 2 instead (gpt2,
+d = 768: n = 256), since n > d leaves no context of rank n. The query is the LAST token (row n - 1), the
+only position that sees the whole context under the causal mask. Inputs are contiguous
 windows of exactly n tokens of one text stream. ``embedding`` (hidden_states[0]) is token + position
 embeddings after the embedding dropout (identity in eval mode).
 
@@ -19,10 +21,18 @@ from typing import Any
 import numpy as np
 from transformers import AutoTokenizer, GPT2Config, GPT2Model
 
-from auditor.models.base import HFAdapter, ModelSpec, TextTokenizer, check_context_length, hub_reachable
+from auditor.models.base import (
+    HFAdapter,
+    ModelSpec,
+    TextTokenizer,
+    check_context_length,
+    default_context_length,
+    hub_reachable,
+)
 from auditor.models.bert import wrap_hf_tokenizer
 from auditor.models.registry import register, register_adapter
 
+GPT2_DEFAULT_N = 1024  # the paper's gpt2-large setting; narrower models: see default_context_length
 GPT2_TOKENIZER_ID = "openai-community/gpt2"  # all GPT-2 sizes share one BPE vocabulary
 GPT2_TOKENIZER_FILES = ("tokenizer.json", "vocab.json")
 BYTE_FALLBACK_NAME = "gpt2-bytes (offline fallback, no BPE merges)"
@@ -81,7 +91,9 @@ class GPT2Adapter(HFAdapter):
     optional_weights = ()
 
     def context_length(self, config: Any, requested: int | None) -> int:
-        return check_context_length(requested, config.n_positions, config.n_positions, "GPT-2")
+        positions = int(config.n_positions)
+        default = default_context_length(GPT2_DEFAULT_N, positions, int(config.n_embd))
+        return check_context_length(requested, default, positions, "GPT-2")
 
     def query_index(self, n: int) -> int:
         return n - 1
@@ -101,5 +113,5 @@ def _gpt2_large() -> GPT2Config:
 
 
 # GPT2Config() defaults are GPT-2 small: 768 wide, 12 blocks, 12 heads, 1024 positions, vocabulary 50257.
-register(ModelSpec("gpt2", GPT2, "openai-community/gpt2", GPT2Config, "GPT-2 small (124M)"))
-register(ModelSpec("gpt2-large", GPT2, "openai-community/gpt2-large", _gpt2_large, "GPT-2 large; paper A"))
+register(ModelSpec("gpt2", GPT2, "openai-community/gpt2", GPT2Config, "GPT-2 small (124M); n = 256"))
+register(ModelSpec("gpt2-large", GPT2, "openai-community/gpt2-large", _gpt2_large, "GPT-2 large; paper A; n = 1024"))

@@ -20,8 +20,10 @@ from auditor.models.base import (
     Adapter,
     LoadedModel,
     ModelSpec,
+    check_width,
     first_line,
     hub_reachable,
+    looks_like_path,
     resolve_device,
     resolve_dtype,
 )
@@ -114,7 +116,14 @@ def resolve(name: str, *, trust_remote_code: bool = False) -> ModelSpec:
         from auditor.models.timm_vit import timm_spec
 
         return timm_spec(name[len(TIMM_PREFIX) :])
-    if "/" in name or Path(name).expanduser().is_dir():
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return _spec_from_hub(name, trust_remote_code)
+    if path.exists():
+        raise AuditError(f"{name!r} is a file; a model is a registered name, a hub id, timm:<name> or a folder")
+    if looks_like_path(name):
+        raise AuditError(f"model folder {name!r} does not exist; {_offline_hint()}")
+    if "/" in name:
         return _spec_from_hub(name, trust_remote_code)
     err = did_you_mean("model", name, _MODELS)
     raise AuditError(f"{err}; or a hub id 'owner/name', a local folder, or timm:<name>")
@@ -130,13 +139,16 @@ def load_model(
     context_length: int | None = None,
     trust_remote_code: bool = False,
     config_overrides: Mapping[str, Any] | None = None,
+    require_n_le_d: bool = False,
 ) -> LoadedModel:
     """Build or load a model, in eval mode on ``device``, ready for :func:`auditor.extract.extract`.
 
     weights: ``"random"`` (the architecture from code, initialised after ``torch.manual_seed(seed)``),
     ``"pretrained"`` (the hub or an installed copy; :class:`WeightsUnavailable` when it cannot be read),
     or a folder written by ``save_pretrained``. ``context_length`` sets n for text models (default: BERT
-    512, GPT-2 1024). ``config_overrides`` change architecture fields of a random model (tests use it for
+    512, GPT-2 1024, or the largest power of two <= d / 2 for a model narrower than that: gpt2 256,
+    minilm 128). ``require_n_le_d`` refuses a context length above the width d (no context could have
+    rank n), before any weights are read when the architecture is known. ``config_overrides`` change architecture fields of a random model (tests use it for
     tiny models: ``{"num_hidden_layers": 2}``; for timm they are ``create_model`` keyword arguments).
     ``trust_remote_code`` is passed to ``AutoConfig`` when a hub id is resolved; the model classes used
     (ViTModel, BertModel, GPT2Model, timm) never run code from a checkpoint.
@@ -144,13 +156,24 @@ def load_model(
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise AuditError(f"seed must be an integer; got {seed!r}")
     spec = resolve(name, trust_remote_code=trust_remote_code)
-    return spec.adapter.load(
+    device, dtype = resolve_device(device), resolve_dtype(dtype)
+    fixed = spec.modality == "image"  # a ViT's n is set by its image and patch size
+    if require_n_le_d:
+        shape = spec.adapter.planned_shape(
+            spec, str(weights), context_length=context_length, overrides=config_overrides
+        )
+        if shape is not None:
+            check_width(spec.name, *shape, fixed=fixed)
+    loaded = spec.adapter.load(
         spec,
         str(weights),
-        device=resolve_device(device),
-        dtype=resolve_dtype(dtype),
+        device=device,
+        dtype=dtype,
         seed=seed,
         context_length=context_length,
         trust_remote_code=trust_remote_code,
         overrides=config_overrides,
     )
+    if require_n_le_d:
+        check_width(spec.name, loaded.n, loaded.d, fixed=fixed)
+    return loaded

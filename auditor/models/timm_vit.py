@@ -86,16 +86,10 @@ def timm_preprocessor(model: nn.Module) -> ImagePreprocessor:
 
 
 def _load_folder(model: nn.Module, folder: Path) -> None:
-    """Load ``model.safetensors`` (or a weights-only ``pytorch_model.bin``) from a folder, strictly."""
-    safetensors_file, bin_file = folder / "model.safetensors", folder / "pytorch_model.bin"
-    if safetensors_file.is_file():
-        from safetensors.torch import load_file
+    """Load the folder's checked weights (safetensors, or a weights-only ``pytorch_model.bin``), strictly."""
+    from auditor.models.checkpoint import load_state_file
 
-        state = load_file(str(safetensors_file))
-    elif bin_file.is_file():
-        state = torch.load(bin_file, map_location="cpu", weights_only=True)
-    else:
-        raise AuditError(f"{folder}: no model.safetensors or pytorch_model.bin to load timm weights from")
+    state = load_state_file(folder)
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as err:
@@ -149,7 +143,10 @@ class TimmViTAdapter(Adapter):
         if kind == "pretrained":
             if kwargs:
                 raise AuditError("config overrides apply to weights='random' or a folder only")
+            from auditor.models.checkpoint import check_finite_parameters
+
             model, read_from = _pretrained(timm, spec.source), f"timm pretrained {spec.source}"
+            check_finite_parameters(model, f"timm:{spec.source}")
         else:
             folder = Path(weights).expanduser() if kind == "folder" else None
             if folder is not None and (folder / "config.json").is_file():  # timm's save_for_hf layout
