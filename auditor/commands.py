@@ -7,11 +7,12 @@ from pathlib import Path
 
 import click
 
+from auditor.config import MAX_DEFAULT_SAMPLES, MAX_SUBSETS, RTOL_RULE, AuditConfig
 from auditor.errors import AuditError
-from auditor.runner import MAX_SUBSETS, AuditConfig, default_out
-from auditor.sources import MAX_DEFAULT_SAMPLES
 
 _D = {f.name: f.default for f in dataclasses.fields(AuditConfig)}  # the CLI's defaults are the config's
+DEPRECATED = {"tolerance": "rtol"}  # old option name -> the option it is an alias of (still accepted)
+TOLERANCE_WARNING = "warning: --tolerance is deprecated; use --rtol"
 
 
 def _csv(value: str | None) -> tuple[str, ...] | None:
@@ -49,8 +50,10 @@ def _ints(value: str | None) -> tuple[int, ...] | None:
 @click.option("--tests", default=",".join(_D["tests"]), show_default=True, help="Which assumption tests to run.")
 @click.option("--threshold", type=float, default=_D["threshold"], show_default=True,
               help="Share of full-rank subsets needed for an assumption to hold.")
-@click.option("--tolerance", "rtol", type=float, default=_D["rtol"],
-              help="Relative rank tolerance (default: max(k, d) x eps of the token dtype).")
+@click.option("--rtol", type=float, default=_D["rtol"],
+              help=f"Relative rank tolerance: a singular value counts when it exceeds rtol x sigma_max "
+                   f"(default: {RTOL_RULE}).")
+@click.option("--tolerance", type=float, default=None, hidden=True, help="Deprecated name of --rtol.")
 @click.option("--seed", type=int, default=_D["seed"], show_default=True,
               help="Seed for the example draw, random weights and subsets (64-bit integer).")
 @click.option("--device", default=_D["device"], show_default=True, help="auto, cpu, cuda or cuda:N.")
@@ -81,7 +84,7 @@ def _ints(value: str | None) -> tuple[int, ...] | None:
               help="Report folder (default: reports/<model>-<timestamp>); rerunning into it reuses finished tests.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
 def audit_command(model: str, out: Path | None, quiet: bool, representations: str, weights: str, tests: str,
-                  sweep_ks: str | None, tokens: tuple[str, ...], **options) -> None:
+                  sweep_ks: str | None, tokens: tuple[str, ...], tolerance: float | None, **options) -> None:
     """Test the token assumptions of attention-memorization theory on MODEL.
 
     MODEL is a registered name (vit-base, vit-base-224, bert-base, bert-large, gpt2, gpt2-large, minilm;
@@ -95,9 +98,14 @@ def audit_command(model: str, out: Path | None, quiet: bool, representations: st
       audit minilm --data ../shared/data/wikitext-2/test.txt --context-length 128 --sweep
       audit vit-base --tokens reports/vit/tokens/block.0@random.safetensors --subsets 20000
     """
-    from auditor.report import summary_table
-    from auditor.runner import run
+    from auditor.report import stage_table, summary_table
+    from auditor.runner import default_out, run
 
+    if tolerance is not None:
+        if options["rtol"] is not None:
+            raise AuditError("--tolerance is the deprecated name of --rtol; give --rtol only")
+        click.echo(TOLERANCE_WARNING, err=True)
+        options["rtol"] = tolerance
     files = tuple(f for item in tokens for f in _csv(item) or ()) or None
     config = AuditConfig(model=model, representations=_csv(representations), weights=_csv(weights),
                          tests=_csv(tests), sweep_ks=_ints(sweep_ks), tokens=files, **options)
@@ -117,6 +125,8 @@ def audit_command(model: str, out: Path | None, quiet: bool, representations: st
         click.echo(f"reused: {reused} finished tests of an earlier run on the same data (see the note column)")
     for note in sorted(set(rows.loc[rows["status"] == "skipped", "note"].astype(str))):
         click.echo(f"skipped: {note}")
+    if not result.stages.empty:
+        click.echo(f"\ntime per stage:\n{stage_table(result.stages).to_markdown(disable_numparse=True)}")
     click.echo(f"report: {out}/summary.md (rows in {out}/results.csv)")
 
 

@@ -8,11 +8,13 @@ DataFrame (columns and types: :mod:`auditor.report.schema`); with ``out`` it als
 transformers model object the caller holds (``audit(model, processor, data)``), saved token files
 (``tokens=``, ``audit MODEL --tokens FILE``) or tensors (:func:`audit_tokens`).
 
-Every option is checked before a model loads or the report folder is touched, so a mistake costs
-nothing and never disturbs an interrupted run's ``results.partial.*``. Rows are named by representation
-and weights: the default plan is ``embedding``, ``random-attention`` and ``block.0``, each with random
-and with pretrained weights. A pretrained row whose weights cannot be loaded (offline) is kept as a
-*skipped* row with the reason.
+Every option (:class:`~auditor.config.AuditConfig`) is checked before a model loads or the report
+folder is touched, so a mistake costs nothing and never disturbs an interrupted run's
+``results.partial.*``. Rows are named by representation and weights: the default plan is ``embedding``,
+``random-attention`` and ``block.0``, each with random and with pretrained weights. A pretrained row
+whose weights cannot be loaded (offline) is kept as a *skipped* row with the reason. The tests come from
+one table (:mod:`auditor.assumptions`); the wall time of each stage (extraction per weights source, each
+test, the sweep) is recorded with ``time.perf_counter`` and reported as ``stage | seconds | share``.
 """
 
 from __future__ import annotations
@@ -21,10 +23,9 @@ import contextlib
 import dataclasses
 import json
 import logging
-import math
 import re
+import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +34,21 @@ import torch
 from tqdm.auto import tqdm
 
 import probes
-from auditor.errors import AuditError, did_you_mean
+from auditor.assumptions import ASSUMPTION_TESTS, QUERY_TESTS, TESTS, RunOptions
+from auditor.config import (
+    DEFAULT_REPRESENTATIONS,
+    DEFAULT_SUBSETS,
+    DEFAULT_WEIGHTS,
+    MAX_SUBSETS,
+    AuditConfig,
+    positive,
+)
+from auditor.errors import AuditError
 from auditor.provenance import provenance, timestamp
+from auditor.report import AuditResult, write_report
 from auditor.report.folder import PARTIAL_CSV, ReportFolder, RowStore
 from auditor.report.schema import COLUMNS, rows_frame
+from auditor.report.tables import stage_frame
 from auditor.sources import (
     Row,
     TokenGroup,
@@ -52,128 +64,47 @@ from auditor.sources import (
 )
 from auditor.tokens import Tokens
 
-__all__ = ["COLUMNS", "AuditConfig", "AuditResult", "audit", "audit_tokens", "plan", "run", "run_tests"]
+__all__ = ["COLUMNS", "DEFAULT_REPRESENTATIONS", "DEFAULT_SUBSETS", "DEFAULT_WEIGHTS", "MAX_SUBSETS", "QUERY_TESTS",
+           "TESTS", "AuditConfig", "AuditResult", "StageClock", "audit", "audit_tokens", "default_out", "plan", "run",
+           "run_tests"]
 
-TESTS = ("assumption2", "assumption1", "assumption3", "general_position")
-QUERY_TESTS = ("assumption1", "general_position")  # the tests that need no context matrices
-DEFAULT_REPRESENTATIONS = ("embedding", "random-attention", "block.0")
-DEFAULT_WEIGHTS = ("random", "pretrained")
-DEFAULT_SUBSETS = 5000
-MAX_SUBSETS = 10_000_000  # per test; the sampled share is then known to about +-0.0003
-MAX_SWEEP_REFINE = 64  # bisection steps; log2(d) of any real model is far below
-MAX_THREADS = 1024
 TENSORS = "tensors"  # the model column of audit_tokens rows
 GIVEN = "given"  # ... and their weights column
+SETUP = "setup"  # first imports and the option checks against the model, before any work
+READING_TOKENS = "reading token files"  # the stage of --tokens
+SAVING_TOKENS = "saving tokens"  # the stage of --save-tokens
+SWEEP = "sweep"  # the stage of --sweep
 log = logging.getLogger(__name__)
 _NOT_RESULTS = ("workers", "executor", "address", "save_tokens", "threads", "tokens")  # cannot change a row
 
 
-@dataclass(frozen=True)
-class AuditConfig:
-    """Everything that decides an audit's numbers (recorded in every report).
+class StageClock:
+    """Wall time per stage of one audit (``time.perf_counter``), summed over repeats of a stage.
 
-    The ``audit`` command line has one option per field, with the same defaults.
+    Stages are named as the report shows them: ``setup``, ``extraction @ <weights>`` per weights source,
+    each test by its name (summed over representations), ``sweep``, ``saving tokens``, ``reading token
+    files``; :meth:`frame` adds ``other`` for the rest of the wall time since the clock was made.
     """
 
-    model: str = "vit-base"
-    data: str | None = None
-    samples: int | None = None  # None: all available, at most 2000 (the paper's N)
-    first: bool = False  # take the first `samples` examples instead of a seeded random draw
-    subsets: int = DEFAULT_SUBSETS
-    representations: tuple[str, ...] = DEFAULT_REPRESENTATIONS
-    weights: tuple[str, ...] = DEFAULT_WEIGHTS
-    tests: tuple[str, ...] = TESTS
-    threshold: float = probes.DEFAULT_THRESHOLD
-    rtol: float | None = None
-    seed: int = 0
-    device: str = "auto"
-    batch_size: int = 32
-    context_length: int | None = None
-    sweep: bool = False
-    sweep_ks: tuple[int, ...] | None = None
-    sweep_subsets: int = 500
-    sweep_refine: int = 6  # extra k placed by bisection where the curve leaves 1.0
-    save_tokens: bool = False
-    tokens: tuple[str, ...] | None = None  # token files to test again instead of extracting
-    trust_remote_code: bool = False
-    threads: int | None = None  # torch threads for the run (None: torch's default)
-    workers: int = 1  # > 1: shard extraction across workers (see auditor.shard)
-    executor: str = "local"  # "local" (processes on this machine) | "ray"
-    address: str | None = None  # Ray cluster address for executor="ray"
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.seconds: dict[str, float] = {}
 
-    def __post_init__(self) -> None:
-        _bounded("subsets", self.subsets, 1, MAX_SUBSETS)
-        _bounded("sweep_subsets", self.sweep_subsets, 1, MAX_SUBSETS)
-        _bounded("sweep_refine", self.sweep_refine, 0, MAX_SWEEP_REFINE)
-        _positive("batch_size", self.batch_size)
-        _positive("workers", self.workers)
-        if self.threads is not None:
-            _bounded("threads", self.threads, 1, MAX_THREADS)
-        if self.executor not in ("local", "ray"):
-            raise did_you_mean("executor", self.executor, ("local", "ray"))
-        if self.samples is not None:
-            _positive("samples", self.samples)
-        if self.context_length is not None:
-            _positive("context_length", self.context_length)
-        for name in ("first", "sweep", "save_tokens", "trust_remote_code"):
-            if not isinstance(getattr(self, name), bool):
-                raise AuditError(f"{name} must be True or False; got {getattr(self, name)!r}")
-        if isinstance(self.threshold, bool) or not isinstance(self.threshold, int | float) or not (
-            0 < self.threshold <= 1
-        ):
-            raise AuditError(f"threshold must be a number in (0, 1]; got {self.threshold!r}")
-        if self.rtol is not None and (isinstance(self.rtol, bool) or not isinstance(self.rtol, int | float)
-                                      or not 0 <= self.rtol < 1 or math.isnan(self.rtol)):
-            raise AuditError(f"tolerance (rtol) must be a number in [0, 1); got {self.rtol!r}")
-        lo, hi = probes.rank.SEED_RANGE
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not lo <= self.seed <= hi:
-            raise AuditError(f"seed must be an integer in [-2**63, 2**63 - 1] (64 bits); got {self.seed!r}")
-        for test in self.tests:
-            if test not in TESTS:
-                raise did_you_mean("test", test, TESTS)
-        if not self.tests or not self.representations or not self.weights:
-            raise AuditError("tests, representations and weights must each name at least one item")
-        for w in self.weights:
-            if not w:
-                raise AuditError("empty weights name; valid: random, pretrained, or a save_pretrained folder")
-        if self.sweep_ks is not None:
-            for k in self.sweep_ks:
-                _positive("sweep k", k)
-        if self.tokens is not None and not self.tokens:
-            raise AuditError("tokens lists no file; give at least one token file (written by --save-tokens)")
+    def add(self, stage: str, seconds: float) -> None:
+        self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
 
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        """Time the block as (part of) stage ``name``, also when it raises."""
+        begin = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(name, time.perf_counter() - begin)
 
-def _positive(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise AuditError(f"{name} must be a positive integer; got {value!r}")
-
-
-def _bounded(name: str, value: Any, lo: int, hi: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        word = "a positive integer" if lo == 1 else f"an integer >= {lo}"
-        raise AuditError(f"{name} must be {word} (valid: {lo:,} .. {hi:,}); got {value!r}")
-
-
-@dataclass
-class AuditResult:
-    """Rows of an audit, the Kruskal curves of ``--sweep``, and what was skipped."""
-
-    rows: pd.DataFrame
-    curves: pd.DataFrame
-    config: AuditConfig
-    context_ranks: dict[str, torch.Tensor] = field(default_factory=dict)  # "repr@weights" -> (N,) ranks
-    margins: dict[str, torch.Tensor] = field(default_factory=dict)
-    out: Path | None = None
-
-    def __repr__(self) -> str:
-        from auditor.report import summary_table
-
-        status = self.rows["status"] if "status" in self.rows else pd.Series(dtype=str)
-        where = f"; report in {self.out}" if self.out is not None else ""
-        head = (f"AuditResult({self.config.model}: {len(self.rows)} rows, {int((status == 'ok').sum())} tested, "
-                f"{int((status == 'skipped').sum())} skipped{where})")
-        table = summary_table(self.rows)
-        return head if table.empty else f"{head}\n{table.to_string()}"
+    def frame(self) -> pd.DataFrame:
+        """``stage | seconds | share`` up to now (shares of the wall time since the clock was made)."""
+        return stage_frame(self.seconds, time.perf_counter() - self.start)
 
 
 def default_out(model: str) -> Path:
@@ -195,24 +126,32 @@ def _skipped(config: AuditConfig, row: Row, reason: str) -> list[dict[str, Any]]
     ]
 
 
+_ROW_FIELDS = ("test", "k", "N", "n", "d", "fraction", "holds", "threshold", "min_margin", "subsets", "exhaustive",
+               "rank_counts", "witness", "rtol", "dtype", "device", "note")  # taken as probes gives them
+
+
 def _test_row(result: probes.AssumptionResult) -> dict[str, Any]:
+    """The row of one verdict, typed (``rank_counts`` a dict, ``witness`` a list) until the CSV writer."""
     d = result.to_dict()
-    return {
-        "test": d["test"], "status": "ok", "k": d["k"], "N": d["N"], "n": d["n"], "d": d["d"],
-        "fraction": d["fraction"], "holds": d["holds"], "threshold": d["threshold"],
-        "min_margin": d["min_margin"], "subsets": d["subsets"], "exhaustive": d["exhaustive"],
-        "rank_counts": d["rank_counts"], "witness": d["witness"], "tolerance": d["rtol"],
-        "dtype": d["dtype"], "device": d["device"], "seconds": round(d["seconds"], 3), "note": d["note"],
-    }
+    return {**{key: d[key] for key in _ROW_FIELDS}, "status": "ok", "seconds": round(d["seconds"], 3)}
+
+
+def _check_contexts_given(tests: tuple[str, ...], have_contexts: bool) -> None:
+    """Without context matrices only the query tests apply; say which, before anything runs."""
+    needing = [t for t in tests if ASSUMPTION_TESTS[t].needs_contexts]
+    if needing and not have_contexts:
+        raise AuditError(f"{needing[0]} needs the context matrices; without contexts valid tests are "
+                         f"{', '.join(QUERY_TESTS)}")
 
 
 def run_tests(
     contexts: torch.Tensor | None, queries: torch.Tensor, config: AuditConfig, bar: tqdm | None = None,
     on_row: Callable[[dict[str, Any]], None] | None = None,
     reuse: Callable[[str], dict[str, Any] | None] | None = None,
-    *, n: int | None = None,
+    *, n: int | None = None, clock: StageClock | None = None,
 ) -> tuple[list[dict[str, Any]], probes.ContextRanks | None]:
-    """The assumption tests of ``config.tests`` on one representation's tokens.
+    """The assumption tests of ``config.tests`` on one representation's tokens (each as its entry in
+    :data:`auditor.assumptions.ASSUMPTION_TESTS` says).
 
     Args:
         contexts: (N, n, d) and queries: (N, d), on the device the tests should run on. ``contexts`` may
@@ -221,40 +160,43 @@ def run_tests(
         reuse: returns the finished row of a Kruskal test from an earlier run of the same configuration
             on the same data, or None. Assumption 2 always runs (seconds; it feeds the rank histogram).
         n: the context length (default: ``contexts.shape[1]``).
+        clock: adds the seconds of each test to the stage named after it.
     Returns:
         rows (one per test; typed values, see :mod:`auditor.report.schema`) and the per-context ranks.
     """
+    _check_contexts_given(config.tests, contexts is not None)
     num, d = queries.shape
     n = int(contexts.shape[1]) if n is None else n
-    common = dict(subsets=config.subsets, seed=config.seed, rtol=config.rtol, threshold=config.threshold)
+    options = RunOptions(subsets=config.subsets, seed=config.seed, rtol=config.rtol, threshold=config.threshold)
     rows: list[dict[str, Any]] = []
     ranks = None
-    for test in config.tests:
-        if contexts is None and test not in QUERY_TESTS:
-            raise AuditError(f"{test} needs the context matrices; without contexts valid tests are "
-                             f"{', '.join(QUERY_TESTS)}")
-        k = n if test in ("assumption1", "assumption3") else min(num, d)
-        cached = reuse(test) if reuse is not None and test != "assumption2" else None
-        if cached is not None:
-            rows.append(cached)
-        elif test != "assumption2" and k > num:
-            rows.append({"test": test, "status": "skipped", "k": k, "N": num, "n": n, "d": d,
-                         "note": f"N = {num} examples < k = {k}: too few for one {k}-subset; "
-                                 f"give at least {k} samples"})
-        elif test == "assumption2":
-            ranks = probes.context_ranks(contexts, rtol=config.rtol)
-            rows.append(_test_row(probes.assumption2(contexts, rtol=config.rtol, ranks=ranks)))
-        elif test == "assumption1":
-            rows.append(_test_row(probes.assumption1(queries, n, **common)))
-        elif test == "assumption3":
-            rows.append(_test_row(probes.assumption3(contexts, queries, n, **common)))
-        else:
-            rows.append(_test_row(probes.general_position(queries, n=n, **common)))
+    for name in config.tests:
+        test = ASSUMPTION_TESTS[name]
+        with clock.stage(name) if clock is not None else contextlib.nullcontext():
+            k = test.k(num, n, d)
+            cached = reuse(name) if reuse is not None and test.kruskal else None
+            if cached is not None:
+                row = cached
+            elif test.kruskal and k > num:  # a report row, not an error: the other tests still run
+                row = {"test": name, "status": "skipped", "k": k, "N": num, "n": n, "d": d,
+                       "note": f"N = {num} examples < k = {k}: too few for one {k}-subset; give at least {k} samples"}
+            else:
+                result, test_ranks = test.run(contexts, queries, n, options)
+                ranks = test_ranks if test_ranks is not None else ranks
+                row = _test_row(result)
+        rows.append(row)
         if on_row is not None:
-            on_row(rows[-1])
+            on_row(row)
         if bar is not None:
             bar.update()
     return rows, ranks
+
+
+def _curve(sweep: probes.SweepResult, model: str, rep: str, weights: str, n: int) -> pd.DataFrame:
+    """The sweep's rows, typed (``rank_counts`` dicts, ``witness`` lists) until the CSV writer."""
+    frame = pd.DataFrame([r.to_dict() for r in sweep.results])
+    return frame.assign(refined=frame["k"].isin(sweep.refined), model=model, representation=rep, weights=weights,
+                        n=n, lower_estimate=sweep.lower_estimate, upper_bound=sweep.upper_bound)
 
 
 def _sweep_ks(config: AuditConfig, num: int, n: int, d: int) -> list[int]:
@@ -336,13 +278,14 @@ def audit_tokens(
         subsets, seed, rtol, threshold: as for :func:`audit`.
         out: folder for a report (results.csv, summary.md, plots); None writes nothing.
     """
+    clock = StageClock()
     queries = torch.as_tensor(queries)
     if queries.ndim != 2:
         raise AuditError(f"queries must be (N, d); got shape {tuple(queries.shape)}")
     if contexts is None:
         if n is None:
             raise AuditError("without contexts, give n (the context length the Kruskal tests use as k)")
-        _positive("n", n)
+        positive("n", n)
         tokens = Tokens(queries[:, None, :], queries, {})  # (N, 1, d): checks shapes; not tested as contexts
         n_tokens = n
     else:
@@ -355,13 +298,14 @@ def audit_tokens(
     config = AuditConfig(model=TENSORS, representations=(f"tokens@{GIVEN}",), weights=(GIVEN,),
                          **_options({"tests": tests, "subsets": subsets, "seed": seed, "rtol": rtol,
                                      "threshold": threshold}))
+    _check_contexts_given(config.tests, contexts is not None)
     meta = {"model": TENSORS, "representation": "tokens", "weights": GIVEN,
             "dtype": str(queries.dtype).removeprefix("torch."), "data_source": "tensors given to audit_tokens"}
     item = TokenItem("tokens", tokens.queries, None if contexts is None else tokens.contexts, n_tokens, meta)
     group = TokenGroup(GIVEN, [item], fingerprint([("queries", tokens.queries)] + (
         [] if contexts is None else [("contexts", tokens.contexts)])))
     check_shapes(config, n=n_tokens, d=tokens.d, num=tokens.N)
-    return _run_groups(config, lambda out_path: iter([group]), out=out, progress=progress).rows
+    return _run_groups(config, lambda out_path: iter([group]), out=out, progress=progress, clock=clock).rows
 
 
 def run(config: AuditConfig, *, out: str | Path | None = None, progress: bool = True,
@@ -373,23 +317,27 @@ def run(config: AuditConfig, *, out: str | Path | None = None, progress: bool = 
     that fails leaves no folder it created behind, and an interrupted one keeps its finished rows in
     ``results.partial.csv`` (a later run of the same configuration on the same data reuses them).
     """
+    clock = StageClock()
     if config.tokens is not None:
-        files = read_token_files(config)
+        with clock.stage(READING_TOKENS):
+            files = read_token_files(config)
         labels = tuple(f"{item.representation}@{group.weights}" for group in files for item in group.items)
         config = dataclasses.replace(config, representations=labels,
                                      weights=tuple(dict.fromkeys(g.weights for g in files)))
-        return _run_groups(config, lambda out_path: iter(files), out=out, progress=progress,
+        return _run_groups(config, lambda out_path: iter(files), out=out, progress=progress, clock=clock,
                            keep={Path(f) for f in config.tokens})
     if model_object is not None:
-        check_object_options(config, model_object)
+        with clock.stage(SETUP):
+            check_object_options(config, model_object)
         return _run_groups(config, lambda out_path: object_groups(config, model_object, out_path, progress),
-                           out=out, progress=progress)
-    from auditor.models import resolve
+                           out=out, progress=progress, clock=clock)
+    with clock.stage(SETUP):
+        from auditor.models import resolve
 
-    spec = resolve(config.model, trust_remote_code=config.trust_remote_code)
-    check_model_options(config, spec)
+        spec = resolve(config.model, trust_remote_code=config.trust_remote_code)
+        check_model_options(config, spec)
     return _run_groups(config, lambda out_path: model_groups(config, spec, out_path, progress),
-                       out=out, progress=progress)
+                       out=out, progress=progress, clock=clock)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -415,9 +363,26 @@ def _torch_threads(threads: int | None) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+def _timed(groups: Iterator[TokenGroup], clock: StageClock) -> Iterator[TokenGroup]:
+    """The groups, each one's making (model, inputs, extraction) added to its stage while the run waits."""
+    while True:
+        begin = time.perf_counter()
+        group = next(groups, None)
+        if group is None:
+            return
+        if group.stage is not None:
+            clock.add(group.stage, time.perf_counter() - begin)
+        yield group
+
+
 def _run_groups(config: AuditConfig, groups: Callable[[Path | None], Iterator[TokenGroup]], *,
-                out: str | Path | None, progress: bool, keep: set[Path] = frozenset()) -> AuditResult:
+                out: str | Path | None, progress: bool, clock: StageClock,
+                keep: set[Path] = frozenset()) -> AuditResult:
     """Take the report folder (if any), test every group, write the report, tidy the folder."""
+    with clock.stage(SETUP):
+        from auditor.models import resolve_device
+
+        test_device = resolve_device(config.device)
     with _torch_threads(config.threads), (ReportFolder(out) if out is not None else contextlib.nullcontext()) as folder:
         out_path = folder.path if folder is not None else None
         stamp = provenance()
@@ -427,8 +392,8 @@ def _run_groups(config: AuditConfig, groups: Callable[[Path | None], Iterator[To
                         "is the same (Assumption 2 and the sweep run again)", len(done.previous), out_path)
         result = AuditResult(rows=pd.DataFrame(), curves=pd.DataFrame(), config=config, out=out_path)
         try:
-            for group in groups(out_path):
-                _test_group(group, config, result, done, folder, progress)
+            for group in _timed(groups(out_path), clock):
+                _test_group(group, config, test_device, result, done, folder, progress, clock)
         except KeyboardInterrupt as err:
             done.save()
             kept = out_path is not None and (out_path / PARTIAL_CSV).exists()
@@ -441,9 +406,8 @@ def _run_groups(config: AuditConfig, groups: Callable[[Path | None], Iterator[To
             raise AuditError(f"nothing could be tested: {reasons[0]}")
         result.rows = rows_frame(records, stamp)
         result.curves = pd.concat(done.curves, ignore_index=True) if done.curves else pd.DataFrame()
+        result.stages = clock.frame()
         if folder is not None:
-            from auditor.report import write_report
-
             try:
                 written = write_report(result, folder.path, {"torch_threads": torch.get_num_threads()})
             except OSError as err:
@@ -455,16 +419,13 @@ def _run_groups(config: AuditConfig, groups: Callable[[Path | None], Iterator[To
         return result
 
 
-def _test_group(group: TokenGroup, config: AuditConfig, result: AuditResult, done: RowStore,
-                folder: ReportFolder | None, progress: bool) -> None:
+def _test_group(group: TokenGroup, config: AuditConfig, test_device: torch.device, result: AuditResult,
+                done: RowStore, folder: ReportFolder | None, progress: bool, clock: StageClock) -> None:
     """The tests (and the sweep) on every representation of one group; rows go to ``done``."""
-    from auditor.models import resolve_device
-
     if group.skipped is not None:
         for rep in group.representations:
             done.add(*_skipped(config, Row(rep, group.weights), group.skipped))
         return
-    test_device = resolve_device(config.device)
     bar = tqdm(total=len(group.items) * len(config.tests), desc=f"tests ({group.weights})", unit="test",
                disable=not progress)
     for item in group.items:
@@ -473,7 +434,8 @@ def _test_group(group: TokenGroup, config: AuditConfig, result: AuditResult, don
         if config.save_tokens and folder is not None and item.tokens is not None:
             path = folder.tokens_dir() / f"{label.replace('/', '_')}.safetensors"
             try:
-                item.tokens.save(path)
+                with clock.stage(SAVING_TOKENS):
+                    item.tokens.save(path)
             except OSError as err:
                 raise AuditError(f"cannot save tokens in {str(path.parent)!r} ({err.strerror or err}); free some "
                                  "space or choose another --out") from None
@@ -486,7 +448,7 @@ def _test_group(group: TokenGroup, config: AuditConfig, result: AuditResult, don
                 "first": group.first, "data_fingerprint": group.fingerprint,
                 "tokenizer": meta.get("tokenizer", ""), "seed": config.seed,
                 "dtype": meta.get("dtype") or str(queries.dtype).removeprefix("torch.")}
-        _, ranks = run_tests(contexts, queries, config, bar, n=item.n,
+        _, ranks = run_tests(contexts, queries, config, bar, n=item.n, clock=clock,
                              on_row=lambda row, base=base: done.add({**base, **row}),
                              reuse=lambda test, key=(rep, weights): done.reuse(*key, test, group.fingerprint))
         done.settle(rep, weights)
@@ -495,10 +457,9 @@ def _test_group(group: TokenGroup, config: AuditConfig, result: AuditResult, don
             result.margins[label] = ranks.margin.cpu()
         if config.sweep:
             ks = _sweep_ks(config, queries.shape[0], item.n, queries.shape[1])
-            sweep = probes.kruskal_sweep(queries, ks, subsets=config.sweep_subsets, seed=config.seed,
-                                         refine=config.sweep_refine, rtol=config.rtol, progress=progress)
-            frame = sweep.frame().assign(model=config.model, representation=rep, weights=weights, n=item.n,
-                                         lower_estimate=sweep.lower_estimate, upper_bound=sweep.upper_bound)
-            done.curves.append(frame)
+            with clock.stage(SWEEP):
+                sweep = probes.kruskal_sweep(queries, ks, subsets=config.sweep_subsets, seed=config.seed,
+                                             refine=config.sweep_refine, rtol=config.rtol, progress=progress)
+            done.curves.append(_curve(sweep, config.model, rep, weights, item.n))
         del contexts, queries
     bar.close()

@@ -30,8 +30,8 @@ from tqdm.auto import tqdm
 
 from auditor.data import Inputs
 from auditor.errors import AuditError
+from auditor.execution import as_completed, check_executor, ray_session
 from auditor.extract import extract, parse_representation
-from auditor.lab.sweep import EXECUTORS, connect_ray, user_error
 from auditor.models import LoadedModel, dtype_name, load_model
 from auditor.tokens import Tokens
 
@@ -180,9 +180,9 @@ def extract_sharded(
         representations: as for :func:`~auditor.extract.extract` (``embedding``, ``block.L``, ...).
         workers: number of shards (Ray tasks); fewer when N has fewer batches.
         executor: ``ray`` or ``local`` (the shards in turn, in this process, with ``loaded`` if given).
-        address: Ray cluster address (``auto``, ``host:port``, ``ray://head:10001``); None as for
-            :func:`~auditor.lab.sweep.run_sweep` (this process's instance, ``RAY_ADDRESS``, a
-            ``ray start`` cluster on this machine, else a new local one).
+        address: Ray cluster address (``auto``, ``host:port``, ``ray://head:10001``); None: this
+            process's instance, ``RAY_ADDRESS``, a ``ray start`` cluster on this machine, else a new local
+            one (see :mod:`auditor.execution`).
         batch_size, seed: as for ``extract``; the same values give the same tokens.
         threads: torch threads per CPU worker (default: this process's count, for identical rounding).
         loaded: this process's copy of the model, used to validate up front and by ``local``.
@@ -190,13 +190,12 @@ def extract_sharded(
         ``{name: Tokens}`` with contexts (N, n, d) and queries (N, d) on the CPU, metadata as ``extract``
         writes it (``device`` lists the workers' devices if they differ).
     """
-    if executor not in EXECUTORS:
-        raise AuditError(f"unknown executor {executor!r}; valid: {', '.join(EXECUTORS)}")
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise AuditError(f"threads must be a positive integer; got {threads!r}")
     bounds = shard_bounds(inputs.N, workers, batch_size)
     if not representations:
         raise AuditError("no representation requested; valid: embedding, random-attention, block.<L>")
+    check_executor(executor)  # a known executor, and Ray importable when it is asked for
     if loaded is not None:
         for rep in representations:
             parse_representation(rep, loaded.num_layers)  # fail here, not in every worker
@@ -221,11 +220,9 @@ def extract_sharded(
 
 
 def _ray_parts(recipe, shards, reps, batch_size, seed, threads, address, bar) -> Iterator[tuple[int, dict]]:
-    """Run every shard as a Ray task; yield (shard index, tokens) in the order they finish."""
-    import ray
-
-    started_here = connect_ray(address)
-    try:
+    """Run every shard as a Ray task; yield (shard index, tokens) in the order they finish. The first task
+    that fails cancels the others and raises its own error (a user mistake stays one line)."""
+    with ray_session(address) as ray:
         device, gpus = _ray_device(recipe.device)
         largest = max((node["Resources"].get("CPU", 0) for node in ray.nodes() if node.get("Alive")), default=1)
         if not gpus and threads > largest:
@@ -233,20 +230,7 @@ def _ray_parts(recipe, shards, reps, batch_size, seed, threads, address, bar) ->
                         "process)", threads, int(largest))
             threads = max(1, int(largest))
         task = ray.remote(extract_shard).options(num_cpus=1 if gpus else threads, num_gpus=gpus)
-        refs = [task.remote(recipe, shard, reps, batch_size, seed, threads, device) for shard in shards]
-        index = {ref: i for i, ref in enumerate(refs)}
-        waiting = list(refs)
-        while waiting:
-            done, waiting = ray.wait(waiting, num_returns=1)
-            for ref in done:
-                try:
-                    part = ray.get(ref)
-                except ray.exceptions.RayTaskError as err:
-                    for other in waiting:
-                        ray.cancel(other)
-                    raise user_error(err) from None
-                yield index[ref], part
-                bar.update(shards[index[ref]].N)
-    finally:
-        if started_here:
-            ray.shutdown()
+        calls = [(recipe, shard, reps, batch_size, seed, threads, device) for shard in shards]
+        for i, part in as_completed(task, calls, fail_fast=True):
+            yield i, part
+            bar.update(shards[i].N)

@@ -17,25 +17,26 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib.util
 import inspect
 import math
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 import probes
+from auditor.assumptions import ASSUMPTION_TESTS
+from auditor.config import MAX_DEFAULT_SAMPLES, AuditConfig
 from auditor.errors import AuditError
+from auditor.execution import check_executor
 from auditor.tokens import Tokens
 
-if TYPE_CHECKING:
-    from auditor.runner import AuditConfig
-
-MAX_DEFAULT_SAMPLES = 2000  # the paper's N
+__all__ = ["MAX_DEFAULT_SAMPLES", "Row", "TokenGroup", "TokenItem", "check_model_options", "check_object_options",
+           "check_shapes", "extraction_stage", "fingerprint", "model_groups", "object_groups", "plan",
+           "read_token_files"]
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")  # a representation name that is no path
 
 
@@ -91,8 +92,8 @@ def check_model_options(config: AuditConfig, spec: Any) -> None:
     from auditor.models.base import folder_model_type, weights_kind
 
     check_common(config)
-    if config.workers > 1 and config.executor == "ray" and importlib.util.find_spec("ray") is None:
-        raise AuditError("--executor ray needs Ray: pip install 'attention-auditor[ray]' (or use --executor local)")
+    if config.workers > 1:
+        check_executor(config.executor)  # Ray importable when it is asked for
     for weights, reps in by_weights(config).items():
         kind = weights_kind(weights)
         if kind == "folder" and spec.adapter.model_types:
@@ -143,8 +144,8 @@ def check_shapes(config: AuditConfig, *, n: int, d: int, layers: int | None = No
     if limit is None:
         return
     num = num if num is not None else config.samples or MAX_DEFAULT_SAMPLES
-    checks = [(t, "subsets", config.subsets, n if t in ("assumption1", "assumption3") else min(num, d))
-              for t in config.tests if t != "assumption2"]
+    checks = [(t, "subsets", config.subsets, ASSUMPTION_TESTS[t].k(num, n, d))
+              for t in config.tests if ASSUMPTION_TESTS[t].kruskal]
     if config.sweep:
         checks.append(("sweep", "sweep_subsets", config.sweep_subsets, min(num, d)))
     for _, name, count, k in checks:
@@ -230,6 +231,12 @@ class TokenGroup:
     first: bool | None = None  # the first N examples (True) or a seeded random draw (False)
     skipped: str | None = None  # why nothing was made (weights unavailable)
     representations: list[str] = field(default_factory=list)  # of a skipped group
+    stage: str | None = None  # the stage that made it while the run waited (extraction); None: made before
+
+
+def extraction_stage(weights: str) -> str:
+    """The name of the stage that loads the model and the inputs and extracts the tokens of ``weights``."""
+    return f"extraction @ {weights}"
 
 
 def fingerprint(tensors: list[tuple[str, torch.Tensor]]) -> str:
@@ -277,7 +284,7 @@ def extracted(loaded: Any, reps: list[str], config: AuditConfig, out: Path | Non
     else:
         tokens = extract(loaded, inputs, reps, batch_size=config.batch_size, seed=config.seed, progress=progress)
     items = [TokenItem(rep, tok.queries, tok.contexts, tok.n, tok.meta, tok) for rep, tok in tokens.items()]
-    return TokenGroup(loaded.weights, items, digest, first)
+    return TokenGroup(loaded.weights, items, digest, first, stage=extraction_stage(loaded.weights))
 
 
 def model_groups(config: AuditConfig, spec: Any, out: Path | None, progress: bool) -> Iterator[TokenGroup]:
@@ -289,7 +296,8 @@ def model_groups(config: AuditConfig, spec: Any, out: Path | None, progress: boo
             loaded = load_model(spec.name, weights, device=config.device, seed=config.seed,
                                 context_length=config.context_length, trust_remote_code=config.trust_remote_code)
         except WeightsUnavailable as err:
-            yield TokenGroup(weights, [], "", skipped=f"weights unavailable: {err}", representations=reps)
+            yield TokenGroup(weights, [], "", skipped=f"weights unavailable: {err}", representations=reps,
+                             stage=extraction_stage(weights))
             continue
         check_shapes(config, n=loaded.n, d=loaded.d, layers=loaded.num_layers, reps=reps)  # e.g. timm
         group = extracted(loaded, reps, config, out, progress)

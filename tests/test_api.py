@@ -224,12 +224,15 @@ def test_token_files_are_tested_again_without_loading_the_model(vit, images, tmp
 
 
 def test_every_option_has_the_same_default_in_python_and_on_the_command_line():
-    from auditor.commands import audit_command
+    from auditor.commands import DEPRECATED, audit_command
 
     defaults = {f.name: f.default for f in dataclasses.fields(AuditConfig)}
     checked = set()
     for param in audit_command.params:
         if param.name in ("model", "out", "quiet"):
+            continue
+        if param.name in DEPRECATED:  # an old name of another option: hidden, nothing unless given
+            assert param.hidden and param.default is None and DEPRECATED[param.name] in defaults
             continue
         value = param.default
         if param.name in ("representations", "weights", "tests"):
@@ -284,6 +287,89 @@ def test_bounds_are_checked_before_any_work(argv, fragment, tmp_path, monkeypatc
     err = capsys.readouterr().err.strip()
     assert fragment in err and "\n" not in err, err
     assert not (tmp_path / "r").exists()
+
+
+def test_rtol_is_one_name_and_tolerance_a_deprecated_alias_that_warns_once(vit, images, tmp_path, capsys):
+    """--rtol on the command line, rtol in Python and in results.csv; --tolerance still works, with one
+    warning line, and gives the same rows."""
+    assert main(cli(vit, images, tmp_path / "new", "--rtol", "1e-5")) == 0
+    captured = capsys.readouterr()
+    assert "deprecated" not in captured.err
+    assert "time per stage:" in captured.out and "| extraction @ random" in captured.out
+    assert main(cli(vit, images, tmp_path / "old", "--tolerance", "1e-5")) == 0
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert err == ["warning: --tolerance is deprecated; use --rtol"]
+    new, old = pd.read_csv(tmp_path / "new" / "results.csv"), pd.read_csv(tmp_path / "old" / "results.csv")
+    assert "tolerance" not in new.columns and (new["rtol"] == 1e-5).all()
+    pd.testing.assert_frame_equal(new[MEASURED + ["rtol"]], old[MEASURED + ["rtol"]])
+    assert json.loads((tmp_path / "old" / "config.json").read_text())["rtol"] == 1e-5
+    assert "rtol = 1e-05" in (tmp_path / "old" / "summary.md").read_text()
+    rows = auditor.audit(vit, data=images, weights="random", rtol=1e-5, **common())
+    assert "tolerance" not in rows.columns and (rows["rtol"] == 1e-5).all()
+
+
+# ---------------------------------------------------------------------------------------------------
+# One table of tests; time per stage
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_every_test_of_the_table_runs_its_probe_at_the_k_of_its_rule():
+    from auditor.assumptions import ASSUMPTION_TESTS, RunOptions
+    from auditor.report.tables import TEST_TITLES
+
+    gen = torch.Generator().manual_seed(0)
+    contexts = torch.randn(12, 3, 5, generator=gen, dtype=torch.float64)  # (N, n, d)
+    queries = contexts[:, 0].clone()  # (N, d)
+    options = RunOptions(subsets=20, seed=0, rtol=None, threshold=0.99)
+    for name, test in ASSUMPTION_TESTS.items():
+        assert callable(getattr(probes, name)) and TEST_TITLES[name] == test.title
+        result, ranks = test.run(contexts if test.needs_contexts else None, queries, 3, options)
+        assert result.test == name and result.k == test.k(12, 3, 5), name
+        assert (ranks is not None) == (not test.kruskal), name  # Assumption 2 keeps the per-context ranks
+
+
+def test_a_kruskal_test_with_fewer_examples_than_k_is_a_skipped_row_not_an_error():
+    contexts = torch.randn(3, 4, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)  # N = 3 < n
+    rows = auditor.audit_tokens(contexts, contexts[:, 0].clone(), subsets=10, progress=False).set_index("test")
+    assert rows.loc["assumption1", "status"] == "skipped" and rows.loc["assumption1", "note"].startswith("N = 3")
+    assert rows.loc["general_position", "status"] == "ok" and rows.loc["general_position", "k"] == 3
+    from auditor.report import summary_table
+
+    table = summary_table(rows.reset_index())
+    assert table.iloc[0]["Assumption 1 (Kruskal, k = n)"] == "skipped: N < k"
+
+
+def test_the_time_per_stage_names_every_stage_and_its_shares_add_up_to_one(vit, images, tmp_path):
+    from auditor.runner import run
+
+    config = AuditConfig(model=vit, data=images, samples=20, first=True, representations=("embedding", "block.0"),
+                         weights=("random",), tests=("assumption2", "assumption1", "general_position"), subsets=40,
+                         device="cpu", sweep=True, sweep_ks=(4, 8), save_tokens=True)
+    result = run(config, out=tmp_path / "r", progress=False)
+    stages = result.stages.set_index("stage")
+    assert list(stages.index) == ["setup", "extraction @ random", "saving tokens", "assumption2", "assumption1",
+                                  "general_position", "sweep", "other"]
+    assert (stages["seconds"] >= 0).all() and stages.loc["extraction @ random", "seconds"] > 0
+    assert stages["share"].sum() == pytest.approx(1.0, abs=1e-9)
+    summary = (tmp_path / "r" / "summary.md").read_text()
+    assert "## Time per stage" in summary
+    for stage in stages.index:
+        assert f"| {stage} " in summary, stage
+    # the sweep's rows stay typed until the CSV writer; sweep.csv holds their text form
+    assert all(isinstance(c, dict) for c in result.curves["rank_counts"])
+    assert pd.read_csv(tmp_path / "r" / "sweep.csv")["rank_counts"].str.fullmatch(r"\d+:\d+(;\d+:\d+)*").all()
+
+
+def test_token_files_are_read_in_their_own_stage(tmp_path):
+    from auditor.runner import run
+
+    contexts = torch.randn(10, 3, 6, generator=torch.Generator().manual_seed(0))  # (N, n, d)
+    path = tmp_path / "embedding@random.safetensors"
+    Tokens(contexts, contexts[:, 0].clone(), {"model": "m", "representation": "embedding", "weights": "random"}).save(path)
+    result = run(AuditConfig(model="m", tokens=(str(path),), tests=("assumption1",), subsets=10, device="cpu"),
+                 progress=False)
+    assert list(result.stages["stage"]) == ["reading token files", "setup", "assumption1", "other"]
+    assert result.stages["share"].sum() == pytest.approx(1.0, abs=1e-9)
 
 
 # ---------------------------------------------------------------------------------------------------

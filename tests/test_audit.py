@@ -61,10 +61,11 @@ def test_vit_report_files_and_provenance(vit_audit):
     saved = pd.read_csv(out / "results.csv")
     assert len(saved) == 2 * 4
     for column in ("model", "representation", "layer", "weights", "test", "k", "N", "n", "d", "fraction",
-                   "holds", "min_margin", "tolerance", "dtype", "device", "data_source", "seed", "git_commit",
+                   "holds", "min_margin", "rtol", "dtype", "device", "data_source", "seed", "git_commit",
                    "versions", "seconds", "tokenizer"):
         assert column in saved.columns, column
         assert saved[column].notna().all(), column
+    assert "tolerance" not in saved.columns  # the rank tolerance is called rtol everywhere
     assert saved["layer"].tolist()[0] == "hidden_states[0]"
     assert "imagenet-sample" in saved["data_source"].iloc[0]
     summary = (out / "summary.md").read_text()

@@ -50,7 +50,7 @@ def test_audit_is_identical_across_runs_in_one_process(audits):
     first = audits["first"].drop(columns=WALL_CLOCK)
     assert len(first) == 16 and (first["status"] == "ok").all()
     pd.testing.assert_frame_equal(first, audits["second"].drop(columns=WALL_CLOCK), check_exact=True)
-    for column in ("fraction", "min_margin", "rank_counts", "witness", "tolerance"):
+    for column in ("fraction", "min_margin", "rank_counts", "witness", "rtol"):
         assert first[column].notna().any(), column
 
 
@@ -68,7 +68,7 @@ def test_batch_size_keeps_verdicts_ranks_and_witnesses_and_margins_within_float_
         # tokens differ elementwise by <= d eps |X|max (forward_atol); a k x d block of them by at most
         # sqrt(k d) times that in spectral norm, relative to sigma_max >= |X|max
         rel = d * torch.finfo(torch.float32).eps * math.sqrt(k * d)
-        tol = margin_atol(min(a["min_margin"], b["min_margin"]), float(a["tolerance"]), rel)
+        tol = margin_atol(min(a["min_margin"], b["min_margin"]), float(a["rtol"]), rel)
         assert abs(a["min_margin"] - b["min_margin"]) <= 2 * tol, (a["representation"], a["test"])
         checked += math.isfinite(tol)
     assert checked >= 4  # the bound is informative for the rows with clear margins
@@ -87,12 +87,12 @@ def test_a_different_seed_changes_the_numbers_but_not_what_theory_fixes(audits):
 def test_an_audit_row_is_reproduced_from_its_own_line(audits, vit_folder):
     rows = audits["first"]
     for column in PROVENANCE + ["model", "representation", "weights", "test", "N", "subsets", "threshold",
-                                "tolerance", "data_source"]:
+                                "rtol", "data_source"]:
         assert rows[column].notna().all() and (rows[column].astype(str) != "").all(), column
     row = rows[(rows.representation == "block.0") & (rows.test == "assumption1")].iloc[0]
     config = AuditConfig(model=row.model, data=row.data_source.split(" (")[0], samples=int(row.N),
                          subsets=int(row.subsets), representations=(row.representation,), weights=(row.weights,),
-                         tests=(row.test,), threshold=float(row.threshold), rtol=float(row.tolerance),
+                         tests=(row.test,), threshold=float(row.threshold), rtol=float(row.rtol),
                          seed=int(row.seed), device=row.device)
     again = run(config, progress=False).rows.iloc[0]
     assert again.drop(WALL_CLOCK).to_dict() == row.drop(WALL_CLOCK).to_dict()

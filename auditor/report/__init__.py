@@ -1,10 +1,18 @@
 """Reports of an audit: ``results.csv``, ``sweep.csv``, ``summary.md`` (the Table-1 layout) and plots.
 
-``read_rows("…/results.csv")`` gives the typed rows back (see :mod:`auditor.report.schema`); the report
-folder itself (lock, resume, tidying) is :mod:`auditor.report.folder`.
+- :mod:`auditor.report.schema`: the row columns, their types, their CSV text; ``read_rows("…/results.csv")``
+  gives the typed rows back.
+- :mod:`auditor.report.result`: :class:`AuditResult`, what an audit returns.
+- :mod:`auditor.report.tables`: the tables (Table 1, Kruskal ranks, time per stage) as DataFrames.
+- :mod:`auditor.report.writer` and :mod:`auditor.report.plots`: the files.
+- :mod:`auditor.report.folder`: the report folder itself (lock, resume, tidying).
+
+The report reads rows; it never imports the runner that makes them.
 """
 
+from auditor.report.result import AuditResult
 from auditor.report.schema import read_rows
-from auditor.report.tables import summary_table, write_report
+from auditor.report.tables import stage_table, summary_table
+from auditor.report.writer import write_report
 
-__all__ = ["read_rows", "summary_table", "write_report"]
+__all__ = ["AuditResult", "read_rows", "stage_table", "summary_table", "write_report"]

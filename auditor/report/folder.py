@@ -26,6 +26,7 @@ from typing import Any
 
 import pandas as pd
 
+from auditor.assumptions import KRUSKAL_TESTS
 from auditor.atomic import TMP_SUFFIX, write_text_atomic
 from auditor.errors import AuditError
 from auditor.report.schema import csv_text, read_rows, rows_frame
@@ -213,7 +214,7 @@ class RowStore:
             frame = self._read_if_same(self.out / rows_name, self.out / config_name)
             if frame is None:
                 continue
-            for row in frame[(frame["status"] == "ok") & (frame["test"] != "assumption2")].to_dict("records"):
+            for row in frame[(frame["status"] == "ok") & frame["test"].isin(KRUSKAL_TESTS)].to_dict("records"):
                 row = {k: v for k, v in row.items() if not _empty(v)}
                 if row.get("data_fingerprint"):
                     self.previous[(row["representation"], row["weights"], row["test"])] = Previous(row, origin)

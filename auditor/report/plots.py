@@ -15,11 +15,13 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from auditor.config import RTOL_RULE  # noqa: E402
+
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from auditor.atomic import Staged
-    from auditor.runner import AuditResult
+    from auditor.report.result import AuditResult
 
 PLOT_FILES = ("kruskal_curve.png", "context_ranks.png", "margins.png")
 
@@ -54,7 +56,7 @@ def kruskal_curve(result: AuditResult) -> Figure:
     subsets = int(curves["subsets"].max()) if "subsets" in curves else None
     per_k = f", {subsets} random subsets per k" if subsets else ""
     ax.set(xlabel="subset size k", ylabel="share of full-rank k-subsets", ylim=(-0.03, 1.03),
-           title=f"{result.config.model}: Kruskal rank of the query tokens{per_k}")
+           title=f"{result.config.model}: Kruskal rank of the query tokens{per_k}\n{_rtol(result)}")
     return _finish(fig, ax)
 
 
@@ -69,7 +71,8 @@ def context_rank_histogram(result: AuditResult) -> Figure:
     n = int(result.rows["n"].dropna().iloc[0]) if result.rows["n"].notna().any() else None
     if n is not None:
         ax.axvline(n, color="black", ls="--", lw=1, label=f"n = {n}")
-    ax.set(xlabel="rank of the context matrix", ylabel="examples",
+    ax.set(xlabel=f"rank of the context matrix\n(singular values > rtol x sigma_max; {_rtol(result)})",
+           ylabel="examples",
            title=f"{result.config.model}: per-example context rank (Assumption 2)")
     return _finish(fig, ax)
 
@@ -82,9 +85,14 @@ def margin_histogram(result: AuditResult) -> Figure:
         values = values[values < float("inf")]
         if values.size:
             ax.hist(values, bins=30, alpha=0.6, label=label.replace("@", " @ "))
-    ax.set(xlabel="margin (decades between the deciding singular value and the tolerance)",
+    ax.set(xlabel=f"margin: decades between the deciding singular value and rtol x sigma_max\n({_rtol(result)})",
            ylabel="examples", title=f"{result.config.model}: context-rank margins (2 = certified lower bound)")
     return _finish(fig, ax)
+
+
+def _rtol(result: AuditResult) -> str:
+    """``rtol = 1e-06``, or the default rule when none was given."""
+    return f"rtol = {RTOL_RULE}" if result.config.rtol is None else f"rtol = {result.config.rtol:g}"
 
 
 def _finish(fig: Figure, ax) -> Figure:

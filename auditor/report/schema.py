@@ -7,6 +7,8 @@ indices (None when no subset was found dependent). Skipped rows hold ``<NA>`` wh
 
 In ``results.csv`` the histogram is written ``rank:count;rank:count`` and the witness as space-separated
 indices, so a report stays readable as text; :func:`read_rows` turns such a file back into typed rows.
+``rtol`` is the relative rank tolerance a row was judged at (a singular value counts when it exceeds
+``rtol x sigma_max``); files written before it had that name call it ``tolerance`` and read the same.
 """
 
 from __future__ import annotations
@@ -20,13 +22,14 @@ import pandas as pd
 
 COLUMNS = [
     "model", "representation", "layer", "weights", "test", "status", "k", "N", "n", "d", "fraction", "holds",
-    "threshold", "min_margin", "subsets", "exhaustive", "rank_counts", "witness", "tolerance", "dtype",
+    "threshold", "min_margin", "subsets", "exhaustive", "rank_counts", "witness", "rtol", "dtype",
     "device", "data_source", "data_counts", "first", "data_fingerprint", "tokenizer", "seed", "seconds", "note",
     "git_commit", "versions",
 ]
 INT_COLUMNS = ("k", "N", "n", "d", "subsets", "seed")
 BOOL_COLUMNS = ("holds", "exhaustive", "first")
-FLOAT_COLUMNS = ("fraction", "threshold", "min_margin", "tolerance", "seconds")
+FLOAT_COLUMNS = ("fraction", "threshold", "min_margin", "rtol", "seconds")
+RENAMED = {"tolerance": "rtol"}  # old column name -> name now: files written before the rename still read
 TEXT_CELLS = {"rank_counts": str, "witness": str}  # read as text: a one-index witness is not a number
 
 
@@ -77,8 +80,14 @@ def _boolean(value: Any) -> bool | None:
 
 
 def typed_record(record: Mapping[str, Any]) -> dict[str, Any]:
-    """One row with its structured fields typed (from a probes result or a CSV line)."""
+    """One row with its structured fields typed (from a probes result or a CSV line); a column of an older
+    file under its old name (``tolerance``) gets its current one (``rtol``)."""
     out = dict(record)
+    for old, new in RENAMED.items():
+        if old in out:
+            value = out.pop(old)
+            if _missing(out.get(new)):
+                out[new] = value
     if "rank_counts" in out:
         out["rank_counts"] = parse_rank_counts(out["rank_counts"])
     if "witness" in out:

@@ -1,0 +1,115 @@
+"""The configuration of an audit: everything that decides its numbers, checked when it is made.
+
+:class:`AuditConfig` has one field per option of ``audit MODEL`` (same names with ``-`` for ``_``, same
+defaults) and is recorded in every report (``config.json``). Its checks need no model and no data, so a
+bad value is refused before any work; what depends on the model's shape is checked by
+:mod:`auditor.sources`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import probes
+from auditor.assumptions import TESTS
+from auditor.errors import AuditError, did_you_mean
+from auditor.execution import EXECUTORS
+
+DEFAULT_REPRESENTATIONS = ("embedding", "random-attention", "block.0")
+DEFAULT_WEIGHTS = ("random", "pretrained")
+DEFAULT_SUBSETS = 5000
+MAX_SUBSETS = 10_000_000  # per test; the sampled share is then known to about +-0.0003
+MAX_SWEEP_REFINE = 64  # bisection steps; log2(d) of any real model is far below
+MAX_THREADS = 1024
+MAX_DEFAULT_SAMPLES = 2000  # the paper's N: what an audit takes when --samples is not given
+RTOL_RULE = "max(k, d) x eps of the token dtype"  # the default rtol, in words
+
+
+@dataclass(frozen=True)
+class AuditConfig:
+    """Everything that decides an audit's numbers (recorded in every report).
+
+    The ``audit`` command line has one option per field, with the same defaults.
+    """
+
+    model: str = "vit-base"
+    data: str | None = None
+    samples: int | None = None  # None: all available, at most MAX_DEFAULT_SAMPLES (the paper's N)
+    first: bool = False  # take the first `samples` examples instead of a seeded random draw
+    subsets: int = DEFAULT_SUBSETS
+    representations: tuple[str, ...] = DEFAULT_REPRESENTATIONS
+    weights: tuple[str, ...] = DEFAULT_WEIGHTS
+    tests: tuple[str, ...] = TESTS
+    threshold: float = probes.DEFAULT_THRESHOLD
+    rtol: float | None = None  # relative rank tolerance; None: RTOL_RULE
+    seed: int = 0
+    device: str = "auto"
+    batch_size: int = 32
+    context_length: int | None = None
+    sweep: bool = False
+    sweep_ks: tuple[int, ...] | None = None
+    sweep_subsets: int = 500
+    sweep_refine: int = 6  # extra k placed by bisection where the curve leaves 1.0
+    save_tokens: bool = False
+    tokens: tuple[str, ...] | None = None  # token files to test again instead of extracting
+    trust_remote_code: bool = False
+    threads: int | None = None  # torch threads for the run (None: torch's default)
+    workers: int = 1  # > 1: shard extraction across workers (see auditor.shard)
+    executor: str = "local"  # "local" (in this process) | "ray"
+    address: str | None = None  # Ray cluster address for executor="ray"
+
+    def __post_init__(self) -> None:
+        bounded("subsets", self.subsets, 1, MAX_SUBSETS)
+        bounded("sweep_subsets", self.sweep_subsets, 1, MAX_SUBSETS)
+        bounded("sweep_refine", self.sweep_refine, 0, MAX_SWEEP_REFINE)
+        positive("batch_size", self.batch_size)
+        positive("workers", self.workers)
+        if self.threads is not None:
+            bounded("threads", self.threads, 1, MAX_THREADS)
+        if self.executor not in EXECUTORS:
+            raise did_you_mean("executor", self.executor, EXECUTORS)
+        if self.samples is not None:
+            positive("samples", self.samples)
+        if self.context_length is not None:
+            positive("context_length", self.context_length)
+        for name in ("first", "sweep", "save_tokens", "trust_remote_code"):
+            if not isinstance(getattr(self, name), bool):
+                raise AuditError(f"{name} must be True or False; got {getattr(self, name)!r}")
+        if isinstance(self.threshold, bool) or not isinstance(self.threshold, int | float) or not (
+            0 < self.threshold <= 1
+        ):
+            raise AuditError(f"threshold must be a number in (0, 1]; got {self.threshold!r}")
+        if self.rtol is not None and (isinstance(self.rtol, bool) or not isinstance(self.rtol, int | float)
+                                      or not 0 <= self.rtol < 1 or math.isnan(self.rtol)):
+            raise AuditError(f"rtol (the relative rank tolerance) must be a number in [0, 1); got {self.rtol!r}")
+        lo, hi = probes.rank.SEED_RANGE
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not lo <= self.seed <= hi:
+            raise AuditError(f"seed must be an integer in [-2**63, 2**63 - 1] (64 bits); got {self.seed!r}")
+        for test in self.tests:
+            if test not in TESTS:
+                raise did_you_mean("test", test, TESTS)
+        if not self.tests or not self.representations or not self.weights:
+            raise AuditError("tests, representations and weights must each name at least one item")
+        for w in self.weights:
+            if not w:
+                raise AuditError("empty weights name; valid: random, pretrained, or a save_pretrained folder")
+        if self.sweep_ks is not None:
+            for k in self.sweep_ks:
+                positive("sweep k", k)
+        if self.tokens is not None and not self.tokens:
+            raise AuditError("tokens lists no file; give at least one token file (written by --save-tokens)")
+
+
+def positive(name: str, value: Any) -> None:
+    """A positive integer (not a bool), else a one-line AuditError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise AuditError(f"{name} must be a positive integer; got {value!r}")
+
+
+def bounded(name: str, value: Any, lo: int, hi: int) -> None:
+    """An integer in ``lo .. hi`` (not a bool), else a one-line AuditError naming ``name`` and the range."""
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        word = "a positive integer" if lo == 1 else f"an integer >= {lo}"
+        raise AuditError(f"{name} must be {word} (valid: {lo:,} .. {hi:,}); got {value!r}")

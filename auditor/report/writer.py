@@ -1,0 +1,101 @@
+"""The files of an audit report: ``results.csv``, ``sweep.csv``, ``config.json``, ``summary.md`` and plots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from auditor.atomic import Staged
+from auditor.config import RTOL_RULE
+from auditor.report.schema import csv_text
+from auditor.report.tables import kruskal_table, stage_table, summary_table
+
+if TYPE_CHECKING:
+    from auditor.report.result import AuditResult
+
+
+def write_report(result: AuditResult, out: Path, extra_config: dict[str, Any] | None = None) -> list[Path]:
+    """Write results.csv, sweep.csv (if any), config.json, summary.md and the plots into ``out``.
+
+    Every file is staged first and renamed into place only when all were written (a link at a target is
+    replaced, never written through). ``extra_config``: more keys for config.json (e.g. the torch threads
+    used). Returns the paths written; an OSError (full disk, read-only folder) leaves the folder as it was.
+    """
+    from auditor.report.plots import write_plots  # matplotlib: only when a report is written
+
+    out = Path(out)
+    config = {k: (list(v) if isinstance(v, tuple) else v) for k, v in result.config.__dict__.items()}
+    with Staged() as staged:
+        plots = write_plots(result, out, staged)
+        if not result.curves.empty:
+            staged.text(out / "sweep.csv", csv_text(result.curves))
+        staged.text(out / "config.json", json.dumps({**config, **(extra_config or {})}, indent=2, default=str) + "\n")
+        staged.text(out / "summary.md", summary_text(result, plots))
+        staged.text(out / "results.csv", csv_text(result.rows))
+        return staged.commit()
+
+
+def _provenance_lines(result: AuditResult) -> list[str]:
+    rows, config = result.rows, result.config
+    ok = rows[rows["status"] == "ok"]
+    first = ok.iloc[0] if not ok.empty else rows.iloc[0]
+
+    def val(key: str) -> str:
+        v = first.get(key, "")
+        return "" if pd.isna(v) else str(int(v) if isinstance(v, float) and v.is_integer() else v)
+
+    rtol = RTOL_RULE if config.rtol is None else f"{config.rtol:g}"
+    taken = first.get("first")
+    drawn = ("" if taken is None or pd.isna(taken) else "; examples: the first N of the source" if taken
+             else f"; examples: a random draw of N (seed {config.seed})")
+    lines = [
+        f"- model: `{config.model}`; data: {val('data_source')}{drawn}",
+        f"- tokenizer / preprocessing: {val('tokenizer')}",
+        f"- N = {val('N')}, n = {val('n')}, d = {val('d')}; token dtype: {val('dtype')}; tests ran on: {val('device')}",
+        f"- Kruskal tests: {config.subsets} random k-subsets (all of them when C(N, k) is smaller), seed "
+        f"{config.seed}; holds at >= {config.threshold:g} full rank (Assumption 2: every context)",
+        f"- rank tolerance: sigma > sigma_max x rtol, rtol = {rtol}",
+        f"- git commit: {val('git_commit')}; versions: {val('versions')}",
+    ]
+    skipped = rows[rows["status"] == "skipped"]
+    for note in sorted(set(skipped["note"].astype(str))):
+        lines.append(f"- skipped: {note}")
+    return lines
+
+
+def summary_text(result: AuditResult, plots: list[Path]) -> str:
+    """The text of summary.md: the table, how it was made, the time per stage, the sweep's Kruskal ranks,
+    the plots."""
+    table = summary_table(result.rows)
+    total = float(pd.to_numeric(result.rows.get("seconds"), errors="coerce").fillna(0).sum())
+    lines = [
+        f"# Assumption audit: {result.config.model}",
+        "",
+        table.to_markdown() if not table.empty else "(no rows)",
+        "",
+        "Fractions are the share of full-rank sampled k-subsets (Assumptions 1, 3, general position) or of "
+        "rank-n contexts (Assumption 2); an assumption holds when the share reaches the threshold. A Kruskal "
+        "test that fails comes with a witness subset in results.csv.",
+        "",
+        "## How this was made",
+        *_provenance_lines(result),
+        f"- rank tests took {total:.1f} s in total",
+        "",
+    ]
+    if not result.stages.empty:
+        lines += ["## Time per stage", "", stage_table(result.stages).to_markdown(disable_numparse=True), "",
+                  "Setup: first imports and the checks of the options against the model. Extraction (per "
+                  "weights source): loading the model and the inputs, and the forward passes. Each test sums "
+                  "its runs over the representations. Other: the rest of the run up to this report (the report "
+                  "folder, rows saved as they finish, tokens moved to the test device).", ""]
+    if not result.curves.empty:
+        lines += ["## Kruskal rank of the queries (from the sweep)", "", kruskal_table(result.curves).to_markdown(),
+                  "", "Lower estimate: the largest k whose sampled subsets (and those of every smaller tested k) "
+                  "were all full rank; sampling cannot prove it. Upper bound: certified by a dependent subset "
+                  "(witness) at the next k. Bisection added the refined k between the two.", ""]
+    if plots:
+        lines += ["## Plots", *[f"![{p.stem}]({p.name})" for p in plots], ""]
+    return "\n".join(lines)
