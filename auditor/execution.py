@@ -1,0 +1,132 @@
+"""Where work runs: in this process (``local``) or as Ray tasks (``ray``), shared by the audit and the lab.
+
+:func:`run_each` calls a function on a list of arguments and yields ``(index, result)`` as results
+arrive: in order, one after the other, for ``local``; as Ray tasks finish for ``ray`` (on a new local
+instance, the one this process already joined, or the cluster at ``address``). A task that raises
+either stops the run at once (``fail_fast``: the others are cancelled) or lets the tasks already
+submitted finish first; the error raised is the task's own ``ValueError`` when that was the cause, so a
+user mistake inside a worker still reads as one line. Nothing here writes files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from auditor.errors import AuditError
+
+log = logging.getLogger(__name__)
+
+EXECUTORS = ("local", "ray")
+RAY_MISSING = ('--executor ray needs Ray, which is not installed; install it with '
+               'pip install "attention-auditor[ray]" or use --executor local')
+
+
+def require_ray() -> None:
+    """Raise the one-line AuditError ``RAY_MISSING`` when Ray cannot be imported (call it before any work)."""
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise AuditError(RAY_MISSING) from None
+
+
+def check_executor(executor: str) -> None:
+    """A known executor whose library is importable; else a one-line AuditError."""
+    if executor not in EXECUTORS:
+        raise AuditError(f"unknown executor {executor!r}; valid: {', '.join(EXECUTORS)}")
+    if executor == "ray":
+        require_ray()
+
+
+def check_resources(**amounts: float) -> None:
+    """Each amount (``num_cpus=1``, ...) a finite number >= 0, else a one-line AuditError."""
+    for name, value in amounts.items():
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < float("inf"):
+            raise AuditError(f"{name} must be a finite number >= 0; got {value!r}")
+
+
+def connect_ray(address: str | None) -> bool:
+    """Join (or start) Ray; True when this call started it (so the caller shuts it down)."""
+    require_ray()
+    import ray
+
+    if ray.is_initialized():
+        return False
+    try:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    except (ConnectionError, RuntimeError, ValueError) as err:
+        where = f"at {address!r}" if address else "locally"
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise AuditError(f"cannot start or reach a Ray cluster {where} ({first}); start one with "
+                         "'ray start --head' or leave out --address for a local instance") from None
+    return True
+
+
+@contextlib.contextmanager
+def ray_session(address: str | None) -> Iterator[Any]:
+    """The ``ray`` module, joined to a cluster for the body; a cluster started here is shut down after."""
+    started_here = connect_ray(address)
+    import ray
+
+    try:
+        yield ray
+    finally:
+        if started_here:
+            ray.shutdown()
+
+
+def user_error(err: BaseException) -> BaseException:
+    """The exception to raise for a failed Ray task: the task's own ValueError (a user mistake, with its
+    one-line message) when that is the cause, else the Ray error itself."""
+    cause = getattr(err, "cause", None)
+    return cause if isinstance(cause, ValueError) else err
+
+
+def as_completed(task: Any, calls: Sequence[tuple], *, fail_fast: bool) -> Iterator[tuple[int, Any]]:
+    """Submit ``task.remote(*args)`` for every ``args`` in ``calls`` (inside :func:`ray_session`) and
+    yield ``(index, result)`` as they finish. See the module docstring for ``fail_fast``."""
+    import ray
+
+    refs = [task.remote(*args) for args in calls]
+    index = {ref: i for i, ref in enumerate(refs)}
+    waiting, first_error = list(refs), None
+    while waiting:
+        done, waiting = ray.wait(waiting, num_returns=1)
+        for ref in done:
+            try:
+                result = ray.get(ref)
+            except ray.exceptions.RayError as err:
+                if fail_fast:
+                    for other in waiting:
+                        ray.cancel(other)
+                    raise user_error(err) from None
+                if first_error is None:
+                    first_error = user_error(err)  # raised once the other submitted tasks are in
+                else:
+                    log.warning("task %d failed too: %s", index[ref], str(user_error(err)).strip().split("\n")[0])
+                continue
+            yield index[ref], result
+    if first_error is not None:
+        raise first_error
+
+
+def run_each(fn: Callable[..., Any], calls: Sequence[tuple], *, executor: str = "local", address: str | None = None,
+             num_cpus: float = 1, num_gpus: float = 0, fail_fast: bool = False) -> Iterator[tuple[int, Any]]:
+    """``fn(*args)`` for every ``args`` in ``calls``: yield ``(index, result)`` as each finishes.
+
+    ``fn`` must be a module-level function (Ray ships it to the workers by reference); ``num_cpus`` and
+    ``num_gpus`` are what each Ray task reserves (ignored by ``local``).
+    """
+    check_executor(executor)
+    check_resources(num_cpus=num_cpus, num_gpus=num_gpus)
+    if executor == "local":
+        for i, args in enumerate(calls):
+            yield i, fn(*args)
+        return
+    if not calls:
+        return
+    with ray_session(address) as ray:
+        yield from as_completed(ray.remote(fn).options(num_cpus=num_cpus, num_gpus=num_gpus), calls,
+                                fail_fast=fail_fast)
