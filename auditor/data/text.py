@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from auditor.data import HF_PREFIX, Inputs
+from auditor.data.inputs import HF_PREFIX, Inputs
 from auditor.data.selection import random_order, visible_files
 from auditor.errors import AuditError
 from auditor.models.base import LoadedModel, TextTokenizer
@@ -87,7 +87,7 @@ def read_documents(
     ``hf:...`` rows, and a label of the source. Files are read lazily, as the caller consumes them."""
     counts = {} if counts is None else counts
     if data.startswith(HF_PREFIX):
-        from auditor.data.images import load_hf_dataset
+        from auditor.data.hf import load_hf_dataset
 
         dataset, label = load_hf_dataset(data, "text", (".txt",), exclude)
         return _hf_documents(dataset), label

