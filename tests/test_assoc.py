@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 
 import numpy as np
@@ -32,6 +31,7 @@ from auditor.lab.assoc.memories import (
 from auditor.lab.assoc.memory_sweep import AssocConfig, guide_capacity, run_bucket
 from auditor.lab.assoc.summary import capacity_fits, capacity_markdown
 from auditor.lab.engine import TrainConfig, train
+from auditor.lab.sweep import run_unit
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.one_thread
 
@@ -81,7 +81,7 @@ def test_a_trained_memory_of_known_small_size_stores_all_items(kind, d, m, n):
     result = train(model, task, _fit_config(steps=400, lr=0.1 if kind == "linear" else 0.03), progress=False)
     assert result.accuracy.item() == 1.0
     assert bool(task.correct(model)[0, :n].all())
-    assert result.steps.item() < 400  # early stop froze it
+    assert result.steps_trained.item() < 400  # early stop froze it
 
 
 def test_padding_items_gives_each_member_its_own_problem():
@@ -203,7 +203,7 @@ def test_guide_constant_fit_and_n_log_n_inverse():
 def test_capacity_fits_ignore_censored_points():
     rows = pd.DataFrame({
         "kind": ["linear"] * 4,
-        "params": [64, 256, 1024, 4096],
+        "parameters": [64, 256, 1024, 4096],
         "capacity": [20, 60, 190, 4096],
         "first_fail": [21, 61, 191, None],  # the last search never failed
     })
@@ -217,17 +217,17 @@ def test_capacity_fits_ignore_censored_points():
 
 def test_sweep_unit_reports_a_bracketed_capacity_with_provenance():
     unit = AssocConfig(kind="linear", dims=(8,), seeds=(0, 1), steps=200, rel_tol=0.1, eval_every=10).buckets()[0]
-    rows = run_bucket(unit)
+    rows = run_unit(run_bucket, unit)  # as the sweep runner runs it: rows stamped
     assert [r["seed"] for r in rows] == [0, 1]
     for row in rows:
-        probes = json.loads(row["probes"])
+        probes = row["probes"]
         passed = [p["n_items"] for p in probes if p["passed"]]
         failed = [p["n_items"] for p in probes if not p["passed"]]
         assert row["capacity"] == max(passed) and row["first_fail"] == min(failed)
         assert all(p["accuracy"] >= 0.99 for p in probes if p["passed"])
         assert 10 <= row["capacity"] < row["first_fail"] <= 2 * 64
         assert row["git_commit"] and "torch=" in row["versions"]
-        assert row["params"] == 64 and row["d"] == 8 and row["dtype"] == "float32"
+        assert row["parameters"] == 64 and row["d"] == 8 and row["dtype"] == "float32"
 
 
 def test_cli_assoc_writes_csv_summary_and_plot(tmp_path):

@@ -46,7 +46,7 @@ def test_uniform_attention_certifies_exactly_one_example():
     Z = attention_features(model, data)
     expected_row = data.contexts[0].double().mean(0).repeat(2)  # (H w,): both heads average the 4 rows
     torch.testing.assert_close(Z, expected_row.expand(12, -1))
-    cert = certify(Z, data.labels, task="regression", tolerance=1e-9)
+    cert = certify(Z, data.labels, task="regression", error_tolerance=1e-9)
     assert cert.rank == 1 and cert.guaranteed == 1
     assert cert.certified == 1  # labels are distinct reals: only the fitted example is within 1e-9
 
@@ -61,7 +61,7 @@ def test_two_row_identity_context_known_rank():
     model = layer(1, 2, 2, outputs=1)
     Z = attention_features(model, data)  # (N, 2)
     torch.testing.assert_close(Z.sum(1), torch.ones(N, dtype=torch.float64))  # rows are softmax vectors
-    cert = certify(Z, labels, task="regression", tolerance=1e-9)
+    cert = certify(Z, labels, task="regression", error_tolerance=1e-9)
     assert cert.rank == 2 == proposition2_bound(1, 2)
     assert cert.certified >= 2 and cert.residual < 1e-9
 
@@ -70,7 +70,7 @@ def test_full_rank_z_memorizes_every_label_exactly():
     """rank(Z) = N: the least-squares readout reproduces arbitrary real labels on all N examples."""
     data = make_data(DataConfig(N=20, context=6, d=8, task="regression", outputs=3, shared_context=False, seed=4))
     Z = attention_features(layer(4, 8, 8, outputs=3), data)  # (20, 32)
-    cert = certify(Z, data.labels, task="regression", tolerance=1e-8)
+    cert = certify(Z, data.labels, task="regression", error_tolerance=1e-8)
     assert cert.rank == 20 and cert.certified == 20
     assert cert.margin > 1
 

@@ -136,7 +136,7 @@ def test_lab_sweep_across_bucket_sizes_agrees_up_to_float32_reassociation(sweeps
     assert together["bucket_members"].eq(4).all() and alone["bucket_members"].eq(1).all()
     assert list(alone.columns) == list(together.columns)
     exact = [c for c in alone.columns if c not in WALL_CLOCK + PLACEMENT + ["rank_margin"]]
-    assert {"memorized", "accuracy", "rank", "certified", "rank_init", "steps"} <= set(exact)
+    assert {"memorized", "accuracy", "rank", "certified", "rank_init", "steps_trained"} <= set(exact)
     pd.testing.assert_frame_equal(alone[exact], together[exact], check_exact=True)
     pd.testing.assert_series_equal(alone["rank_margin"], together["rank_margin"], rtol=1e-5, check_exact=False)
 

@@ -122,10 +122,10 @@ def test_reaches_full_accuracy_and_stops_early():
     model = SoftmaxRegression(w, b)
     res = train(model, RandomLabels(x, y, 12), TrainConfig(steps=2000, lr=0.05, eval_every=10), progress=False)
     assert res.accuracy.tolist() == [1.0, 1.0]
-    assert (res.steps < 2000).all() and bool(res.frozen.all())
+    assert (res.steps_trained < 2000).all() and bool(res.frozen.all())
     assert set(res.history.columns) >= {"step", "member", "loss", "accuracy"}
     # the history ends with each member at 100% and its step count is a multiple of eval_every
-    assert (res.steps % 10 == 0).all()
+    assert (res.steps_trained % 10 == 0).all()
 
 
 def test_members_in_ensemble_match_members_trained_alone():
@@ -137,11 +137,11 @@ def test_members_in_ensemble_match_members_trained_alone():
     cfg = TrainConfig(steps=300, lr=0.03, eval_every=5, seed=11)
     together = SoftmaxRegression(w, b)
     res = train(together, RandomLabels(x, y, 6), cfg, progress=False)
-    assert len(set(res.steps.tolist())) > 1, "test needs members that stop at different steps"
+    assert len(set(res.steps_trained.tolist())) > 1, "test needs members that stop at different steps"
     for i in range(E):
         alone = SoftmaxRegression(w[i : i + 1], b[i : i + 1])
         solo = train(alone, RandomLabels(x[i : i + 1], y[i : i + 1], 6), cfg, progress=False)
-        assert solo.steps.item() == res.steps[i].item()
+        assert solo.steps_trained.item() == res.steps_trained[i].item()
         assert solo.accuracy.item() == res.accuracy[i].item()
         torch.testing.assert_close(alone.weight[0], together.weight[i], rtol=1e-5, atol=1e-6)
 
@@ -179,7 +179,7 @@ def test_resume_after_interruption_equals_uninterrupted(tmp_path):
     res = train(resumed, RandomLabels(x, y, 5), cfg, progress=False)
     assert res.resumed_from == 50
     assert torch.equal(resumed.weight, reference.weight) and torch.equal(resumed.bias, reference.bias)
-    assert torch.equal(res.steps, ref.steps) and torch.equal(res.accuracy, ref.accuracy)
+    assert torch.equal(res.steps_trained, ref.steps_trained) and torch.equal(res.accuracy, ref.accuracy)
     assert res.history.equals(ref.history)
 
     # a finished checkpoint returns the result without training again

@@ -147,7 +147,7 @@ def test_bound_holds_on_random_databases():
         ).build()
         b = rank_bounds(db)
         assert b.lower <= b.upper <= b.paper_bound
-        est = estimate_cp_rank(db, CPConfig(tol=1e-4, restarts=3, max_iter=1000))
+        est = estimate_cp_rank(db, CPConfig(tolerance=1e-4, restarts=3, max_iter=1000))
         assert b.lower <= est.rank <= b.paper_bound
         assert est.rank == b.upper or est.errors[est.rank] <= 1e-4
 
@@ -198,15 +198,15 @@ def test_exact_rank_is_honest_when_open():
 @pytest.mark.parametrize("backend", ["tensorly", "als"])
 def test_cp_estimate_recovers_constructed_rank(rank, backend):
     tensor = cp_tensor(rank, seed=rank)
-    est = estimate_cp_rank(tensor, CPConfig(backend=backend, tol=1e-5, restarts=3, max_iter=2000))
+    est = estimate_cp_rank(tensor, CPConfig(backend=backend, tolerance=1e-5, restarts=3, max_iter=2000))
     assert est.rank == rank and est.reached_by == "fit"
     assert est.floor == rank  # the flattenings have rank exactly `rank`
 
 
 def test_cp_estimate_tolerance_and_border_rank():
     """W has rank 3 but border rank 2: a loose tolerance accepts rank 2, a tight one does not."""
-    loose = estimate_cp_rank(W_TENSOR, CPConfig(tol=2e-2, restarts=2))
-    tight = estimate_cp_rank(W_TENSOR, CPConfig(tol=1e-6, restarts=2, max_iter=2000))
+    loose = estimate_cp_rank(W_TENSOR, CPConfig(tolerance=2e-2, restarts=2))
+    tight = estimate_cp_rank(W_TENSOR, CPConfig(tolerance=1e-6, restarts=2, max_iter=2000))
     assert loose.rank == 2 and tight.rank == 3
 
 
@@ -230,7 +230,7 @@ def test_batched_als_members_do_not_interact():
     tensor = cp_tensor(3, (5, 4, 4), seed=2)
     coords = np.argwhere(tensor != 0)
     values = tensor[tuple(coords.T)]
-    config = CPConfig(tol=1e-12, max_iter=40)
+    config = CPConfig(tolerance=1e-12, max_iter=40)
     together = batched_cp_als(coords, values, tensor.shape, [(2, 0), (3, 1), (4, 0)], config)
     alone = batched_cp_als(coords, values, tensor.shape, [(3, 1)], config)
     assert together[1] == pytest.approx(alone[0], rel=1e-6, abs=1e-9)

@@ -8,9 +8,15 @@ import pandas as pd
 import pytest
 
 from auditor.cli import main
-from auditor.lab.facts.experiments import check_configs, unit_function
-from auditor.lab.facts.presets import sweep_units
+from auditor.lab.experiment import get
+from auditor.lab.facts.experiments import check_configs, facts_unit, unit_function
 from auditor.lab.sweep import run_sweep
+
+
+def quick_units(name: str, tmp_path) -> list[dict]:
+    """The units of ``audit facts NAME --scale quick``."""
+    experiment = get(f"facts {name}")
+    return experiment.units(experiment.make("quick"), tmp_path)
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.one_thread
 
@@ -39,12 +45,12 @@ def test_generate_then_rank(tmp_path, capsys):
         == 0
     )
     assert len(pd.read_csv(db)) == 48
-    out = tmp_path / "rank.csv"
+    out = tmp_path / "rank"
     assert main(["facts", "rank", str(db), "--threads", "1", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "exact_rank" in printed and "cp_rank" in printed
-    row = pd.read_csv(out).iloc[0]
-    assert row["exact_rank"] == 6 and row["cp_rank"] == 6 and row["paper_bound"] == 12
+    row = pd.read_csv(out / "results.csv").iloc[0]  # --out is a folder, as everywhere
+    assert row["exact_rank"] == 6 and row["cp_rank"] == 6 and row["bounds_paper_bound"] == 12
     assert {"git_commit", "versions"} <= set(row.index)
 
 
@@ -87,21 +93,22 @@ def test_train_command_with_layer_rank(tmp_path):
     )
     frame = pd.read_csv(out / "results.csv")
     assert list(frame["d_vo"]) == [1, 2, 3, 4] and list(frame["d_qk"]) == [4, 3, 2, 1]
-    assert (frame["flattening_lower"] <= frame["bound"]).all() and (frame["cp_rank"] <= frame["bound"]).all()
+    assert (frame["layer_flattening_lower"] <= frame["layer_bound"]).all()
+    assert (frame["layer_cp_rank"] <= frame["layer_bound"]).all()
     assert (frame["construction_residual"] < 1e-8).all()
     assert main(["facts", "train", str(db), "--d-model", "4", "--d-vo", "5", "--budget"]) == 2
 
 
 def test_width_sweep_runs_resumes_and_plots(tmp_path):
     out = tmp_path / "width"
-    assert main(["facts", "sweep", "width", "--quick", "--out", str(out)]) == 0
+    assert main(["facts", "width", "--scale", "quick", "--out", str(out)]) == 0
     frame = pd.read_csv(out / "results.csv")
     assert len(frame) == 4  # quick grid: d_model in (2, 4) x d_vo in (1, 2)
     for column in (
         "accuracy",
         "acc_tau0.95",
-        "params",
-        "rank_exact",
+        "parameters",
+        "bounds_exact",
         "seed",
         "dtype",
         "device",
@@ -114,37 +121,40 @@ def test_width_sweep_runs_resumes_and_plots(tmp_path):
         assert column in frame, column
     assert (out / "width.png").stat().st_size > 0
     stamp = {p.name: p.stat().st_mtime_ns for p in (out / "units").iterdir()}
-    assert main(["facts", "sweep", "width", "--quick", "--out", str(out), "--no-plot"]) == 0
+    assert main(["facts", "width", "--scale", "quick", "--out", str(out), "--no-plots"]) == 0
     assert {p.name: p.stat().st_mtime_ns for p in (out / "units").iterdir()} == stamp  # nothing reran
     assert pd.read_csv(out / "results.csv").equals(frame)
 
 
-def test_every_experiment_has_valid_quick_units():
+def test_every_experiment_has_valid_quick_units(tmp_path):
     for name in ("width", "budget", "tau", "bound", "measure", "scale"):
-        for unit_name, configs in sweep_units(name, quick=True).items():
-            check_configs(configs)
-            assert callable(unit_function(unit_name))
-            json.dumps(configs)  # JSON-serialisable, as run_sweep requires
+        configs = quick_units(name, tmp_path)
+        check_configs(configs)
+        for unit in configs:
+            assert callable(unit_function(unit["experiment"]))
+        json.dumps(configs)  # JSON-serialisable, as run_sweep requires
 
 
 def test_bound_unit_rows_check_the_bound(tmp_path):
-    configs = sweep_units("bound", quick=True)["bound"]
-    frame = run_sweep(unit_function("bound"), configs, tmp_path, progress=False)
+    frame = run_sweep(facts_unit, quick_units("bound", tmp_path), tmp_path, progress=False)
     assert set(frame["state"]) == {"random", "trained"}
     assert frame["bound_holds"].all()
     assert (frame["construction_residual"] < 1e-8).all()  # the explicit decomposition reproduces L
-    assert (frame["flattening_lower"] <= frame["bound"]).all() and (frame["cp_rank"] <= frame["bound"]).all()
-    assert (frame["bound"] <= frame["architecture_bound"]).all()
+    assert (frame["layer_flattening_lower"] <= frame["layer_bound"]).all()
+    assert (frame["layer_cp_rank"] <= frame["layer_bound"]).all()
+    assert (frame["layer_bound"] <= frame["architecture_bound"]).all()
 
 
 def test_scale_quick_records_timings(tmp_path):
-    units = sweep_units("scale", quick=True)
-    rank = run_sweep(unit_function("scale-rank"), units["scale-rank"], tmp_path / "rank", progress=False)
+    units = [u for u in quick_units("scale", tmp_path) if u["experiment"] == "scale-rank"]
+    rank = run_sweep(facts_unit, units, tmp_path / "rank", progress=False)
     assert rank.loc[0, "bounds_exact"] == 100 and rank.loc[0, "cp_rank"] == 100
     assert rank.loc[0, "cp_reached_by"] == "fit"  # the ALS reached the certified rank on the full tensor
     assert rank.loc[0, "cp_seconds"] > 0 and rank.loc[0, "bounds_seconds"] > 0
 
 
 def test_unknown_experiment_is_a_usage_error(capsys):
-    assert main(["facts", "sweep", "widht"]) == 2
+    assert main(["facts", "widht"]) == 2
     assert "widht" in capsys.readouterr().err
+    assert main(["facts", "sweep", "widht"]) == 2  # the old spelling of the room's experiments
+    assert "did you mean 'width'" in capsys.readouterr().err

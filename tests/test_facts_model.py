@@ -76,7 +76,7 @@ def test_member_in_ensemble_equals_member_alone_and_padding_stays_zero():
     assert torch.count_nonzero(m.embed[0, :, 2:]) == 0
     assert torch.count_nonzero(m.w_q[0, 1:]) == 0 and torch.count_nonzero(m.w_q[0, :, :, 1:]) == 0
     assert torch.count_nonzero(m.unembed[0, 2:]) == 0
-    assert together.rows[0]["params"] == CONFIGS[0].parameters(*db.shape)
+    assert together.rows[0]["parameters"] == CONFIGS[0].parameters(*db.shape)
 
 
 def test_small_database_is_memorized_completely():

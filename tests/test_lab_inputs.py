@@ -15,6 +15,7 @@ import click
 import pytest
 import torch
 
+from auditor import execution
 from auditor.cli import main
 from auditor.errors import AuditError
 from auditor.lab import sweep
@@ -32,8 +33,8 @@ LAB_COMMANDS: dict[str, click.Command] = {
     "certify": certify_command,
     "capacity": capacity_command,
     "assoc": assoc_command,
-    **{f"facts {name}": cmd for name, cmd in facts_command.commands.items()},
-    **{f"recall {name}": cmd for name, cmd in recall_command.commands.items()},
+    **{f"{room.name} {name}": room.get_command(None, name) for room in (facts_command, recall_command)
+       for name in room.list_commands(None)},
 }
 SMALL_MEMORIZE = ["memorize", "--heads", "1", "--context", "3", "--d-h", "2", "--N", "5", "--d", "4"]
 
@@ -60,7 +61,7 @@ def left_behind(folder: Path) -> list[str]:
 
 # -- --threads --------------------------------------------------------------------------------------
 def test_every_lab_command_takes_threads_with_torchs_default():
-    assert set(LAB_COMMANDS) >= {"facts generate", "facts rank", "facts train", "facts sweep", "facts plot",
+    assert set(LAB_COMMANDS) >= {"facts generate", "facts rank", "facts train", "facts width", "facts plot",
                                  "recall scaling", "recall tradeoff", "recall dynamics", "recall all"}
     for name, command in LAB_COMMANDS.items():
         threads = [p for p in command.params if p.name == "threads"]
@@ -113,7 +114,7 @@ def no_ray(monkeypatch):
     ["assoc", "--memory", "linear", "--dims", "8", "--seeds", "0"],
     SMALL_MEMORIZE,
     ["capacity", "--tokens", "missing.safetensors"],
-    ["facts", "sweep", "width", "--quick"],
+    ["facts", "width", "--scale", "quick"],
     ["recall", "scaling", "--dims", "8", "--seeds", "0"],
 ], ids=lambda args: args[0])
 def test_executor_ray_without_ray_is_one_line_and_leaves_nothing(args, no_ray, workdir, capsys):
@@ -125,23 +126,24 @@ def test_executor_ray_without_ray_is_one_line_and_leaves_nothing(args, no_ray, w
 
 def test_connect_ray_and_run_sweep_without_ray(no_ray, tmp_path):
     with pytest.raises(AuditError, match="not installed") as err:
-        sweep.connect_ray(None)  # also the entry of auditor.shard's Ray executor
+        execution.connect_ray(None)  # also the entry of auditor.shard's Ray executor
     assert 'pip install "attention-auditor[ray]"' in str(err.value)
     with pytest.raises(AuditError, match="--executor local"):
         sweep.run_sweep(lambda config: {"x": 1}, [{"i": 0}], tmp_path / "s", executor="ray")
     assert not (tmp_path / "s").exists()
 
 
-# -- tolerance of audit memorize -------------------------------------------------------------------
+# -- error tolerance of audit memorize -------------------------------------------------------------
 @pytest.mark.parametrize("tolerance", ["inf", "nan", "-0.1", "0", "0.5", "1e309"])
 def test_memorize_refuses_a_meaningless_tolerance(tolerance, workdir, capsys):
-    line = one_error_line([*SMALL_MEMORIZE, "--task", "regression", "--tolerance", tolerance, "--out", "m"], capsys)
+    line = one_error_line([*SMALL_MEMORIZE, "--task", "regression", "--error-tolerance", tolerance, "--out", "m"],
+                          capsys)
     assert "tolerance must be in (0, 0.5)" in line
     assert left_behind(workdir) == []
 
 
 def test_memorize_preset_refuses_an_infinite_tolerance_too(workdir, capsys):
-    assert "tolerance" in one_error_line(["memorize", "--figure", "a", "--tolerance", "inf"], capsys)
+    assert "tolerance" in one_error_line(["memorize", "--figure", "a", "--error-tolerance", "inf"], capsys)
     assert left_behind(workdir) == []
 
 
@@ -243,7 +245,7 @@ def test_facts_train_refuses_huge_lists(workdir, capsys):
     ["certify", "--seeds", f"0,{TOO_BIG}"],
     ["assoc", "--seeds", TOO_BIG],
     ["recall", "dynamics", "--seeds", "-1"],
-    ["facts", "sweep", "width", "--db-seeds", TOO_BIG],
+    ["facts", "width", "--db-seeds", TOO_BIG],
     ["capacity", "--tokens", "t.safetensors", "--seed", TOO_BIG],
     ["facts", "generate", "-o", "db.csv", "--seed", TOO_BIG],
 ], ids=lambda args: " ".join(args[:2]))
@@ -268,9 +270,9 @@ def test_overflowing_seeds_are_one_clear_line(args, workdir, capsys):
     (["certify", "--rtol", "2"], "rtol (the relative rank tolerance) must be in (0, 1)"),
     (["certify", "--d-h", "16", "--d", "8"], "exceeds d=8"),
     (["capacity", "--tokens", "missing.safetensors"], "does not exist"),
-    (["capacity", "--tokens", "t.safetensors", "--lr", "inf"], "lr must be a finite number > 0"),
-    (["facts", "sweep", "width", "--steps", "0"], "steps must be >= 1"),
-    (["facts", "sweep", "width", "--lr", "nan"], "lr must be a finite number > 0"),
+    (["capacity", "--tokens", "t.safetensors", "--lr", "inf"], "--lr takes positive finite numbers"),
+    (["facts", "width", "--steps", "0"], "steps must be >= 1"),
+    (["facts", "width", "--lr", "nan"], "--lr takes positive finite numbers"),
 ])
 def test_a_refused_run_creates_no_folder(args, message, workdir, capsys):
     if "t.safetensors" in args:

@@ -155,18 +155,18 @@ def test_trainer_reaches_full_accuracy_on_an_easy_case():
     data = make_data(DataConfig(N=12, context=4, d=8, classes=3, seed=0))
     model = MHAEnsemble([MHAConfig(heads=4, d=8, d_h=8, d_v=8, outputs=3, seed=s) for s in range(4)])
     res = train(model, MemorizeTask([data] * 4, 32), TrainConfig(steps=400, lr=2e-2, eval_every=10), progress=False)
-    assert res.accuracy.tolist() == [1.0] * 4 and bool((res.steps < 400).all())
+    assert res.accuracy.tolist() == [1.0] * 4 and bool((res.steps_trained < 400).all())
 
 
 def test_regression_memorized_within_tolerance():
     data = make_data(DataConfig(N=6, context=4, d=8, task="regression", seed=0))
     model = MHAEnsemble([MHAConfig(heads=3, d=8, d_h=8, d_v=8, outputs=1, seed=0)])
-    task = MemorizeTask([data], 8, tolerance=0.05)
+    task = MemorizeTask([data], 8, error_tolerance=0.05)
     res = train(model, task, TrainConfig(steps=800, lr=2e-2, eval_every=20), progress=False)
     assert res.accuracy.item() == 1.0
     pred = model(data.queries[None], data.contexts)[0].detach()
     assert float((pred - data.labels).abs().max()) <= 0.05
-    assert float(MemorizeTask([data], 8, tolerance=1e-6).accuracy(model)) < 1.0  # tolerance matters
+    assert float(MemorizeTask([data], 8, error_tolerance=1e-6).accuracy(model)) < 1.0  # tolerance matters
 
 
 def test_members_of_a_padded_bucket_match_the_same_configuration_alone():
@@ -183,7 +183,7 @@ def test_members_of_a_padded_bucket_match_the_same_configuration_alone():
     for i, run in enumerate(runs):
         alone = MHAEnsemble([run.model_config()], max_context=5)
         solo = train(alone, MemorizeTask([data[i]], 16), cfg, progress=False)
-        assert solo.steps.item() == res.steps[i].item()
+        assert solo.steps_trained.item() == res.steps_trained[i].item()
         ref = together.member(i)
         for name in ("W_Q", "W_K", "W_V", "W_O", "W_D"):
             torch.testing.assert_close(getattr(alone, name), getattr(ref, name), rtol=1e-4, atol=1e-5)
@@ -211,7 +211,7 @@ def test_memorize_training_resumes_to_the_same_result(tmp_path):
     resumed = MHAEnsemble(configs)
     res = train(resumed, MemorizeTask(data, 8), cfg, progress=False)
     assert res.resumed_from == 40
-    assert torch.equal(res.accuracy, ref.accuracy) and torch.equal(res.steps, ref.steps)
+    assert torch.equal(res.accuracy, ref.accuracy) and torch.equal(res.steps_trained, ref.steps_trained)
     for a, b in zip(resumed.parameters(), reference.parameters()):
         assert torch.equal(a, b)
 
@@ -231,7 +231,7 @@ def test_sweep_rows_resume_and_plots(tmp_path):
     runs = grid([1, 3], [3], [4], [12], [0], d=4, classes=3)
     settings = MemorizeSettings(steps=200, lr=3e-2, batch_size=16, eval_every=20)
     frame = run_memorize(runs, settings, tmp_path, progress=False)
-    needed = {"heads", "context", "d_h", "N", "seed", "memorized", "accuracy", "bound", "certified", "steps",
+    needed = {"heads", "context", "d_h", "N", "seed", "memorized", "accuracy", "bound", "certified", "steps_trained",
               "seconds", "git_commit", "versions", "dtype", "device", "rank", "certified_init"}
     assert needed <= set(frame.columns) and len(frame) == 2
     assert frame["bound"].tolist() == [1 * 2 + 1, 3 * 2 + 1]

@@ -4,7 +4,6 @@ dynamics and the stage detector."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 
 import numpy as np
@@ -28,6 +27,7 @@ from auditor.lab.assoc.recall_sweep import (
 )
 from auditor.lab.assoc.stages import detect_stages, find_plateau
 from auditor.lab.engine import TrainConfig, train
+from auditor.lab.sweep import run_unit
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.one_thread
 
@@ -150,7 +150,7 @@ def test_training_stores_a_small_fact_table_and_accuracy_is_over_all_facts():
     model, task = build_recall([member], batch_size=256, eval_contexts=3)
     result = train(model, task, TrainConfig(steps=800, lr=1e-2, optimizer="adamw", warmup_frac=0.0,
                                             schedule="constant", target_accuracy=1.0, eval_every=25), progress=False)
-    assert result.accuracy.item() == 1.0 and result.steps.item() < 800
+    assert result.accuracy.item() == 1.0 and result.steps_trained.item() < 800
     assert task.fact_recall(model).item() == 1.0
     # the evaluation set is every fact in 3 contexts, and accuracy is their mean
     assert int(task.eval_set.valid.sum()) == 36 * 3
@@ -172,11 +172,12 @@ _TINY = RecallTraining(steps=120, batch_size=64, eval_every=20, eval_contexts=2,
 def test_tradeoff_unit_rows_describe_every_cell():
     unit = TradeoffConfig(subjects=4, relations=4, d=16, head_dim=4, heads=(2,), widths=(0, 8), seeds=(0, 1),
                           training=_TINY).units()[0]
-    rows = pd.DataFrame(run_tradeoff_unit(unit))
+    rows = pd.DataFrame(run_unit(run_tradeoff_unit, unit))  # as the sweep runner runs it: rows stamped
     assert len(rows) == 4 and set(rows["width"]) == {0, 8} and set(rows["seed"]) == {0, 1}
-    assert (rows["params"] == rows["attention_params"] + rows["mlp_params"]).all()
+    assert (rows["parameters"] == rows["attention_parameters"] + rows["mlp_parameters"]).all()
     assert rows["accuracy"].between(0, 1).all() and (rows["stored"] == (rows["accuracy"] >= 0.99)).all()
-    assert {"git_commit", "versions", "lrs", "best_lr", "batch_size", "T", "D", "dtype", "device"} <= set(rows.columns)
+    assert {"git_commit", "versions", "lrs", "best_lr", "batch_size", "prompt_length", "answers_per_relation", "dtype",
+            "device"} <= set(rows.columns)
 
 
 def test_each_model_keeps_its_best_learning_rate():
@@ -184,22 +185,22 @@ def test_each_model_keeps_its_best_learning_rate():
     member = _members(d=16, heads=4, head_dim=4, width=16, facts=FactTable(3, 3, 4, seed=2))
     (both,) = train_models([member], tiny)
     (alone,) = train_models([member], dataclasses.replace(tiny, lrs=(2e-2,)))
-    by_lr = json.loads(both["accuracy_by_lr"])
+    by_lr = both["accuracy_by_lr"]
     assert both["best_lr"] == 2e-2 and both["passed"] and by_lr["1e-06"] < 0.5
-    assert both["accuracy"] == alone["accuracy"] and both["steps"] == alone["steps"]
+    assert both["accuracy"] == alone["accuracy"] and both["steps_trained"] == alone["steps_trained"]
 
 
 def test_scaling_unit_brackets_the_largest_table():
     unit = ScalingConfig(dims=(8,), head_dim=2, attn_ratio=1.0, width_ratios=(1.0,), seeds=(0,),
                          training=_TINY).units()[0]
     (row,) = run_scaling_unit(unit)
-    assert row["heads"] == 4 and row["width"] == 8 and row["params"] == 4 * 4 * 2 * 8 + 2 * 8 * 8
+    assert row["heads"] == 4 and row["width"] == 8 and row["parameters"] == 4 * 4 * 2 * 8 + 2 * 8 * 8
     assert row["facts"] == row["subjects"] * row["relations"] and row["subjects"] - row["relations"] in (0, 1)
-    probes = json.loads(row["probes"])
+    probes = row["probes"]
     assert row["facts"] == max([p["facts"] for p in probes if p["passed"]], default=0)
     if row["first_fail_facts"] is not None:
         assert row["facts"] < row["first_fail_facts"] == min(p["facts"] for p in probes if not p["passed"])
-    assert row["bits_per_param"] == pytest.approx(row["facts"] * 3 / row["params"])
+    assert row["bits_per_parameter"] == pytest.approx(row["facts"] * 3 / row["parameters"])
     with pytest.raises(AuditError, match="H must be >= 1"):
         ScalingConfig(dims=(4,), head_dim=8, attn_ratio=0.5)
 

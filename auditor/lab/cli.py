@@ -1,17 +1,23 @@
-"""What every command of the capacity lab shares: ``--threads``, and the rule for the output folder.
+"""The one command-line layer of the capacity lab: every lab command is built here from its
+:class:`~auditor.lab.experiment.Experiment`.
 
-* ``--threads N`` (:func:`threads_option`) sets torch's intra-op threads for the run and restores the
-  previous number afterwards; without it torch keeps its default (one thread per core).
-* A command validates every option before it creates its output folder, and creates it through
-  :func:`output_folder`: a run that fails removes the folders it created, unless a finished sweep
-  unit or a training checkpoint lies inside (those stay, so that rerunning the command resumes).
+A command takes its config's options (lists as ``1,2,4`` or inclusive ranges ``1:8`` / ``0:60:10``) and
+the common options, with one meaning everywhere: ``--scale`` (a preset; reference: what the committed
+reports used), ``--seeds``, ``--out`` (a folder; rerun to resume), ``--executor``, ``--address``,
+``--threads`` (restored afterwards) and ``--plots/--no-plots``. It validates every option before it
+creates its output folder (:func:`output_folder`: a failed run removes the folders it created unless a
+finished unit or a checkpoint lies inside). Old spellings (``--quick``, ``--no-plot``, ``--scale cpu``,
+``audit facts sweep NAME``, each experiment's renamed flags) work for one release, with one line on stderr.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import shutil
+import types
+import typing
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,14 +25,20 @@ from typing import Any
 import click
 import torch
 
-from auditor.errors import AuditError
-from auditor.options import MAX_SEED, MAX_SIZE
+from auditor.errors import AuditError, did_you_mean
+from auditor.execution import EXECUTORS, check_executor
+from auditor.lab import experiment as registry
+from auditor.lab.experiment import Experiment, Option, run_experiment
+from auditor.lab.sweep import missing_parents, remove_empty
+from auditor.options import MAX_SEED, MAX_SIZE, parse_floats, parse_ints, parse_seeds, parse_sizes
 from auditor.provenance import timestamp
 
 MAX_THREADS = 1024
 SEED = click.IntRange(0, MAX_SEED)  # a scalar seed option (lists: auditor.options.parse_seeds)
-SIZE = click.IntRange(max=MAX_SIZE)  # a scalar size option; its lower bound is the room's own check
+SIZE = click.IntRange(max=MAX_SIZE)  # a scalar size option; its lower bound is the config's own check
 THREADS_HELP = "torch intra-op threads for this run [default: torch's default, one per core]"
+SEEDS_HELP = "Seeds of the repetitions, e.g. 0,1,2 or 0:4"
+_UNBOUNDED = ("steps", "eval_every")  # plain integers, checked by the config
 
 
 def check_threads(threads: int | None) -> None:
@@ -67,16 +79,6 @@ def default_out(out: str | None, name: str) -> Path:
     return Path(out) if out else Path("runs") / f"{name}-{timestamp()}"
 
 
-def _missing(path: Path) -> list[Path]:
-    """``path`` and its ancestors that do not exist yet, deepest first."""
-    missing = []
-    for p in (path, *path.parents):
-        if p.exists():
-            break
-        missing.append(p)
-    return missing
-
-
 def _holds_progress(folder: Path) -> bool:
     """Whether a finished sweep unit or a training checkpoint lies under ``folder``."""
     return any(p.is_file() for pattern in ("units/*.json", "checkpoints/*") for p in folder.rglob(pattern))
@@ -87,7 +89,7 @@ def output_folder(path: Path) -> Iterator[Path]:
     """Create ``path`` (and missing parents) for the body; if the body raises, remove what was created
     here unless it holds progress a rerun would resume from. A folder that existed is never removed."""
     path = Path(path)
-    created = _missing(path)
+    created = missing_parents(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -98,9 +100,218 @@ def output_folder(path: Path) -> Iterator[Path]:
         if created and not _holds_progress(created[-1]):
             shutil.rmtree(created[-1], ignore_errors=True)
         else:
-            for folder in created:  # deepest first; stops at the first folder that is not empty
-                try:
-                    folder.rmdir()
-                except OSError:
-                    break
+            remove_empty(created)
         raise
+
+
+def deprecated(old: str, new: str) -> None:
+    """The one-line notice for an old spelling that still works."""
+    click.echo(f"warning: {old} is deprecated; use {new} (the old spelling works until the next release)", err=True)
+
+
+# -- options from config fields ---------------------------------------------------------------------
+def _flag(opt: Option) -> str:
+    return opt.field.metadata.get("flag") or "--" + opt.field.name.replace("_", "-")
+
+
+def _dest(opt: Option) -> str:
+    """The name a command passes the option's value under (its flag's, so members of a suite agree)."""
+    return _flag(opt).split("/")[0].lstrip("-").replace("-", "_")
+
+
+def _kind(opt: Option) -> Any:
+    """The field's type with ``| None`` removed."""
+    hint = typing.get_type_hints(opt.owner)[opt.field.name]
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return next(a for a in typing.get_args(hint) if a is not type(None))
+    return hint
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, tuple):
+        return ",".join(map(str, value))
+    return "none" if value is None else str(value)
+
+
+def _param(opt: Option, *, flag: str | None = None, name: str | None = None) -> click.Parameter:
+    """The click parameter of an option field: lists are read later (:func:`parse`), scalars by click."""
+    meta, kind, hidden = opt.field.metadata, _kind(opt), flag is not None
+    flag, name = flag or _flag(opt), name or _dest(opt)
+    help = None if hidden else f"{meta['help']} [default: {meta.get('default_help') or _shown(opt.field.default)}]"
+    if meta.get("argument"):
+        return click.Argument([name], required=False)
+    if kind is bool and not hidden:
+        return click.Option([flag if "/" in flag else f"{flag}/--no-{flag[2:]}", name], default=None, help=help)
+    if meta.get("multiple"):
+        return click.Option([flag, name], multiple=True, help=help, hidden=hidden)
+    if meta.get("choices"):
+        kind = click.Choice(meta["choices"])
+    elif kind is int:
+        kind = SEED if "seed" in opt.field.name else click.INT if opt.field.name in _UNBOUNDED else SIZE
+    elif kind is not float or meta.get("parse") == "floats":
+        kind = str
+    return click.Option([flag, name], type=kind, default=None, help=help, hidden=hidden)
+
+
+def parse(opt: Option, raw: Any, flag: str | None = None) -> Any:
+    """An option's value from its command-line text (lists: commas and ranges)."""
+    kind, flag = _kind(opt), flag or _flag(opt)
+    if not isinstance(raw, str) or opt.field.metadata.get("choices"):
+        return tuple(raw) if isinstance(raw, tuple | list) else raw
+    if kind is float:  # parse="floats": one positive number, read like a list
+        values = parse_floats(raw, flag, positive=True)
+        if len(values) != 1:
+            raise AuditError(f"{flag} takes one number here, got {raw!r}")
+        return values[0]
+    if typing.get_origin(kind) is not tuple:
+        return raw
+    item = typing.get_args(kind)[0]
+    if item is float:
+        return tuple(parse_floats(raw, flag, positive=True))
+    if item is str:
+        names = tuple(n.strip() for n in raw.split(",") if n.strip())
+        if not names:
+            raise AuditError(f"{flag} lists no values; give e.g. a,b")
+        return names
+    how = opt.field.metadata.get("parse") or ("seeds" if "seed" in opt.field.name else "sizes")
+    return tuple({"seeds": parse_seeds, "sizes": parse_sizes, "ints": parse_ints}[how](raw, flag))
+
+
+def _old_name(flag: str) -> str:
+    return "old_" + flag.lstrip("-").replace("-", "_")
+
+
+def _common_options(experiment: Experiment | None, options: list[Option]) -> list[click.Parameter]:
+    scales = experiment.scales if experiment else registry.SCALES
+    params = [
+        click.Option(["--scale"], default="reference", show_default=True,
+                     help=f"Preset: {' | '.join(scales)} (reference: the committed reports' settings)."),
+        click.Option(["--out"], default=None, help="Output folder [default: runs/<command>-<time>]; rerun to resume."),
+        click.Option(["--executor"], type=click.Choice(EXECUTORS), default="local", show_default=True,
+                     help="Run the sweep units in this process or as Ray tasks."),
+        click.Option(["--address"], default=None, help="Ray cluster address for --executor ray (e.g. auto)."),
+        click.Option(["--threads"], type=int, default=None, help=THREADS_HELP),
+        click.Option(["--plots/--no-plots"], default=True, show_default=True, help="Draw the PNG figures."),
+        click.Option(["--quick"], is_flag=True, hidden=True),
+        click.Option(["--no-plot", "no_plot"], is_flag=True, hidden=True),
+    ]
+    if not any(_dest(o) == "seeds" for o in options):
+        params.insert(1, click.Option(["--seeds"], default=None, help=f"{SEEDS_HELP} (this command has none)."))
+    for old, target in (experiment.deprecated.items() if experiment else ()):
+        params.append(_param(next(o for o in options if o.field.name == target), flag=old, name=_old_name(old)))
+    return params
+
+
+def _given(experiment: Experiment, values: dict[str, Any]) -> dict[str, Any]:
+    """Parsed values of the options the user gave (deprecated spellings included)."""
+    options = {_dest(o): o for o in experiment.options()}
+    given = {o.field.name: parse(o, values[dest]) for dest, o in options.items() if values.get(dest) not in (None, ())}
+    for old, target in experiment.deprecated.items():
+        raw = values.get(_old_name(old))
+        if raw not in (None, ()):
+            o = next(o for o in options.values() if o.field.name == target)
+            deprecated(old, _flag(o))
+            given.setdefault(target, parse(o, raw, old))
+    if values.get("seeds") is not None and "seeds" not in options:
+        raise AuditError(f"{experiment.name} has nothing to seed (its settings are fixed); leave out --seeds")
+    return given
+
+
+def _scale(values: dict[str, Any]) -> str:
+    scale = values.pop("scale")
+    if values.pop("quick", False):
+        deprecated("--quick", "--scale quick")
+        scale = "quick"
+    if scale == "cpu":
+        deprecated("--scale cpu", "--scale reference")
+        scale = "reference"
+    return scale
+
+
+def _run(experiments: list[Experiment], name: str, values: dict[str, Any]) -> None:
+    """The body of every lab command: options checked, then the folder, then the experiments."""
+    with torch_threads(values.pop("threads")):
+        scale = _scale(values)
+        if values.pop("no_plot", False):
+            deprecated("--no-plot", "--no-plots")
+            values["plots"] = False
+        out, executor, address, plots = (values.pop(k) for k in ("out", "executor", "address", "plots"))
+        check_executor(executor)
+        if out and Path(out).suffix == ".csv":  # `facts rank --out FILE.csv` wrote a file until this release
+            click.echo(f"warning: --out names a folder; results.csv is written inside {out!r}", err=True)
+        configs = []
+        for e in experiments:  # a suite member keeps the options its config lists in SUITE_FIXED
+            fixed = getattr(e.config, "SUITE_FIXED", ()) if len(experiments) > 1 else ()
+            configs.append(e.make(scale, **_given(e, {k: v for k, v in values.items() if k not in fixed})))
+        folder = default_out(out, name.replace(" ", "-"))
+        with output_folder(folder):
+            texts = []
+            for e, config in zip(experiments, configs):
+                note = getattr(config, "note", "")
+                click.echo(f"{e.name} ({scale}) -> {folder}" + (f"\n{note}" if note else ""), err=True)
+                texts.append(run_experiment(e, config, folder, executor=executor, address=address, plots=plots)[1])
+            if len(experiments) > 1:
+                (folder / "summary.md").write_text("\n\n".join(texts) + "\n")
+                given = {k: v for k, v in values.items() if v not in (None, ()) and not k.startswith("old_")}
+                (folder / "settings.json").write_text(json.dumps({"scale": scale, **given}) + "\n")
+    click.echo("\n\n".join(texts))
+
+
+def command(name: str) -> click.Command:
+    """The click command of a registered experiment or suite."""
+    members = [registry.get(n) for n in registry.SUITES.get(name, (name,))]
+    first = members[0]
+    if name in registry.SUITES:
+        names = [{_dest(o) for o in e.options()} for e in members]
+        options = [o for o in first.options() if all(_dest(o) in n for n in names)]
+        help_text = (f"Run {', '.join(e.name for e in members)} into one folder (summary.md holds their "
+                     "summaries); the options apply to each that has them.")
+        params = [_param(o) for o in options] + _common_options(None, options)
+    else:
+        options = first.options()
+        help_text = first.help + (f"\n\n\b\n{first.examples}" if first.examples else "")
+        params = [_param(o) for o in options] + _common_options(first, options)
+    return click.Command(name.split()[-1], params=params, help=help_text,
+                         callback=lambda **values: _run(members, name, values),
+                         context_settings={"help_option_names": ["-h", "--help"]})
+
+
+class _Room(click.Group):
+    """A room with several experiments: ``audit facts width``; ``facts sweep NAME`` is the old spelling."""
+
+    def __init__(self, name: str, tools: list[click.Command], **kwargs: Any) -> None:
+        super().__init__(name, **kwargs)
+        self.tools = {t.name: t for t in tools}
+
+    def _names(self) -> list[str]:
+        found = [n.split(" ", 1)[1] for n in [*registry.REGISTRY, *registry.SUITES] if n.startswith(self.name + " ")]
+        return [*found, *self.tools]
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return self._names()
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in self.tools:
+            return self.tools[name]
+        if name == "sweep":
+            return _OldSweep(self)
+        return command(f"{self.name} {name}") if name in self._names() else None
+
+
+class _OldSweep(click.Group):
+    def __init__(self, room: _Room) -> None:
+        super().__init__("sweep", hidden=True)
+        self.room = room
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        found = self.room.get_command(ctx, name) if name not in self.room.tools else None
+        if found is None:
+            raise click.UsageError(str(did_you_mean(f"{self.room.name} experiment", name,
+                                                    [n for n in self.room._names() if n not in self.room.tools])))
+        deprecated(f"'audit {self.room.name} sweep {name}'", f"'audit {self.room.name} {name}'")
+        return found
+
+
+def room(name: str, help: str, tools: list[click.Command] = ()) -> click.Group:
+    """The group of a room whose experiments are subcommands (``audit facts width``)."""
+    return _Room(name, list(tools), help=help, context_settings={"help_option_names": ["-h", "--help"]})

@@ -164,7 +164,7 @@ class TrainResult:
     """What :func:`train` returns."""
 
     accuracy: torch.Tensor  # (E,) final full-set accuracy
-    steps: torch.Tensor  # (E,) updates each member actually received (early stop)
+    steps_trained: torch.Tensor  # (E,) updates each member actually received (early stop)
     seconds: float  # wall time of this call (a resumed run counts only the resumed part)
     history: pd.DataFrame  # step, member, loss, accuracy, lr, active at every evaluation; loss = mean batch
     #                        loss since the previous evaluation (NaN at step 0), active = not yet frozen
@@ -435,7 +435,7 @@ def train(
     checkpoint(step, done=True)
     return TrainResult(
         accuracy=final.float(),
-        steps=steps_done.clone(),
+        steps_trained=steps_done.clone(),
         seconds=time.perf_counter() - t0,
         history=pd.DataFrame(history, columns=["step", "member", "loss", "accuracy", "lr", "active"]),
         frozen=(~active).cpu(),

@@ -1,7 +1,8 @@
 """Resumable sweeps: work units keyed by the hash of their configuration, rows written atomically.
 
 A sweep is a list of *units*. A unit is a JSON-serialisable configuration dict; the function that runs
-it returns one row (a dict) or a list of rows. Each finished unit's rows are written at once to
+it returns one row (a dict) or a list of rows, with typed values (numbers, booleans, strings, and lists
+or dicts that the CSV writer stores as JSON). Each finished unit's rows are written at once to
 ``<out>/units/<key>.json`` through a temporary file, ``fsync`` and ``os.replace``, so a killed sweep
 never leaves a corrupt or partial unit file and never loses a finished unit. Rerunning the same sweep
 skips the units whose files are complete and rebuilds ``<out>/results.csv`` from all unit files in the
@@ -9,14 +10,17 @@ order of the configurations, so an interrupted-and-resumed sweep produces the sa
 uninterrupted one. A unit file that is unreadable, truncated or written for another configuration is
 ignored (with a warning) and its unit is run again.
 
-Every row carries ``unit`` (the key) and ``unit_config`` (the resolved configuration as JSON): calling
-the sweep's unit function on ``json.loads(row["unit_config"])`` at the row's ``git_commit`` reproduces
-the row, so each line of ``results.csv`` says how it was made.
+Provenance is stamped here, once, on every row, by the process that ran the unit: ``device`` (the
+device the unit computed on; units that choose one report it, the others ran on the CPU), ``seed``,
+``git_commit`` and ``versions`` (:func:`stamp`), then ``unit`` (the key) and ``unit_config`` (the
+resolved configuration as JSON): calling the sweep's unit function on ``json.loads(row["unit_config"])``
+at the row's ``git_commit`` reproduces the row. Side tables a unit writes (training histories,
+tolerance curves) go through :func:`write_table`, which stamps the same columns.
 
-Executors: ``local`` (in this process, one unit after the other) and ``ray`` (each unit a Ray task, on
-a new local Ray instance, the one this process already joined, or the cluster at ``address``). Only
-this process writes files; Ray workers return rows. One sweep at a time may write into a folder (an
-advisory lock on ``<out>/units``); leftover temporary files of a killed sweep are removed on resume.
+Executors (:mod:`auditor.execution`): ``local`` (in this process, one unit after the other) and ``ray``
+(each unit a Ray task). Only this process writes unit files; Ray workers return rows. One sweep at a
+time may write into a folder (an advisory lock on ``<out>/units``); leftover temporary files of a killed
+sweep are removed on resume.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +39,16 @@ from tqdm.auto import tqdm
 
 from auditor.atomic import TMP_SUFFIX, write_csv_atomic, write_text_atomic
 from auditor.errors import AuditError
+from auditor.execution import check_executor, check_resources, run_each
+from auditor.provenance import provenance
 
 log = logging.getLogger(__name__)
 
 UnitFn = Callable[[dict[str, Any]], "dict[str, Any] | list[dict[str, Any]]"]
-EXECUTORS = ("local", "ray")
-UNIT_FORMAT = "attention-auditor-unit/1"
+UNIT_FORMAT = "attention-auditor-unit/2"  # /1: columns before the renames of 0.2 (see ``renamed``)
+LOCATION_KEYS = ("workdir",)  # say where a unit keeps side files, not what it computes: not in the key
+PROVENANCE = ("device", "seed", "git_commit", "versions")  # stamped on every row of every lab CSV
+RUNNER = ("unit", "unit_config")  # added by the sweep runner
 
 
 def _jsonable(value: Any) -> Any:
@@ -54,9 +62,6 @@ def _dumps(payload: Any, *, sort_keys: bool = True) -> str:
     return json.dumps(payload, sort_keys=sort_keys, default=_jsonable, separators=(",", ":"))
 
 
-LOCATION_KEYS = ("workdir",)  # say where a unit keeps side files, not what it computes: not in the key
-
-
 def unit_key(config: dict[str, Any]) -> str:
     """Stable 16-hex-digit key of a resolved configuration (order of keys does not matter; the
     ``LOCATION_KEYS`` are left out, so a moved output folder still resumes)."""
@@ -64,8 +69,65 @@ def unit_key(config: dict[str, Any]) -> str:
     return hashlib.sha256(_dumps(kept).encode()).hexdigest()[:16]
 
 
-def _read_unit(path: Path) -> list[dict[str, Any]] | None:
-    """Rows of a finished unit, or None when the file is missing or not a complete unit file."""
+def file_fingerprint(path: str | Path) -> str:
+    """First 16 hex digits of a file's SHA-256 (an input file in a unit: changed content, new unit)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def stamp(row: Mapping[str, Any], *, device: str = "cpu", seed: Any = None) -> dict[str, Any]:
+    """``row`` with the provenance columns: its own ``device`` and ``seed`` when it has them (else the
+    arguments), and ``git_commit`` and ``versions`` of this process."""
+    out = dict(row)
+    out.setdefault("device", device)
+    out.setdefault("seed", seed)
+    return {**out, **provenance()}
+
+
+def write_table(frame: pd.DataFrame, path: str | Path, *, device: str = "cpu", seed: Any = None,
+                unit: str | None = None) -> Path:
+    """Write a side table as CSV (atomically), every row stamped like a sweep row (:func:`stamp`), with the
+    key of the ``unit`` that wrote it (its configuration is that unit's ``unit_config`` in results.csv)."""
+    rows = [stamp(row, device=device, seed=seed) | ({"unit": unit} if unit else {}) for row in frame.to_dict("records")]
+    columns = list(dict.fromkeys([*frame.columns, *PROVENANCE, *(["unit"] if unit else [])]))
+    write_csv_atomic(_cells(pd.DataFrame(rows, columns=columns)), Path(path))
+    return Path(path)
+
+
+def write_csv(frame: pd.DataFrame, path: str | Path) -> Path:
+    """Write rows that carry their provenance already (e.g. several sweeps' results) as CSV, atomically."""
+    write_csv_atomic(_cells(frame), Path(path))
+    return Path(path)
+
+
+def _cells(frame: pd.DataFrame) -> pd.DataFrame:
+    """Lists and dicts as JSON text (sorted keys), the rest as it is: what the CSV writer stores."""
+    out = frame.copy()
+    for column in out.columns:
+        if out[column].dtype == object:
+            out[column] = out[column].map(lambda v: json.dumps(v, sort_keys=True) if isinstance(v, list | dict) else v)
+    return out
+
+
+def _as_rows(result: Any, config: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = [result] if isinstance(result, dict) else result
+    if not isinstance(rows, list | tuple) or not all(isinstance(r, dict) for r in rows):
+        raise TypeError(f"a sweep unit must return a dict or a list of dicts; got {type(result).__name__} "
+                        f"for unit {config}")
+    return list(rows)
+
+
+def run_unit(fn: UnitFn, config: dict[str, Any]) -> list[dict[str, Any]]:
+    """Run one unit and stamp its rows (in the process that ran it, so a worker reports its own versions)."""
+    return [stamp(row, seed=config.get("seed")) for row in _as_rows(fn(config), config)]
+
+
+def _read_unit(path: Path, renamed: Mapping[str, str] | None = None) -> list[dict[str, Any]] | None:
+    """Rows of a finished unit, or None when the file is missing or not a complete unit file; the columns
+    of a file in an earlier format are ``renamed``."""
     if not path.is_file():
         return None
     try:
@@ -81,18 +143,12 @@ def _read_unit(path: Path) -> list[dict[str, Any]] | None:
     if unit_key(config) != path.stem:
         log.warning("unit file %s holds another configuration; its unit will run again", path)
         return None
+    if renamed and payload.get("format") != UNIT_FORMAT:
+        rows = [{renamed.get(k, k): v for k, v in row.items()} for row in rows]
     return rows
 
 
-def _as_rows(result: Any, config: dict[str, Any]) -> list[dict[str, Any]]:
-    rows = [result] if isinstance(result, dict) else result
-    if not isinstance(rows, list | tuple) or not all(isinstance(r, dict) for r in rows):
-        raise TypeError(f"a sweep unit must return a dict or a list of dicts; got {type(result).__name__} "
-                        f"for unit {config}")
-    return list(rows)
-
-
-def _missing_parents(path: Path) -> list[Path]:
+def missing_parents(path: Path) -> list[Path]:
     """``path`` and its ancestors that do not exist yet (deepest first)."""
     missing = []
     for p in (path, *path.parents):
@@ -102,7 +158,7 @@ def _missing_parents(path: Path) -> list[Path]:
     return missing
 
 
-def _remove_empty(folders: Sequence[Path]) -> None:
+def remove_empty(folders: Sequence[Path]) -> None:
     """rmdir each folder (deepest first) while it is empty; never deletes a file."""
     for folder in folders:
         try:
@@ -112,7 +168,6 @@ def _remove_empty(folders: Sequence[Path]) -> None:
 
 
 def _check_out(out: Path) -> Path:
-    out = Path(out)
     try:
         (out / "units").mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -150,24 +205,15 @@ def _exclusive(units: Path) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
-def run_sweep(
-    fn: UnitFn,
-    configs: Sequence[dict[str, Any]],
-    out: str | Path,
-    *,
-    executor: str = "local",
-    address: str | None = None,
-    progress: bool = True,
-    desc: str = "sweep",
-    num_cpus: float = 1,
-    num_gpus: float = 0,
-) -> pd.DataFrame:
+def run_sweep(fn: UnitFn, configs: Sequence[dict[str, Any]], out: str | Path, *, executor: str = "local",
+              address: str | None = None, progress: bool = True, desc: str = "sweep", num_cpus: float = 1,
+              num_gpus: float = 0, columns: Sequence[str] | None = None,
+              renamed: Mapping[str, str] | None = None) -> pd.DataFrame:
     """Run every configuration not yet finished in ``out``; return (and write) all rows.
 
     Args:
         fn: runs one unit; a module-level function (Ray ships it to the workers by reference).
-        configs: resolved configurations, each JSON-serialisable and distinct; every row gets the
-            columns ``unit`` (the key of its configuration) and ``unit_config`` (the configuration).
+        configs: resolved configurations, each JSON-serialisable and distinct.
         out: folder for ``units/<key>.json`` and ``results.csv``; nothing is written elsewhere.
         executor: ``local`` or ``ray``.
         address: Ray cluster address (``auto``, ``host:port``, ``ray://host:10001``). None: the Ray
@@ -175,136 +221,69 @@ def run_sweep(
             ``ray start`` cluster on this machine), else a new local instance.
         progress: show a progress bar (on a terminal only).
         num_cpus, num_gpus: resources each Ray task reserves (ignored by ``local``).
+        columns: the row schema: a unit returning a column outside it (and outside the provenance
+            columns) is a programming error; columns are written in this order.
+        renamed: old column name -> new, applied to unit files written by an earlier release.
 
     A unit that raises stops a local sweep at once; under Ray the units already submitted still
     finish and are written, then the first error is raised. Either way finished units stay on disk,
     and a failed sweep that finished nothing leaves no folder behind.
     """
     check_executor(executor)  # before the output folder exists
+    check_resources(num_cpus=num_cpus, num_gpus=num_gpus)
     if not configs:
         raise AuditError("the sweep lists no configurations; give at least one")
-    for name, value in (("num_cpus", num_cpus), ("num_gpus", num_gpus)):
-        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < float("inf"):
-            raise AuditError(f"{name} must be a finite number >= 0; got {value!r}")
     keys = [unit_key(c) for c in configs]
     if len(set(keys)) != len(keys):
         raise AuditError("the sweep lists the same configuration twice; every unit must be distinct")
     out = Path(out)
-    created = _missing_parents(out / "units")
+    created = missing_parents(out / "units")
     out = _check_out(out)
     units = out / "units"
     written = 0
-
-    def finish(key: str, config: dict[str, Any], result: Any) -> None:
-        nonlocal written
-        text = _dumps(config)
-        rows = [{**row, "unit": key, "unit_config": text} for row in _as_rows(result, config)]
-        payload = {"format": UNIT_FORMAT, "key": key, "config": config, "rows": rows}
-        write_text_atomic(units / f"{key}.json", _dumps(payload, sort_keys=False))  # rows keep their column order
-        written += 1
-
     try:
         with _exclusive(units):
             pending = [(k, c) for k, c in zip(keys, configs) if _read_unit(units / f"{k}.json") is None]
-            done = len(configs) - len(pending)
             # progress on a terminal only: logs and pipes (Slurm, CI) get no carriage-return noise
-            with tqdm(total=len(configs), initial=done, desc=desc, disable=None if progress else True) as bar:
-                if executor == "local":
-                    for key, config in pending:
-                        finish(key, config, fn(config))
-                        bar.update()
-                else:
-                    _run_ray(fn, pending, finish, address, bar, num_cpus=num_cpus, num_gpus=num_gpus)
-            return collect(out, configs)
+            with tqdm(total=len(configs), initial=len(configs) - len(pending), desc=desc,
+                      disable=None if progress else True) as bar:
+                calls = [(fn, config) for _, config in pending]
+                for i, rows in run_each(run_unit, calls, executor=executor, address=address, num_cpus=num_cpus,
+                                        num_gpus=num_gpus):
+                    key, config = pending[i]
+                    _check_columns(rows, columns, config)
+                    text = _dumps(config)
+                    rows = [{**row, "unit": key, "unit_config": text} for row in rows]
+                    payload = {"format": UNIT_FORMAT, "key": key, "config": config, "rows": rows}
+                    write_text_atomic(units / f"{key}.json", _dumps(payload, sort_keys=False))  # keeps column order
+                    written += 1
+                    bar.update()
+            return collect(out, configs, columns=columns, renamed=renamed)
     except BaseException:
         if written == 0:
-            _remove_empty(created)
+            remove_empty(created)
         raise
 
 
-def collect(out: str | Path, configs: Sequence[dict[str, Any]]) -> pd.DataFrame:
+def _check_columns(rows: list[dict[str, Any]], columns: Sequence[str] | None, config: dict[str, Any]) -> None:
+    if columns is None:
+        return
+    extra = {c for row in rows for c in row} - set(columns) - set(PROVENANCE)
+    if extra:
+        raise TypeError(f"unit {config.get('kind') or config.get('experiment') or ''} returned columns outside its "
+                        f"schema: {sorted(extra)}")
+
+
+def collect(out: str | Path, configs: Sequence[dict[str, Any]], *, columns: Sequence[str] | None = None,
+            renamed: Mapping[str, str] | None = None) -> pd.DataFrame:
     """Assemble ``results.csv`` from the finished units of ``configs``, in their order."""
     out = Path(out)
     rows: list[dict[str, Any]] = []
     for config in configs:
-        unit_rows = _read_unit(out / "units" / f"{unit_key(config)}.json")
-        if unit_rows is not None:
-            rows.extend(unit_rows)
+        rows.extend(_read_unit(out / "units" / f"{unit_key(config)}.json", renamed) or [])
     frame = pd.DataFrame(rows)
-    write_csv_atomic(frame, out / "results.csv")
+    if columns is not None:
+        present = [c for c in dict.fromkeys([*columns, *PROVENANCE, *RUNNER]) if c in frame]
+        frame = frame[present + [c for c in frame.columns if c not in present]]
+    write_csv_atomic(_cells(frame), out / "results.csv")
     return frame
-
-
-def user_error(err: BaseException) -> BaseException:
-    """The exception to raise for a failed Ray task: the task's own ValueError (a user mistake, with its
-    one-line message) when that is the cause, else the Ray error itself."""
-    cause = getattr(err, "cause", None)
-    return cause if isinstance(cause, ValueError) else err
-
-
-RAY_MISSING = ('--executor ray needs Ray, which is not installed; install it with '
-               'pip install "attention-auditor[ray]" or use --executor local')
-
-
-def require_ray() -> None:
-    """Raise the one-line AuditError ``RAY_MISSING`` when Ray cannot be imported (call it before any work)."""
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        raise AuditError(RAY_MISSING) from None
-
-
-def check_executor(executor: str) -> None:
-    """A known executor whose library is importable; else a one-line AuditError."""
-    if executor not in EXECUTORS:
-        raise AuditError(f"unknown executor {executor!r}; valid: {', '.join(EXECUTORS)}")
-    if executor == "ray":
-        require_ray()
-
-
-def connect_ray(address: str | None) -> bool:
-    """Join (or start) Ray; True when this call started it (so the caller shuts it down)."""
-    require_ray()
-    import ray
-
-    if ray.is_initialized():
-        return False
-    try:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
-    except (ConnectionError, RuntimeError, ValueError) as err:
-        where = f"at {address!r}" if address else "locally"
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise AuditError(f"cannot start or reach a Ray cluster {where} ({first}); start one with "
-                         "'ray start --head' or leave out --address for a local instance") from None
-    return True
-
-
-def _run_ray(fn: UnitFn, pending, finish, address: str | None, bar, *, num_cpus: float,
-             num_gpus: float) -> None:
-    import ray
-
-    started_here = connect_ray(address)
-    try:
-        remote = ray.remote(fn).options(num_cpus=num_cpus, num_gpus=num_gpus)
-        futures = {remote.remote(config): (key, config) for key, config in pending}
-        waiting = list(futures)
-        first_error: BaseException | None = None
-        while waiting:
-            done, waiting = ray.wait(waiting, num_returns=1)
-            for ref in done:
-                key, config = futures[ref]
-                try:
-                    result = ray.get(ref)
-                except ray.exceptions.RayError as err:
-                    if first_error is None:
-                        first_error = user_error(err)  # raised once the other submitted units are in
-                    else:
-                        log.warning("unit %s failed too: %s", key, str(user_error(err)).strip().split("\n")[0])
-                    continue
-                finish(key, config, result)
-                bar.update()
-        if first_error is not None:
-            raise first_error
-    finally:
-        if started_here:
-            ray.shutdown()

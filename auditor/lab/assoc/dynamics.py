@@ -17,15 +17,17 @@ Members of the ensemble are data seeds. At every evaluation the task records, ov
   table depends on the subject only;
 - the matching accuracies.
 
-:func:`run_dynamics` trains, then :func:`~auditor.lab.assoc.stages.detect_stages` finds the stages.
+:func:`run_dynamics` trains, then :func:`~auditor.lab.assoc.stages.detect_stages` finds the stages. As
+``audit recall dynamics`` the run is one sweep unit (in ``dynamics/``); ``dynamics_stages.csv`` holds the
+stages, ``dynamics_curves.csv`` the curves.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar
 
 import pandas as pd
 import torch
@@ -35,7 +37,8 @@ from auditor.errors import AuditError
 from auditor.lab.assoc.facts import DEFAULT_PROMPT_LENGTH, FactBank, FactTable, PromptBatch, member_generator
 from auditor.lab.assoc.stages import Stages, detect_stages
 from auditor.lab.engine import Ensemble, TrainConfig, train
-from auditor.provenance import provenance
+from auditor.lab.experiment import Experiment, option
+from auditor.lab.sweep import stamp, unit_key, write_csv, write_table
 
 _TRAIN_STREAM, _EVAL_STREAM = 3, 4
 
@@ -79,12 +82,13 @@ class DynamicsConfig:
     answers_per_relation: int = 8
     prompt_length: int = DEFAULT_PROMPT_LENGTH
     init: float = 1e-5
-    lr: float = 0.1
-    steps: int = 8192
+    lr: float = option(0.1, "Gradient-descent learning rate.", parse="floats")
+    steps: int = option(8192, "Gradient-descent steps.")
     batch_size: int = 1024
     eval_every: int = 64
     eval_contexts: int = 16
-    seeds: tuple[int, ...] = (0, 1, 2)
+    seeds: tuple[int, ...] = option((0, 1, 2), "Data seeds (members of one ensemble).", default_help="per scale")
+    SUITE_FIXED: ClassVar[tuple[str, ...]] = ("steps", "lr")  # `recall all` keeps the paper's GD settings
 
     def __post_init__(self) -> None:
         FactTable(self.subjects, self.relations, self.answers_per_relation, structured=True)  # validates S, R, D
@@ -166,17 +170,17 @@ def run_dynamics(config: DynamicsConfig, *, progress: bool = True) -> tuple[pd.D
     tcfg = TrainConfig(steps=config.steps, lr=config.lr, optimizer="sgd", warmup_frac=0.0, schedule="constant",
                        early_stop=False, eval_every=config.eval_every)
     result = train(model, task, tcfg, progress=progress)
-    prov = provenance()
     settings = {k: v for k, v in asdict(config).items() if k != "seeds"}
     curves = pd.DataFrame(task.records).drop_duplicates(["step", "seed"], keep="last")
-    curves = curves.assign(**settings, optimizer="sgd", dtype="float32", device="cpu", **prov)
+    curves = curves.assign(**settings, optimizer="sgd", dtype="float32")
     rows = []
     for seed in config.seeds:
         mine = curves[curves["seed"] == seed].sort_values("step")
         stages = detect_stages(mine["step"], mine["loss"], num_answers=table.num_answers,
                                answers_per_relation=config.answers_per_relation, relation_loss=mine["relation_loss"])
-        rows.append(_stage_row(seed, stages, table, result.seconds) | settings | prov)
-    return curves.reset_index(drop=True), pd.DataFrame(rows)
+        rows.append(stamp(_stage_row(seed, stages, table, result.seconds) | settings))
+    curves = pd.DataFrame([stamp(row) for row in curves.to_dict("records")])
+    return curves, pd.DataFrame(rows)
 
 
 def _stage_row(seed: int, stages: Stages, table: FactTable, seconds: float) -> dict[str, Any]:
@@ -189,11 +193,52 @@ def _stage_row(seed: int, stages: Stages, table: FactTable, seconds: float) -> d
         "hallucination_mean": stages.hallucination.mean if stages.hallucination else None,
         "hallucination_confirmed": stages.hallucination_confirmed,
         "relation_loss_mid": stages.relation_loss_mid,
-        "seconds_run": round(seconds, 3),
+        "seconds": round(seconds, 3),
     }
 
 
-def stage_summary(stages: pd.DataFrame, columns: Sequence[str] = ("uniform_end", "hallucination_start",
-                                                                   "hallucination_end", "converged_at")) -> pd.DataFrame:
-    """Mean and range over seeds of each stage boundary."""
-    return stages[list(columns)].agg(["mean", "min", "max"]).T
+def dynamics_unit(unit: dict[str, Any]) -> list[dict[str, Any]]:
+    """Sweep unit: one run of every seed; returns the stage rows, writes the curves beside them."""
+    config = DynamicsConfig(**{k: tuple(v) if k == "seeds" else v for k, v in unit["config"].items()})
+    curves, stages = run_dynamics(config, progress=False)
+    key = unit_key(unit)
+    write_table(curves, Path(unit["workdir"]) / "dynamics" / "curves" / f"{key}.csv", unit=key)
+    return stages.to_dict("records")
+
+
+def _report(frame: pd.DataFrame, out: Path, config: DynamicsConfig) -> str:
+    from auditor.lab.assoc.summary import dynamics_markdown
+
+    curves = pd.concat([pd.read_csv(out / "dynamics" / "curves" / f"{key}.csv") for key in frame["unit"].unique()])
+    write_csv(curves, out / "dynamics_curves.csv")
+    write_csv(frame, out / "dynamics_stages.csv")
+    text = "## Learning stages\n\n" + dynamics_markdown(frame)
+    (out / "dynamics.md").write_text(text + "\n")
+    return text
+
+
+def _plots(frame: pd.DataFrame, out: Path, config: DynamicsConfig) -> list[Path]:
+    from auditor.lab.assoc.plots import plot_dynamics
+
+    return [plot_dynamics(pd.read_csv(out / "dynamics_curves.csv"), frame, out / "dynamics.png")]
+
+
+STAGE_COLUMNS = ("seed", "uniform_end", "hallucination_start", "hallucination_end", "converged_at", "uniform_level",
+                 "uniform_mean", "hallucination_level", "hallucination_mean", "hallucination_confirmed",
+                 "relation_loss_mid", "seconds", "subjects", "relations", "answers_per_relation", "prompt_length",
+                 "init", "lr", "steps", "batch_size", "eval_every", "eval_contexts")
+EXPERIMENT = Experiment(
+    name="recall dynamics",
+    help="Linear attention on one-hot embeddings: loss curves and the detected stages (step numbers).",
+    config=DynamicsConfig,
+    units=lambda config, out: [{"kind": "dynamics", "config": asdict(config), "workdir": str(out)}],
+    run_unit=dynamics_unit,
+    columns=STAGE_COLUMNS,
+    plots=_plots,
+    report=_report,
+    presets={"quick": {"steps": 400, "batch_size": 128, "eval_every": 20, "eval_contexts": 4, "lr": 0.5, "seeds": (0,)},
+             "reference": {"steps": 8192, "batch_size": 1024, "seeds": (0, 1, 2)},  # the paper's own setting
+             "paper": {"steps": 8192, "batch_size": 1024, "seeds": (0, 1, 2, 3, 4)}},
+    folder=lambda unit: "dynamics",
+    renamed={"seconds_run": "seconds"},
+)

@@ -3,14 +3,14 @@
 For every (kind, d, m) and seed, the capacity is the largest N whose memory, trained by the shared
 engine, recalls at least ``threshold`` (99%) of ALL its N items. One unit of the sweep is a bucket
 (kind, d, m): its seeds run their bisections in lock step, and each round's probes train together as
-one ensemble (one :func:`~auditor.lab.engine.train` call per round). Units go through
-:func:`auditor.lab.sweep.run_sweep`, so an interrupted sweep resumes from its finished buckets.
+one ensemble (one :func:`~auditor.lab.engine.train` call per round). This is ``audit assoc``: each
+memory kind sweeps into its own folder (``linear/``, ``mlp/``), resumable, and ``capacity.csv``,
+``summary.md`` and ``capacity.png`` gather both.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import time
@@ -24,8 +24,8 @@ from auditor.errors import AuditError, did_you_mean
 from auditor.lab.assoc.capacity import Bisection, invert_n_log_n, search_all
 from auditor.lab.assoc.memories import MEMORY_KINDS, MemoryMember, build_memory, memory_parameters
 from auditor.lab.engine import TrainConfig, train
-from auditor.lab.sweep import run_sweep
-from auditor.provenance import provenance
+from auditor.lab.experiment import Experiment, option
+from auditor.lab.sweep import run_sweep, write_csv
 
 log = logging.getLogger(__name__)
 
@@ -84,16 +84,9 @@ class AssocConfig:
 
 def _train_config(unit: dict[str, Any]) -> TrainConfig:
     """Full-batch training, frozen once ``threshold`` is reached."""
-    return TrainConfig(
-        steps=int(unit["steps"]),
-        lr=float(unit["lr"]),
-        optimizer=unit["optimizer"],
-        warmup_frac=float(unit["warmup_frac"]),
-        schedule=unit["schedule"],
-        early_stop=True,
-        target_accuracy=float(unit["threshold"]),
-        eval_every=int(unit["eval_every"]),
-    )
+    return TrainConfig(steps=int(unit["steps"]), lr=float(unit["lr"]), optimizer=unit["optimizer"],
+                       warmup_frac=float(unit["warmup_frac"]), schedule=unit["schedule"], early_stop=True,
+                       target_accuracy=float(unit["threshold"]), eval_every=int(unit["eval_every"]))
 
 
 def guide_capacity(kind: str, d: int, m: int = 0) -> float:
@@ -108,8 +101,8 @@ def _probe_bucket(unit: dict[str, Any], tcfg: TrainConfig, pending: list[tuple[i
     model, task = build_memory(unit["kind"], unit["d"], members, m=unit["m"])
     result = train(model, task, tcfg, progress=False)
     passed = (result.accuracy >= unit["threshold"] - 1e-9).tolist()
-    for (i, n), acc, steps, ok in zip(pending, result.accuracy.tolist(), result.steps.tolist(), passed):
-        log_rows.append({"seed": seeds[i], "n_items": n, "accuracy": acc, "steps": steps, "passed": ok})
+    for (i, n), acc, steps, ok in zip(pending, result.accuracy.tolist(), result.steps_trained.tolist(), passed):
+        log_rows.append({"seed": seeds[i], "n_items": n, "accuracy": acc, "steps_trained": steps, "passed": ok})
     return passed
 
 
@@ -127,41 +120,105 @@ def run_bucket(unit: dict[str, Any]) -> list[dict[str, Any]]:
     t0 = time.perf_counter()
     rounds = search_all(searches, lambda pending: _probe_bucket(unit, tcfg, pending, probes))
     seconds = time.perf_counter() - t0
-    prov = provenance()
     rows = []
     for seed, search in zip(unit["seeds"], searches):
-        mine = [p for p in probes if p["seed"] == seed]
         cap = search.capacity
-        rows.append(
-            {
-                "kind": kind,
-                "d": d,
-                "m": m,
-                "params": params,
-                "seed": seed,
-                "capacity": cap,
-                "first_fail": search.hi if search.hi <= max_size else None,
-                "n_log_n": cap * math.log(cap) if cap > 1 else 0.0,
-                "guide_capacity": round(guess, 2),
-                "rounds": rounds,
-                "probes": json.dumps(mine),
-                "max_steps": unit["steps"],
-                "lr": unit["lr"],
-                "optimizer": unit["optimizer"],
-                "schedule": unit["schedule"],
-                "warmup_frac": unit["warmup_frac"],
-                "eval_every": unit["eval_every"],
-                "threshold": unit["threshold"],
-                "rel_tol": unit["rel_tol"],
-                "dtype": "float32",
-                "device": "cpu",
-                "seconds_bucket": round(seconds, 3),
-                **prov,
-            }
-        )
+        rows.append({
+            "kind": kind, "d": d, "width": m, "parameters": params, "seed": seed, "capacity": cap,
+            "first_fail": search.hi if search.hi <= max_size else None,
+            "n_log_n": cap * math.log(cap) if cap > 1 else 0.0, "guide_capacity": round(guess, 2), "rounds": rounds,
+            "probes": [p for p in probes if p["seed"] == seed], "steps": unit["steps"], "lr": unit["lr"],
+            **{k: unit[k] for k in ("optimizer", "schedule", "warmup_frac", "eval_every", "threshold", "rel_tol")},
+            "dtype": "float32", "seconds": round(seconds, 3),
+        })
     return rows
+
+
+COLUMNS = ("kind", "d", "width", "parameters", "seed", "capacity", "first_fail", "n_log_n", "guide_capacity", "rounds",
+           "probes", "steps", "lr", "optimizer", "schedule", "warmup_frac", "eval_every", "threshold", "rel_tol",
+           "dtype", "seconds")
+RENAMED = {"m": "width", "params": "parameters", "max_steps": "steps", "seconds_bucket": "seconds"}
 
 
 def run_assoc(config: AssocConfig, out: str | Path, *, executor: str = "local", progress: bool = True) -> pd.DataFrame:
     """Run (or resume) the capacity sweep into ``out``; returns the rows (also ``out/results.csv``)."""
-    return run_sweep(run_bucket, config.buckets(), out, executor=executor, progress=progress, desc=f"assoc {config.kind}")
+    return run_sweep(run_bucket, config.buckets(), out, executor=executor, progress=progress,
+                     desc=f"assoc {config.kind}", columns=COLUMNS, renamed=RENAMED)
+
+
+# Named scales per memory kind. The paper: linear AdamW lr 1000 (sic), 4096 full-batch steps, 5 seeds (lr 1
+# stored more items here); MLP AdamW lr 3e-2, up to 2^15 full-batch steps, m/d in {1, 2, 4, 8}, d up to 2^6.5.
+# reports/assoc/README.md states what the reference scale cut.
+PAPER_DIMS = (8, 11, 16, 22, 32, 45, 64, 90, 128, 181, 256)  # 2^{3, 3.5, ..., 8}, rounded down as the authors did
+PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    "linear": {
+        "quick": {"dims": (6, 8), "seeds": (0,), "steps": 150, "lr": 1.0, "rel_tol": 0.1},
+        "reference": {"dims": (8, 11, 16, 23, 32), "seeds": (0, 1, 2), "steps": 1024, "lr": 1.0, "rel_tol": 0.02},
+        "paper": {"dims": PAPER_DIMS, "seeds": (0, 1, 2, 3, 4), "steps": 4096, "lr": 1.0, "rel_tol": 0.01},
+    },
+    "mlp": {
+        "quick": {"dims": (8,), "width_ratios": (1,), "seeds": (0,), "steps": 150, "lr": 3e-2, "rel_tol": 0.2},
+        "reference": {"dims": (8, 16), "width_ratios": (1, 2, 4), "seeds": (0, 1), "steps": 1024, "lr": 3e-2,
+                      "rel_tol": 0.03},
+        "paper": {"dims": PAPER_DIMS[:8], "width_ratios": (1, 2, 4, 8), "seeds": (0, 1, 2, 3, 4), "steps": 2**15,
+                  "lr": 3e-2, "rel_tol": 0.01},
+    },
+}
+
+
+@dataclass(frozen=True)
+class AssocSweep:
+    """What ``audit assoc`` runs: the memories, and the fields that replace their scale's values."""
+
+    memory: str = option("both", "Which associative memory to measure.", choices=("linear", "mlp", "both"))
+    dims: tuple[int, ...] | None = option(None, "Embedding dimensions d.", default_help="per scale")
+    width_ratios: tuple[int, ...] | None = option(None, "MLP widths m/d (MLP only).", default_help="per scale")
+    seeds: tuple[int, ...] | None = option(None, "Seeds of the searches.", default_help="per scale")
+    steps: int | None = option(None, "Max training steps per probe.", default_help="per scale")
+    lr: float | None = option(None, "Learning rate.", parse="floats", default_help="per scale")
+    rel_tol: float | None = option(None, "Stop the bisection at this relative bracket (0 = exact).",
+                                   default_help="per scale")
+    scale: str = "reference"
+
+    def __post_init__(self) -> None:
+        self.configs()  # validates every value against each memory
+
+    def configs(self) -> list[AssocConfig]:
+        given = {k: getattr(self, k) for k in ("dims", "width_ratios", "seeds", "steps", "lr", "rel_tol")
+                 if getattr(self, k) is not None}
+        kinds = ["linear", "mlp"] if self.memory == "both" else [self.memory]
+        return [AssocConfig(kind=kind, **{**PRESETS[kind][self.scale], **given}) for kind in kinds]
+
+
+def _report(frame: pd.DataFrame, out: Path, config: AssocSweep) -> str:
+    from auditor.lab.assoc.summary import capacity_markdown
+
+    write_csv(frame, out / "capacity.csv")
+    text = capacity_markdown(frame)
+    (out / "summary.md").write_text(text + "\n")
+    return text + f"\n\nwrote {out / 'capacity.csv'}, {out / 'summary.md'}"
+
+
+def _plots(frame: pd.DataFrame, out: Path, config: AssocSweep) -> list[Path]:
+    from auditor.lab.assoc.plots import plot_capacity
+
+    return [plot_capacity(frame, out / "capacity.png")]
+
+
+EXPERIMENT = Experiment(
+    name="assoc",
+    help="Capacity of linear and MLP associative memories: the largest N stored at 99% accuracy over all N items "
+         "(bisection), swept over d (and m/d), with scaling-law fits against d^2 = 1.3 N ln N and m d = 0.35 N ln N.",
+    examples="audit assoc --out runs/assoc                 # reference scale, both memories (~3 CPU minutes)\n"
+             "audit assoc --memory linear --dims 8,16,32   # a custom sweep\n"
+             "audit assoc --scale paper                    # the paper's sizes, steps and seeds",
+    config=AssocSweep,
+    units=lambda config, out: [unit for c in config.configs() for unit in c.buckets()],
+    run_unit=run_bucket,
+    columns=COLUMNS,
+    plots=_plots,
+    report=_report,
+    scale_names=("quick", "reference", "paper"),
+    folder=lambda unit: unit["kind"],
+    renamed=RENAMED,
+)

@@ -6,15 +6,12 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import matplotlib
+import matplotlib.ticker
+import numpy as np
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import matplotlib.ticker  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from auditor.lab.assoc.summary import capacity_fits, facts_fits  # noqa: E402
+from auditor.lab.assoc.summary import capacity_fits, facts_fits
+from auditor.lab.figures import heatmap, plt, save
 
 _KIND_AXIS = {"linear": "$d^2$ (parameters)", "mlp": "$m d$ (parameters)"}
 
@@ -23,7 +20,7 @@ def plot_capacity(rows: pd.DataFrame, path: str | Path) -> Path:
     """Capacity N against parameters (d^2 or m d), one panel per memory kind, log-log.
 
     Dots are seeds, the line through the per-size means is the power-law fit, the dashed line the
-    paper's guide params = c N ln N and the dotted one the same law with our fitted c.
+    paper's guide parameters = c N ln N and the dotted one the same law with our fitted c.
     """
     kinds = [k for k in ("linear", "mlp") if k in set(rows["kind"])]
     fig, axes = plt.subplots(1, len(kinds), figsize=(5.2 * len(kinds), 4.2), squeeze=False)
@@ -31,10 +28,10 @@ def plot_capacity(rows: pd.DataFrame, path: str | Path) -> Path:
     for ax, kind in zip(axes[0], kinds):
         sub = rows[(rows["kind"] == kind) & (rows["capacity"] > 1)]
         fit = fits[kind]
-        ax.scatter(sub["params"], sub["capacity"], s=14, alpha=0.5, color="tab:blue", label="seeds")
-        means = sub.groupby("params")["capacity"].mean()
+        ax.scatter(sub["parameters"], sub["capacity"], s=14, alpha=0.5, color="tab:blue", label="seeds")
+        means = sub.groupby("parameters")["capacity"].mean()
         ax.plot(means.index, means.values, "o", color="tab:blue", ms=6, label="mean over seeds")
-        grid_p = np.geomspace(sub["params"].min() * 0.8, sub["params"].max() * 1.25, 100)
+        grid_p = np.geomspace(sub["parameters"].min() * 0.8, sub["parameters"].max() * 1.25, 100)
         if fit["power"] is not None:
             p = fit["power"]
             ax.plot(grid_p, p.predict(grid_p), "-", color="tab:red",
@@ -53,18 +50,18 @@ def plot_capacity(rows: pd.DataFrame, path: str | Path) -> Path:
         ax.set_title(f"{kind} associative memory")
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3, which="both")
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def plot_facts(rows: pd.DataFrame, path: str | Path) -> Path:
     """Facts stored (S R at 99% accuracy) against trainable parameters, log-log, with the fitted slope."""
     fig, ax = plt.subplots(figsize=(5.6, 4.4))
     fits = facts_fits(rows)
-    for (model, sub), color in zip(rows[rows["facts"] > 0].groupby("model"), ("tab:blue", "tab:orange", "tab:green")):
-        ax.scatter(sub["params"], sub["facts"], s=22, alpha=0.7, color=color, label=model)
+    for (architecture, sub), color in zip(rows[rows["facts"] > 0].groupby("architecture"), ("tab:blue", "tab:orange", "tab:green")):
+        ax.scatter(sub["parameters"], sub["facts"], s=22, alpha=0.7, color=color, label=architecture)
     ok = rows[rows["facts"] > 0]
     if len(ok):
-        grid = np.geomspace(ok["params"].min() * 0.8, ok["params"].max() * 1.25, 100)
+        grid = np.geomspace(ok["parameters"].min() * 0.8, ok["parameters"].max() * 1.25, 100)
         c = fits["slope"]
         if c is not None:
             lo, hi = c.ci95()
@@ -74,7 +71,7 @@ def plot_facts(rows: pd.DataFrame, path: str | Path) -> Path:
     ax.set_xscale("log")
     ax.set_yscale("log")
     if len(ok):
-        ticks = [2**k for k in range(int(np.floor(np.log2(ok["params"].min()))), int(np.ceil(np.log2(ok["params"].max()))) + 1)]
+        ticks = [2**k for k in range(int(np.floor(np.log2(ok["parameters"].min()))), int(np.ceil(np.log2(ok["parameters"].max()))) + 1)]
         ax.set_xticks(ticks, [str(t) for t in ticks])
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("trainable parameters P = 4 H d_h d + 2 m d")
@@ -82,25 +79,20 @@ def plot_facts(rows: pd.DataFrame, path: str | Path) -> Path:
     ax.set_title("factual recall: facts against parameters")
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3, which="both")
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def plot_tradeoff(rows: pd.DataFrame, path: str | Path) -> Path:
     """Heat map of accuracy over all facts (mean over seeds): MLP width m across, heads H down."""
     grid = rows.pivot_table(index="heads", columns="width", values="accuracy", aggfunc="mean").sort_index()
     fig, ax = plt.subplots(figsize=(1.1 * len(grid.columns) + 2.5, 0.8 * len(grid.index) + 1.8))
-    im = ax.imshow(grid.values, origin="lower", cmap="viridis", vmin=0, vmax=1, aspect="auto")
-    ax.set_xticks(range(len(grid.columns)), [str(c) for c in grid.columns])
-    ax.set_yticks(range(len(grid.index)), [str(i) for i in grid.index])
-    for (i, j), value in np.ndenumerate(grid.values):
-        ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7, color="white" if value < 0.6 else "black")
+    heatmap(ax, grid, label="accuracy over all facts")
     first = rows.iloc[0]
     ax.set_xlabel("MLP width m")
     ax.set_ylabel("heads H")
     ax.set_title(f"accuracy over all facts, S=R={first['subjects']}, d={first['d']}, d_h={first['head_dim']}, "
-                 f"<= {first['max_steps']} steps", fontsize=10)
-    fig.colorbar(im, ax=ax, label="accuracy over all facts")
-    return _save(fig, path)
+                 f"<= {first['steps']} steps", fontsize=10)
+    return save(fig, path)
 
 
 def plot_dynamics(curves: pd.DataFrame, stages: pd.DataFrame, path: str | Path, *, seed: int | None = None) -> Path:
@@ -131,17 +123,8 @@ def plot_dynamics(curves: pd.DataFrame, stages: pd.DataFrame, path: str | Path, 
     ax.legend(fontsize=7, loc="upper right")
     ax.grid(alpha=0.3)
     ax.set_xlim(0, end)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def _present(value) -> bool:
     return value is not None and not (isinstance(value, float) and math.isnan(value))
-
-
-def _save(fig, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return path

@@ -10,15 +10,17 @@ its width ratios and seeds search in lock step, each round one ensemble.
 Trade-off (:class:`TradeoffConfig`): one fixed table (S = R = 32, D = 8 in the paper), a grid of head
 counts H and MLP widths m at fixed d and d_h; the accuracy of every cell. One unit is one H (its m
 and seeds train as one ensemble).
+
+These are ``audit recall scaling`` (sweep in ``scaling/``, rows also in ``facts.csv``) and ``audit recall
+tradeoff`` (``tradeoff/``, ``tradeoff.csv``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +31,8 @@ from auditor.lab.assoc.capacity import Bisection, search_all
 from auditor.lab.assoc.facts import DEFAULT_PROMPT_LENGTH, FactTable
 from auditor.lab.assoc.recall import RecallMember, build_recall, recall_parameters
 from auditor.lab.engine import TrainConfig, train
-from auditor.lab.sweep import run_sweep
-from auditor.provenance import provenance
+from auditor.lab.experiment import Experiment, option
+from auditor.lab.sweep import run_sweep, write_csv
 
 FACTS_PER_PARAMETER_GUIDE = 0.15  # paper C's guide line
 LM_BITS_PER_PARAMETER = 2.0  # Allen-Zhu and Li (2024), real language models
@@ -44,8 +46,9 @@ class RecallTraining:
     took the best of {1e-3, 3e-3, 1e-2}; the accuracy reported is that of the best run's final
     weights (a learning-rate choice, never a best-of-checkpoints)."""
 
-    steps: int = 1000
-    lrs: tuple[float, ...] = (1e-2,)
+    steps: int = option(1000, "Max training steps per model.", default_help="per scale")
+    lrs: tuple[float, ...] = option((1e-2,), "Learning rates; each model trains at every one and keeps its best run.",
+                                    flag="--lr", default_help="per scale")
     batch_size: int = 256
     warmup_frac: float = 0.0
     threshold: float = 0.99
@@ -83,8 +86,8 @@ class RecallTraining:
 def train_models(models: list[RecallMember], tr: RecallTraining) -> list[dict[str, Any]]:
     """Train every model at every learning rate of ``tr`` in ONE ensemble; per model, the best run.
 
-    Returns one dict per model: ``accuracy`` (over all facts, best lr), ``fact_recall``, ``steps`` and
-    ``best_lr`` of that run, ``accuracy_by_lr`` (JSON) and ``passed`` (any lr reached the threshold).
+    Returns one dict per model: ``accuracy`` (over all facts, best lr), ``fact_recall``, ``steps_trained`` and
+    ``best_lr`` of that run, ``accuracy_by_lr`` and ``passed`` (any lr reached the threshold).
     """
     members = [m for m in models for _ in tr.lrs]  # model-major, lr-minor
     model, task = build_recall(members, batch_size=tr.batch_size, eval_contexts=tr.eval_contexts,
@@ -93,16 +96,16 @@ def train_models(models: list[RecallMember], tr: RecallTraining) -> list[dict[st
     L = len(tr.lrs)
     acc = result.accuracy.view(-1, L)  # (models, lrs)
     recall = task.fact_recall(model).view(-1, L)
-    steps = result.steps.view(-1, L)
+    steps = result.steps_trained.view(-1, L)
     best = acc.argmax(1)
     out = []
     for i in range(len(models)):
         b = int(best[i])
         out.append({
             "accuracy": round(float(acc[i, b]), 5), "fact_recall": round(float(recall[i, b]), 5),
-            "steps": int(steps[i, b]), "best_lr": tr.lrs[b],
-            "accuracy_by_lr": json.dumps({str(lr): round(float(a), 5) for lr, a in zip(tr.lrs, acc[i])}),
-            "passed": bool(acc[i, b] >= tr.threshold - 1e-9), "seconds_train": round(result.seconds, 3),
+            "steps_trained": int(steps[i, b]), "best_lr": tr.lrs[b],
+            "accuracy_by_lr": {str(lr): round(float(a), 5) for lr, a in zip(tr.lrs, acc[i])},
+            "passed": bool(acc[i, b] >= tr.threshold - 1e-9), "train_seconds": round(result.seconds, 3),
         })
     return out
 
@@ -121,14 +124,14 @@ def _heads(d: int, attn_ratio: float, head_dim: int) -> int:
 class ScalingConfig:
     """Facts stored against parameters (see the module docstring)."""
 
-    dims: tuple[int, ...] = (8, 12, 16, 24, 32)
+    dims: tuple[int, ...] = option((8, 12, 16, 24, 32), "Model widths d.", default_help="per scale")
     head_dim: int = 2
     attn_ratio: float = 1.0
     width_ratios: tuple[float, ...] = (0.0, 1.0)
-    seeds: tuple[int, ...] = (0, 1)
+    seeds: tuple[int, ...] = option((0, 1), "Seeds of the fact tables and models.", default_help="per scale")
     min_size: int = 4  # smallest k = S + R tried
     rel_tol: float = 0.0
-    training: RecallTraining = RecallTraining()
+    training: RecallTraining = field(default=RecallTraining(), metadata={"nested": True})
 
     def __post_init__(self) -> None:
         if not self.dims or min(self.dims) < 2:
@@ -186,13 +189,13 @@ def run_scaling_unit(unit: dict[str, Any]) -> list[dict[str, Any]]:
         for (j, k), outcome in zip(pending, outcomes):
             subjects, relations = table_shape(k)
             probes.append({"search": j, "subjects": subjects, "relations": relations, "facts": subjects * relations,
-                           **{key: outcome[key] for key in ("accuracy", "fact_recall", "steps", "best_lr", "passed")}})
+                           **{key: outcome[key] for key in ("accuracy", "fact_recall", "steps_trained", "best_lr",
+                                                            "passed")}})
         return [o["passed"] for o in outcomes]
 
     t0 = time.perf_counter()
     rounds = search_all(searches, probe)
     seconds = time.perf_counter() - t0
-    prov = provenance()
     bits_per_fact = math.log2(tr.answers_per_relation)
     rows = []
     for j, ((width, _, seed), search) in enumerate(zip(specs, searches)):
@@ -200,23 +203,22 @@ def run_scaling_unit(unit: dict[str, Any]) -> list[dict[str, Any]]:
         params = recall_parameters(d, heads, dh, width)
         facts = subjects * relations
         rows.append({
-            "d": d, "heads": heads, "head_dim": dh, "width": width, "model": "attention-only" if width == 0 else "attention+mlp",
-            "params": params, "params_with_bias": params + width, "seed": seed, "subjects": subjects,
-            "relations": relations, "facts": facts,
-            "first_fail_facts": math.prod(table_shape(search.hi)) if search.hi <= search.max_size else None,
-            "bits": facts * bits_per_fact, "facts_per_param": facts / params,
-            "bits_per_param": facts * bits_per_fact / params, "rounds": rounds,
-            "probes": json.dumps([p for p in probes if p["search"] == j]),
-            **_training_columns(tr), "seconds_unit": round(seconds, 3), **prov,
+            "d": d, "heads": heads, "head_dim": dh, "width": width,
+            "architecture": "attention-only" if width == 0 else "attention+mlp", "parameters": params,
+            "parameters_with_bias": params + width, "seed": seed, "subjects": subjects, "relations": relations,
+            "facts": facts, "first_fail_facts": math.prod(table_shape(search.hi)) if search.hi <= search.max_size else None,
+            "bits": facts * bits_per_fact, "facts_per_parameter": facts / params,
+            "bits_per_parameter": facts * bits_per_fact / params, "rounds": rounds,
+            "probes": [p for p in probes if p["search"] == j], **_training_columns(tr), "seconds": round(seconds, 3),
         })
     return rows
 
 
 def _training_columns(tr: RecallTraining) -> dict[str, Any]:
-    return {"max_steps": tr.steps, "lrs": json.dumps(list(tr.lrs)), "optimizer": "adamw", "schedule": "constant",
+    return {"steps": tr.steps, "lrs": list(tr.lrs), "optimizer": "adamw", "schedule": "constant",
             "warmup_frac": tr.warmup_frac, "eval_every": tr.eval_every, "batch_size": tr.batch_size,
-            "threshold": tr.threshold, "eval_contexts": tr.eval_contexts, "T": tr.prompt_length,
-            "D": tr.answers_per_relation, "dtype": "float32", "device": "cpu"}
+            "threshold": tr.threshold, "eval_contexts": tr.eval_contexts, "prompt_length": tr.prompt_length,
+            "answers_per_relation": tr.answers_per_relation, "dtype": "float32"}
 
 
 @dataclass(frozen=True)
@@ -229,8 +231,8 @@ class TradeoffConfig:
     head_dim: int = 8
     heads: tuple[int, ...] = (1, 2, 4, 8, 16)
     widths: tuple[int, ...] = (0, 16, 32, 64, 128)
-    seeds: tuple[int, ...] = (0,)
-    training: RecallTraining = RecallTraining()
+    seeds: tuple[int, ...] = option((0,), "Seeds of the fact table and models.", default_help="per scale")
+    training: RecallTraining = field(default=RecallTraining(), metadata={"nested": True})
 
     def __post_init__(self) -> None:
         if self.subjects < 1 or self.relations < 1 or self.d < 1 or self.head_dim < 1:
@@ -258,25 +260,108 @@ def run_tradeoff_unit(unit: dict[str, Any]) -> list[dict[str, Any]]:
         for m, s in cells
     ]
     outcomes = train_models(models, tr)
-    prov = provenance()
     facts = unit["subjects"] * unit["relations"]
     return [
         {
             "subjects": unit["subjects"], "relations": unit["relations"], "facts": facts, "d": d, "heads": heads,
-            "head_dim": dh, "width": m, "seed": s, "params": recall_parameters(d, heads, dh, m),
-            "attention_params": recall_parameters(d, heads, dh, 0), "mlp_params": 2 * m * d,
+            "head_dim": dh, "width": m, "seed": s, "parameters": recall_parameters(d, heads, dh, m),
+            "attention_parameters": recall_parameters(d, heads, dh, 0), "mlp_parameters": 2 * m * d,
             **{k: v for k, v in outcome.items() if k != "passed"}, "stored": outcome["passed"],
-            **_training_columns(tr), **prov,
+            **_training_columns(tr),
         }
         for (m, s), outcome in zip(cells, outcomes)
     ]
 
 
+_TRAINING = ("steps", "lrs", "optimizer", "schedule", "warmup_frac", "eval_every", "batch_size", "threshold",
+             "eval_contexts", "prompt_length", "answers_per_relation", "dtype")
+SCALING_COLUMNS = ("d", "heads", "head_dim", "width", "architecture", "parameters", "parameters_with_bias", "seed", "subjects",
+                   "relations", "facts", "first_fail_facts", "bits", "facts_per_parameter", "bits_per_parameter",
+                   "rounds", "probes", *_TRAINING, "seconds")
+TRADEOFF_COLUMNS = ("subjects", "relations", "facts", "d", "heads", "head_dim", "width", "seed", "parameters",
+                    "attention_parameters", "mlp_parameters", "accuracy", "fact_recall", "steps_trained", "best_lr",
+                    "accuracy_by_lr", "train_seconds", "stored", *_TRAINING)
+RENAMED = {"params": "parameters", "params_with_bias": "parameters_with_bias", "facts_per_param": "facts_per_parameter",
+           "bits_per_param": "bits_per_parameter", "attention_params": "attention_parameters",
+           "mlp_params": "mlp_parameters", "max_steps": "steps", "steps": "steps_trained", "T": "prompt_length",
+           "D": "answers_per_relation", "seconds_unit": "seconds", "seconds_train": "train_seconds",
+           "model": "architecture"}
+
+
 def run_scaling(config: ScalingConfig, out: str | Path, *, executor: str = "local", progress: bool = True) -> pd.DataFrame:
     """Run (or resume) the facts-per-parameter sweep into ``out`` (``results.csv``)."""
-    return run_sweep(run_scaling_unit, config.units(), out, executor=executor, progress=progress, desc="recall scaling")
+    return run_sweep(run_scaling_unit, config.units(), out, executor=executor, progress=progress, desc="recall scaling",
+                     columns=SCALING_COLUMNS, renamed=RENAMED)
 
 
 def run_tradeoff(config: TradeoffConfig, out: str | Path, *, executor: str = "local", progress: bool = True) -> pd.DataFrame:
     """Run (or resume) the attention-versus-MLP grid into ``out`` (``results.csv``)."""
-    return run_sweep(run_tradeoff_unit, config.units(), out, executor=executor, progress=progress, desc="recall trade-off")
+    return run_sweep(run_tradeoff_unit, config.units(), out, executor=executor, progress=progress,
+                     desc="recall trade-off", columns=TRADEOFF_COLUMNS, renamed=RENAMED)
+
+
+# Named scales. The paper: d in 2^{3..7.5}, 16384 steps of 1024 fresh prompts, the best of lr in {1e-3, 3e-3,
+# 1e-2}; at the reference's 16x smaller budget larger steps pay off, so it takes the best of {1e-2, 3e-2}.
+# Trade-off in the paper: H in {1, 2, 4, 6, ..., 32}, m in {1, 8, 16, ..., 128}, 16384 steps of 1024, lr 1e-2.
+_PAPER_DIMS = (8, 11, 16, 22, 32, 45, 64, 90, 128, 181)
+_SCALING = {"head_dim": 2, "attn_ratio": 1.0, "width_ratios": (0.0, 1.0)}
+SCALING_PRESETS = {
+    "quick": {**_SCALING, "dims": (8,), "seeds": (0,), "training": {"steps": 100, "batch_size": 256, "lrs": (1e-2, 3e-2)}},
+    "reference": {**_SCALING, "dims": (8, 11, 16, 23), "seeds": (0, 1),
+                  "training": {"steps": 1000, "batch_size": 256, "lrs": (1e-2, 3e-2)}},
+    "paper": {**_SCALING, "dims": _PAPER_DIMS, "seeds": (0, 1, 2),
+              "training": {"steps": 16384, "batch_size": 1024, "lrs": (1e-3, 3e-3, 1e-2)}},
+}
+TRADEOFF_PRESETS = {
+    "quick": {"heads": (1, 2), "widths": (0, 16), "seeds": (0,), "training": {"steps": 50, "batch_size": 256,
+                                                                             "lrs": (1e-2,)}},
+    "reference": {"heads": (1, 2, 4, 8, 16), "widths": (0, 16, 32, 64, 128), "seeds": (0,),
+                  "training": {"steps": 1000, "batch_size": 256, "lrs": (1e-2, 3e-2)}},
+    "paper": {"heads": (1, 2, 4, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32),
+              "widths": (1, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128), "seeds": (0, 1, 2),
+              "training": {"steps": 16384, "batch_size": 1024, "lrs": (1e-2,)}},
+}
+
+
+def _scaling_report(frame: pd.DataFrame, out: Path, config: ScalingConfig) -> str:
+    from auditor.lab.assoc.summary import facts_markdown
+
+    write_csv(frame, out / "facts.csv")
+    text = "## Facts against parameters\n\n" + facts_markdown(frame)
+    (out / "scaling.md").write_text(text + "\n")
+    return text
+
+
+def _tradeoff_report(frame: pd.DataFrame, out: Path, config: TradeoffConfig) -> str:
+    from auditor.lab.assoc.summary import tradeoff_markdown
+
+    write_csv(frame, out / "tradeoff.csv")
+    text = "## Attention versus MLP\n\n" + tradeoff_markdown(frame)
+    (out / "tradeoff.md").write_text(text + "\n")
+    return text
+
+
+def _plot(name: str, file: str):
+    def draw(frame: pd.DataFrame, out: Path, config: Any) -> list[Path]:
+        from auditor.lab.assoc import plots
+
+        return [getattr(plots, name)(frame, out / file)]
+
+    return draw
+
+
+SCALING = Experiment(
+    name="recall scaling",
+    help="Facts stored (the largest S x R table at 99% over all facts; bisection on S + R) against parameters, "
+         "with the fitted facts per parameter and bits per parameter.",
+    config=ScalingConfig, units=lambda config, out: config.units(), run_unit=run_scaling_unit,
+    columns=SCALING_COLUMNS, plots=_plot("plot_facts", "facts.png"), report=_scaling_report,
+    presets=SCALING_PRESETS, folder=lambda unit: "scaling", renamed=RENAMED,
+)
+TRADEOFF = Experiment(
+    name="recall tradeoff",
+    help="Accuracy over a grid of heads H and MLP widths m at S = R = 32, d = 32, d_h = 8.",
+    config=TradeoffConfig, units=lambda config, out: config.units(), run_unit=run_tradeoff_unit,
+    columns=TRADEOFF_COLUMNS, plots=_plot("plot_tradeoff", "tradeoff.png"), report=_tradeoff_report,
+    presets=TRADEOFF_PRESETS, folder=lambda unit: "tradeoff", renamed=RENAMED,
+)

@@ -28,11 +28,11 @@ def capacity_fits(rows: pd.DataFrame) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for kind in sorted(set(rows["kind"])):
         sub = _uncensored(rows[rows["kind"] == kind], "capacity", "first_fail")
-        enough = len(sub) >= 3 and sub["params"].nunique() >= 2
+        enough = len(sub) >= 3 and sub["parameters"].nunique() >= 2
         out[kind] = {
-            "power": fit_power_law(sub["params"], sub["capacity"]) if enough else None,
-            "law": fit_power_law(n_log_n(sub["capacity"]), sub["params"]) if enough else None,
-            "constant": fit_guide_constant(sub["params"], n_log_n(sub["capacity"])) if len(sub) else None,
+            "power": fit_power_law(sub["parameters"], sub["capacity"]) if enough else None,
+            "law": fit_power_law(n_log_n(sub["capacity"]), sub["parameters"]) if enough else None,
+            "constant": fit_guide_constant(sub["parameters"], n_log_n(sub["capacity"])) if len(sub) else None,
             "guide": GUIDE_CONSTANT[kind],
             "points": len(sub),
             "censored": int((rows["kind"] == kind).sum() - len(sub)),
@@ -43,13 +43,13 @@ def capacity_fits(rows: pd.DataFrame) -> dict[str, dict[str, Any]]:
 def facts_fits(rows: pd.DataFrame) -> dict[str, Any]:
     """``slope`` (facts = c P), ``power`` (facts = k P^b), bits per parameter, over every uncensored row."""
     sub = _uncensored(rows, "facts", "first_fail_facts")
-    enough = len(sub) >= 3 and sub["params"].nunique() >= 2
-    slope = fit_guide_constant(sub["facts"], sub["params"]) if len(sub) else None
-    bits_per_fact = float(np.log2(rows["D"].iloc[0])) if len(rows) else float("nan")
+    enough = len(sub) >= 3 and sub["parameters"].nunique() >= 2
+    slope = fit_guide_constant(sub["facts"], sub["parameters"]) if len(sub) else None
+    bits_per_fact = float(np.log2(rows["answers_per_relation"].iloc[0])) if len(rows) else float("nan")
     return {
         "slope": slope,
-        "power": fit_power_law(sub["params"], sub["facts"]) if enough else None,
-        "bits_per_param": slope.constant * bits_per_fact if slope else None,
+        "power": fit_power_law(sub["parameters"], sub["facts"]) if enough else None,
+        "bits_per_parameter": slope.constant * bits_per_fact if slope else None,
         "bits_per_fact": bits_per_fact,
         "points": len(sub),
         "censored": len(rows) - len(sub),
@@ -73,12 +73,12 @@ def _fmt_const(c: ConstantFit | None) -> str:
 def capacity_markdown(rows: pd.DataFrame) -> str:
     """Capacity table (mean and range over seeds per size) and the fits against the paper's guides."""
     table = (
-        rows.groupby(["kind", "d", "m", "params"])["capacity"]
+        rows.groupby(["kind", "d", "width", "parameters"])["capacity"]
         .agg(["mean", "min", "max", "count"])
         .reset_index()
         .rename(columns={"mean": "capacity mean", "min": "min", "max": "max", "count": "seeds"})
     )
-    table["params / (N ln N)"] = table["params"] / n_log_n(table["capacity mean"].clip(lower=2))
+    table["parameters / (N ln N)"] = table["parameters"] / n_log_n(table["capacity mean"].clip(lower=2))
     lines = [table.to_markdown(index=False, floatfmt=".3g"), ""]
     lines += ["| memory | paper's c in P = c N ln N | fitted c | exponent b in P ∝ (N ln N)^b | exponent in N ∝ P^b | censored |",
               "|---|---|---|---|---|---|"]
@@ -91,17 +91,18 @@ def capacity_markdown(rows: pd.DataFrame) -> str:
 def facts_markdown(rows: pd.DataFrame) -> str:
     """Facts-per-parameter table and fit, compared with 0.15 facts and 2 bits per parameter."""
     table = (
-        rows.groupby(["model", "d", "heads", "head_dim", "width", "params"])
-        .agg(subjects=("subjects", "mean"), relations=("relations", "mean"), facts=("facts", "mean"), facts_min=("facts", "min"), facts_max=("facts", "max"),
-             facts_per_param=("facts_per_param", "mean"), bits_per_param=("bits_per_param", "mean"))
+        rows.groupby(["architecture", "d", "heads", "head_dim", "width", "parameters"])
+        .agg(subjects=("subjects", "mean"), relations=("relations", "mean"), facts=("facts", "mean"),
+             facts_min=("facts", "min"), facts_max=("facts", "max"),
+             facts_per_parameter=("facts_per_parameter", "mean"), bits_per_parameter=("bits_per_parameter", "mean"))
         .reset_index()
     )
     fit = facts_fits(rows)
     slope = fit["slope"]
     lines = [table.to_markdown(index=False, floatfmt=".3g"), ""]
     lines.append(f"- fitted facts per parameter: {_fmt_const(slope)}; paper's guide {FACTS_PER_PARAMETER_GUIDE}")
-    if fit["bits_per_param"] is not None:
-        lines.append(f"- bits per parameter: {fit['bits_per_param']:.3f} (log2 D = {fit['bits_per_fact']:.0f} bits per fact); "
+    if fit["bits_per_parameter"] is not None:
+        lines.append(f"- bits per parameter: {fit['bits_per_parameter']:.3f} (log2 D = {fit['bits_per_fact']:.0f} bits per fact); "
                      f"paper's guide {FACTS_PER_PARAMETER_GUIDE * fit['bits_per_fact']:.2f}; real language models "
                      f"~{LM_BITS_PER_PARAMETER:g}")
     lines.append(f"- exponent of facts ∝ P^b: {_fmt_power(fit['power'])} (1 = linear); censored points: {fit['censored']}")

@@ -4,8 +4,8 @@ Flow: a :class:`FactDatabase` (CSV, DataFrame or :class:`DatabaseSpec` generator
 certified rank bounds (:mod:`.tensor`), exact rank for tiny cases (:mod:`.exact`), a CP-rank estimate
 (:mod:`.cp`) and the effective rank (:mod:`.effective`) -> one attention-only layer over [k, q]
 (:mod:`.model`, trained by the lab engine through :mod:`.training`) -> its layer tensor L and the
-rank bound on it (:mod:`.layer_tensor`) -> sweeps (:mod:`.experiments`, :mod:`.presets`) and plots.
-The command line is ``audit facts`` (:mod:`.cli`).
+rank bound on it (:mod:`.layer_tensor`) -> the experiments with their presets (:mod:`.experiments`)
+and plots. The command line is ``audit facts`` (:mod:`.cli`).
 """
 
 from auditor.lab.facts.cp import CPConfig, CPRankEstimate, estimate_cp_rank

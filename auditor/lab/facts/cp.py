@@ -1,7 +1,7 @@
 """CP-rank estimates: the least rank whose best fit (over restarts) reaches a stated relative error.
 
 "Rank r fits" means some rank-r CP tensor T_hat found by alternating least squares has
-``||T - T_hat||_F / ||T||_F <= tol``. The estimate is the least fitting rank between
+``||T - T_hat||_F / ||T||_F <= tolerance``. The estimate is the least fitting rank between
 
 * a floor that no rank below can beat: a rank-r CP tensor has every flattening of rank <= r, so its
   error is at least the flattening's tail singular-value energy (Eckart-Young); and
@@ -12,7 +12,7 @@ Fitting assumes that "r fits" is monotone in r (true for the best approximation;
 restarts make unlikely, and every tried rank's best error is returned so it can be inspected). The
 tolerance matters: ranks whose best approximations only converge to T (border rank below rank, e.g.
 the W tensor e1e1e2 + e1e2e1 + e2e1e1, rank 3, border rank 2) fit at any loose tolerance. For a 0/1
-tensor with ||T||_F = sqrt(N), ``tol < 0.5 / sqrt(N)`` makes every entry of T_hat round to T.
+tensor with ||T||_F = sqrt(N), ``tolerance < 0.5 / sqrt(N)`` makes every entry of T_hat round to T.
 
 Two backends:
 
@@ -50,7 +50,7 @@ BACKENDS = ("auto", "tensorly", "als")
 class CPConfig:
     """How a CP rank is estimated."""
 
-    tol: float = 1e-4  # relative Frobenius error at which a rank "fits"
+    tolerance: float = 1e-4  # relative Frobenius error at which a rank "fits" (CLI --cp-tolerance)
     restarts: int = 4  # random initialisations per rank (the best one counts)
     max_iter: int = 3000  # ALS sweeps per fit
     backend: str = "auto"  # "auto" | "tensorly" | "als"
@@ -61,24 +61,29 @@ class CPConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if not 0 < self.tol < 1:
-            raise AuditError(f"tol must be in (0, 1), got {self.tol}")
+        if not 0 < self.tolerance < 1:
+            raise AuditError(f"cp_tolerance (the CP fit error) must be in (0, 1), got {self.tolerance}")
         if self.restarts < 1 or self.max_iter < 1 or self.batch_ranks < 1:
             raise AuditError("restarts, max_iter and batch_ranks must be >= 1")
         if self.backend not in BACKENDS:
             raise did_you_mean("CP backend", self.backend, BACKENDS)
+
+    @classmethod
+    def of(cls, unit: dict[str, Any]) -> CPConfig:
+        """From a unit's ``cp`` dict, which keeps the name its key was hashed with (``tol``)."""
+        return cls(**{"tolerance" if k == "tol" else k: v for k, v in unit.items()})
 
 
 @dataclass
 class CPRankEstimate:
     """The estimate and how it was reached."""
 
-    rank: int  # least rank that fits at tol (or the certified ceiling when none below it does)
-    floor: int  # Eckart-Young: no rank below this can reach tol
+    rank: int  # least rank that fits at tolerance (or the certified ceiling when none below it does)
+    floor: int  # Eckart-Young: no rank below this can reach tolerance
     ceiling: int  # largest rank considered (certified for databases)
     ceiling_certified: bool  # an exact decomposition with `ceiling` terms is known
-    reached_by: str  # "fit" (a restart reached tol), "bounds" (floor = certified ceiling), "ceiling", "none"
-    tol: float
+    reached_by: str  # "fit" (a restart reached tolerance), "bounds" (floor = certified ceiling), "ceiling", "none"
+    tolerance: float
     backend: str
     shape: tuple[int, int, int]  # the tensor that was fitted (the compressed core for databases)
     seconds: float
@@ -91,8 +96,8 @@ class CPRankEstimate:
         return row
 
 
-def eckart_young_floor(tensor: np.ndarray, tol: float, max_side: int = 4096) -> int:
-    """Least r such that every flattening's best rank-r matrix error is <= tol * ||T|| (a rank floor).
+def eckart_young_floor(tensor: np.ndarray, tolerance: float, max_side: int = 4096) -> int:
+    """Least r such that every flattening's best rank-r matrix error is <= tolerance * ||T|| (a rank floor).
 
     Flattenings whose shorter side exceeds ``max_side`` are skipped (the floor stays valid, only weaker).
     """
@@ -108,7 +113,7 @@ def eckart_young_floor(tensor: np.ndarray, tol: float, max_side: int = 4096) -> 
             continue
         eig = np.linalg.svd(small, compute_uv=False) ** 2  # sigma^2, descending (no Gram: keeps precision)
         tail = np.concatenate([np.cumsum(eig[::-1])[::-1], [0.0]])  # tail[r] = sum_{i >= r} sigma_i^2
-        ok = np.flatnonzero(tail <= (tol**2) * norm2 * (1 + 1e-9))
+        ok = np.flatnonzero(tail <= (tolerance**2) * norm2 * (1 + 1e-9))
         floor = max(floor, int(ok[0]))
     return floor
 
@@ -144,7 +149,7 @@ def estimate_cp_rank(
         top = min(n1 * min(n2, n3), n2 * min(n1, n3), n3 * min(n1, n2))  # sum of slice ranks
     certified = ceiling is None or ceiling_certified
     top = top if ceiling is None else ceiling
-    bottom = min(eckart_young_floor(dense, config.tol) if floor is None else floor, top)
+    bottom = min(eckart_young_floor(dense, config.tolerance) if floor is None else floor, top)
     backend = config.backend
     if backend == "auto":
         backend = "tensorly" if dense.size <= config.dense_limit else "als"
@@ -157,7 +162,7 @@ def estimate_cp_rank(
                 errors[r] = _tensorly_best_error(dense, r, config)
         elif new:
             errors.update(als_best_errors(dense, new, config, progress=progress))
-        return {r: errors[r] <= config.tol for r in ranks}
+        return {r: errors[r] <= config.tolerance for r in ranks}
 
     # invariant: ranks below lo do not fit; hi fits when hi_fits (always for a certified ceiling)
     lo, hi, hi_fits = max(bottom, 1 if np.any(dense) else 0), top, certified
@@ -176,9 +181,9 @@ def estimate_cp_rank(
     if config.verify_ceiling and certified and hi == top and top > 0:
         fits([top])
     rank = hi
-    if errors.get(rank, np.inf) <= config.tol:
+    if errors.get(rank, np.inf) <= config.tolerance:
         reached = "fit"
-    else:  # floor == certified ceiling: no rank below fits at tol and the ceiling is exact
+    else:  # floor == certified ceiling: no rank below fits at tolerance and the ceiling is exact
         reached = "bounds" if certified and bottom == top else ("ceiling" if certified else "none")
     return CPRankEstimate(
         rank=int(rank),
@@ -186,7 +191,7 @@ def estimate_cp_rank(
         ceiling=int(top),
         ceiling_certified=certified,
         reached_by=reached,
-        tol=config.tol,
+        tolerance=config.tolerance,
         backend=backend,
         shape=tuple(int(s) for s in dense.shape),
         seconds=time.perf_counter() - t0,
@@ -219,7 +224,7 @@ def _tensorly_best_error(dense: np.ndarray, rank: int, config: CPConfig) -> floa
 
         def stop(_cp: Any, error: float, seen: list[float] = seen) -> bool:
             seen.append(float(error))
-            return float(error) <= config.tol
+            return float(error) <= config.tolerance
 
         try:
             parafac(
@@ -235,7 +240,7 @@ def _tensorly_best_error(dense: np.ndarray, rank: int, config: CPConfig) -> floa
         except np.linalg.LinAlgError:  # a degenerate start (collapsed components): count what it reached
             log.debug("parafac rank %d restart %d hit a singular system", rank, restart)
         best = min(best, min(seen) if seen else np.inf)
-        if best <= config.tol:
+        if best <= config.tolerance:
             break
     return float(best)
 
@@ -279,7 +284,7 @@ def batched_cp_als(
             restart 0 starts from ``svd_init`` when given and rank <= every dimension (per mode, the
             leading left singular vectors of the flattening), the others from uniform noise.
         budget: members x nnz x max-rank floats held at once; larger batches run in chunks.
-    Members stop at ``config.tol``, when a member of lower or equal rank has reached it, or when their
+    Members stop at ``config.tolerance``, when a member of lower or equal rank has reached it, or when their
     error stalls (less than 0.01% drop over 200 sweeps).
     """
     idx = torch.as_tensor(np.asarray(coords), dtype=torch.long)  # (nnz, 3)
@@ -358,7 +363,7 @@ def _als_chunk(
         for f, fl in zip(factors, f_live):
             f[live] = fl
         history.append(err.clone())
-        done = err <= config.tol
+        done = err <= config.tolerance
         if bool(done.any()):  # a fitting rank makes every member of that rank or above pointless
             active &= ranks < int(ranks[done].min())
         if sweep >= STALL:

@@ -101,9 +101,12 @@ class FactDatabase:
             }
         )
 
-    def save_csv(self, path: str | Path) -> None:
-        """Write the triples as CSV (key, query, value)."""
-        self.to_frame().to_csv(path, index=False)
+    def save_csv(self, path: str | Path, seed: int | None = None) -> None:
+        """Write the triples as CSV (key, query, value, and the provenance columns; ``seed``: the
+        generator's)."""
+        from auditor.lab.sweep import write_table
+
+        write_table(self.to_frame(), path, seed=seed)
 
     def summary(self) -> dict[str, Any]:
         """Sizes for result rows: triples, keys, queries, values, density of present pairs."""

@@ -1,9 +1,10 @@
-"""The experiments of the facts room, as resumable sweeps (:func:`auditor.lab.sweep.run_sweep`).
+"""The experiments of the facts room (``audit facts NAME``): each a config, its units and its unit function.
 
-Each experiment is a list of unit configs (plain JSON) and a module-level unit function. A unit trains
-one batched ensemble (every layer shape of the unit at once, through the lab engine) and returns one
-row per member (or per member and tau); every row carries the unit's config, seeds, dtype, device and
-the provenance columns.
+A unit trains one batched ensemble (every layer shape of the unit at once, through the lab engine) or
+measures databases, and returns one row per member (per member and tau, per database); every row
+carries the experiment, the database spec, dtype and torch threads, and the sweep runner adds the
+provenance. Certified bounds on the rank of D are ``bounds_*``, quantities of the layer tensor L
+``layer_*``, CP estimates ``cp_*``.
 
 * ``width``:  accuracy against d_model and d_vo (d_qk = d_model, H = 1), one unit per database seed.
 * ``budget``: the full d_qk x d_vo grid at a fixed d_model; the anti-diagonal d_qk = d_model - d_vo + 1
@@ -15,23 +16,31 @@ the provenance columns.
 * ``measure``: databases through every measure: triples, the paper's bound, certified bounds, exact
   rank, CP estimate, effective rank.
 * ``scale``:  databases of >= 20,000 triples through the same measures (CP fits by batched sparse ALS)
-  and through training, with the time of each stage.
+  and through training, with the time of each stage (``rank/`` and ``train/``).
+* ``rank`` and ``train``: the measures, and a grid of trained layers, on a database CSV.
+
+Unit configs keep the spelling their keys were first hashed with (``"cp": {"tol": ...}``), so output
+folders of earlier releases resume.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import torch
 
 from auditor.errors import AuditError, did_you_mean
 from auditor.lab.engine import TrainConfig
-from auditor.lab.facts.cp import CPConfig, estimate_cp_rank
-from auditor.lab.facts.database import DatabaseSpec
+from auditor.lab.experiment import Experiment, option
+from auditor.lab.facts import plots
+from auditor.lab.facts.cp import BACKENDS, CPConfig, estimate_cp_rank
+from auditor.lab.facts.database import DatabaseSpec, load_csv
 from auditor.lab.facts.effective import effective_rank
 from auditor.lab.facts.exact import exact_rank
 from auditor.lab.facts.layer_tensor import (
@@ -43,37 +52,32 @@ from auditor.lab.facts.layer_tensor import (
 )
 from auditor.lab.facts.model import FactLayer, LayerConfig
 from auditor.lab.facts.tensor import rank_bounds, reconstruct
-from auditor.lab.facts.training import train_layers
-from auditor.provenance import provenance
+from auditor.lab.facts.training import TAUS, train_layers
+from auditor.lab.sweep import file_fingerprint
 
 TRAIN = {"steps": 2000, "lr": 3e-3, "optimizer": "adam", "eval_every": 50}  # full batch: 2000 epochs
 TAU_GRID = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.99)
+EXACT_CORE_LIMIT = 4096  # exact-rank attempts (pencil) only on compressed cores up to this many entries
 
 
 def _train_config(config: dict[str, Any]) -> TrainConfig:
     return TrainConfig(**{**TRAIN, **config.get("train", {})})
 
 
-def _stamp(rows: list[dict[str, Any]], config: dict[str, Any]) -> list[dict[str, Any]]:
-    """Add the unit's config and the provenance columns to every row."""
-    extra = {
-        "experiment": config["experiment"],
-        "db_spec": json.dumps(config.get("db", {}), sort_keys=True),
-        "dtype": "float32",
-        "device": "cpu",
-        "torch_threads": torch.get_num_threads(),
-        **provenance(),
-    }
-    if "members" in config:  # the unit trained layers
-        extra["train_config"] = json.dumps(_train_config(config).to_dict(), sort_keys=True)
-    return [{**row, **extra} for row in rows]
-
-
 def _members(config: dict[str, Any]) -> list[LayerConfig]:
     return [LayerConfig(**m) for m in config["members"]]
 
 
-# ---------------------------------------------------------------- width and budget
+def _stamp(rows: list[dict[str, Any]], config: dict[str, Any]) -> list[dict[str, Any]]:
+    """Add what the unit ran to every row: experiment, database spec, dtype, torch threads, training."""
+    extra = {"experiment": config["experiment"], "db_spec": config.get("db", {}), "dtype": "float32",
+             "torch_threads": torch.get_num_threads()}
+    if "members" in config:  # the unit trained layers
+        extra["train_config"] = _train_config(config).to_dict()
+    return [{**row, **extra} for row in rows]
+
+
+# ---------------------------------------------------------------- unit functions
 
 
 def train_unit(config: dict[str, Any]) -> list[dict[str, Any]]:
@@ -81,69 +85,16 @@ def train_unit(config: dict[str, Any]) -> list[dict[str, Any]]:
     db = DatabaseSpec(**config["db"]).build()
     bounds = rank_bounds(db)
     trained = train_layers(db, _members(config), _train_config(config), batch_size=config.get("batch_size"))
-    rows = []
-    for row in trained.rows:
-        row.update(rank_lower=bounds.lower, rank_upper=bounds.upper, rank_exact=bounds.exact)
-        row["on_budget"] = row["d_qk"] + row["d_vo"] == row["d_model"] + 1
-        rows.append(row)
+    rows = [{**row, "bounds_lower": bounds.lower, "bounds_upper": bounds.upper, "bounds_exact": bounds.exact,
+             "on_budget": row["d_qk"] + row["d_vo"] == row["d_model"] + 1} for row in trained.rows]
     return _stamp(rows, config)
-
-
-def width_configs(
-    db: DatabaseSpec,
-    *,
-    d_models: tuple[int, ...] = (2, 4, 6, 8, 12, 16),
-    d_vos: tuple[int, ...] = (1, 2, 4, 8, 16),
-    db_seeds: tuple[int, ...] = (0, 1),
-    init_seeds: tuple[int, ...] = (0, 1, 2),
-    train: dict[str, Any] | None = None,
-) -> list[dict[str, Any]]:
-    """Units of the width experiment: per database seed, every (d_model, d_vo <= d_model, init seed),
-    with d_qk = d_model and one head."""
-    members = [
-        LayerConfig(d_model=d, heads=1, d_qk=d, d_vo=v, seed=i).to_dict()
-        for d in d_models
-        for v in d_vos
-        if v <= d
-        for i in init_seeds
-    ]
-    return [
-        {"experiment": "width", "db": {**db.to_dict(), "seed": s}, "members": members, "train": train or {}}
-        for s in db_seeds
-    ]
-
-
-def budget_configs(
-    db: DatabaseSpec,
-    *,
-    d_model: int = 8,
-    heads: int = 1,
-    db_seeds: tuple[int, ...] = (0, 1),
-    init_seeds: tuple[int, ...] = (0, 1, 2),
-    train: dict[str, Any] | None = None,
-) -> list[dict[str, Any]]:
-    """Units of the budget experiment: per database seed, the full d_qk x d_vo grid in 1..d_model."""
-    members = [
-        LayerConfig(d_model=d_model, heads=heads, d_qk=qk, d_vo=vo, seed=i).to_dict()
-        for qk in range(1, d_model + 1)
-        for vo in range(1, d_model + 1)
-        for i in init_seeds
-    ]
-    return [
-        {"experiment": "budget", "db": {**db.to_dict(), "seed": s}, "members": members, "train": train or {}}
-        for s in db_seeds
-    ]
-
-
-# ---------------------------------------------------------------- tau
 
 
 def tau_unit(config: dict[str, Any]) -> list[dict[str, Any]]:
     """Train the members, then per member and tau: rank of softmax>=tau(L) and softmax>=tau accuracy."""
     db = DatabaseSpec(**config["db"]).build()
-    cp = CPConfig(**config.get("cp", {}))
-    d_bounds = rank_bounds(db)
-    d_est = estimate_cp_rank(db, cp)
+    cp = CPConfig.of(config.get("cp", {}))
+    d_bounds, d_est = rank_bounds(db), estimate_cp_rank(db, cp)
     trained = train_layers(db, _members(config), _train_config(config), taus=config["taus"])
     rows = []
     for e, base in enumerate(trained.rows):
@@ -153,173 +104,74 @@ def tau_unit(config: dict[str, Any]) -> list[dict[str, Any]]:
         for tau in config["taus"]:
             s_db = threshold_database(L, tau)
             row = {k: v for k, v in base.items() if not k.startswith("acc_tau")}
-            row.update(tau=tau, acc_tau=base[f"acc_tau{tau:g}"], thresholded_triples=s_db.num_triples)
-            row.update(db_rank_lower=d_bounds.lower, db_rank_upper=d_bounds.upper, db_cp_rank=d_est.rank)
-            row.update(layer_bound=l_bound.bound, layer_flattening_lower=flattening_lower_bound(L))
+            row.update(tau=tau, acc_tau=base[f"acc_tau{tau:g}"], thresholded_triples=s_db.num_triples,
+                       bounds_lower=d_bounds.lower, bounds_upper=d_bounds.upper, cp_rank=d_est.rank,
+                       layer_bound=l_bound.bound, layer_flattening_lower=flattening_lower_bound(L))
             if s_db.num_triples:
-                b = rank_bounds(s_db)
-                est = estimate_cp_rank(s_db, cp)
-                row.update(
-                    s_rank_lower=b.lower,
-                    s_rank_upper=b.upper,
-                    s_cp_rank=est.rank,
-                    s_cp_reached_by=est.reached_by,
-                    s_cp_seconds=est.seconds,
-                )
+                b, est = rank_bounds(s_db), estimate_cp_rank(s_db, cp)
+                row.update(s_rank_lower=b.lower, s_rank_upper=b.upper, s_cp_rank=est.rank,
+                           s_cp_reached_by=est.reached_by, s_cp_seconds=est.seconds)
             else:
-                row.update(
-                    s_rank_lower=0, s_rank_upper=0, s_cp_rank=0, s_cp_reached_by="empty", s_cp_seconds=0.0
-                )
-            row["cp_tol"] = cp.tol
-            rows.append(row)
+                row.update(s_rank_lower=0, s_rank_upper=0, s_cp_rank=0, s_cp_reached_by="empty", s_cp_seconds=0.0)
+            rows.append({**row, "cp_tolerance": cp.tolerance})
     return _stamp(rows, config)
 
 
-def tau_configs(
-    db: DatabaseSpec,
-    *,
-    d_models: tuple[int, ...] = (2, 4, 8, 16),
-    db_seeds: tuple[int, ...] = (0,),
-    init_seeds: tuple[int, ...] = (0,),
-    taus: tuple[float, ...] = TAU_GRID,
-    train: dict[str, Any] | None = None,
-    cp: dict[str, Any] | None = None,
-) -> list[dict[str, Any]]:
-    """Units of the tau experiment: per database seed, layers with d_qk = d_vo = d_model."""
-    members = [
-        LayerConfig(d_model=d, heads=1, d_qk=d, d_vo=d, seed=i).to_dict()
-        for d in d_models
-        for i in init_seeds
-    ]
-    return [
-        {
-            "experiment": "tau",
-            "db": {**db.to_dict(), "seed": s},
-            "members": members,
-            "taus": list(taus),
-            "train": train or {},
-            "cp": cp or {"tol": 1e-3, "restarts": 2, "max_iter": 500},
-        }
-        for s in db_seeds
-    ]
-
-
-# ---------------------------------------------------------------- bound
+def layer_columns(model: FactLayer, member: int, cp: CPConfig) -> dict[str, Any]:
+    """The bound on rank(L) of one member with its explicit construction checked, L's flattening lower
+    bound and its CP estimate (capped by the bound, certified when the construction reproduces L)."""
+    lt = layer_tensor(model, member)
+    L = lt.full()
+    bound, factors = bound_decomposition(lt)
+    residual = float(np.linalg.norm(reconstruct(factors) - L) / np.linalg.norm(L))
+    est = estimate_cp_rank(L, cp, ceiling=bound.bound, ceiling_certified=residual <= 1e-8)
+    return {**{f"layer_{k}": v for k, v in bound.to_row().items()}, "construction_residual": residual,
+            "layer_flattening_lower": flattening_lower_bound(L), "layer_cp_rank": est.rank,
+            "layer_cp_reached_by": est.reached_by, "layer_cp_seconds": est.seconds}
 
 
 def bound_unit(config: dict[str, Any]) -> list[dict[str, Any]]:
     """Random or trained layers: the bound on rank(L) against L's CP estimate and lower bound."""
     db = DatabaseSpec(**config["db"]).build()
     members = _members(config)
-    if config["state"] == "trained":
-        model = train_layers(db, members, _train_config(config)).model
-    else:
-        model = FactLayer(members, *db.shape)
-    cp = CPConfig(**config.get("cp", {}))
+    trained = config["state"] == "trained"
+    model = train_layers(db, members, _train_config(config)).model if trained else FactLayer(members, *db.shape)
+    cp = CPConfig.of(config.get("cp", {}))
     rows = []
     for e, cfg in enumerate(members):
-        lt = layer_tensor(model, e)
-        L = lt.full()
-        bound, factors = bound_decomposition(lt)
-        residual = float(np.linalg.norm(reconstruct(factors) - L) / np.linalg.norm(L))
-        est = estimate_cp_rank(L, cp, ceiling=bound.bound, ceiling_certified=residual <= 1e-8)
-        lower = flattening_lower_bound(L)
+        row = layer_columns(model, e, cp)
+        bound, lower, estimate = row["layer_bound"], row["layer_flattening_lower"], row["layer_cp_rank"]
         arch = architecture_bound(cfg, db.shape)
-        rows.append(
-            {
-                **db.summary(),
-                **cfg.to_dict(),
-                "state": config["state"],
-                **bound.to_row(),
-                "construction_residual": residual,
-                "architecture_bound": arch,
-                "flattening_lower": lower,
-                "cp_rank": est.rank,
-                "cp_reached_by": est.reached_by,
-                "cp_tol": cp.tol,
-                "cp_seconds": est.seconds,
-                # a flattening rank above the bound, or a construction that misses L, would refute it
-                "bound_holds": lower <= bound.bound <= arch and residual <= 1e-8,
-                "tight_certified": lower == bound.bound,
-                "loose": est.rank < bound.bound,
-                "slack": bound.bound - est.rank,
-            }
-        )
+        rows.append({
+            **db.summary(), **cfg.to_dict(), "state": config["state"], **row, "architecture_bound": arch,
+            "cp_tolerance": cp.tolerance,
+            # a flattening rank above the bound, or a construction that misses L, would refute it
+            "bound_holds": lower <= bound <= arch and row["construction_residual"] <= 1e-8,
+            "tight_certified": lower == bound, "loose": estimate < bound, "slack": bound - estimate,
+        })
     return _stamp(rows, config)
-
-
-def bound_configs(
-    db: DatabaseSpec,
-    *,
-    members: list[LayerConfig] | None = None,
-    states=("random", "trained"),
-    train: dict[str, Any] | None = None,
-    cp: dict[str, Any] | None = None,
-) -> list[dict[str, Any]]:
-    """Units of the bound experiment: one per state over the same layer shapes."""
-    if members is None:
-        members = [
-            LayerConfig(d_model=d, heads=h, d_qk=qk, d_vo=vo, seed=i)
-            for i, (d, h, qk, vo) in enumerate(
-                [
-                    (2, 1, 2, 1),
-                    (4, 1, 4, 1),
-                    (4, 1, 1, 4),
-                    (4, 2, 2, 2),
-                    (8, 1, 8, 1),
-                    (8, 1, 2, 4),
-                    (8, 2, 4, 2),
-                ]
-            )
-        ]
-    return [
-        {
-            "experiment": "bound",
-            "db": db.to_dict(),
-            "members": [m.to_dict() for m in members],
-            "state": s,
-            "train": train or {},
-            "cp": cp or {"tol": 1e-4, "restarts": 2, "max_iter": 500},
-        }
-        for s in states
-    ]
-
-
-# ---------------------------------------------------------------- measure and scale
-
-EXACT_CORE_LIMIT = 4096  # exact-rank attempts (pencil) only on compressed cores up to this many entries
 
 
 def measure_unit(config: dict[str, Any]) -> list[dict[str, Any]]:
     """One database through every measure, each timed: the certified bounds, the exact rank when the
     bounds leave it open on a small core, the CP estimate and (optionally) the effective rank."""
     t0 = time.perf_counter()
-    db = DatabaseSpec(**config["db"]).build()
-    row: dict[str, Any] = {**db.summary(), "build_seconds": time.perf_counter() - t0}
+    spec = DatabaseSpec(**config["db"])
+    db = spec.build()
+    row: dict[str, Any] = {**db.summary(), "seed": spec.seed, "build_seconds": time.perf_counter() - t0}
     t0 = time.perf_counter()
     bounds = rank_bounds(db)
-    row.update({f"bounds_{k}": v for k, v in bounds.to_row().items()})
-    row["bounds_seconds"] = time.perf_counter() - t0
-    exact = bounds.exact
-    method = "bounds meet" if exact is not None else "open"
+    row.update({f"bounds_{k}": v for k, v in bounds.to_row().items()}, bounds_seconds=time.perf_counter() - t0)
+    exact, method = bounds.exact, "bounds meet" if bounds.exact is not None else "open"
     if exact is None and np.prod(bounds.core_shape) <= EXACT_CORE_LIMIT:
         result = exact_rank(db)
         exact, method = result.rank, result.method
     row.update(exact_rank=exact, exact_method=method)
-    cp = CPConfig(**config.get("cp", {}))
-    est = estimate_cp_rank(db, cp)
-    row.update({f"cp_{k}": v for k, v in est.to_row().items()})
+    row.update({f"cp_{k}": v for k, v in estimate_cp_rank(db, CPConfig.of(config.get("cp", {}))).to_row().items()})
     if config.get("effective", True):
-        eff = effective_rank(
-            db, restarts=config.get("effective_restarts", 2), max_rank=config.get("effective_max")
-        )
-        row.update(eff.to_row())
+        row.update(effective_rank(db, restarts=config.get("effective_restarts", 2),
+                                  max_rank=config.get("effective_max")).to_row())
     return _stamp([row], config)
-
-
-def measure_configs(dbs: list[DatabaseSpec], *, cp: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Units of the measure experiment: one per database."""
-    return [{"experiment": "measure", "db": db.to_dict(), "cp": cp or {}, "effective": True} for db in dbs]
 
 
 def scale_train_unit(config: dict[str, Any]) -> list[dict[str, Any]]:
@@ -327,86 +179,51 @@ def scale_train_unit(config: dict[str, Any]) -> list[dict[str, Any]]:
     t0 = time.perf_counter()
     db = DatabaseSpec(**config["db"]).build()
     trained = train_layers(db, _members(config), _train_config(config), batch_size=config.get("batch_size"))
-    for row in trained.rows:
-        row["total_seconds"] = time.perf_counter() - t0
-        row["batch_size"] = config.get("batch_size")
-    return _stamp(trained.rows, config)
+    rows = [{**row, "seconds": time.perf_counter() - t0, "batch_size": config.get("batch_size")}
+            for row in trained.rows]
+    return _stamp(rows, config)
 
 
-def scale_configs(
-    dbs: list[DatabaseSpec] | None = None,
-    *,
-    train_dbs: list[DatabaseSpec] | None = None,
-    members: list[LayerConfig] | None = None,
-    train: dict[str, Any] | None = None,
-    batch_size: int | None = 2048,
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(rank units, training units) of the scale experiment; by default four 20,000-triple databases
-    (2000 keys x 10 relations): random with 10 values per relation (rank certified = 100), planted
-    8 x 5 blocks with distinct values (certified 40; both fitted once on the full tensor by the batched
-    ALS, to time it), planted blocks with 10 shared values and planted with 0.2% of the facts relabelled
-    (open rank intervals that the CP search settles on the compressed core)."""
-    if dbs is None:
-        planted = {"kind": "planted", "keys": 2000, "queries": 10, "key_groups": 8, "query_groups": 5}
-        dbs = [
-            DatabaseSpec(kind="random", keys=2000, queries=10, values_per_query=10),
-            DatabaseSpec(**planted),
-            DatabaseSpec(**planted, shared_values=True, values_per_query=10),
-            DatabaseSpec(**planted, noise=0.002),
-        ]
-    if train_dbs is None:
-        train_dbs = [dbs[0], dbs[-1]]
-    if members is None:
-        members = [LayerConfig(d_model=d, heads=2, d_qk=d, d_vo=d, seed=0) for d in (16, 32, 64)]
-    rank_units = []
-    for i, db in enumerate(dbs):
-        full = i < 2  # the first two are fitted on the full 20,000-non-zero tensor to time the batched ALS
-        cp = {
-            "tol": 1e-4,
-            "restarts": 4 if db.kind == "random" else 2,
-            "max_iter": 1000,
-            "backend": "als",
-            "compress": not full,
-            "verify_ceiling": full,
-        }
-        rank_units.append(
-            {
-                "experiment": "scale-rank",
-                "db": db.to_dict(),
-                "cp": cp,
-                "effective": db.kind == "planted",
-                "effective_max": 16,
-            }
-        )
-    train_units = [
-        {
-            "experiment": "scale-train",
-            "db": db.to_dict(),
-            "members": [m.to_dict() for m in members],
-            "train": {"steps": 2000, "lr": 1e-2, "eval_every": 100, **(train or {})},
-            "batch_size": batch_size,
-        }
-        for db in train_dbs
-    ]
-    return rank_units, train_units
+def _csv(config: dict[str, Any]):
+    return load_csv(config["database"], **config["columns"])
 
 
-EXPERIMENTS: dict[str, Callable[[dict[str, Any]], list[dict[str, Any]]]] = {
-    "width": train_unit,
-    "budget": train_unit,
-    "tau": tau_unit,
-    "bound": bound_unit,
-    "measure": measure_unit,
-    "scale-rank": measure_unit,
-    "scale-train": scale_train_unit,
+def rank_unit(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """A database CSV through the measures: bounds, the exact rank (up to 64 per side), CP, effective."""
+    db = _csv(config)
+    row: dict[str, Any] = {**db.summary(), **{f"bounds_{k}": v for k, v in rank_bounds(db).to_row().items()}}
+    if max(db.shape) <= 64:
+        row.update(exact_rank(db).to_row())
+    estimate = estimate_cp_rank(db, CPConfig.of(config["cp"]), progress=True)
+    row.update({f"cp_{k}": v for k, v in estimate.to_row().items()})
+    return [{**row, **(effective_rank(db).to_row() if config["effective"] else {})}]
+
+
+def train_csv_unit(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every layer config trained on a database CSV as one ensemble; with ``layer_rank`` also L's bound."""
+    trained = train_layers(_csv(config), _members(config), _train_config(config), batch_size=config["batch_size"],
+                           progress=True)
+    cp = CPConfig(restarts=2, max_iter=500)
+    return [{**row, **(layer_columns(trained.model, e, cp) if config["layer_rank"] else {}),
+             "train_config": _train_config(config).to_dict(), "dtype": "float32"} for e, row in enumerate(trained.rows)]
+
+
+UNITS: dict[str, Callable[[dict[str, Any]], list[dict[str, Any]]]] = {
+    "width": train_unit, "budget": train_unit, "tau": tau_unit, "bound": bound_unit, "measure": measure_unit,
+    "scale-rank": measure_unit, "scale-train": scale_train_unit, "rank": rank_unit, "train": train_csv_unit,
 }
 
 
 def unit_function(name: str) -> Callable[[dict[str, Any]], list[dict[str, Any]]]:
     """The unit function of an experiment name."""
-    if name not in EXPERIMENTS:
-        raise did_you_mean("experiment", name, EXPERIMENTS)
-    return EXPERIMENTS[name]
+    if name not in UNITS:
+        raise did_you_mean("experiment", name, UNITS)
+    return UNITS[name]
+
+
+def facts_unit(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """The unit function of every facts experiment (the unit names its experiment)."""
+    return unit_function(config["experiment"])(config)
 
 
 def check_configs(configs: list[dict[str, Any]]) -> None:
@@ -414,7 +231,312 @@ def check_configs(configs: list[dict[str, Any]]) -> None:
     if not configs:
         raise AuditError("the sweep has no units")
     for c in configs:
-        DatabaseSpec(**c["db"])
+        if "db" in c:
+            DatabaseSpec(**c["db"])
         if "members" in c:
             _members(c)
         _train_config(c)
+
+
+# ---------------------------------------------------------------- configs: what each experiment runs
+
+REFERENCE_DB = DatabaseSpec(kind="random", keys=32, queries=8, values_per_query=4)  # 256 triples, rank 32
+QUICK_DB = DatabaseSpec(kind="random", keys=8, queries=4, values_per_query=2)
+QUICK = {"steps": 60, "eval_every": 20}  # the training of every --scale quick
+_PLANTED = {"kind": "planted", "keys": 40, "queries": 10, "key_groups": 4, "query_groups": 3}
+_BIG = {"kind": "planted", "keys": 2000, "queries": 10, "key_groups": 8, "query_groups": 5}
+
+
+@dataclass(frozen=True)
+class Training:
+    """Training options of the facts sweeps; only the ones set enter a unit (None: the experiment's own)."""
+
+    steps: int | None = option(None, "Training steps.", default_help="2000")
+    lr: float | None = option(None, "Peak Adam learning rate.", parse="floats", default_help="3e-3; scale 1e-2")
+    eval_every: int | None = None
+
+    def __post_init__(self) -> None:
+        TrainConfig(**{**TRAIN, **self.train()})  # checked before any folder exists
+
+    def train(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in ("steps", "lr", "eval_every") if getattr(self, k) is not None}
+
+
+@dataclass(frozen=True)
+class Seeded(Training):
+    db_seeds: tuple[int, ...] = option((0, 1), "Database seeds.")
+    seeds: tuple[int, ...] = option((0, 1, 2), "Initialisation seeds of the layers.")
+
+    def _units(self, name: str, db: DatabaseSpec, members: list[LayerConfig], **extra: Any) -> list[dict[str, Any]]:
+        layers = [m.to_dict() for m in members]
+        return [{"experiment": name, "db": {**db.to_dict(), "seed": s}, "members": layers, **extra,
+                 "train": self.train()} for s in self.db_seeds]
+
+
+@dataclass(frozen=True)
+class WidthConfig(Seeded):
+    """Per database seed, every (d_model, d_vo <= d_model, init seed) with d_qk = d_model and one head."""
+
+    db: DatabaseSpec = REFERENCE_DB
+    d_models: tuple[int, ...] = (2, 4, 6, 8, 12, 16)
+    d_vos: tuple[int, ...] = (1, 2, 4, 8, 16)
+
+    def units(self) -> list[dict[str, Any]]:
+        return self._units("width", self.db, [LayerConfig(d_model=d, heads=1, d_qk=d, d_vo=v, seed=i)
+                                              for d in self.d_models for v in self.d_vos if v <= d for i in self.seeds])
+
+
+@dataclass(frozen=True)
+class BudgetConfig(Seeded):
+    """Per database seed, the full d_qk x d_vo grid in 1..d_model."""
+
+    db: DatabaseSpec = REFERENCE_DB
+    d_model: int = 8
+
+    def units(self) -> list[dict[str, Any]]:
+        grid = range(1, self.d_model + 1)
+        return self._units("budget", self.db, [LayerConfig(d_model=self.d_model, heads=1, d_qk=qk, d_vo=vo, seed=i)
+                                               for qk in grid for vo in grid for i in self.seeds])
+
+
+@dataclass(frozen=True)
+class TauConfig(Seeded):
+    """Layers with d_qk = d_vo = d_model; 8 values shared by all relations, so that rank(D) (certified in
+    [32, 63]) is not simply the number of values."""
+
+    db: DatabaseSpec = DatabaseSpec(kind="random", keys=32, queries=8, values_per_query=8, shared_values=True)
+    db_seeds: tuple[int, ...] = option((0,), "Database seeds.")
+    d_models: tuple[int, ...] = (2, 4, 8, 16)
+    taus: tuple[float, ...] = TAU_GRID
+
+    def units(self) -> list[dict[str, Any]]:
+        members = [LayerConfig(d_model=d, heads=1, d_qk=d, d_vo=d, seed=i) for d in self.d_models for i in self.seeds]
+        return self._units("tau", self.db, members, taus=list(self.taus),
+                           cp={"tol": 1e-3, "restarts": 2, "max_iter": 500})
+
+
+@dataclass(frozen=True)
+class BoundConfig(Training):
+    """One unit per state (random, trained) over the same layer shapes."""
+
+    db: DatabaseSpec = DatabaseSpec(kind="random", keys=6, queries=4, values_per_query=3)
+    members: tuple[LayerConfig, ...] = tuple(
+        LayerConfig(d_model=d, heads=h, d_qk=qk, d_vo=vo, seed=i) for i, (d, h, qk, vo) in enumerate(
+            [(2, 1, 2, 1), (4, 1, 4, 1), (4, 1, 1, 4), (4, 2, 2, 2), (8, 1, 8, 1), (8, 1, 2, 4), (8, 2, 4, 2)]))
+    cp: tuple[tuple[str, Any], ...] = (("tol", 1e-4), ("restarts", 2), ("max_iter", 500))
+
+    def units(self) -> list[dict[str, Any]]:
+        return [{"experiment": "bound", "db": self.db.to_dict(), "members": [m.to_dict() for m in self.members],
+                 "state": s, "train": self.train(), "cp": dict(self.cp)} for s in ("random", "trained")]
+
+
+@dataclass(frozen=True)
+class MeasureConfig:
+    dbs: tuple[DatabaseSpec, ...] = (
+        DatabaseSpec(keys=6, queries=3, values_per_query=3, shared_values=True, seed=1),
+        DatabaseSpec(keys=16, queries=4, values_per_query=4, shared_values=True, density=0.75),
+        REFERENCE_DB,
+        DatabaseSpec(keys=32, queries=8, values_per_query=8, shared_values=True),
+        DatabaseSpec(keys=64, queries=4, values_per_query=16, shared_values=True),
+        DatabaseSpec(**_PLANTED),
+        DatabaseSpec(**_PLANTED, shared_values=True, values_per_query=5),
+        DatabaseSpec(**_PLANTED, noise=0.05),
+    )
+
+    def units(self) -> list[dict[str, Any]]:
+        return [{"experiment": "measure", "db": db.to_dict(), "cp": {}, "effective": True} for db in self.dbs]
+
+
+@dataclass(frozen=True)
+class ScaleConfig(Training):
+    """Four 20,000-triple databases (2000 keys x 10 relations): random with 10 values per relation (rank
+    certified = 100), planted 8 x 5 blocks with distinct values (certified 40; both fitted once on the
+    full tensor by the batched ALS, to time it), planted blocks with 10 shared values and planted with
+    0.2% of the facts relabelled (open rank intervals that the CP search settles on the compressed core);
+    training on the first and the last."""
+
+    dbs: tuple[DatabaseSpec, ...] = (DatabaseSpec(kind="random", keys=2000, queries=10, values_per_query=10),
+                                     DatabaseSpec(**_BIG), DatabaseSpec(**_BIG, shared_values=True, values_per_query=10),
+                                     DatabaseSpec(**_BIG, noise=0.002))
+    train_dbs: tuple[int, ...] = (0, -1)  # indices into dbs
+    members: tuple[LayerConfig, ...] = tuple(LayerConfig(d_model=d, heads=2, d_qk=d, d_vo=d) for d in (16, 32, 64))
+    batch_size: int = 2048
+    effective: bool = True  # effective-rank search on the planted databases
+
+    def units(self) -> list[dict[str, Any]]:
+        rank = [{"experiment": "scale-rank", "db": db.to_dict(),  # the first two fitted on the full tensor
+                 "cp": {"tol": 1e-4, "restarts": 4 if db.kind == "random" else 2, "max_iter": 1000, "backend": "als",
+                        "compress": i >= 2, "verify_ceiling": i < 2},
+                 "effective": self.effective and db.kind == "planted", "effective_max": 16}
+                for i, db in enumerate(self.dbs)]
+        train = [{"experiment": "scale-train", "db": self.dbs[i].to_dict(), "members": [m.to_dict() for m in self.members],
+                  "train": {"steps": 2000, "lr": 1e-2, "eval_every": 100, **self.train()}, "batch_size": self.batch_size}
+                 for i in dict.fromkeys(j % len(self.dbs) for j in self.train_dbs)]
+        return rank + train
+
+
+@dataclass(frozen=True)
+class CSVDatabase:
+    """A database CSV and its columns."""
+
+    database: str | None = option(None, "Database CSV with a header row.", argument=True)
+    key_col: str = option("key", "CSV column of the key.")
+    query_col: str = option("query", "CSV column of the query.")
+    value_col: str = option("value", "CSV column of the value.")
+
+    def __post_init__(self) -> None:
+        if self.database is None:
+            raise AuditError("give a DATABASE csv (e.g. written by `audit facts generate`)")
+        load_csv(self.database, **self.columns())  # a missing file, an unknown column or a clash: here, not later
+
+    def columns(self) -> dict[str, str]:
+        return {"key": self.key_col, "query": self.query_col, "value": self.value_col}
+
+    def unit(self, experiment: str, **extra: Any) -> list[dict[str, Any]]:
+        return [{"experiment": experiment, "database": str(Path(self.database).resolve()),
+                 "fingerprint": file_fingerprint(self.database), "columns": self.columns(), **extra}]
+
+
+@dataclass(frozen=True)
+class RankConfig(CSVDatabase):
+    cp_tolerance: float = option(1e-4, "Relative error at which a CP rank fits.")
+    restarts: int = option(4, "Random restarts per rank.")
+    max_iter: int = option(3000, "ALS sweeps per fit.")
+    backend: str = option("auto", "CP fitting backend.", choices=BACKENDS)
+    effective: bool = option(False, "Also search the effective (argmax) rank (trains CP logits).")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        CPConfig.of(self.cp())
+
+    def cp(self) -> dict[str, Any]:
+        return {"tolerance": self.cp_tolerance, "restarts": self.restarts, "max_iter": self.max_iter,
+                "backend": self.backend}
+
+    def units(self) -> list[dict[str, Any]]:
+        return self.unit("rank", cp=self.cp(), effective=self.effective)
+
+
+@dataclass(frozen=True)
+class TrainLayersConfig(CSVDatabase):
+    d_model: tuple[int, ...] = option((8,), "Widths d_model (list or range).", flag="--d-model")
+    heads: tuple[int, ...] = option((1,), "Head counts.")
+    d_qk: tuple[int, ...] | None = option(None, "d_head,qk values.", default_help="d_model")
+    d_vo: tuple[int, ...] | None = option(None, "d_head,vo values.", default_help="d_model")
+    budget: bool = option(False, "Pair each d_vo with d_qk = d_model - d_vo + 1 instead of a grid.")
+    seeds: tuple[int, ...] = option((0,), "Initialisation seeds.")
+    steps: int = option(2000, "Training steps.")
+    lr: float = option(3e-3, "Peak Adam learning rate.", parse="floats")
+    batch_size: int | None = option(None, "Triples per step.", default_help="full batch")
+    layer_rank: bool = option(False, "Also compute the layer tensor L's bound and CP estimate.")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.budget and self.d_vo and max(self.d_vo) > min(self.d_model):
+            raise AuditError("--budget needs every d_vo <= d_model (so that d_qk = d_model - d_vo + 1 >= 1)")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise AuditError(f"--batch-size must be >= 1, got {self.batch_size}")
+        TrainConfig(steps=self.steps, lr=self.lr, eval_every=50)
+
+    def units(self) -> list[dict[str, Any]]:
+        members = [LayerConfig(d_model=d, heads=h, d_qk=qk, d_vo=vo, seed=s)
+                   for d in self.d_model for h in self.heads for vo in self.d_vo or [d]
+                   for qk in ([d - vo + 1] if self.budget else (self.d_qk or [d])) for s in self.seeds]
+        return self.unit("train", members=[m.to_dict() for m in members], batch_size=self.batch_size,
+                         train={"steps": self.steps, "lr": self.lr, "eval_every": 50}, layer_rank=self.layer_rank)
+
+
+# ---------------------------------------------------------------- the experiments
+
+_IDS = ("db", "triples", "keys", "queries", "values", "density")
+_LAYER = ("d_model", "heads", "d_qk", "d_vo", "seed")
+_TRAINED = ("parameters", "accuracy", "facts_stored", *(f"acc_tau{t:g}" for t in TAUS), "steps_trained",
+            "early_stopped", "train_seconds", "bucket_members")
+_STAMP = ("experiment", "db_spec", "dtype", "torch_threads", "train_config")
+_BOUND_PARTS = ("bound", "joint", "key_side", "query_side", "slice_bound", "construction", "direct_rank",
+                "attention_ranks", "value_ranks")
+_LAYER_BOUND = (*(f"layer_{k}" for k in _BOUND_PARTS), "construction_residual", "layer_flattening_lower",
+                "layer_cp_rank", "layer_cp_reached_by", "layer_cp_seconds")
+_BOUNDS = tuple(f"bounds_{k}" for k in ("lower", "upper", "paper_bound", "value_slice_bound", "flattening",
+                                        "core_shape", "exact"))
+_CP = tuple(f"cp_{k}" for k in ("rank", "floor", "ceiling", "ceiling_certified", "reached_by", "tolerance", "backend",
+                                "shape", "seconds", "tried"))
+_EFFECTIVE = ("effective_rank", "effective_lower", "effective_exact", "effective_seconds", "effective_tried")
+_MEASURED = (*_IDS, "seed", "build_seconds", *_BOUNDS, "bounds_seconds", "exact_rank", "exact_method", *_CP,
+             *_EFFECTIVE)
+RENAMED = {"params": "parameters", "cp_tol": "cp_tolerance", "rank_lower": "bounds_lower", "rank_upper": "bounds_upper",
+           "rank_exact": "bounds_exact", "db_rank_lower": "bounds_lower", "db_rank_upper": "bounds_upper",
+           "db_cp_rank": "cp_rank", "total_seconds": "seconds", "members_in_batch": "bucket_members"}  # columns of earlier releases
+_SHOW_TRAINED = ("d_model", "heads", "d_qk", "d_vo", "seed", "parameters", "accuracy", "acc_tau0.95", "steps_trained",
+                 "layer_bound", "layer_cp_rank", "layer_flattening_lower")
+
+
+def _facts(name: str, help: str, config: type, columns: tuple[str, ...], **kwargs: Any) -> Experiment:
+    """A facts experiment: its config splits into units, every unit runs through :func:`facts_unit`."""
+    draw = plots.PLOTS.get(name)
+    return Experiment(name=f"facts {name}", help=help, config=config, units=lambda c, out: c.units(),
+                      run_unit=facts_unit, columns=tuple(dict.fromkeys(columns)),
+                      plots=(lambda frame, out, c: draw(frame, out)) if draw else None,
+                      renamed=kwargs.pop("renamed", RENAMED), **kwargs)
+
+
+_SEEDED = {"deprecated": {"--init-seeds": "seeds"}, "show": _SHOW_TRAINED}
+WIDTH = _facts("width", "Accuracy against d_model and d_vo (d_qk = d_model, one head), per database seed.",
+               WidthConfig, (*_IDS, *_LAYER, *_TRAINED, "bounds_lower", "bounds_upper", "bounds_exact", "on_budget",
+                             *_STAMP),
+               presets={"quick": {"db": QUICK_DB, "d_models": (2, 4), "d_vos": (1, 2), "db_seeds": (0,),
+                                  "seeds": (0,), **QUICK}}, **_SEEDED)
+BUDGET = _facts("budget", "The full d_qk x d_vo grid at a fixed d_model; its anti-diagonal is Paper B's fixed "
+                "parameter budget.", BudgetConfig, WIDTH.columns,
+                presets={"quick": {"db": QUICK_DB, "d_model": 3, "db_seeds": (0,), "seeds": (0,), **QUICK}}, **_SEEDED)
+TAU = _facts("tau", "Trained layers: rank of softmax>=tau(L) and the softmax>=tau accuracy for tau in 0.5..0.99, "
+             "beside rank(D).", TauConfig,
+             (*_IDS, *_LAYER, *[c for c in _TRAINED if not c.startswith("acc_tau")], "tau", "acc_tau",
+              "thresholded_triples", "bounds_lower", "bounds_upper", "cp_rank", "layer_bound", "layer_flattening_lower",
+              "s_rank_lower", "s_rank_upper", "s_cp_rank", "s_cp_reached_by", "s_cp_seconds", "cp_tolerance", *_STAMP),
+             presets={"quick": {"db": QUICK_DB, "d_models": (2, 4), "taus": (0.5, 0.9), "seeds": (0,), **QUICK}},
+             deprecated={"--init-seeds": "seeds"},
+             show=("d_model", "seed", "tau", "acc_tau", "s_cp_rank", "layer_bound", "cp_rank"))
+BOUND = _facts("bound", "The bound on rank(L) against L's CP-rank estimate and flattening lower bound, random and "
+               "trained layers.", BoundConfig,
+               (*_IDS, *_LAYER, "state", *_LAYER_BOUND, "architecture_bound", "cp_tolerance", "bound_holds",
+                "tight_certified", "loose", "slack", *_STAMP),
+               presets={"quick": {"db": DatabaseSpec(keys=4, queries=3, values_per_query=2), **QUICK,
+                                  "members": (LayerConfig(d_model=2, d_qk=1, d_vo=1),
+                                              LayerConfig(d_model=3, heads=2, d_qk=2, d_vo=1)),
+                                  "cp": (("tol", 1e-3), ("restarts", 1), ("max_iter", 200))}},
+               renamed={**{k: f"layer_{k}" for k in (*_BOUND_PARTS, "flattening_lower", "cp_rank", "cp_reached_by",
+                                                     "cp_seconds")}, "cp_tol": "cp_tolerance"},
+               show=("d_model", "heads", "d_qk", "d_vo", "state", "layer_bound", "layer_cp_rank",
+                     "layer_flattening_lower", "architecture_bound", "bound_holds"))
+MEASURE = _facts("measure", "Databases through every measure: triples, the paper's bound, certified bounds, exact "
+                 "rank, CP estimate, effective rank.", MeasureConfig, (*_MEASURED, *_STAMP),
+                 presets={"quick": {"dbs": (QUICK_DB, DatabaseSpec(keys=5, queries=3, values_per_query=2,
+                                                                   shared_values=True, seed=1))}},
+                 show=("db", "triples", "bounds_lower", "bounds_upper", "exact_rank", "cp_rank", "effective_rank"))
+SCALE = _facts("scale", "Databases of >= 20,000 triples through the measures (batched sparse ALS) and through "
+               "training, with the time of each stage (rank/ and train/).", ScaleConfig,
+               (*_MEASURED, *_LAYER, *_TRAINED, "seconds", "batch_size", *_STAMP),
+               presets={"quick": {"dbs": (DatabaseSpec(keys=200, queries=10, values_per_query=10),), "batch_size": 512,
+                                  "members": (LayerConfig(d_model=16, heads=2, d_qk=16, d_vo=16),), "effective": False,
+                                  **QUICK}},
+               folder=lambda unit: unit["experiment"].removeprefix("scale-"),
+               show=("db", "triples", "bounds_exact", "cp_rank", "cp_seconds", "d_model", "accuracy", "train_seconds"))
+RANK = _facts("rank", "Measure a database CSV: triples, the paper's bound, certified bounds, exact rank, CP estimate.",
+              RankConfig, (*_IDS, *_BOUNDS, "exact_rank", "exact_lower", "exact_upper", "exact_method",
+                           "exact_core_shape", *_CP, *_EFFECTIVE),
+              presets={"quick": {"restarts": 1, "max_iter": 500}}, deprecated={"--tol": "cp_tolerance"},
+              show=("db", "triples", "keys", "queries", "values", "bounds_paper_bound", "bounds_value_slice_bound",
+                    "bounds_lower", "bounds_upper", "exact_rank", "exact_method", "cp_rank", "cp_reached_by",
+                    "cp_tolerance", "effective_rank"))
+TRAIN_LAYERS = _facts("train", "Train one attention-only layer per configuration on a database CSV (all batched); "
+                      "report the accuracies.", TrainLayersConfig, (*_IDS, *_LAYER, *_TRAINED, *_LAYER_BOUND,
+                                                                    "train_config", "dtype"),
+                      presets={"quick": {"steps": 100}}, show=_SHOW_TRAINED)
+
+
+def results_frame(path: str | Path) -> pd.DataFrame:
+    """A facts ``results.csv`` with the columns of this release (an earlier release's are renamed)."""
+    frame = pd.read_csv(path)
+    name = str(frame["experiment"].iloc[0]) if len(frame) and "experiment" in frame else ""
+    return frame.rename(columns=(BOUND.renamed if name == "bound" else RENAMED))

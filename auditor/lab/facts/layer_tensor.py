@@ -33,12 +33,14 @@ from typing import Any
 
 import numpy as np
 
+import probes
 from auditor.errors import AuditError
 from auditor.lab.facts.database import FactDatabase, from_indices
 from auditor.lab.facts.model import FactLayer, LayerConfig, numpy_member
-from auditor.lab.facts.tensor import flattening
+from auditor.lab.facts.tensor import flattening, rank_of_singular_values
 
-RTOL = 1e-9  # numerical rank: singular values above RTOL * sigma_max count
+# Every rank here is probes' rule: a singular value counts above rtol * sigma_max, by default
+# rtol = max(m, n) * eps(float64), the round-off of the float64 arithmetic that forms L.
 
 
 @dataclass(frozen=True, eq=False)
@@ -86,16 +88,15 @@ def layer_tensor(layer: FactLayer, member: int = 0) -> LayerTensor:
     )
 
 
-def numerical_rank(m: np.ndarray, rtol: float = RTOL) -> int:
-    """Number of singular values above rtol * sigma_max (0 for a zero matrix)."""
-    s = np.linalg.svd(m, compute_uv=False)
-    return int(np.sum(s > rtol * s[0])) if s.size and s[0] > 0 else 0
+def numerical_rank(m: np.ndarray, rtol: float | None = None) -> int:
+    """:func:`probes.numerical_rank` of ``m`` (0 for a zero matrix)."""
+    return int(probes.numerical_rank(m, rtol=rtol).rank)
 
 
-def _terms(m: np.ndarray, rtol: float) -> tuple[np.ndarray, np.ndarray]:
-    """Rank-revealing split m ~= X Y^T with X: (rows, r), Y: (cols, r), r = numerical_rank(m)."""
+def _terms(m: np.ndarray, rtol: float | None) -> tuple[np.ndarray, np.ndarray]:
+    """Rank-revealing split m ~= X Y^T with X: (rows, r), Y: (cols, r), r the rank of m by probes' rule."""
     u, s, vt = np.linalg.svd(m, full_matrices=False)
-    r = int(np.sum(s > rtol * s[0])) if s.size and s[0] > 0 else 0
+    r = rank_of_singular_values(s, rtol, m.shape)
     return u[:, :r] * s[:r], vt[:r].T
 
 
@@ -120,7 +121,7 @@ class LayerBound:
         return row
 
 
-def _key_side(lt: LayerTensor, rtol: float) -> tuple[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
+def _key_side(lt: LayerTensor, rtol: float | None) -> tuple[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
     """Fewest key-side terms among the constructions, and those terms as (a, b, c) triples."""
     A, KV = lt.attention, lt.key_values
     K, Q, V = lt.shape
@@ -141,7 +142,7 @@ def _key_side(lt: LayerTensor, rtol: float) -> tuple[int, list[tuple[np.ndarray,
     return len(best), best
 
 
-def _query_side(lt: LayerTensor, rtol: float) -> tuple[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
+def _query_side(lt: LayerTensor, rtol: float | None) -> tuple[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
     """Fewest terms for the direct path plus the query-side terms, and the terms."""
     A, QV, E = lt.attention, lt.query_values, lt.direct
     K, Q, V = lt.shape
@@ -164,7 +165,7 @@ def _query_side(lt: LayerTensor, rtol: float) -> tuple[int, list[tuple[np.ndarra
     return len(best), best
 
 
-def _joint_terms(lt: LayerTensor, rtol: float) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+def _joint_terms(lt: LayerTensor, rtol: float | None) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Direct path plus, per head, both value paths through the shared rows of W_VO^h W_U.
 
     KV_h = G P^T and QV_h = F P^T share P (the row space of W_V W_O W_U, rank rho_h <= d_vo), so head h
@@ -184,7 +185,7 @@ def _joint_terms(lt: LayerTensor, rtol: float) -> list[tuple[np.ndarray, np.ndar
     return terms
 
 
-def _slice_terms(L: np.ndarray, rtol: float) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+def _slice_terms(L: np.ndarray, rtol: float | None) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Terms of the cheapest plain slice decomposition of L (each slice split by its SVD)."""
     best: list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
     for mode in range(3):
@@ -201,7 +202,7 @@ def _slice_terms(L: np.ndarray, rtol: float) -> list[tuple[np.ndarray, np.ndarra
     return best or []
 
 
-def bound_decomposition(lt: LayerTensor, rtol: float = RTOL) -> tuple[LayerBound, tuple[np.ndarray, ...]]:
+def bound_decomposition(lt: LayerTensor, rtol: float | None = None) -> tuple[LayerBound, tuple[np.ndarray, ...]]:
     """The bound and an explicit CP decomposition of L with exactly ``bound`` terms (factors (n, bound))."""
     L = lt.full()
     n_key, key_terms = _key_side(lt, rtol)
@@ -243,7 +244,7 @@ def architecture_bound(config: LayerConfig, shape: tuple[int, int, int]) -> int:
     return int(min(joint, key + query, slices))
 
 
-def flattening_lower_bound(L: np.ndarray, rtol: float = RTOL) -> int:
+def flattening_lower_bound(L: np.ndarray, rtol: float | None = None) -> int:
     """max of the numerical flattening ranks of L: no decomposition with fewer terms reproduces L."""
     return max(numerical_rank(flattening(L, m), rtol) for m in range(3))
 

@@ -8,53 +8,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from auditor.errors import AuditError  # noqa: E402
-
-
-def _heatmap(ax, table: pd.DataFrame, *, label: str, vmin: float = 0.0, vmax: float = 1.0) -> None:
-    image = ax.imshow(
-        table.to_numpy(dtype=float), origin="lower", cmap="viridis", vmin=vmin, vmax=vmax, aspect="auto"
-    )
-    ax.set_xticks(range(table.shape[1]), [str(c) for c in table.columns])
-    ax.set_yticks(range(table.shape[0]), [str(i) for i in table.index])
-    for (i, j), value in np.ndenumerate(table.to_numpy(dtype=float)):
-        if np.isfinite(value):
-            ax.text(
-                j, i, f"{value:.2f}", ha="center", va="center", fontsize=7, color="w" if value < 0.6 else "k"
-            )
-    plt.colorbar(image, ax=ax, label=label)
+from auditor.errors import AuditError
+from auditor.lab.figures import heatmap, plt, save
 
 
 def _title(frame: pd.DataFrame) -> str:
     first = frame.iloc[0]
     seeds = frame["db"].nunique() if "db" in frame else 1
-    return (
-        f"{first['keys']} keys x {first['queries']} queries, {first['triples']} triples ({seeds} database(s))"
-    )
-
-
-def _save(fig, path: Path, title: str | None = None) -> Path:
-    """Title, layout, PNG at 130 dpi; the figure is released."""
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return path
+    return f"{first['keys']} keys x {first['queries']} queries, {first['triples']} triples ({seeds} database(s))"
 
 
 def plot_width(frame: pd.DataFrame, out: Path) -> list[Path]:
     """Accuracy over (d_model, d_vo) and against d_model + d_vo (d_qk = d_model, H = 1)."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     table = frame.pivot_table(index="d_vo", columns="d_model", values="accuracy", aggfunc="mean")
-    _heatmap(left, table, label="argmax accuracy")
+    heatmap(left, table, label="argmax accuracy")
     left.set_xlabel("d_model")
     left.set_ylabel("d_head,vo")
     left.set_title("accuracy (mean over seeds)")
@@ -67,7 +37,7 @@ def plot_width(frame: pd.DataFrame, out: Path) -> list[Path]:
     right.set_ylim(0, 1.02)
     right.legend(fontsize=8)
     right.grid(alpha=0.3)
-    return [_save(fig, out / "width.png", f"facts/width: {_title(frame)}")]
+    return [save(fig, out / "width.png", title=f"facts/width: {_title(frame)}")]
 
 
 def plot_budget(frame: pd.DataFrame, out: Path) -> list[Path]:
@@ -75,7 +45,7 @@ def plot_budget(frame: pd.DataFrame, out: Path) -> list[Path]:
     d_model = int(frame["d_model"].iloc[0])
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     table = frame.pivot_table(index="d_vo", columns="d_qk", values="accuracy", aggfunc="mean")
-    _heatmap(left, table, label="argmax accuracy")
+    heatmap(left, table, label="argmax accuracy")
     cols, rows = list(table.columns), list(table.index)
     line = [(cols.index(qk), rows.index(d_model + 1 - qk)) for qk in cols if d_model + 1 - qk in rows]
     left.plot([x for x, _ in line], [y for _, y in line], "r--", lw=1.5)
@@ -94,7 +64,7 @@ def plot_budget(frame: pd.DataFrame, out: Path) -> list[Path]:
     right.grid(alpha=0.3)
     right.legend(fontsize=8)
     right.set_title("fixed parameter budget 2 d_model (d_model + 1) per head")
-    return [_save(fig, out / "budget.png", f"facts/budget: {_title(frame)}")]
+    return [save(fig, out / "budget.png", title=f"facts/budget: {_title(frame)}")]
 
 
 def plot_tau(frame: pd.DataFrame, out: Path) -> list[Path]:
@@ -105,16 +75,11 @@ def plot_tau(frame: pd.DataFrame, out: Path) -> list[Path]:
         (line,) = left.plot(mean.index, mean["s_cp_rank"], marker="o", label=f"d_model = {d_model}")
         left.axhline(mean["layer_bound"].iloc[0], color=line.get_color(), ls=":", lw=1)
         right.plot(mean.index, mean["acc_tau"], marker="o", label=f"d_model = {d_model}")
-    lo, hi = frame["db_rank_lower"].iloc[0], frame["db_rank_upper"].iloc[0]
+    lo, hi = frame["bounds_lower"].iloc[0], frame["bounds_upper"].iloc[0]
     left.axhspan(lo, hi, color="k", alpha=0.08, label=f"rank(D) in [{lo}, {hi}] (certified)")
-    left.axhline(
-        frame["db_cp_rank"].iloc[0],
-        color="k",
-        ls="--",
-        label=f"rank(D) estimate {frame['db_cp_rank'].iloc[0]}",
-    )
+    left.axhline(frame["cp_rank"].iloc[0], color="k", ls="--", label=f"rank(D) estimate {frame['cp_rank'].iloc[0]}")
     left.set_xlabel("tau")
-    left.set_ylabel(f"CP rank of softmax>=tau(L) (tol {frame['cp_tol'].iloc[0]:g})")
+    left.set_ylabel(f"CP rank of softmax>=tau(L) (cp_tolerance {frame['cp_tolerance'].iloc[0]:g})")
     left.set_title("dotted: bound on rank(L) of that layer")
     left.legend(fontsize=7)
     left.grid(alpha=0.3)
@@ -123,21 +88,21 @@ def plot_tau(frame: pd.DataFrame, out: Path) -> list[Path]:
     right.set_ylim(0, 1.02)
     right.grid(alpha=0.3)
     right.legend(fontsize=8)
-    return [_save(fig, out / "tau.png", f"facts/tau: {_title(frame)}")]
+    return [save(fig, out / "tau.png", title=f"facts/tau: {_title(frame)}")]
 
 
 def plot_bound(frame: pd.DataFrame, out: Path) -> list[Path]:
     """CP-rank estimate and flattening lower bound of L against the bound, random vs trained layers."""
     fig, ax = plt.subplots(figsize=(6, 5))
-    top = float(frame["bound"].max()) + 2
+    top = float(frame["layer_bound"].max()) + 2
     ax.plot([0, top], [0, top], "k--", lw=1, label="= bound")
     for state, marker in (("random", "o"), ("trained", "s")):
         part = frame[frame["state"] == state]
         if len(part):
-            ax.scatter(part["bound"], part["cp_rank"], marker=marker, label=f"{state}: CP estimate")
+            ax.scatter(part["layer_bound"], part["layer_cp_rank"], marker=marker, label=f"{state}: CP estimate")
             ax.scatter(
-                part["bound"],
-                part["flattening_lower"],
+                part["layer_bound"],
+                part["layer_flattening_lower"],
                 marker=marker,
                 facecolors="none",
                 edgecolors="gray",
@@ -148,7 +113,7 @@ def plot_bound(frame: pd.DataFrame, out: Path) -> list[Path]:
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     ax.set_title("facts/bound: rank(L) against its bound")
-    return [_save(fig, out / "bound.png")]
+    return [save(fig, out / "bound.png")]
 
 
 PLOTS = {"width": plot_width, "budget": plot_budget, "tau": plot_tau, "bound": plot_bound}
@@ -160,7 +125,9 @@ def plot_results(results: str | Path, out: str | Path | None = None) -> list[Pat
     path = path / "results.csv" if path.is_dir() else path
     if not path.is_file():
         raise AuditError(f"no results file at {str(path)!r}; give a sweep folder or its results.csv")
-    frame = pd.read_csv(path)
+    from auditor.lab.facts.experiments import results_frame
+
+    frame = results_frame(path)
     if frame.empty or "experiment" not in frame:
         raise AuditError(f"{str(path)!r} has no facts experiment rows")
     name = str(frame["experiment"].iloc[0])

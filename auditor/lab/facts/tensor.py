@@ -23,8 +23,11 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
+import probes
 from auditor.lab.facts.database import FactDatabase
+from probes.rank import margins_from_singular_values, resolve_rtol
 
 PRIME = 2_147_483_647  # 2^31 - 1: products of two residues fit in int64
 _EXACT_RANK_MAX = 400  # Bareiss elimination (exact) up to this many rows and columns after deduplication
@@ -107,13 +110,14 @@ def rank_mod_p(matrix: np.ndarray) -> int:
 def exact_matrix_rank(matrix: np.ndarray) -> int:
     """Exact rank over the rationals of an integer matrix (fraction-free Bareiss elimination).
 
-    Falls back to float64 SVD rank when the deduplicated matrix exceeds 400 x 400 (not certified then).
+    Falls back to the numerical rank (:func:`probes.numerical_rank`, float64) when the deduplicated matrix
+    exceeds 400 x 400 (not certified then).
     """
     a = _dedupe_matrix(np.asarray(matrix))
     if a.size == 0:
         return 0
     if min(a.shape) > _EXACT_RANK_MAX:
-        return int(np.linalg.matrix_rank(a.astype(np.float64)))
+        return int(probes.numerical_rank(a.astype(np.float64)).rank)
     if a.shape[1] > a.shape[0]:
         a = a.T
     rows = [[int(x) for x in row] for row in a]
@@ -133,6 +137,15 @@ def exact_matrix_rank(matrix: np.ndarray) -> int:
         if rank == m:
             break
     return rank
+
+
+def rank_of_singular_values(s: np.ndarray, rtol: float | None, shape: tuple[int, int]) -> int:
+    """probes' rank rule on the descending singular values ``s`` of a float64 matrix of ``shape``: those
+    above ``rtol * s[0]`` count (``rtol`` None: probes' default, max(m, n) * eps(float64))."""
+    if not s.size:
+        return 0
+    sv = torch.from_numpy(np.ascontiguousarray(s, dtype=np.float64))
+    return int(margins_from_singular_values(sv, sv[0] * resolve_rtol(rtol, *shape, torch.float64))[0])
 
 
 def _dedupe_matrix(a: np.ndarray) -> np.ndarray:

@@ -135,13 +135,13 @@ def train_layers(
     rows = []
     for e, cfg in enumerate(configs):
         db = dbs[assign[e]]
-        row: dict[str, Any] = {**db.summary(), **cfg.to_dict(), "params": params[e]}
+        row: dict[str, Any] = {**db.summary(), **cfg.to_dict(), "parameters": params[e]}
         row["accuracy"] = float(acc[e])
         row["facts_stored"] = int(round(float(acc[e]) * db.num_triples))
         row.update({f"acc_tau{tau:g}": float(tau_acc[tau][e]) for tau in taus})
-        row["steps_trained"] = int(result.steps[e])
+        row["steps_trained"] = int(result.steps_trained[e])
         row["early_stopped"] = bool(result.frozen[e]) if result.frozen is not None else False
         row["train_seconds"] = seconds
-        row["members_in_batch"] = len(configs)
+        row["bucket_members"] = len(configs)
         rows.append(row)
     return Trained(model=model, task=task, result=result, rows=rows)

@@ -3,8 +3,9 @@
 Layout: ``data`` (the synthetic uniform-[0, 1) generator) -> ``model`` (the layer of the theory and the authors'
 variant as a batched Ensemble) -> ``task`` (padding and masks so different H, n, d_h, N train together)
 -> ``train`` (sweeps on the shared engine, bucketed) -> ``certify`` (rank of Z, least-squares readout,
-Proposition 2) and ``saturation`` -> ``plots``; ``figures`` holds the Figure 2 presets, ``pipeline``
-runs the layer on real tokens (``audit capacity``), ``cli`` the three commands.
+Proposition 2) and ``saturation`` -> ``plots``. The experiments: ``experiment`` (``audit memorize``, with
+the Figure 2 presets), ``certify_runs`` (``audit certify``) and ``pipeline`` (``audit capacity``, the
+layer on real tokens).
 
 >>> from auditor.lab.memorize.train import MemorizeSettings, grid, run_memorize
 >>> runs = grid(heads=[1, 2, 4], context=[8], d_h=[16], N=[512], seeds=[0], d=16)

@@ -105,7 +105,7 @@ def certify(
     *,
     task: str = "classification",
     classes: int = 0,
-    tolerance: float = 0.05,
+    error_tolerance: float = 0.05,
     rtol: float | None = None,
     source_dtype: torch.dtype = torch.float32,
 ) -> Certificate:
@@ -113,7 +113,7 @@ def certify(
 
     Args:
         task: ``classification`` (needs ``classes``) or ``regression`` (memorized = every output within
-            ``tolerance``).
+            ``error_tolerance``).
         rtol: relative tolerance of the rank; default ``max(N, F) * eps(source_dtype)``.
         source_dtype: the dtype the layer runs in (sets the default tolerance).
     """
@@ -139,7 +139,7 @@ def certify(
     if code is not None:
         ok = (fit @ code.T).argmax(1) == labels.cpu().long()
     else:
-        ok = ((fit - targets).abs() <= tolerance).all(1)
+        ok = ((fit - targets).abs() <= error_tolerance).all(1)
     return Certificate(
         N=N, features=F, rank=r, guaranteed=min(r, N), certified=int(ok.sum()), rtol=rank_result.rtol,
         tol=float(rank_result.tol), margin=float(rank_result.margin), residual=residual,
@@ -163,8 +163,3 @@ def tolerance_curve(Z: torch.Tensor, rtols: list[float] | None = None) -> pd.Dat
     tol = sv[0] * torch.tensor(grid, dtype=torch.float64)  # (R,)
     rank, margin = margins_from_singular_values(sv.expand(len(grid), -1), tol)  # (R,), (R,)
     return pd.DataFrame({"rtol": grid, "rank": rank.tolist(), "tol": tol.tolist(), "margin": margin.tolist()})
-
-
-def singular_values(Z: torch.Tensor) -> torch.Tensor:
-    """Descending singular values of Z in float64 (for plots)."""
-    return torch.linalg.svdvals(Z.double().cpu())

@@ -5,7 +5,8 @@ size N_1 < N_2 < ... are certified, so the rank-against-N curve runs over nested
 random (seeded, as initialised for training), loaded from a file, and optionally trained (all
 configurations of a bucket together on the shared engine) and certified again. Each row also gives the
 rank at float64's default tolerance (``rank_f64``) beside the float32 one, because softmax features can
-look high-rank in exact arithmetic; the full rank-against-tolerance curves go to ``tolerance.csv``.
+look high-rank in exact arithmetic; the full rank-against-rtol curves go to ``tolerance.csv``. This is
+``audit certify``.
 """
 
 from __future__ import annotations
@@ -23,41 +24,57 @@ import torch
 import probes
 from auditor.errors import AuditError
 from auditor.lab.engine import TrainConfig, train
+from auditor.lab.experiment import Experiment, option, table
 from auditor.lab.memorize.certify import attention_features, certify, proposition2_bound, tolerance_curve
 from auditor.lab.memorize.data import MemorizeData, make_data
 from auditor.lab.memorize.model import MHAEnsemble
-from auditor.lab.memorize.pipeline import file_fingerprint
 from auditor.lab.memorize.plots import plot_rank_vs_examples, plot_tolerance
 from auditor.lab.memorize.task import MemorizeTask
 from auditor.lab.memorize.train import MemorizeRun, MemorizeSettings, buckets
-from auditor.lab.sweep import run_sweep, unit_key
-from auditor.provenance import provenance
+from auditor.lab.sweep import file_fingerprint, unit_key, write_csv, write_table
 
 
 @dataclass(frozen=True)
 class CertifyRequest:
-    """What to certify: the product of the swept values, at each N (nested prefixes)."""
+    """What to certify: the product of the swept values, at each N (nested prefixes). Loaded weights
+    set H, d and d_h from their shape (H, d, d_h)."""
 
-    heads: tuple[int, ...] = (2,)
-    context: tuple[int, ...] = (4,)
-    d_h: tuple[int, ...] = (8,)
-    N: tuple[int, ...] = (64,)
-    d: int = 8
-    seeds: tuple[int, ...] = (0,)
-    classes: int = 10
-    shared_context: bool = True
-    train_steps: int = 0
+    heads: tuple[int, ...] = option((2,), "H values.")
+    context: tuple[int, ...] = option((4,), "n values.")
+    d_h: tuple[int, ...] = option((8,), "d_h values.")
+    N: tuple[int, ...] = option((64,), "Dataset sizes N (nested prefixes of one dataset).", flag="--N")
+    d: int = option(8, "Token width d.")
+    seeds: tuple[int, ...] = option((0,), "Seeds (data and initialisation).")
+    classes: int = option(10, "Random label classes.")
+    shared_context: bool = option(True, "One context for all examples or one each.", flag="--shared/--non-shared")
+    steps: int = option(0, "Also certify after training this many steps (0: certify the given weights only).")
     lr: float = 1e-2
-    rtol: float | None = None
-    weights: str = "random"  # "random" or a weights file
+    rtol: float | None = option(None, "Relative rank tolerance in (0, 1).", default_help="max(N, H d) * eps(float32)")
+    weights: str = option("random", "'random' (seeded) or a .safetensors/.pt file with W_Q and W_K of shape (H, d, d_h).")
 
     def __post_init__(self) -> None:
-        if self.train_steps < 0:
-            raise AuditError(f"train_steps must be >= 0, got {self.train_steps}")
+        if self.weights != "random":
+            W_Q, _ = load_attention_weights(self.weights)
+            H, d, d_h = W_Q.shape
+            object.__setattr__(self, "heads", (H,))
+            object.__setattr__(self, "d_h", (d_h,))
+            object.__setattr__(self, "d", d)
+        if self.steps < 0:
+            raise AuditError(f"steps must be >= 0, got {self.steps}")
         if not (self.heads and self.context and self.d_h and self.N and self.seeds):
             raise AuditError("every swept option needs at least one value")
         if self.rtol is not None and not (math.isfinite(self.rtol) and 0 < self.rtol < 1):
             raise AuditError(f"rtol (the relative rank tolerance) must be in (0, 1), got {self.rtol}")
+        self.runs()  # validates every configuration (H, n, d_h against d)
+
+    def to_unit(self) -> dict[str, Any]:
+        """The request as a unit stores it (``train_steps``: the name its key was first hashed with)."""
+        return {("train_steps" if k == "steps" else k): v for k, v in dataclasses.asdict(self).items()}
+
+    @classmethod
+    def from_unit(cls, request: dict[str, Any]) -> CertifyRequest:
+        return cls(**{("steps" if k == "train_steps" else k): tuple(v) if isinstance(v, list) else v
+                      for k, v in request.items()})
 
     def runs(self) -> list[MemorizeRun]:
         top = max(self.N)
@@ -116,7 +133,7 @@ def _rows(model: MHAEnsemble, i: int, data: MemorizeData, run: MemorizeRun, size
             "weights": label, "heads": run.heads, "context": run.context, "d_h": run.d_h, "d": run.d, "N": N,
             "seed": run.seed, "shared_context": run.shared_context, "classes": run.classes,
             "rank": cert.rank, "guaranteed": cert.guaranteed, "certified": cert.certified,
-            "rank_rtol": cert.rtol, "rank_margin": cert.margin, "rank_f64": int(exact.rank),
+            "rtol": cert.rtol, "rank_margin": cert.margin, "rank_f64": int(exact.rank),
             "rank_f64_margin": float(exact.margin), "features": cert.features,
             "shared_bound": proposition2_bound(run.heads, run.context) if run.shared_context else None,
             "bound": run.bound, "readout_residual": cert.residual, "seconds": time.perf_counter() - start,
@@ -126,7 +143,7 @@ def _rows(model: MHAEnsemble, i: int, data: MemorizeData, run: MemorizeRun, size
 
 def certify_unit(unit: dict[str, Any]) -> list[dict[str, Any]]:
     """Certify one bucket of configurations (random/loaded weights, then trained if asked)."""
-    request = CertifyRequest(**{k: tuple(v) if isinstance(v, list) else v for k, v in unit["request"].items()})
+    request = CertifyRequest.from_unit(unit["request"])
     runs = [MemorizeRun(**r) for r in unit["runs"]]
     sizes = sorted(request.N)
     datasets = [make_data(r.data_config()) for r in runs]
@@ -142,58 +159,80 @@ def certify_unit(unit: dict[str, Any]) -> list[dict[str, Any]]:
     for i, (run, ds) in enumerate(zip(runs, datasets)):
         rows += _rows(model, i, ds, run, sizes, label, request.rtol)
         curves.append(tolerance_curve(attention_features(model, ds, i)).assign(weights=label, **_ids(run)))
-    if request.train_steps:
+    if request.steps:
         task = MemorizeTask(datasets, batch_size=512)
-        config = TrainConfig(steps=request.train_steps, lr=request.lr, eval_every=50)
+        config = TrainConfig(steps=request.steps, lr=request.lr, eval_every=50)
         result = train(model, task, config, progress=False)
         for i, (run, ds) in enumerate(zip(runs, datasets)):
             trained = _rows(model, i, ds, run, sizes, "trained", request.rtol)
             for row in trained:
-                row.update(train_steps=int(result.steps[i]), train_accuracy=float(result.accuracy[i]))
+                row.update(steps_trained=int(result.steps_trained[i]), train_accuracy=float(result.accuracy[i]))
             rows += trained
             curves.append(tolerance_curve(attention_features(model, ds, i)).assign(weights="trained", **_ids(run)))
-    stamp = provenance()
-    folder = Path(unit["workdir"]) / "tolerance"
-    folder.mkdir(parents=True, exist_ok=True)
     key = unit_key(unit)
-    pd.concat(curves).assign(d=request.d, shared_context=request.shared_context, dtype="float64 (Z)",
-                             **stamp).to_csv(folder / f"{key}.csv", index=False)
-    return [{**row, "dtype": "float32", "device": "cpu", **stamp} for row in rows]
+    write_table(pd.concat(curves).assign(d=request.d, shared_context=request.shared_context, dtype="float64 (Z)"),
+                Path(unit["workdir"]) / "tolerance" / f"{key}.csv", unit=key)
+    return [{**row, "dtype": "float32"} for row in rows]
 
 
 def _ids(run: MemorizeRun) -> dict[str, Any]:
     return {"heads": run.heads, "context": run.context, "d_h": run.d_h, "N": run.N, "seed": run.seed}
 
 
-def run_certify(request: CertifyRequest, out: str | Path, *, progress: bool = True) -> pd.DataFrame:
-    """Run the certificate sweep into ``out``: results.csv, tolerance.csv, tolerance.png, rank_vs_N.png."""
-    out = Path(out)
-    settings = MemorizeSettings(steps=max(request.train_steps, 1), batch_size=512, bucket_size=16)
+def _units(request: CertifyRequest, out: Path) -> list[dict[str, Any]]:
+    settings = MemorizeSettings(steps=max(request.steps, 1), batch_size=512, bucket_size=16)
     fingerprint = file_fingerprint(request.weights) if request.weights != "random" else None
-    units = [{"kind": "certify", "request": dataclasses.asdict(request), "fingerprint": fingerprint,
-              "runs": [dataclasses.asdict(r) for r in bucket], "workdir": str(out)}
-             for bucket in buckets(request.runs(), settings)]
-    frame = run_sweep(certify_unit, units, out, progress=progress, desc="certify")
-    keys = [unit_key(unit) for unit in units]
+    return [{"kind": "certify", "request": request.to_unit(), "fingerprint": fingerprint,
+             "runs": [dataclasses.asdict(r) for r in bucket], "workdir": str(out)}
+            for bucket in buckets(request.runs(), settings)]
+
+
+def _report(frame: pd.DataFrame, out: Path, request: CertifyRequest) -> str:
+    """tolerance.csv: the rank-against-rtol curves of every unit, in unit order."""
+    keys = frame["unit"].drop_duplicates()
     curves = pd.concat([pd.read_csv(out / "tolerance" / f"{key}.csv") for key in keys], ignore_index=True)
-    curves.to_csv(out / "tolerance.csv", index=False)
-    _plots(frame, curves, out)
-    return frame
+    write_csv(curves, out / "tolerance.csv")
+    shown = ["weights", "heads", "context", "d_h", "N", "seed", "rank", "shared_bound", "certified", "rank_margin",
+             "rank_f64"]
+    return table(frame, shown) + f"\n\nresults: {out / 'results.csv'}; rank-against-rtol curves: {out / 'tolerance.csv'}"
 
 
 def _label(frame: pd.DataFrame) -> pd.Series:
     return frame.apply(lambda r: f"{r.weights} H={r.heads} n={r.context} d_h={r.d_h}", axis=1)
 
 
-def _plots(frame: pd.DataFrame, curves: pd.DataFrame, out: Path) -> None:
+def _plots(frame: pd.DataFrame, out: Path, request: CertifyRequest) -> list[Path]:
+    curves = pd.read_csv(out / "tolerance.csv")
     shared = bool(frame["shared_context"].iloc[0])
     curves = curves[curves["seed"] == curves["seed"].min()]
     bound = curves["heads"] * (curves["context"] - 1) + 1 if shared else None
-    plot_tolerance(curves.assign(label=_label(curves), default_rtol=frame["rank_rtol"].iloc[0], bound=bound),
+    plot_tolerance(curves.assign(label=_label(curves), default_rtol=frame["rtol"].iloc[0], bound=bound),
                    out / "tolerance.png",
-                   title=f"rank of Z against tolerance (N = {frame['N'].max()}, seed {curves['seed'].min()}"
+                   title=f"rank of Z against rtol (N = {frame['N'].max()}, seed {curves['seed'].min()}"
                          f"{'; dotted: H(n-1)+1' if shared else ''})")
     first_seed = frame[frame["seed"] == frame["seed"].min()]
     plot_rank_vs_examples(first_seed.assign(label=_label(first_seed), bound=first_seed["shared_bound"]),
                           out / "rank_vs_N.png", title=f"rank of Z against N (seed {first_seed['seed'].min()}"
                           f"{'; dotted: H(n-1)+1' if shared else ''})")
+    return [out / "tolerance.png", out / "rank_vs_N.png"]
+
+
+EXPERIMENT = Experiment(
+    name="certify",
+    help="Capacity certificate without gradient descent: the numerical rank of Z, the matrix whose row for "
+         "example t stacks every head's attention-weighted context rows, and the examples a least-squares "
+         "readout on Z provably memorizes.",
+    examples="audit certify --heads 4 --context 8 --d-h 1,2,16 --N 50:300:50 --d 16\n"
+             "audit certify --weights layer.safetensors --context 8 --N 200",
+    config=CertifyRequest,
+    units=_units,
+    run_unit=certify_unit,
+    columns=("weights", "heads", "context", "d_h", "d", "N", "seed", "shared_context", "classes", "rank", "guaranteed",
+             "certified", "rtol", "rank_margin", "rank_f64", "rank_f64_margin", "features", "shared_bound", "bound",
+             "readout_residual", "seconds", "steps_trained", "train_accuracy", "dtype"),
+    plots=_plots,
+    report=_report,
+    presets={"quick": {"heads": (2,), "context": (3,), "d_h": (3,), "N": (4, 8), "d": 4, "steps": 20}},
+    renamed={"rank_rtol": "rtol", "train_steps": "steps_trained"},
+    deprecated={"--train-steps": "steps"},
+)

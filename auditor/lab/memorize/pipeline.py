@@ -10,14 +10,15 @@ examples trivially (H(n-1)+1 >= 197 already at H = 1). To make the comparison in
 tokens are reduced, and every row says how: ``rows`` context rows are kept (the query row plus rows
 drawn once, the same for every example) and the width is projected to ``dim`` by the top right
 singular vectors of the pooled kept tokens (``svd``, no centring, so convex combinations stay convex
-combinations) or by a seeded Gaussian matrix (``random``), then scaled to unit RMS.
+combinations) or by a seeded Gaussian matrix (``random``), then scaled to unit RMS. Tokens come from
+the audit's own extraction (:func:`auditor.sources.extracted`, the same inputs and forward passes as
+``audit MODEL --save-tokens``) or from token files.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +27,12 @@ import torch
 
 import probes
 from auditor.errors import AuditError, did_you_mean
+from auditor.lab.experiment import Experiment, option
 from auditor.lab.memorize.certify import capacity_bound
 from auditor.lab.memorize.data import MemorizeData, derived_seed, random_labels
 from auditor.lab.memorize.model import MHAConfig
-from auditor.lab.memorize.train import MemorizeSettings, fit_bucket
-from auditor.lab.sweep import run_sweep, unit_key
-from auditor.provenance import provenance
+from auditor.lab.memorize.train import _CERTIFICATE, _TRAINING, RENAMED, MemorizeSettings, fit_bucket
+from auditor.lab.sweep import file_fingerprint, run_sweep, unit_key
 from auditor.tokens import Tokens
 
 PROJECTIONS = ("svd", "random", "none")
@@ -41,14 +42,14 @@ PROJECTIONS = ("svd", "random", "none")
 class CapacitySettings:
     """How tokens are reduced, labelled, trained on and tested."""
 
-    rows: int = 16  # context rows kept (n of the layer)
-    dim: int = 64  # projected width (d of the layer); ignored by projection "none"
-    projection: str = "svd"  # "svd" | "random" | "none"
-    heads: tuple[int, ...] = (1, 2, 4, 8)
-    seeds: tuple[int, ...] = (0,)  # labels and initialisation
-    classes: int = 10
-    subsets: int = 500  # Kruskal subsets per assumption test
-    seed: int = 0  # row selection, random projection, assumption sampling
+    rows: int = option(16, "Context rows kept (n of the trained layer).")
+    dim: int = option(64, "Projected token width (d of the layer); ignored by --projection none.")
+    projection: str = option("svd", "How the width is reduced.", choices=PROJECTIONS)
+    heads: tuple[int, ...] = option((1, 2, 4, 8), "H values.")
+    seeds: tuple[int, ...] = option((0,), "Seeds of the labels and initialisation.")
+    classes: int = option(10, "Random label classes.")
+    subsets: int = option(500, "Kruskal subsets per assumption test.")
+    seed: int = option(0, "Model init, row selection, random projection, assumption sampling.")
 
     def __post_init__(self) -> None:
         if self.projection not in PROJECTIONS:
@@ -96,7 +97,7 @@ def reduce_tokens(tokens: Tokens, settings: CapacitySettings) -> tuple[torch.Ten
     contexts, queries = contexts @ P, queries @ P  # (N, rows, dim), (N, dim)
     scale = float(torch.cat([contexts.flatten(), queries.flatten()]).pow(2).mean().sqrt()) or 1.0
     info = {"n_original": tokens.n, "d_original": d, "rows_kept": " ".join(map(str, keep.tolist())),
-            "projection": settings.projection if P.shape[1] < d else "none", "scale": scale}
+            "projection": settings.projection if P.shape[1] < d else "none", "token_rms": scale}
     return (contexts / scale).float(), (queries / scale).float(), info
 
 
@@ -114,20 +115,11 @@ def assumption_columns(contexts: torch.Tensor, queries: torch.Tensor, n: int, su
     return out
 
 
-def file_fingerprint(path: str | Path) -> str:
-    """First 16 hex digits of the file's SHA-256 (changed tokens make a new sweep unit)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()[:16]
-
-
 def capacity_unit(unit: dict[str, Any], progress: bool = False) -> list[dict[str, Any]]:
     """One representation: reduce, label, test assumptions, train every (H, seed) together, certify."""
     tokens = Tokens.load(unit["tokens"])
     settings = CapacitySettings(**{k: tuple(v) if isinstance(v, list) else v for k, v in unit["capacity"].items()})
-    train_settings = MemorizeSettings(**unit["train"])
+    train_settings = MemorizeSettings.from_unit(unit["train"])
     contexts, queries, info = reduce_tokens(tokens, settings)
     N, n, w = contexts.shape
     verdicts = {
@@ -143,68 +135,119 @@ def capacity_unit(unit: dict[str, Any], progress: bool = False) -> list[dict[str
     measured = fit_bucket(configs, [datasets[seed] for _, seed in members], train_settings,
                           checkpoint=str(workdir / "checkpoints" / f"{key}.pt"),
                           history=workdir / "history" / f"{key}.csv",
-                          saturation_path=workdir / "saturation" / f"{key}.csv", progress=progress)
+                          saturation_path=workdir / "saturation" / f"{key}.csv", progress=progress, unit=key)
     meta = {k: tokens.meta.get(k, "") for k in ("model", "representation", "weights", "data_source")}
     meta["tokens_dtype"] = tokens.meta.get("dtype", str(tokens.contexts.dtype).removeprefix("torch."))
-    stamp = provenance()
     return [
         {**meta, "N": N, "context": n, "d": w, "heads": H, "d_h": w, "seed": seed,
          "classes": settings.classes, "bound": capacity_bound(H, n, w), **m, **info, **verdicts,
          "tokens_file": unit["tokens"], "history": f"history/{key}.csv", "saturation": f"saturation/{key}.csv",
-         "member": i, **stamp}
+         "member": i}
         for i, ((H, seed), m) in enumerate(zip(members, measured))
     ]
 
 
-def run_capacity(
-    token_files: dict[str, str | Path],
-    settings: CapacitySettings,
-    train_settings: MemorizeSettings,
-    out: str | Path,
-    *,
-    executor: str = "local",
-    progress: bool = True,
-) -> pd.DataFrame:
-    """Run (or resume) the capacity pipeline on saved token files (representation -> path)."""
+_ASSUMPTIONS = tuple(f"{p}assumption{a}_{c}" for p in ("original_", "") for a in (1, 2) for c in ("holds", "fraction"))
+COLUMNS = ("model", "representation", "weights", "data_source", "tokens_dtype", "N", "context", "d", "heads", "d_h",
+           "seed", "classes", "bound", "memorized", "accuracy", *_CERTIFICATE, *_TRAINING[:-2], "n_original",
+           "d_original", "rows_kept", "projection", "token_rms", *_ASSUMPTIONS, "tokens_file", "history", "saturation",
+           "member")
+
+
+def _units(token_files: dict[str, str | Path], settings: CapacitySettings, train_settings: MemorizeSettings,
+           out: str | Path) -> list[dict[str, Any]]:
     if not token_files:
         raise AuditError("no token files to run on")
-    units = [
-        {"kind": "capacity", "representation": name, "tokens": str(Path(path).resolve()),
-         "fingerprint": file_fingerprint(path), "capacity": dataclasses.asdict(settings),
-         "train": dataclasses.asdict(train_settings), "workdir": str(out)}
-        for name, path in token_files.items()
-    ]
-    return run_sweep(capacity_unit, units, out, executor=executor, progress=progress, desc="capacity")
+    return [{"kind": "capacity", "representation": name, "tokens": str(Path(path).resolve()),
+             "fingerprint": file_fingerprint(path), "capacity": dataclasses.asdict(settings),
+             "train": train_settings.to_unit(), "workdir": str(out)}
+            for name, path in token_files.items()]
 
 
-def extract_tokens(
-    model: str,
-    weights: str,
-    data: str | None,
-    samples: int,
-    representations: list[str],
-    out: str | Path,
-    *,
-    device: str = "auto",
-    seed: int = 0,
-    batch_size: int = 16,
-    progress: bool = True,
-    config_overrides: dict[str, Any] | None = None,
-) -> dict[str, Path]:
-    """Extract the representations once and save each as ``out/tokens/<representation>.safetensors``.
+def run_capacity(token_files: dict[str, str | Path], settings: CapacitySettings, train_settings: MemorizeSettings,
+                 out: str | Path, *, executor: str = "local", progress: bool = True) -> pd.DataFrame:
+    """Run (or resume) the capacity pipeline on saved token files (representation -> path)."""
+    return run_sweep(capacity_unit, _units(token_files, settings, train_settings, out), out, executor=executor,
+                     progress=progress, desc="capacity", columns=COLUMNS, renamed=RENAMED)
 
-    ``config_overrides`` change a random model's architecture (tests build tiny ViTs with it).
-    """
-    from auditor.data import load_inputs
-    from auditor.extract import extract
+
+def extract_tokens(model: str, weights: str, data: str | None, samples: int, representations: list[str],
+                   out: str | Path, *, device: str = "auto", seed: int = 0, batch_size: int = 16, progress: bool = True,
+                   config_overrides: dict[str, Any] | None = None) -> dict[str, Path]:
+    """Extract the representations once, as the audit does, and save each as
+    ``out/tokens/<representation>.safetensors``. ``config_overrides`` change a random model's
+    architecture (tests build tiny ViTs with it)."""
+    from auditor.config import AuditConfig
     from auditor.models import load_model
+    from auditor.sources import extracted
 
     loaded = load_model(model, weights, device=device, seed=seed, config_overrides=config_overrides)
-    inputs = load_inputs(loaded, data, samples, seed=seed, progress=progress)
-    extracted = extract(loaded, inputs, representations, batch_size=batch_size, seed=seed, progress=progress)
+    config = AuditConfig(model=model, data=data, samples=samples, seed=seed, batch_size=batch_size)
     paths = {}
-    for name, tokens in extracted.items():
-        path = Path(out) / "tokens" / f"{name}.safetensors"
-        tokens.save(path)
-        paths[name] = path
+    for item in extracted(loaded, list(representations), config, None, progress).items:
+        paths[item.representation] = Path(out) / "tokens" / f"{item.representation}.safetensors"
+        item.tokens.save(paths[item.representation])
     return paths
+
+
+@dataclass(frozen=True)
+class CapacityConfig:
+    """What ``audit capacity`` runs: the tokens, how they are reduced, and how the layers train."""
+
+    model: str | None = option(None, "Model to extract from (see `audit models`).", argument=True)
+    weights: str = option("random", "random | pretrained | a local folder.")
+    data: str | None = option(None, "Image folder / text file / hf:<name>.", default_help="the bundled sample")
+    samples: int = option(256, "Examples N.")
+    representations: tuple[str, ...] = option(("embedding", "random-attention", "block.0"),
+                                               "Comma-separated representations.")
+    tokens: tuple[str, ...] = option((), "Use a --save-tokens file instead of extracting (repeatable).",
+                                     multiple=True, default_help="none")
+    settings: CapacitySettings = field(default=CapacitySettings(), metadata={"nested": True})
+    training: MemorizeSettings = field(default=MemorizeSettings(), metadata={"nested": True})
+
+    def __post_init__(self) -> None:
+        missing = [p for p in self.tokens if not Path(p).is_file()]
+        if missing:
+            raise AuditError(f"--tokens file {missing[0]!r} does not exist; give a file written by --save-tokens")
+        if not self.tokens and not self.model:
+            raise AuditError("give a MODEL to extract from (e.g. vit-base) or --tokens FILE")
+
+
+def _experiment_units(config: CapacityConfig, out: Path) -> list[dict[str, Any]]:
+    if config.tokens:
+        files = {Path(p).stem: Path(p) for p in config.tokens}
+    else:
+        files = extract_tokens(config.model, config.weights, config.data, config.samples, list(config.representations),
+                               out, device=config.training.device, seed=config.settings.seed)
+    return _units(files, config.settings, config.training, out)
+
+
+def _plots(frame: pd.DataFrame, out: Path, config: CapacityConfig) -> list[Path]:
+    from auditor.lab.memorize.plots import plot_sweep
+
+    paths = []
+    for name, part in frame.groupby("representation"):
+        paths.append(out / f"memorized_vs_heads_{name}.png")
+        plot_sweep(part, "heads", paths[-1], title=f"{name}: memorized against H")
+    return paths
+
+
+EXPERIMENT = Experiment(
+    name="capacity",
+    help="Memorization on a real representation against H(n-1)+1 and the assumption verdicts.",
+    examples="audit capacity vit-base --data /path/to/images --samples 256\n"
+             "audit capacity --tokens run/tokens/block.0.safetensors",
+    config=CapacityConfig,
+    units=_experiment_units,
+    run_unit=capacity_unit,
+    columns=COLUMNS,
+    plots=_plots,
+    show=("representation", "heads", "N", "context", "d", "memorized", "bound", "certified", "certified_init",
+          "assumption1_holds", "assumption2_holds", "original_assumption1_holds", "original_assumption2_holds"),
+    presets={"quick": {"samples": 16, "representations": ("embedding", "block.0"),
+                       "settings": {"rows": 4, "dim": 8, "heads": (1, 2), "classes": 3, "subsets": 50},
+                       "training": {"steps": 100, "lr": 1e-2, "batch_size": 512, "eval_every": 20}},
+             "reference": {"training": {"steps": 3000, "lr": 1e-2, "batch_size": 512, "eval_every": 50}}},
+    renamed={**RENAMED, "scale": "token_rms"},
+    deprecated={"--representation": "representations"},
+)

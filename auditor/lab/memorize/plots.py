@@ -5,14 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from auditor.errors import AuditError  # noqa: E402
+from auditor.errors import AuditError
+from auditor.lab.figures import plt, save
 
 X_LABELS = {"heads": "heads H", "context": "context length n", "d_h": "key/query width d_h"}
 UNSATURATED = 0.95  # points with mean accuracy below this enter the linear fit (our reading of "non-saturated")
@@ -26,16 +23,6 @@ class LinearFit:
     intercept: float
     r2: float
     points: int
-
-
-def _finish(fig, ax, path: str | Path) -> None:
-    """Grid and legend on ``ax`` (if given), layout, PNG at 130 dpi; the figure is released."""
-    if ax is not None:
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
 
 
 def linear_fit(x: np.ndarray, y: np.ndarray) -> LinearFit:
@@ -62,28 +49,33 @@ def sweep_summary(frame: pd.DataFrame, x: str) -> pd.DataFrame:
     return out.rename(columns={"seed_count": "seeds", "accuracy_mean": "accuracy", "bound_mean": "bound"}).reset_index()
 
 
-def plot_sweep(frame: pd.DataFrame, x: str, path: str | Path, title: str = "") -> pd.DataFrame:
-    """Memorized examples against ``x`` (one line per N, mean +- std over seeds), the bound drawn.
-
-    For ``x = heads`` a line is fitted per N on its unsaturated points (mean accuracy < 0.95), and
-    its R^2 shown in the legend. Returns the fits (N, slope, intercept, r2, points) for ``heads``, else
-    an empty frame.
-    """
-    summary = sweep_summary(frame, x)
-    fig, ax = plt.subplots(figsize=(6.4, 4.6))
+def sweep_fits(frame: pd.DataFrame, x: str) -> pd.DataFrame:
+    """For ``x = heads``: per N, the line through its unsaturated points (mean accuracy < 0.95) with its
+    R^2 (columns N, slope, intercept, r2, points); an empty frame for other axes."""
+    if x != "heads":
+        return pd.DataFrame()
     fits = []
+    for N, part in sweep_summary(frame, x).groupby("N"):
+        keep = part[part["accuracy"] < UNSATURATED]
+        fits.append({"N": N, **linear_fit(keep[x], keep["memorized_mean"]).__dict__})
+    return pd.DataFrame(fits)
+
+
+def plot_sweep(frame: pd.DataFrame, x: str, path: str | Path, title: str = "") -> pd.DataFrame:
+    """Memorized examples against ``x`` (one line per N, mean +- std over seeds), the bound drawn; for
+    ``x = heads`` the fit of :func:`sweep_fits` dotted, its R^2 in the legend. Returns the fits."""
+    summary = sweep_summary(frame, x)
+    fits = sweep_fits(frame, x)
+    fig, ax = plt.subplots(figsize=(6.4, 4.6))
     colors = plt.cm.viridis(np.linspace(0.1, 0.85, max(summary["N"].nunique(), 1)))
     for color, (N, part) in zip(colors, summary.groupby("N")):
         part = part.sort_values(x)
         label = f"N = {N}"
-        if x == "heads":
-            keep = part["accuracy"] < UNSATURATED
-            fit = linear_fit(part.loc[keep, x], part.loc[keep, "memorized_mean"])
-            fits.append({"N": N, **fit.__dict__})
-            if fit.points >= 2:
-                xs = part.loc[keep, x].to_numpy()
-                ax.plot(xs, fit.slope * xs + fit.intercept, ":", color=color, lw=1)
-                label += f" (fit R$^2$ = {fit.r2:.3f})"
+        fit = fits[fits["N"] == N].iloc[0] if len(fits) else None
+        if fit is not None and fit["points"] >= 2:
+            xs = part.loc[part["accuracy"] < UNSATURATED, x].to_numpy()
+            ax.plot(xs, fit["slope"] * xs + fit["intercept"], ":", color=color, lw=1)
+            label += f" (fit R$^2$ = {fit['r2']:.3f})"
         ax.errorbar(part[x], part["memorized_mean"], yerr=part["memorized_std"].fillna(0), marker="o", ms=4,
                     color=color, capsize=2, label=label)
         if "certified_mean" in part:
@@ -96,8 +88,8 @@ def plot_sweep(frame: pd.DataFrame, x: str, path: str | Path, title: str = "") -
     ax.set_xlabel(X_LABELS[x])
     ax.set_ylabel("examples memorized")
     ax.set_title(title or f"memorization against {X_LABELS[x]}")
-    _finish(fig, ax, path)
-    return pd.DataFrame(fits)
+    save(fig, path, ax=ax)
+    return fits
 
 
 def plot_tolerance(curves: pd.DataFrame, path: str | Path, title: str = "") -> None:
@@ -116,7 +108,7 @@ def plot_tolerance(curves: pd.DataFrame, path: str | Path, title: str = "") -> N
     ax.set_xlabel("relative tolerance rtol (singular values > rtol * sigma_max count)")
     ax.set_ylabel("numerical rank of Z")
     ax.set_title(title or "rank of Z against tolerance (dotted: H(n-1)+1)")
-    _finish(fig, ax, path)
+    save(fig, path, ax=ax)
 
 
 def plot_rank_vs_examples(frame: pd.DataFrame, path: str | Path, title: str = "") -> None:
@@ -132,7 +124,7 @@ def plot_rank_vs_examples(frame: pd.DataFrame, path: str | Path, title: str = ""
     ax.set_xlabel("examples N")
     ax.set_ylabel("numerical rank of Z (default tolerance)")
     ax.set_title(title or "rank of Z against N (dotted: H(n-1)+1)")
-    _finish(fig, ax, path)
+    save(fig, path, ax=ax)
 
 
 def plot_saturation(records: pd.DataFrame, path: str | Path, title: str = "") -> None:
@@ -151,4 +143,4 @@ def plot_saturation(records: pd.DataFrame, path: str | Path, title: str = "") ->
     right.set_ylabel("share of examples saturated")
     right.set_ylim(0, 1)
     fig.suptitle(title or "softmax saturation")
-    _finish(fig, None, path)
+    save(fig, path)

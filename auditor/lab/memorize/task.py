@@ -7,7 +7,7 @@ by all members) and member e takes examples ``floor(u * N_e)`` (sampling with re
 whose N_e <= B uses its whole set each step (full batch). A member therefore sees exactly the same
 batches whether it trains alone or with others.
 
-Memorized examples: correct argmax (classification) or every output within ``tolerance`` of its label
+Memorized examples: correct argmax (classification) or every output within ``error_tolerance`` of its label
 (regression).
 """
 
@@ -44,7 +44,7 @@ class MemorizeTask:
         datasets: one :class:`MemorizeData` per member (the same object may serve several members; it
             is stored once). All share the task, the width d and whether the context is shared.
         batch_size: B; members with N <= B train full-batch.
-        tolerance: regression only: an example is memorized when every output is within it.
+        error_tolerance: regression only: an example is memorized when every output is within it.
         device: where the padded tensors live (the model's device).
         eval_chunk: examples per forward pass in :meth:`accuracy`.
     """
@@ -54,7 +54,7 @@ class MemorizeTask:
         datasets: Sequence[MemorizeData],
         batch_size: int = 256,
         *,
-        tolerance: float = 0.05,
+        error_tolerance: float = 0.05,
         device: str | torch.device = "cpu",
         eval_chunk: int = 1024,
     ) -> None:
@@ -63,10 +63,10 @@ class MemorizeTask:
         first = datasets[0]
         if any((ds.task, ds.d, ds.shared) != (first.task, first.d, first.shared) for ds in datasets):
             raise AuditError("members of one task must share the task, d and shared/non-shared contexts")
-        if first.task == "regression" and not tolerance > 0:
-            raise AuditError(f"regression tolerance must be > 0, got {tolerance}")
+        if first.task == "regression" and not error_tolerance > 0:
+            raise AuditError(f"regression error_tolerance must be > 0, got {error_tolerance}")
         self.task, self.shared, self.batch_size = first.task, first.shared, batch_size
-        self.tolerance, self.eval_chunk = tolerance, eval_chunk
+        self.error_tolerance, self.eval_chunk = error_tolerance, eval_chunk
         unique: list[MemorizeData] = []
         slot: list[int] = []
         for ds in datasets:
@@ -160,7 +160,7 @@ class MemorizeTask:
             if self.task == "classification":
                 ok = outputs.argmax(-1) == labels
             else:
-                ok = ((outputs - labels).abs() <= self.tolerance).all(-1)
+                ok = ((outputs - labels).abs() <= self.error_tolerance).all(-1)
             out[:, idx] = ok & (idx[None] < self.N[:, None])
         return out
 

@@ -7,7 +7,8 @@ call, so a sweep resumes at bucket granularity (and inside a bucket from the eng
 
 Each result row: the run's configuration, memorized (examples memorized by gradient descent), accuracy,
 bound = H(min(n, d_h)-1)+1, the capacity certificate of the trained and of the initial attention
-(rank, certified count, tolerance, margin), saturation, steps, seconds, dtype, device, provenance.
+(rank, certified count, rtol, margin), saturation, steps (the budget), steps_trained, seconds, dtype and
+device; the sweep runner adds the provenance.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 
 from auditor.errors import AuditError
 from auditor.lab.engine import TrainConfig, train
+from auditor.lab.experiment import option
 from auditor.lab.memorize.certify import (
     attention_features,
     capacity_bound,
@@ -35,8 +37,7 @@ from auditor.lab.memorize.data import DataConfig, MemorizeData, make_data
 from auditor.lab.memorize.model import MHAConfig, MHAEnsemble
 from auditor.lab.memorize.saturation import saturation
 from auditor.lab.memorize.task import MemorizeTask
-from auditor.lab.sweep import run_sweep, unit_key
-from auditor.provenance import provenance
+from auditor.lab.sweep import run_sweep, unit_key, write_table
 
 
 @dataclass(frozen=True)
@@ -89,38 +90,52 @@ class MemorizeRun:
 
 @dataclass(frozen=True)
 class MemorizeSettings:
-    """Training and measurement settings shared by every run of a sweep."""
+    """Training and measurement settings shared by every run of a sweep (its options are those of
+    ``audit capacity``, whose presets set the defaults shown)."""
 
-    steps: int = 5000
-    lr: float = 1e-3
-    batch_size: int = 256
-    eval_every: int = 100
+    steps: int = option(5000, "Max optimisation steps.", default_help="3000")
+    lr: float = option(1e-3, "Peak Adam learning rate.", parse="floats", default_help="1e-2")
+    batch_size: int = option(256, "Minibatch size; N <= batch trains full-batch.", default_help="512")
+    eval_every: int = option(100, "Full-set accuracy (early stop) every k steps.", default_help="50")
     warmup_frac: float = 0.05
     warmup_start: float = 0.01
     schedule: str = "cosine"
-    tolerance: float = 0.05  # regression: |prediction - label| <= tolerance counts as memorized
-    certify: bool = True  # certificates of the initial and trained attention
-    rank_rtol: float | None = None  # None: max(N, H w) * eps(float32)
+    error_tolerance: float = 0.05  # regression: |prediction - label| <= error_tolerance counts as memorized
+    certify: bool = option(True, "Rank certificates of the initial and trained attention.")
+    rtol: float | None = None  # relative rank tolerance; None: max(N, H w) * eps(float32)
     saturation_threshold: float = 0.99
-    bucket_size: int = 16
+    bucket_size: int = option(16, "Max configurations trained together.")
     order_seed: int = 0  # data order (shared by a bucket)
-    device: str = "cpu"
+    device: str = option("cpu", "cpu | cuda | cuda:<i>.")
     checkpoint_every: int = 1000
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.bucket_size < 1:
             raise AuditError("batch_size and bucket_size must be >= 1")
-        if not 0 < self.tolerance < 0.5:  # also refuses NaN and infinity
-            raise AuditError(f"tolerance must be in (0, 0.5), got {self.tolerance}: regression labels are uniform in "
-                             "[0, 1), so at 0.5 or more the constant prediction 0.5 counts as memorizing every example")
+        if not 0 < self.error_tolerance < 0.5:  # also refuses NaN and infinity
+            raise AuditError(f"error_tolerance must be in (0, 0.5), got {self.error_tolerance}: regression labels are "
+                             "uniform in [0, 1), so at 0.5 or more the constant prediction 0.5 memorizes every example")
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise AuditError(f"device must be cpu, cuda or cuda:<index>, got {self.device!r}")
         self.train_config(None)  # validates steps, lr, schedule, warm-up
+
+    def to_unit(self) -> dict[str, Any]:
+        """The settings as a unit stores them (under the names the unit keys were first hashed with)."""
+        return {_UNIT_NAMES.get(k, k): v for k, v in dataclasses.asdict(self).items()}
+
+    @classmethod
+    def from_unit(cls, settings: dict[str, Any]) -> MemorizeSettings:
+        return cls(**{_FIELD_NAMES.get(k, k): v for k, v in settings.items()})
 
     def train_config(self, checkpoint: str | None) -> TrainConfig:
         return TrainConfig(steps=self.steps, lr=self.lr, warmup_frac=self.warmup_frac,
                            warmup_start=self.warmup_start, schedule=self.schedule, eval_every=self.eval_every,
                            seed=self.order_seed, checkpoint=checkpoint, checkpoint_every=self.checkpoint_every)
+
+
+_UNIT_NAMES = {"error_tolerance": "tolerance", "rtol": "rank_rtol"}  # field -> its name in unit files
+_FIELD_NAMES = {v: k for k, v in _UNIT_NAMES.items()}
+RENAMED = {**_FIELD_NAMES, "steps": "steps_trained", "max_steps": "steps"}  # columns of earlier releases
 
 
 def paper_steps(N: int, batch_size: int = 256, epochs: int = 500, minimum: int = 50_000) -> int:
@@ -182,7 +197,7 @@ def make_units(runs: Sequence[MemorizeRun], settings: MemorizeSettings, workdir:
     if not runs:
         raise AuditError("the sweep has no runs; give at least one value for every swept option")
     return [{"kind": "memorize", "runs": [dataclasses.asdict(r) for r in bucket],
-             "settings": dataclasses.asdict(settings), "workdir": str(workdir)}
+             "settings": settings.to_unit(), "workdir": str(workdir)}
             for bucket in buckets(runs, settings)]
 
 
@@ -194,37 +209,32 @@ def _device(name: str) -> torch.device:
 
 def _certify_member(model: MHAEnsemble, i: int, data: MemorizeData, settings: MemorizeSettings) -> dict[str, Any]:
     cert = certify(attention_features(model, data, i), data.labels, task=data.task, classes=data.classes,
-                   tolerance=settings.tolerance, rtol=settings.rank_rtol)
-    return {"rank": cert.rank, "certified": cert.certified, "rank_rtol": cert.rtol, "rank_margin": cert.margin}
+                   error_tolerance=settings.error_tolerance, rtol=settings.rtol)
+    return {"rank": cert.rank, "certified": cert.certified, "rtol": cert.rtol, "rank_margin": cert.margin}
 
 
-def fit_bucket(
-    configs: Sequence[MHAConfig],
-    datasets: Sequence[MemorizeData],
-    settings: MemorizeSettings,
-    *,
-    checkpoint: str | None = None,
-    history: str | Path | None = None,
-    saturation_path: str | Path | None = None,
-    progress: bool = False,
-) -> list[dict[str, Any]]:
+def fit_bucket(configs: Sequence[MHAConfig], datasets: Sequence[MemorizeData], settings: MemorizeSettings, *,
+               checkpoint: str | None = None, history: str | Path | None = None,
+               saturation_path: str | Path | None = None, progress: bool = False,
+               unit: str | None = None) -> list[dict[str, Any]]:
     """Train the layers ``configs`` (member i on ``datasets[i]``) together and measure each member.
 
-    Returns one dict per member: memorized, accuracy, steps, seconds (of the whole bucket), the
-    certificate of the trained attention (rank, certified, rank_rtol, rank_margin) and of the initial
+    Returns one dict per member: memorized, accuracy, steps_trained, seconds (of the whole bucket), the
+    certificate of the trained attention (rank, certified, rtol, rank_margin) and of the initial
     attention (``*_init``), and saturation (mean saturated share of heads, share of examples with a free
     head). ``history`` receives the training history CSV; ``saturation_path`` a long CSV with, per member,
     every head's saturated share (``kind = head``) and the examples by number of saturated heads
-    (``kind = histogram``).
+    (``kind = histogram``); both carry each member's seed, the provenance columns and the key ``unit``.
     """
     device = _device(settings.device)
     model = MHAEnsemble(configs, max_context=max(ds.n for ds in datasets)).to(device)
-    task = MemorizeTask(datasets, settings.batch_size, tolerance=settings.tolerance, device=device)
+    task = MemorizeTask(datasets, settings.batch_size, error_tolerance=settings.error_tolerance, device=device)
     initial = [_certify_member(model, i, ds, settings) if settings.certify else {} for i, ds in enumerate(datasets)]
     result = train(model, task, settings.train_config(checkpoint), progress=progress)
+    seeds = [cfg.seed for cfg in configs]
     if history is not None:
-        Path(history).parent.mkdir(parents=True, exist_ok=True)
-        result.history.to_csv(history, index=False)
+        write_table(result.history.assign(seed=[seeds[m] for m in result.history["member"]]), history,
+                    device=str(device), unit=unit)
     with torch.no_grad():
         memorized = task.memorized_mask(model).sum(1).cpu()
     out, sat_rows = [], []
@@ -232,32 +242,32 @@ def fit_bucket(
         ceiling = min(ds.N, cfg.heads * cfg.width, proposition2_bound(cfg.heads, ds.n) if ds.shared else ds.N)
         trained = _certify_member(model, i, ds, settings) if settings.certify else {}
         sat = saturation(task.attention_weights(model, i), settings.saturation_threshold)
-        sat_rows += [{"member": i, "kind": "head", "index": h, "value": v} for h, v in enumerate(sat.per_head.tolist())]
-        sat_rows += [{"member": i, "kind": "histogram", "index": k, "value": c}
+        sat_rows += [{"member": i, "seed": cfg.seed, "kind": "head", "index": h, "value": v}
+                     for h, v in enumerate(sat.per_head.tolist())]
+        sat_rows += [{"member": i, "seed": cfg.seed, "kind": "histogram", "index": k, "value": c}
                      for k, c in enumerate(torch.bincount(sat.per_example, minlength=cfg.heads + 1).tolist())]
         out.append({
             "memorized": int(memorized[i]), "accuracy": float(result.accuracy[i]),
             "certified": trained.get("certified"), "rank": trained.get("rank"),
-            "rank_rtol": trained.get("rank_rtol"), "rank_margin": trained.get("rank_margin"),
+            "rtol": trained.get("rtol"), "rank_margin": trained.get("rank_margin"),
             "certified_init": initial[i].get("certified"), "rank_init": initial[i].get("rank"),
             "rank_margin_init": initial[i].get("rank_margin"), "rank_ceiling": ceiling,
             "readout_realizable": readout_realizable(cfg.d_v, cfg.width, 2 if ds.task == "classification"
                                                      else ds.labels.shape[1]),
             "saturated_fraction": float(sat.per_head.mean()), "with_free_head": sat.with_free_head,
-            "steps": int(result.steps[i]), "max_steps": settings.steps, "seconds": result.seconds,
+            "steps_trained": int(result.steps_trained[i]), "steps": settings.steps, "seconds": result.seconds,
             "bucket_members": len(configs), "lr": settings.lr, "batch_size": settings.batch_size,
             "order_seed": settings.order_seed, "dtype": "float32", "device": str(device),
         })
     if saturation_path is not None:
-        Path(saturation_path).parent.mkdir(parents=True, exist_ok=True)
-        pd.DataFrame(sat_rows).to_csv(saturation_path, index=False)
+        write_table(pd.DataFrame(sat_rows), saturation_path, device=str(device), unit=unit)
     return out
 
 
 def run_unit(unit: dict[str, Any], progress: bool = False) -> list[dict[str, Any]]:
     """Train one bucket of synthetic runs and return one row per run; the sweep runner's unit function."""
     runs = [MemorizeRun(**r) for r in unit["runs"]]
-    settings = MemorizeSettings(**unit["settings"])
+    settings = MemorizeSettings.from_unit(unit["settings"])
     cache: dict[DataConfig, MemorizeData] = {}
     for run in runs:
         if run.data_config() not in cache:
@@ -268,26 +278,29 @@ def run_unit(unit: dict[str, Any], progress: bool = False) -> list[dict[str, Any
     measured = fit_bucket([r.model_config() for r in runs], datasets, settings,
                           checkpoint=str(workdir / "checkpoints" / f"{key}.pt"),
                           history=workdir / "history" / f"{key}.csv",
-                          saturation_path=workdir / "saturation" / f"{key}.csv", progress=progress)
-    stamp = provenance()
+                          saturation_path=workdir / "saturation" / f"{key}.csv", progress=progress, unit=key)
     return [
         {**dataclasses.asdict(run), "d_v": run.value_width, "bound": run.bound, "member": i,
          "shared_bound": proposition2_bound(run.heads, run.context) if run.shared_context else None,
          "parameters": run.model_config().num_parameters,
-         "tolerance": settings.tolerance if run.task == "regression" else None,
-         **m, "history": f"history/{key}.csv", "saturation": f"saturation/{key}.csv", **stamp}
+         "error_tolerance": settings.error_tolerance if run.task == "regression" else None,
+         **m, "history": f"history/{key}.csv", "saturation": f"saturation/{key}.csv"}
         for i, (run, m) in enumerate(zip(runs, measured))
     ]
 
 
-def run_memorize(
-    runs: Sequence[MemorizeRun],
-    settings: MemorizeSettings,
-    out: str | Path,
-    *,
-    executor: str = "local",
-    progress: bool = True,
-) -> pd.DataFrame:
+def run_memorize(runs: Sequence[MemorizeRun], settings: MemorizeSettings, out: str | Path, *, executor: str = "local",
+                 progress: bool = True) -> pd.DataFrame:
     """Run (or resume) a sweep into ``out``; returns the rows of ``out/results.csv``."""
     units = make_units(runs, settings, out)
-    return run_sweep(run_unit, units, out, executor=executor, progress=progress, desc="memorize buckets")
+    return run_sweep(run_unit, units, out, executor=executor, progress=progress, desc="memorize buckets",
+                     columns=COLUMNS, renamed=RENAMED)
+
+
+_CERTIFICATE = ("certified", "rank", "rtol", "rank_margin", "certified_init", "rank_init", "rank_margin_init",
+                "rank_ceiling", "readout_realizable")
+_TRAINING = ("saturated_fraction", "with_free_head", "steps_trained", "steps", "seconds", "bucket_members", "lr",
+             "batch_size", "order_seed", "dtype", "device", "history", "saturation")
+COLUMNS = ("heads", "context", "d_h", "N", "seed", "d", "d_v", "task", "classes", "outputs", "shared_context",
+           "variant", "d_model", "bound", "member", "shared_bound", "parameters", "error_tolerance", "memorized",
+           "accuracy", *_CERTIFICATE, *_TRAINING)

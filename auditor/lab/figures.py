@@ -1,0 +1,42 @@
+"""What every figure of the lab shares: matplotlib on the Agg backend, one heat map, one way to save."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+__all__ = ["heatmap", "plt", "save"]
+
+
+def heatmap(ax: Any, table: pd.DataFrame, *, label: str, vmin: float = 0.0, vmax: float = 1.0) -> None:
+    """``table`` (rows drawn bottom-up) with every finite cell written in it, and a colour bar."""
+    values = table.to_numpy(dtype=float)
+    image = ax.imshow(values, origin="lower", cmap="viridis", vmin=vmin, vmax=vmax, aspect="auto")
+    ax.set_xticks(range(table.shape[1]), [str(c) for c in table.columns])
+    ax.set_yticks(range(table.shape[0]), [str(i) for i in table.index])
+    for (i, j), value in np.ndenumerate(values):
+        if np.isfinite(value):
+            ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7, color="w" if value < 0.6 else "k")
+    plt.colorbar(image, ax=ax, label=label)
+
+
+def save(fig: Any, path: str | Path, *, title: str | None = None, ax: Any = None) -> Path:
+    """Grid and legend on ``ax`` (if given), the title, layout, PNG at 130 dpi; the figure is released."""
+    if ax is not None:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path

@@ -1,0 +1,222 @@
+"""The contract every capacity experiment honours, tested over the whole registry.
+
+Every registered experiment declares a frozen config whose options all have help, a ``quick`` preset
+that runs, and a row schema; every lab command takes the same common options with the same meaning and
+reads lists the same way; old spellings still work with a one-line notice; every CSV a run writes
+carries the provenance columns; and no module of the package imports another in a cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import typing
+from pathlib import Path
+
+import click
+import pandas as pd
+import pytest
+import torch
+
+from auditor.cli import cli, main
+from auditor.lab import experiment as registry
+from auditor.lab.cli import parse
+from auditor.lab.sweep import PROVENANCE
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+NAMES = sorted(registry.REGISTRY)
+COMMANDS = sorted([*registry.REGISTRY, *registry.SUITES])
+TOOLS = {"facts generate", "facts plot"}  # commands around the experiments, not experiments
+COMMON = {"--scale": "reference", "--seeds": None, "--out": None, "--executor": "local", "--address": None,
+          "--threads": None, "--plots": True}
+SLOW = {"facts measure", "facts scale", "assoc", "recall scaling"}  # their quick runs take 7-25 s
+
+
+def lab_commands() -> dict[str, click.Command]:
+    """Every lab command, found by walking ``audit``'s own command tree."""
+    ctx = click.Context(cli)
+    out = {}
+    for top in ("memorize", "certify", "capacity", "facts", "assoc", "recall"):
+        command = cli.get_command(ctx, top)
+        if isinstance(command, click.Group):
+            out.update({f"{top} {n}": command.get_command(ctx, n) for n in command.list_commands(ctx)})
+        else:
+            out[top] = command
+    return out
+
+
+def test_the_command_tree_is_the_registry():
+    assert set(lab_commands()) == set(COMMANDS) | TOOLS
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_experiment_declares_the_contract(name):
+    experiment = registry.get(name)
+    assert experiment.name == name and experiment.help and experiment.columns
+    assert dataclasses.is_dataclass(experiment.config) and experiment.config.__dataclass_params__.frozen
+    assert len(set(experiment.columns)) == len(experiment.columns)
+    assert not set(experiment.columns) & set(PROVENANCE[2:]), "the runner stamps git_commit and versions"
+    assert {"quick", "reference"} <= set(experiment.scales)
+    for option in experiment.options():
+        assert option.field.metadata["help"].strip(), option.field.name
+    assert callable(experiment.run_unit) and experiment.run_unit.__qualname__ == experiment.run_unit.__name__, \
+        "the unit function must be module level (Ray ships it by reference)"
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_every_lab_command_takes_the_common_options_with_one_meaning(name):
+    command = lab_commands()[name]
+    options = {opt: p for p in command.params for opt in p.opts}
+    for flag, default in COMMON.items():
+        assert flag in options, f"{name} lacks {flag}"
+        assert options[flag].default == default, (name, flag)
+    assert "--no-plots" in options["--plots"].secondary_opts
+    assert list(options["--executor"].type.choices) == ["local", "ray"]
+    assert options["--seeds"].type == click.STRING  # a list, read by parse_seeds: commas and ranges
+    reference = {opt: p for p in lab_commands()["memorize"].params for opt in p.opts}
+    for flag in set(COMMON) - {"--scale", "--seeds"}:  # --scale lists each command's scales, --seeds its seeds
+        assert options[flag].help == reference[flag].help, (name, flag)
+
+
+@pytest.mark.parametrize("name", TOOLS)
+def test_the_tools_take_threads(name):
+    assert any(p.opts == ["--threads"] for p in lab_commands()[name].params)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_list_option_reads_commas_and_ranges(name):
+    experiment = registry.get(name)
+    for option in experiment.options():
+        hint = typing.get_type_hints(option.owner)[option.field.name]
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        kind = args[0] if args and typing.get_origin(hint) is not tuple else hint
+        if typing.get_origin(kind) is tuple and typing.get_args(kind)[0] is int:
+            assert parse(option, "1:3,5") == (1, 2, 3, 5), option.field.name
+        elif typing.get_origin(kind) is tuple and typing.get_args(kind)[0] is float:
+            assert parse(option, "1e-2,3e-2") == (1e-2, 3e-2), option.field.name
+
+
+# -- old spellings: one line on stderr, then the same meaning ----------------------------------------
+@pytest.fixture
+def database(tmp_path, monkeypatch) -> str:
+    monkeypatch.chdir(tmp_path)
+    assert main(["facts", "generate", "--keys", "4", "--queries", "2", "-o", "db.csv"]) == 0
+    return "db.csv"
+
+
+SMALL = ["--heads", "1", "--context", "3", "--d-h", "2", "--N", "5", "--d", "4"]
+
+
+@pytest.mark.parametrize(("args", "old", "message"), [
+    (["memorize", *SMALL, "--task", "regression", "--tolerance", "0.7"], "--tolerance", "tolerance must be in (0, 0.5)"),
+    (["memorize", "--scale", "cpu", "--figure", "a", "--heads", "99"], "--scale cpu", "select none of the preset"),
+    (["facts", "width", "--quick", "--steps", "0"], "--quick", "steps must be >= 1"),
+    (["facts", "width", "--no-plot", "--steps", "0"], "--no-plot", "steps must be >= 1"),
+    (["facts", "sweep", "width", "--steps", "0"], "'audit facts sweep width'", "steps must be >= 1"),
+    (["facts", "width", "--init-seeds", "-1"], "--init-seeds", "--init-seeds takes values in 0.."),
+    (["facts", "rank", "db.csv", "--tol", "2"], "--tol", "cp_tolerance (the CP fit error) must be in (0, 1)"),
+    (["certify", "--train-steps", "-1"], "--train-steps", "steps must be >= 0"),
+    (["capacity", "--tokens", "missing.safetensors", "--representation", "block.0"], "--representation",
+     "does not exist"),
+], ids=lambda v: v if isinstance(v, str) and v.startswith("-") else None)
+def test_old_spellings_work_for_one_release_with_one_line_notice(args, old, message, database, capsys):
+    assert main([*args, "--out", "out"]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith(f"warning: {old} is deprecated; use ") and "next release" in lines[0]
+    assert lines[1].startswith("error: ") and message in lines[1]
+    assert not Path("out").exists()
+
+
+def test_seeds_on_an_experiment_without_seeds_is_one_clear_line(tmp_path, capsys):
+    assert main(["facts", "measure", "--seeds", "0", "--out", str(tmp_path / "m")]) == 2
+    assert "facts measure has nothing to seed" in capsys.readouterr().err
+    assert not (tmp_path / "m").exists()
+
+
+# -- a quick run of every experiment: results, provenance on every CSV ---------------------------------
+def _inputs(name: str, folder: Path) -> list[str]:
+    """The arguments an experiment needs besides its options: a token file or a database."""
+    if name == "capacity":
+        from auditor.tokens import Tokens
+
+        contexts = torch.randn(24, 6, 8, generator=torch.Generator().manual_seed(0))  # (N, n, d)
+        Tokens(contexts, contexts[:, 0].clone(), {"model": "synthetic", "representation": "block.0",
+                                                 "query_index": "0"}).save(folder / "block.0.safetensors")
+        return ["--tokens", str(folder / "block.0.safetensors")]
+    if name in ("facts rank", "facts train"):
+        assert main(["facts", "generate", "--keys", "6", "--queries", "3", "--values-per-query", "2", "-o",
+                     str(folder / "db.csv")]) == 0
+        return [str(folder / "db.csv")]
+    return []
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in NAMES])
+def test_every_experiment_runs_at_quick_scale_and_stamps_every_csv(name, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main([*name.split(), *_inputs(name, tmp_path), "--scale", "quick", "--out", str(out)]) == 0
+    capsys.readouterr()
+    experiment = registry.get(name)
+    results = sorted(out.rglob("results.csv"))
+    assert results, "a run writes results.csv"
+    for path in results:
+        frame = pd.read_csv(path)
+        assert len(frame) and set(frame.columns) <= {*experiment.columns, *PROVENANCE, "unit", "unit_config"}
+        assert frame["unit"].notna().all() and frame["unit_config"].notna().all()
+    for path in [*out.rglob("*.csv"), *tmp_path.glob("*.csv")]:
+        frame = pd.read_csv(path)
+        missing = [c for c in PROVENANCE if c not in frame]
+        assert not missing, f"{path.relative_to(tmp_path)} lacks {missing}"
+        assert frame["git_commit"].notna().all() and frame["device"].notna().all()
+
+
+# -- no import cycles ---------------------------------------------------------------------------------
+PACKAGE = Path(__file__).resolve().parent.parent / "auditor"
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path, modules: set[str]) -> set[str]:
+    """The package modules ``path`` imports when it is imported (module level, TYPE_CHECKING left out)."""
+    found: set[str] = set()
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                continue
+            if isinstance(node, ast.If | ast.Try):
+                visit([*node.body, *node.orelse, *[s for h in getattr(node, "handlers", []) for s in h.body]])
+            elif isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                found.update(f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                             for a in node.names)
+
+    visit(ast.parse(path.read_text()).body)
+    return found & modules
+
+
+def test_no_module_imports_another_in_a_cycle():
+    paths = {_module(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {name: _imports(path, set(paths)) for name, path in paths.items()}
+    state: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def walk(name: str, stack: list[str]) -> None:
+        state[name] = 1
+        for target in sorted(graph[name]):
+            if state.get(target) == 1:
+                cycles.append([*stack[stack.index(target):], target])
+            elif target not in state:
+                walk(target, [*stack, target])
+        state[name] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            walk(name, [name])
+    assert not cycles, [" -> ".join(c) for c in cycles]
+    assert not graph["auditor.execution"] - {"auditor.errors"}  # shared by the audit and the lab, depends on neither
