@@ -1,26 +1,55 @@
-"""Benchmark: Assumption 1 at the paper's ViT scale, fast path against a per-subset matrix_rank loop.
+"""Benchmark: Kruskal-rank tests at the paper's shapes, fast path against a per-subset matrix_rank loop.
 
 The baseline is what the paper's notebooks did: for each random k-subset, ``torch.linalg.matrix_rank``
 on the (k, d) float32 matrix, one subset at a time. The fast path is :func:`probes.kruskal_test`
-(float64 pool Gram, batched shifted Cholesky, exact fallbacks). Both see the same subsets; the script
-prints both times, the ratio, and whether every verdict agrees.
+(float64 pool Gram, float32 and float64 shifted Cholesky certificates, exact fallbacks; see
+``probes/_fast.py``). Both see the same subsets, in the same run; the script prints both times, the
+ratio, and whether every verdict and rank agrees. For scale it also measures, in the same run:
 
-    python benchmarks/bench_probes.py                    # N=2000, d=768, k=197, 5000 subsets
-    python benchmarks/bench_probes.py --baseline-subsets 1000   # time the loop on the first 1000
-    python benchmarks/bench_probes.py --general-position  # k = d on ViT-like tokens: the dependence
-                                                          # proof against exact spectra for every subset
+- the floor: the pool Gram plus one float64 Cholesky factorisation of every subset's k x k block
+  (blocks gathered beforehand, untimed), on as many threads as the fast path uses; and the same with
+  float32 factorisations (what stage 0 of the fast path computes for well-conditioned subsets);
+- the machine's dense-kernel peak: a 4096 x 4096 float64 GEMM at the default thread count;
+- the fast path's achieved rate: useful float64 work (N^2 d for the Gram, k^3 / 3 per factorisation)
+  over its wall time.
+
+Every table line carries the load average (1 minute) before and after it: ratios are only comparable
+between runs on an equally quiet machine.
+
+    python benchmarks/bench_probes.py                      # ViT: N=2000, d=768, k=197, 5000 subsets
+    python benchmarks/bench_probes.py --shapes vit,bert,gpt2 --baseline-subsets 200
+    python benchmarks/bench_probes.py --general-position   # k = d: dependence proof vs exact spectra
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import platform
+import threading
 import time
 
 import torch
 from tqdm.auto import tqdm
 
 import probes
+from probes import _fast
+
+# name: (N, d, k, default subsets, default loop subsets)
+SHAPES = {
+    "vit": (2000, 768, 197, 5000, 500),  # ViT-B/16: 197 tokens of width 768
+    "bert": (2000, 1024, 512, 5000, 100),  # BERT-large-like: 512 tokens of width 1024
+    "gpt2": (2000, 1280, 1024, 5000, 40),  # GPT-2-large-like: 1024 tokens of width 1280
+}
+
+
+def load() -> str:
+    try:
+        with open("/proc/loadavg") as fh:
+            return fh.read().split()[0]
+    except OSError:
+        return "?"
 
 
 def make_pool(kind: str, n: int, d: int, k: int, seed: int) -> torch.Tensor:
@@ -41,30 +70,107 @@ def baseline(x: torch.Tensor, subsets: torch.Tensor, desc: str) -> torch.Tensor:
     return ranks
 
 
-def run(kind: str, args: argparse.Namespace, device: str) -> dict:
-    x = make_pool(kind, args.n, args.d, args.k, args.seed).to(device)
-    subsets = probes.sample_subsets(args.n, args.k, args.subsets, seed=args.seed)
+def sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
+
+
+def gemm_peak(device: str, dtype: torch.dtype = torch.float64, n: int = 4096) -> float:
+    """GFLOP/s of an n x n x n GEMM (best of 3) at the default thread count."""
+    a = torch.randn(n, n, dtype=dtype, device=device)
+    b = torch.randn(n, n, dtype=dtype, device=device)
+    a @ b
+    sync(device)
+    best = math.inf
+    for _ in range(3):
+        start = time.perf_counter()
+        a @ b
+        sync(device)
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best / 1e9
+
+
+def factorisation_floor(x64: torch.Tensor, subsets: torch.Tensor, count: int, total: int,
+                        dtype: torch.dtype) -> float:
+    """Seconds for one k x k Cholesky factorisation per subset, for ``total`` subsets, measured on the
+    blocks of the first ``count`` (gathered beforehand) and scaled; on CPU with one thread per worker
+    like the fast path."""
+    gram = x64 @ x64.T
+    k = subsets.shape[1]
+    step = max(1, _fast._CACHE_BYTES // (8 * k * k))
+    idx = subsets[:count].to(x64.device)
+    blocks = [gram[i[:, :, None], i[:, None, :]].to(dtype) for i in idx.split(step)]
+    del gram
+    if x64.device.type != "cpu":
+        sync(str(x64.device))
+        start = time.perf_counter()
+        for b in blocks:
+            torch.linalg.cholesky_ex(b)
+        sync(str(x64.device))
+        return (time.perf_counter() - start) * total / count
+    threads = torch.get_num_threads()
+    workers = min(_fast._MAX_WORKERS, threads)
+
+    def work(part: list[torch.Tensor]) -> None:
+        torch.set_num_threads(max(1, threads // workers))
+        for b in part:
+            torch.linalg.cholesky_ex(b)
+
+    for b in blocks[:2]:  # warm-up
+        torch.linalg.cholesky_ex(b)
     start = time.perf_counter()
-    fast = probes.kruskal_test(x, args.k, subsets=args.subsets, seed=args.seed)
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
+    pool = [threading.Thread(target=work, args=(blocks[w::workers],)) for w in range(workers)]
+    try:
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join()
+    finally:
+        torch.set_num_threads(threads)
+    return (time.perf_counter() - start) * total / count
+
+
+def pool_gram_seconds(x64: torch.Tensor) -> float:
+    x64 @ x64.T
+    sync(str(x64.device))
+    start = time.perf_counter()
+    x64 @ x64.T
+    sync(str(x64.device))
+    return time.perf_counter() - start
+
+
+def run(kind: str, shape: str, args: argparse.Namespace, device: str, peak: float) -> dict:
+    n, d, k, default_subsets, default_loop = SHAPES[shape]
+    count = (args.large_subsets if shape != "vit" and args.large_subsets else args.subsets) or default_subsets
+    load_before = load()
+    x = make_pool(kind, n, d, k, args.seed).to(device)
+    subsets = probes.sample_subsets(n, k, count, seed=args.seed)
+    sync(device)
+    start = time.perf_counter()
+    fast = probes.kruskal_test(x, k, subsets=count, seed=args.seed)
+    sync(device)
     t_fast = time.perf_counter() - start
-    # the same subsets, re-decided one by one for the verdict comparison
-    dec = probes._fast.subset_decisions(x.double(), subsets.to(device), fast.rtol,
-                                        x.double() @ x.double().T)
-    nb = min(args.baseline_subsets or args.subsets, args.subsets)
+    load_fast = load()
+    # the loop's subsets, re-decided with an exact rank for every subset, for the comparison
+    x64 = x.double()
+    nb = min(args.baseline_subsets or default_loop, count)
+    dec = _fast.subset_decisions(x64, subsets[:nb].to(device), fast.rtol, x64 @ x64.T)
     start = time.perf_counter()
-    ref = baseline(x, subsets[:nb].to(device), f"{kind} loop")
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    t_loop = (time.perf_counter() - start) * args.subsets / nb
-    agree = bool(((dec.rank[:nb].cpu() == args.k) == (ref.cpu() == args.k)).all())
+    ref = baseline(x, subsets[:nb].to(device), f"{kind} {shape} loop")
+    sync(device)
+    t_loop = (time.perf_counter() - start) * count / nb
+    agree = bool(((dec.rank[:nb].cpu() == k) == (ref.cpu() == k)).all())
     same_rank = bool((dec.rank[:nb].cpu() == ref.cpu()).all())
-    return dict(pool=kind, device=device, fraction=fast.fraction, fast_s=t_fast, loop_s=t_loop,
-                ratio=t_loop / t_fast, verdicts_agree=agree, ranks_agree=same_rank, stages=fast.stages,
-                extrapolated=nb < args.subsets)
+    m = min(count, max(nb, 8))
+    t_gram = pool_gram_seconds(x64)
+    floor64 = t_gram + factorisation_floor(x64, subsets, m, count, torch.float64)
+    floor32 = t_gram + factorisation_floor(x64, subsets, m, count, torch.float32)
+    useful = n * n * d + count * k**3 / 3  # float64 flop of the Gram (symmetric) and the factorisations
+    return dict(pool=kind, shape=shape, n=n, d=d, k=k, subsets=count, fraction=fast.fraction, fast_s=t_fast,
+                loop_s=t_loop, ratio=t_loop / t_fast, floor64=floor64, floor32=floor32,
+                gflops=useful / t_fast / 1e9, peak=peak, verdicts_agree=agree, ranks_agree=same_rank,
+                stages=fast.stages, extrapolated=nb < count, loop_n=nb,
+                load=f"{load_before}/{load_fast}/{load()}")
 
 
 def anisotropic_pool(n: int, d: int, seed: int) -> torch.Tensor:
@@ -77,61 +183,76 @@ def anisotropic_pool(n: int, d: int, seed: int) -> torch.Tensor:
 
 
 def run_general_position(args: argparse.Namespace, device: str) -> dict:
-    """General position at k = d: every subset's exact spectrum (rank_sample=None, the previous
-    behaviour) against the shifted-Cholesky dependence proof (default, 100 exact ranks)."""
+    """General position at k = d: every subset's exact spectrum (rank_sample=None) against the
+    shifted-Cholesky dependence proof (default, 100 exact ranks)."""
     n = min(args.n, 1000)
     x = anisotropic_pool(n, args.d, args.seed).to(device)
-    times, results = {}, {}
+    times, results, loads = {}, {}, [load()]
     for label, sample in (("exact spectra", None), ("dependence proof", 100)):
         start = time.perf_counter()
         results[label] = probes.kruskal_test(x, args.d, subsets=args.gp_subsets, seed=args.seed,
                                              rank_sample=sample)
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
+        sync(device)
         times[label] = time.perf_counter() - start
+        loads.append(load())
     a, b = results["exact spectra"], results["dependence proof"]
     return dict(n=n, fraction=b.fraction, exact_s=times["exact spectra"], proof_s=times["dependence proof"],
                 ratio=times["exact spectra"] / times["dependence proof"],
-                same=(a.fraction, a.witness) == (b.fraction, b.witness), stages=b.stages)
+                same=(a.fraction, a.witness) == (b.fraction, b.witness), stages=b.stages, load="/".join(loads))
+
+
+def header(args: argparse.Namespace, device: str) -> None:
+    print(f"# probes benchmark: device={device} threads={torch.get_num_threads()} torch={torch.__version__} "
+          f"cpu={platform.processor() or platform.machine()} cores={os.cpu_count()} load={load()}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--n", type=int, default=2000)
-    parser.add_argument("--d", type=int, default=768)
-    parser.add_argument("--k", type=int, default=197)
-    parser.add_argument("--subsets", type=int, default=5000)
+    parser.add_argument("--shapes", default="vit", help="comma-separated: " + ", ".join(SHAPES))
+    parser.add_argument("--subsets", type=int, default=None,
+                        help="subsets per test (default 5000, as audit --subsets)")
+    parser.add_argument("--large-subsets", type=int, default=None, help="subsets for bert and gpt2 only")
     parser.add_argument("--baseline-subsets", type=int, default=None,
-                        help="time the loop on this many subsets and scale to --subsets (default: all)")
+                        help="time the loop on this many subsets and scale (default: vit 500, bert 100, gpt2 40)")
     parser.add_argument("--pools", default="gaussian,cluster")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--general-position", action="store_true",
                         help="benchmark general position at k = d instead (N = min(n, 1000))")
+    parser.add_argument("--n", type=int, default=2000, help="general position: pool size (at most 1000 used)")
+    parser.add_argument("--d", type=int, default=768, help="general position: width = k")
     parser.add_argument("--gp-subsets", type=int, default=1000)
     args = parser.parse_args()
+    header(args, args.device)
     if args.general_position:
         r = run_general_position(args, args.device)
-        print(f"# general position: N={r['n']} d=k={args.d} subsets={args.gp_subsets} device={args.device} "
-              f"threads={torch.get_num_threads()} torch={torch.__version__}")
-        print("| full-rank fraction | exact spectra (s) | dependence proof (s) | ratio | same verdicts | stages |")
-        print("|---|---|---|---|---|---|")
+        print(f"# general position: N={r['n']} d=k={args.d} subsets={args.gp_subsets}")
+        print("| full-rank fraction | exact spectra (s) | dependence proof (s) | ratio | same verdicts | stages "
+              "| load 1-min (start/mid/end) |")
+        print("|---|---|---|---|---|---|---|")
         stages = ", ".join(f"{k} {v}" for k, v in r["stages"].items())
         print(f"| {r['fraction']:.4f} | {r['exact_s']:.1f} | {r['proof_s']:.1f} | {r['ratio']:.1f}x | "
-              f"{r['same']} | {stages} |")
+              f"{r['same']} | {stages} | {r['load']} |")
         return
-    print(f"# probes benchmark: N={args.n} d={args.d} k={args.k} subsets={args.subsets} "
-          f"device={args.device} threads={torch.get_num_threads()} torch={torch.__version__} "
-          f"cpu={platform.processor() or platform.machine()}")
-    print("| pool | device | full-rank fraction | fast (s) | matrix_rank loop (s) | ratio | verdicts agree "
-          "| ranks agree | fast-path stages |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for kind in args.pools.split(","):
-        r = run(kind, args, args.device)
-        loop = f"{r['loop_s']:.1f}" + (" (scaled)" if r["extrapolated"] else "")
-        stages = ", ".join(f"{k} {v}" for k, v in r["stages"].items())
-        print(f"| {kind} | {r['device']} | {r['fraction']:.4f} | {r['fast_s']:.2f} | {loop} | "
-              f"{r['ratio']:.1f}x | {r['verdicts_agree']} | {r['ranks_agree']} | {stages} |", flush=True)
+    peak = gemm_peak(args.device)
+    peak32 = gemm_peak(args.device, torch.float32)
+    print(f"# dense-kernel peak (4096^3 GEMM, {torch.get_num_threads()} threads): float64 {peak:.1f} GFLOP/s, "
+          f"float32 {peak32:.1f} GFLOP/s")
+    print("| shape (N, d, k) | pool | subsets | full-rank fraction | fast (s) | matrix_rank loop (s) | ratio "
+          "| floor f64 / f32 (s) | fast / floor f64 | achieved GFLOP/s (% of f64 peak) | verdicts agree "
+          "| ranks agree | fast-path stages | load 1-min (start/fast/end) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for shape in args.shapes.split(","):
+        if shape not in SHAPES:
+            parser.error(f"unknown shape {shape!r}; valid: {', '.join(SHAPES)}")
+        for kind in args.pools.split(","):
+            r = run(kind, shape, args, args.device, peak)
+            loop = f"{r['loop_s']:.1f}" + (f" (scaled from {r['loop_n']})" if r["extrapolated"] else "")
+            stages = ", ".join(f"{k} {v}" for k, v in r["stages"].items() if v)
+            print(f"| {shape} ({r['n']}, {r['d']}, {r['k']}) | {kind} | {r['subsets']} | {r['fraction']:.4f} "
+                  f"| {r['fast_s']:.2f} | {loop} | {r['ratio']:.1f}x | {r['floor64']:.2f} / {r['floor32']:.2f} "
+                  f"| {r['fast_s'] / r['floor64']:.2f} | {r['gflops']:.1f} ({100 * r['gflops'] / r['peak']:.0f}%) "
+                  f"| {r['verdicts_agree']} | {r['ranks_agree']} | {stages} | {r['load']} |", flush=True)
 
 
 if __name__ == "__main__":

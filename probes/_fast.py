@@ -2,57 +2,124 @@
 
 The question asked of every k x d matrix X_S (a k-subset of a pool, or one context) is whether its
 smallest singular value sigma_k exceeds ``tol = rtol * sigma_max``; when it does not, its rank. The
-answer must equal the float64 SVD answer at the same tolerance. Three stages, each exact where it
-decides:
+answer must equal the float64 SVD answer at the same tolerance. With G = X_S X_S^T, sigma_k^2 =
+lambda_min(G) and sigma_max^2 = lambda_max(G). Each stage below decides only what it can prove.
 
-1. Gram + shifted Cholesky (cheap, level-3, batched on CPU and CUDA alike). With G = X_S X_S^T in
-   float64, sigma_k^2 = lambda_min(G). An upper bound ``lam_hi >= lambda_max`` (min of trace and the
-   Gershgorin row sum) gives ``tol_hi >= tol``. If the Cholesky factorisation of
-   ``G - (tol_hi^2 + 2 delta) I`` succeeds, then lambda_min > tol^2: the matrix is full rank.
-   ``delta`` bounds the float64 error of forming and factoring G, so a success is a proof, not an
-   estimate. The margin of a certified matrix is a proven lower bound from the same factor L:
-   lambda_min(G - s I) >= 1 / |L^-1|_F^2 (one batched triangular inverse).
-2. Eigenvalues of G (``eigvalsh``) for the matrices stage 1 did not certify: exact ranks and margins,
-   except where an eigenvalue lies within the float64 error band around tol^2.
-3. float64 SVD of X_S itself for those few (and for data whose tolerance is below the Gram's
-   resolution, e.g. float64-produced vectors that are nearly dependent).
+0. float32 certificate (k-subsets of a pool, CPU). A shifted Cholesky factorisation in float32 of the
+   subset's block of the pool Gram, the shift raised by a bound on every float32 rounding error, so
+   that success proves lambda_min(G) > T (analysis below). It runs at about twice the float64 speed
+   and reads half the memory; what it cannot prove goes on to stage 1.
+1. Gram + shifted Cholesky in float64. An upper bound ``lam_hi >= lambda_max`` (min of trace,
+   Gershgorin row sum and, for subsets, sigma_1^2 of the pool) gives ``tol_hi >= tol``. If the Cholesky
+   factorisation of ``G - (tol_hi^2 + 2 delta) I`` succeeds, then lambda_min > tol^2: the matrix is full
+   rank. ``delta`` bounds the float64 error of forming and factoring G. The margin of a certified matrix
+   is a proven lower bound from the same factor L: lambda_min(G - s I) >= 1 / |L^-1|_F^2 (one batched
+   triangular inverse), or the margin floor (below) when the shift was raised to it.
+1b. Dependence proof (Kruskal tests, where the exact rank of a dependent subset only feeds a histogram):
+   a Rayleigh quotient gives ``lam_lo <= lambda_max`` and hence ``tol_lo <= tol``; if the Cholesky
+   factorisation of ``G - (tol_lo^2 - gamma) I`` fails, then lambda_min(G) < tol_lo^2 <= tol^2.
+   ``gamma`` is Demmel's bound on how far from singular a matrix can be and still break Cholesky in
+   floating point (k (k + 1) u max_i g_ii), plus the error of forming G. Such subsets get rank -1
+   (unknown below k) and margin NaN, except the first ``exact_dependent`` of them (in subset order),
+   whose exact ranks come from stages 2 and 3.
+   Shortcut: when a stage 1 factorisation of the same G has just failed at pivot j, the vector it
+   exposes (the null vector of the first j + 1 rows, when they are dependent) often shows in O(k^2)
+   that the stage 1b factorisation would fail too (:func:`_quick_dependent`); such subsets get exactly
+   the outcome stage 1b would give them, without its power iteration and factorisation.
+2. Eigenvalues of G (``eigvalsh``) for the rest: exact ranks and margins, except where an eigenvalue
+   lies within the float64 error band around tol^2.
+3. float64 SVD of X_S itself for those few (and for data whose tolerance is below the Gram's resolution,
+   e.g. float64-produced vectors that are nearly dependent).
 
-Stage 1 decides almost every subset of well-conditioned data; stage 2 handles dependent subsets (e.g.
-identical CLS tokens) at eigvalsh speed; stage 3 keeps the verdicts exact.
+Stages 0 and 1 decide almost every subset of well-conditioned data; 1b and 2 handle dependent subsets
+(e.g. identical CLS tokens) at Cholesky or eigvalsh speed; stage 3 keeps the verdicts exact. Which
+subsets get rank -1 (and which an exact rank) depends only on the stage 1b test of each subset (with
+the same bound lam_hi, bit for bit, as always), so ranks, verdicts, witnesses and rank histograms do
+not depend on the chunking, on stage 0, on the shortcut or on the number of threads.
 
-When only the verdict of a dependent subset is needed (Kruskal tests, where the exact rank of a
-dependent subset only feeds a histogram), a stage 1b proves dependence at Cholesky cost instead of
-eigvalsh cost: a Rayleigh quotient gives ``lam_lo <= lambda_max`` and hence ``tol_lo <= tol``; if the
-Cholesky factorisation of ``G - (tol_lo^2 - gamma) I`` fails, then lambda_min(G) < tol_lo^2 <= tol^2.
-``gamma`` is Demmel's bound on how far from singular a matrix can be and still break Cholesky in
-floating point (k (k + 1) u max_i g_ii), plus the error of forming G. Subsets proven dependent this way
-get rank -1 (unknown below k) and margin NaN, except the first ``exact_dependent`` of them, whose exact
-ranks come from stages 2 and 3. This matters at k = d (general position), where the k x k spectra
-cost ten times a Cholesky factorisation and most subsets of real tokens are dependent.
+Margin floor. A Kruskal test reports only the smallest margin over its subsets, so a margin bound for
+every certified subset is wasted work (the triangular inverse costs more than the factorisation). The
+first ``_PILOT`` subsets get margin bounds as above; from then on the smallest margin m found so far
+(over subsets with a known rank) is a floor: stages 0 and 1 shift by ``T = tol_hi^2 10^(2 m)`` instead
+of tol_hi^2, and a success proves that the subset's margin is at least m, which it is credited with.
+Subsets that fail at the floor go on to stage 1b (most of them are dependent), then to stage 1 at the
+base shift with a margin bound of their own (without dependence proofs: straight to stage 2, exact),
+and may lower the floor. Every reported margin stays a proven lower bound (or exact), and the minimum
+over a test is the minimum of bounds computed exactly as in stage 1, or of exact margins, so it is at
+least the minimum the plain float64 path reports. To keep the results independent of thread timing,
+chunk j uses the floor of the chunks up to j - ``_LAG``.
+
+Error analysis of stage 0. Let u = 2^-24 (float32 unit roundoff), eps = 2^-52, t = trace(G64) of the
+subset's block of the float64 pool Gram G64, and G the exact Gram of the float64 rows.
+(a) Forming G64 (standard dot products of length d): |G64 - G| <= gamma_d |X||X|^T elementwise, so
+    |G64 - G|_2 <= gamma_d trace(G) <= 2 d eps t.
+(b) The block is scaled by an exact power of two c (largest pool diagonal ~ 1, so no float32 overflow)
+    and rounded to float32, and the float32 shift s32 = fl(c s) is subtracted from its diagonal in
+    float32: B = c (G64 - s I) + E1 with |E1_ij| <= u c |g_ij| off the diagonal and
+    |E1_ii| <= 2u (1 + u) c (g_ii + s). Since |g_ij| <= sqrt(g_ii g_jj) (up to a factor 1 + O(d eps)),
+    |E1|_2 <= 3u (1 + u) c (t + s).
+(c) If float32 Cholesky runs to completion on B, the computed factor satisfies L L^T = B + E2 with
+    |E2| <= gamma_{k+1} |L||L^T| (Higham, Accuracy and Stability, Thm 10.3; any order of the inner
+    products, blocked or not). With |L||L^T|_ij <= |l_i||l_j| and |l_i|^2 <= b_ii / (1 - gamma_{k+1}),
+    |E2|_2 <= gamma_{k+1} / (1 - gamma_{k+1}) trace(B) <= gamma_{k+1} / (1 - gamma_{k+1}) (1 + 3u) c t.
+(d) Underflow (or flush-to-zero) adds at most 2^-126 per operation: |E|_2 <= (k + 1)^2 2^-124 / c.
+L L^T is positive definite, so lambda_min(G) > s - |E1|/c - |E2|/c - 2 d eps t - (d) =: s - err(s).
+The shift solves s - err(s) = T, with every float32 term doubled (``_F32_GUARD``), so success proves
+lambda_min(G) > T. The tolerance side uses its own bound lam_hi32 >= lambda_max(G): the trace, the
+Gershgorin row sum of the float32 block inflated by 1 + 2 (k + 2) u (rounding of entries and sums) and
+the pool's sigma_1^2, each raised by the float64 error of (a). Dependence (stage 1b) is never
+concluded in float32: the rounding of float32 is far above (rtol sigma_max)^2 at float32 tolerance.
+
+Speed. On the CPU the blocks are gathered from the pool Gram with NumPy ``take`` (no index tensor per
+element pair), chunks are sized to stay in cache, and with more than one torch thread the chunks run on
+up to ``_MAX_WORKERS`` Python threads with one torch thread each (batched LAPACK calls on small
+matrices use a second thread poorly); ``torch.get_num_threads()`` is restored afterwards.
 """
 
 from __future__ import annotations
 
 import math
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from probes.rank import margins_from_singular_values
 
 _F64_EPS = torch.finfo(torch.float64).eps
 _GUARD = 8.0  # safety factor on the float64 error bound of the Gram route
+_F32_U = 2.0**-24  # float32 unit roundoff
+_F32_GUARD = 2.0  # safety factor on the (worst-case) float32 error bound of stage 0
+_F32_MAX_K = 4096  # above this gamma_{k+1} in float32 leaves no room: stage 0 is skipped
+
+_PILOT = 16  # subsets decided with their own margin bounds before a floor exists ...
+_PILOT_FLOP = 2e9  # ... fewer (down to 4) when their k^3 factorisations would cost more than this
+_LAG = 4  # chunk j is planned from chunks <= j - _LAG (same results with any number of threads)
+_PROBE_SUBSETS = 256  # after float32 stopped paying, try it again about every this many subsets
+_CACHE_BYTES = 4 * 2**20  # one chunk's float64 blocks
+_MAX_CHUNK = 4096
+_MAX_WORKERS = 4
+_MIN_PARALLEL_FLOP = 2e8  # below this much Cholesky work the chunks run in the calling thread
+
+STAGE_KEYS = ("cholesky", "cholesky_dependent", "eigvalsh", "svd", "cholesky32")
 
 
 @dataclass
 class Decisions:
     """Per-matrix outcome: rank (S,), margin (S,) in decades (a lower bound where certified), and how
-    many matrices each stage decided. A matrix proven rank-deficient without an exact rank (stage 1b)
-    has rank -1 and margin NaN."""
+    many matrices each stage decided (``cholesky32``: stage 0, float32). A matrix proven rank-deficient
+    without an exact rank (stage 1b) has rank -1 and margin NaN."""
 
     rank: torch.Tensor
     margin: torch.Tensor
     stages: dict[str, int]
+    shortcut: int = 0  # of the ``cholesky_dependent`` ones, how many the stage 1b shortcut settled
+
+
+def _new_stages() -> dict[str, int]:
+    return dict.fromkeys(STAGE_KEYS, 0)
 
 
 def _shifted_cholesky(gram: torch.Tensor, shift: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,6 +140,24 @@ def _gram_error(gram: torch.Tensor, lam_hi: torch.Tensor, width: int) -> torch.T
     return _GUARD * (k + width) * _F64_EPS * lam_hi
 
 
+def _lam_hi(gram: torch.Tensor, lam_cap: float | None, *, quick: bool = False) -> torch.Tensor:
+    """(c,) upper bounds on lambda_max: trace, Gershgorin row sum, and the cap (if any).
+
+    ``quick``: the row sums by a faster kernel (the same bound up to rounding in the last bits). The
+    stages whose outcome decides a rank (1b, its shortcut, 2, 3) use the default kernel, bit for bit
+    the bound they always used, so that which subsets are proven dependent never changes."""
+    k = gram.shape[-1]
+    trace = gram.diagonal(dim1=-2, dim2=-1).sum(-1)
+    if quick:
+        gersh = gram.abs().sum(-1).amax(-1)  # largest absolute row sum
+    else:
+        gersh = torch.linalg.vector_norm(gram, ord=1, dim=-1).amax(-1)
+    lam_hi = torch.minimum(trace, gersh)
+    if lam_cap is not None:
+        lam_hi = lam_hi.clamp(max=lam_cap * (1 + 64 * k * _F64_EPS))
+    return lam_hi
+
+
 def decide(
     gram: torch.Tensor,
     rows,
@@ -82,11 +167,12 @@ def decide(
     lam_cap: float | None = None,
     exact_dependent: int | None = None,
     dependent_first: bool = False,
+    floor: float | None = None,
 ) -> Decisions:
-    """Ranks and margins of c matrices given their Gram matrices.
+    """Ranks and margins of c matrices given their Gram matrices (stages 1 to 3).
 
     Args:
-        gram: (c, k, k) float64 Gram matrices X_S X_S^T.
+        gram: (c, k, k) float64 Gram matrices X_S X_S^T (the diagonal is used as scratch and restored).
         rows: callable taking a LongTensor of positions in 0..c-1 and returning the matching (c', k, d)
             float64 matrices X_S (only called for the few that need the exact SVD).
         rtol: relative tolerance (singular values above ``rtol * sigma_max`` count).
@@ -96,57 +182,109 @@ def decide(
         exact_dependent: None to compute the exact rank of every matrix; an integer to prove rank
             deficiency by stage 1b and compute exact ranks for at most this many of those matrices.
         dependent_first: run stage 1b before stage 1 (pays off when most matrices are dependent).
+        floor: a margin (decades) to certify at: matrices whose factorisation succeeds with the shift
+            raised to it are credited with this margin, without a margin bound of their own (see the
+            module docstring). None: a margin bound for every certified matrix.
     """
     c, k, _ = gram.shape
     device = gram.device
     rank = torch.full((c,), k, dtype=torch.int64, device=device)
     margin = torch.full((c,), math.inf, dtype=torch.float64, device=device)
-    stages = {"cholesky": 0, "cholesky_dependent": 0, "eigvalsh": 0, "svd": 0}
+    stages = _new_stages()
     if c == 0:
         return Decisions(rank, margin, stages)
 
-    diag = gram.diagonal(dim1=-2, dim2=-1)  # (c, k)
-    trace = diag.sum(-1)
-    gersh = torch.linalg.vector_norm(gram, ord=1, dim=-1).amax(-1)  # largest absolute row sum
-    lam_hi = torch.minimum(trace, gersh)  # >= lambda_max
-    if lam_cap is not None:
-        lam_hi = lam_hi.clamp(max=lam_cap * (1 + 64 * k * _F64_EPS))
-    todo = torch.arange(c, device=device)
     prove = exact_dependent is not None and k > 1
+    floor_first = _usable_floor(floor) and not (prove and dependent_first)
+    lam_hi = _lam_hi(gram, lam_cap, quick=floor_first)  # exact bound recomputed after the floor stage
+    todo = torch.arange(c, device=device)
 
     def part(a: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:  # no copy while nothing is decided
         return a if pos.numel() == c else a[pos]
 
-    budget = exact_dependent or 0
+    proven: list[torch.Tensor] = []  # positions proven dependent (stage 1b or its shortcut)
+    shortcut = 0
+
+    def dependent(pos: torch.Tensor) -> None:
+        stages["cholesky_dependent"] += int(pos.numel())
+        rank[pos] = -1
+        margin[pos] = math.nan
+        proven.append(pos)
 
     def stage_dependent(todo: torch.Tensor) -> torch.Tensor:
         # Stage 1b: prove rank deficiency by a failing Cholesky factorisation.
-        nonlocal budget
         dep = _prove_dependent(part(gram, todo), part(lam_hi, todo), rtol, width)  # (t,) bool
-        proven = todo[dep]
-        stages["cholesky_dependent"] += int(proven.numel())
-        rank[proven] = -1
-        margin[proven] = math.nan
-        exact = proven[:budget]
-        if exact.numel():  # exact ranks for the histogram: eigenvalues (SVD inside the error band)
-            _stage_exact(gram[exact], exact, rows, lam_hi[exact], rtol, width, rank, margin, stages)
-            budget -= int(exact.numel())
+        dependent(todo[dep])
         return todo[~dep]
+
+    def certify(stage, todo: torch.Tensor, *args) -> torch.Tensor:
+        # a stage 1 variant; where its factorisation failed, the shortcut of stage 1b may settle it
+        nonlocal floor_first
+        g = part(gram, todo)
+        ok, chol, info = stage(g, todo, part(lam_hi, todo), rtol, width, rank, margin, stages, *args)
+        if floor_first and not bool(ok.all()):  # from here on, the exact bound of the other stages
+            floor_first = False
+            rest = slice(None) if not bool(ok.any()) else ~ok
+            lam_hi[todo[rest]] = _lam_hi(g[rest], lam_cap)
+        if prove and not bool(ok.all()):
+            nonlocal shortcut
+            quick = _quick_dependent(g, chol, info, part(lam_hi, todo), rtol, width, ~ok)
+            dependent(todo[quick])
+            shortcut += int(quick.sum())
+            ok = ok | quick
+        return todo[~ok]
 
     if prove and dependent_first:
         todo = stage_dependent(todo)
-    if todo.numel():
-        todo = _stage_certify(part(gram, todo), todo, part(lam_hi, todo), rtol, width, rank, margin, stages)
-    if prove and not dependent_first and todo.numel():
-        todo = stage_dependent(todo)
+    if _usable_floor(floor) and todo.numel():
+        # certify at the floor first; what fails there is mostly dependent, so stage 1b comes next
+        todo = certify(_stage_floor, todo, floor)
+        if prove and not dependent_first and todo.numel():
+            todo = stage_dependent(todo)
+        if prove and todo.numel():  # (without proofs, stage 2 settles the rest exactly anyway)
+            todo = certify(_stage_certify, todo)
+    else:
+        if todo.numel():
+            todo = certify(_stage_certify, todo)
+        if prove and not dependent_first and todo.numel():
+            todo = stage_dependent(todo)
     if todo.numel():
         _stage_exact(part(gram, todo), todo, rows, part(lam_hi, todo), rtol, width, rank, margin, stages)
-    return Decisions(rank, margin, stages)
+    if prove and exact_dependent and proven:
+        # exact ranks for the histogram, for the first ``exact_dependent`` proven matrices in order:
+        # eigenvalues (SVD inside the error band)
+        exact = torch.cat(proven).sort().values[:exact_dependent]
+        _stage_exact(gram[exact], exact, rows, lam_hi[exact], rtol, width, rank, margin, stages)
+    return Decisions(rank, margin, stages, shortcut)
+
+
+def _usable_floor(floor: float | None) -> bool:
+    return floor is not None and math.isfinite(floor) and floor >= 0
+
+
+def _floor_target(tol_hi2: torch.Tensor, floor: float) -> torch.Tensor:
+    """T = tol_hi^2 10^(2 floor): lambda_min(G) > T proves a margin >= floor (inf where it overflows)."""
+    return tol_hi2 * 10.0 ** min(2 * floor, 300.0)
+
+
+def _stage_floor(gram, todo, lam_hi, rtol, width, rank, margin, stages, floor) -> torch.Tensor:
+    """Stage 1 at the margin floor: Cholesky of G - (T + 2 delta) I with T = tol_hi^2 10^(2 floor)
+    succeeds  =>  lambda_min(G) > T: full rank, margin >= floor (credited with the floor). Returns which
+    positions it certified, and the factors and ``info`` of the factorisations."""
+    k = gram.shape[-1]
+    target = _floor_target(rtol**2 * lam_hi, floor)
+    chol, info = _shifted_cholesky(gram, target + 2 * _gram_error(gram, lam_hi, width))
+    ok = (info == 0) & (target > 0) & (target < lam_hi)
+    rank[todo[ok]] = k
+    margin[todo[ok]] = floor
+    stages["cholesky"] += int(ok.sum())
+    return ok, chol, info
 
 
 def _stage_certify(gram, todo, lam_hi, rtol, width, rank, margin, stages) -> torch.Tensor:
     """Stage 1: Cholesky of G - s I succeeds  =>  lambda_min(G) > s >= tol^2 (full rank, margin
-    bound written into ``margin``). Returns the positions it could not certify."""
+    bound written into ``margin``). Returns which positions it certified, and the factors and ``info``
+    of the factorisations."""
     k = gram.shape[-1]
     delta = _gram_error(gram, lam_hi, width)
     tol_hi2 = rtol**2 * lam_hi  # (t,) >= tol^2
@@ -163,7 +301,7 @@ def _stage_certify(gram, todo, lam_hi, rtol, width, rank, margin, stages) -> tor
         tiny = torch.finfo(gram.dtype).tiny
         margin[todo[certified]] = 0.5 * torch.log10(lam_lo / tol_hi2[certified].clamp(min=tiny))
     stages["cholesky"] += int(certified.sum())
-    return todo[~certified]
+    return certified, chol, info
 
 
 def _stage_exact(gram, todo, rows, lam_hi, rtol, width, rank, margin, stages) -> None:
@@ -184,6 +322,65 @@ def _stage_exact(gram, todo, rows, lam_hi, rtol, width, rank, margin, stages) ->
         sv3 = torch.linalg.svdvals(rows(hard))  # (h, k)
         rank[hard], margin[hard] = margins_from_singular_values(sv3, rtol * sv3[:, 0])
         stages["svd"] += int(hard.numel())
+
+
+def _quick_dependent(gram: torch.Tensor, chol: torch.Tensor, info: torch.Tensor, lam_hi: torch.Tensor,
+                     rtol: float, width: int, candidates: torch.Tensor) -> torch.Tensor:
+    """(t,) bool: matrices whose stage 1b factorisation is certain to fail, shown from a failed stage 1
+    factorisation of the same G (shift s, failure at pivot j), without running stage 1b.
+
+    The factored leading block gives the vector v = [-G_11^-1 g_j; 1; 0] (for a subset whose first j
+    rows are dependent, their null vector), computed with the factor of G_11 - s I and two steps of
+    refinement. Its Rayleigh
+    quotient R = v^T G v / v^T v >= lambda_min(G), evaluated in float64 with a bound on the rounding
+    (and on the asymmetry of G's two triangles), is compared with a lower bound s_lo of the stage 1b
+    shift (the same formula, with lam_lo replaced by the largest of the diagonal and the Rayleigh
+    quotient of the all-ones vector, both below the power-iteration value). Had the stage 1b
+    factorisation of G - s_1b I succeeded, Higham's backward error bound (Thm 10.3) would give
+    lambda_min(G) >= s_1b - 4 ((k + 2) u trace(G) + u (max g_ii + lam_hi)); so R below s_lo minus that
+    much means it fails: the matrix is dependent (R < tol^2) and is exactly one stage 1b would prove.
+    """
+    t, k, _ = gram.shape
+    u = _F64_EPS / 2
+    pivot = info.to(torch.int64) - 1  # the failing pivot, 0-based = columns factored before it
+    candidates = candidates & (info > 0) & (pivot < k)
+    if not bool(candidates.any()):
+        return candidates
+    v = torch.zeros(t, k, 1, dtype=gram.dtype, device=gram.device)
+    for j in pivot[candidates].unique().tolist():
+        group = candidates & (pivot == j)
+        pos = slice(None) if bool(group.all()) else group.nonzero().flatten()  # views when all alike
+        v[pos, j] = 1.0
+        if j > 0:  # z = G_11^-1 g_j: solves with the factor of G_11 - s I and two refinement steps
+            l11 = chol[pos, :j, :j]  # only its lower triangle is read
+            g11, gj = gram[pos, :j, :j], gram[pos, :j, j : j + 1]
+
+            def solve(rhs: torch.Tensor, l11=l11) -> torch.Tensor:
+                y = torch.linalg.solve_triangular(l11, rhs, upper=False)
+                return torch.linalg.solve_triangular(l11.transpose(1, 2), y, upper=True)
+
+            z = solve(gj)
+            for _ in range(2):  # the error shrinks by s / lambda_min(G_11) per step
+                z = z + solve(gj - g11 @ z)
+            v[pos, :j] = -z
+    num = (v * (gram @ v)).sum((1, 2))
+    den = (v * v).sum((1, 2))
+    diag = gram.diagonal(dim1=-2, dim2=-1)
+    trace, dmax = diag.sum(-1), diag.amax(-1)
+    rounding = (2 * (k + 1) + 2 * width) * u * 1.01 * den * trace  # products, sums, G against G^T
+    r_up = (num + rounding) / (den * (1 - 2 * k * u))
+    gamma = 2 * k * (k + 1) * _F64_EPS * dmax + 2 * _gram_error(gram, lam_hi, width)
+    backward = 4 * ((k + 2) * u * trace + u * (dmax + lam_hi))
+
+    def below(lam_lo: torch.Tensor) -> torch.Tensor:  # r_up < (lower bound of the 1b shift) - backward
+        s_lo = (rtol**2 * lam_lo * (1 - 4 * k * _F64_EPS) - gamma) * (1 - 1e-12)
+        return candidates & torch.isfinite(r_up) & (s_lo > 0) & (r_up < s_lo - backward)
+
+    ok = below(dmax)  # lam_lo >= the largest diagonal entry
+    if bool((candidates & ~ok).any()):  # ... and >= the Rayleigh quotient of 1 (rounded down)
+        ones = (gram.sum((-2, -1)) - 1.01 * k**3 * u * trace) / k * (1 - 1e-10)
+        ok = below(torch.maximum(dmax, ones))
+    return ok
 
 
 def _prove_dependent(gram: torch.Tensor, lam_hi: torch.Tensor, rtol: float, width: int) -> torch.Tensor:
@@ -214,6 +411,263 @@ def chunk_size(k: int, d: int, budget_bytes: int = 256 * 2**20) -> int:
     return max(1, budget_bytes // per)
 
 
+# ----------------------------------------------------------------------------- k-subsets of a pool
+
+
+@dataclass
+class _Plan:
+    """What chunk j does, fixed by the chunks <= j - _LAG: the margin floor (None: margin bounds for
+    every certified subset), whether stage 0 runs, and whether stage 1b goes first."""
+
+    floor: float | None
+    use32: bool
+    dependent_first: bool
+
+
+@dataclass
+class _Chunk:
+    """A decided chunk: its ranks, margins and stage counts, and what the plan of later chunks needs."""
+
+    rank: torch.Tensor
+    margin: torch.Tensor
+    stages: dict[str, int]
+    min_margin: float  # over subsets with a known rank (inf if none)
+    tried32: bool
+    rate32: float  # share certified by stage 0 (when tried)
+    dependent_share: float  # share proven dependent by stage 1b
+    shortcut: int  # how many of those the stage 1b shortcut settled
+
+
+class _Pool:
+    """The pool side of :func:`subset_decisions`: gathers each subset's Gram block and runs stage 0.
+
+    On the CPU with a pool Gram, blocks are copied by ``numpy.take`` with one linear index per chunk
+    into per-thread buffers that are reused from chunk to chunk."""
+
+    def __init__(self, vectors64, pool_gram, k, rtol, lam_cap, step):
+        self.x = vectors64
+        self.gram = pool_gram
+        self.k, self.d, self.n = k, vectors64.shape[1], vectors64.shape[0]
+        self.rtol, self.lam_cap, self.step = rtol, lam_cap, step
+        self.numpy = pool_gram is not None and pool_gram.device.type == "cpu"
+        if self.numpy:
+            self.g64 = pool_gram.contiguous().numpy()
+            self.diag64 = np.ascontiguousarray(np.diagonal(self.g64))
+        self.can32 = self.numpy and 2 <= k <= _F32_MAX_K
+        self._g32 = None
+        self._lock = threading.Lock()
+        self._local = threading.local()
+
+    # -------------------------------------------------------------- buffers and gathers (CPU)
+    def _buffers(self):
+        buf = getattr(self._local, "buf", None)
+        if buf is None:
+            shape = (self.step, self.k, self.k)
+            buf = self._local.buf = {
+                "lin": np.empty(shape, dtype=np.int64), "rowoff": np.empty(shape[:2], dtype=np.int64),
+                "b64": np.empty(shape, dtype=np.float64), "b32": np.empty(shape, dtype=np.float32),
+                "l32": torch.empty(shape, dtype=torch.float32), "info": torch.empty(self.step, dtype=torch.int32),
+            }
+        return buf
+
+    def _take(self, source: np.ndarray, idx: np.ndarray, out: np.ndarray) -> np.ndarray:
+        buf = self._buffers()
+        idx = idx.astype(np.int64, copy=False)
+        c = idx.shape[0]
+        rowoff = np.multiply(idx, self.n, out=buf["rowoff"][:c])
+        lin = np.add(rowoff[:, :, None], idx[:, None, :], out=buf["lin"][:c])
+        return np.take(source.reshape(-1), lin, out=out[:c], mode="wrap")
+
+    def gram64(self, idx: torch.Tensor) -> torch.Tensor:
+        """(c, k, k) float64 Gram blocks of the subsets ``idx`` (c, k) (a reused buffer on the CPU)."""
+        if self.gram is None:
+            x = self.x[idx]  # (c, k, d)
+            return x @ x.transpose(1, 2)
+        if not self.numpy:
+            return self.gram[idx[:, :, None], idx[:, None, :]]
+        return torch.from_numpy(self._take(self.g64, idx.numpy(), self._buffers()["b64"]))
+
+    def _pool32(self) -> tuple[np.ndarray, float]:
+        with self._lock:
+            if self._g32 is None:
+                top = float(self.diag64.max()) if self.diag64.size else 0.0
+                e = math.frexp(top)[1] if top > 0 else 0
+                scale = math.ldexp(1.0, -e)  # exact power of two: largest diagonal in [1/2, 1)
+                g32 = torch.empty(self.gram.shape, dtype=torch.float32)
+                torch.mul(self.gram, scale, out=g32)  # exact scaling, one rounding to float32
+                self._g32 = (g32.numpy(), scale)
+            return self._g32
+
+    # -------------------------------------------------------------- stage 0
+    def certify32(self, idx: torch.Tensor, floor: float) -> torch.Tensor:
+        """(c,) bool: lambda_min(G) > T = rtol^2 lam_hi32 10^(2 floor), proven in float32 (module
+        docstring); a success certifies full rank with margin >= floor."""
+        k, d, u = self.k, self.d, _F32_U
+        g32, scale = self._pool32()
+        buf = self._buffers()
+        idx_np = idx.numpy()
+        c = idx_np.shape[0]
+        block = torch.from_numpy(self._take(g32, idx_np, buf["b32"]))  # (c, k, k) float32
+        trace = torch.from_numpy(self.diag64[idx_np].sum(1)) * (1 + 2 * (k + d) * _F64_EPS)  # >= trace(G)
+        gersh = block.abs().sum(-1).amax(-1).to(torch.float64) / scale  # float32 row sums, unscaled
+        lam_hi = torch.minimum(trace, gersh * (1 + 2 * (k + 2) * u) + 2 * d * _F64_EPS * trace)
+        if self.lam_cap is not None:
+            lam_hi = lam_hi.clamp(max=self.lam_cap * (1 + 64 * k * _F64_EPS))
+        target = _floor_target(self.rtol**2 * lam_hi, floor)
+        gam = (k + 1) * u / (1 - (k + 1) * u)
+        chol = gam / (1 - gam) * (1 + 3 * u)  # (c): Cholesky backward error per unit trace
+        cast = 3 * u * (1 + u)  # (b): rounding the block and the shift, per unit (trace + shift)
+        tiny = (k + 1) ** 2 * 2.0**-124 / scale  # (d)
+        g = _F32_GUARD
+        shift = (target + (g * (chol + cast) + 2 * d * _F64_EPS) * trace + g * tiny) / (1 - g * cast)
+        block.diagonal(dim1=-2, dim2=-1).sub_((shift * scale).to(torch.float32)[:, None])
+        lbuf = buf["l32"][:c]
+        _, info = torch.linalg.cholesky_ex(block, out=(lbuf.transpose(1, 2), buf["info"][:c]))
+        return (info == 0) & (target > 0) & (target < lam_hi) & torch.isfinite(shift)
+
+
+class _Planner:
+    """The plan of chunk j from the chunks 0 .. j - _LAG (the pilot chunks are always among them).
+    Running minima are kept per chunk, so plans do not depend on the order they are asked for."""
+
+    def __init__(self, n_pilot: int, can32: bool, prove: bool, probe: int):
+        self.n_pilot, self.can32, self.prove, self.probe = n_pilot, can32, prove, probe
+        self.floors: list[float] = []  # smallest margin over chunks 0 .. i
+        self.tried: list[_Chunk | None] = []  # the last chunk <= i that ran stage 0
+
+    def __call__(self, j: int, done: list) -> _Plan:
+        top = max(self.n_pilot, j - _LAG + 1) - 1  # the last chunk this plan may look at
+        while len(self.floors) <= top:
+            i = len(self.floors)
+            ch = done[i]
+            self.floors.append(min(self.floors[-1], ch.min_margin) if i else ch.min_margin)
+            self.tried.append(ch if ch.tried32 else (self.tried[-1] if i else None))
+        last = done[top]
+        floor = self.floors[top] if math.isfinite(self.floors[top]) else None
+        use32 = False
+        if self.can32 and floor is not None:
+            # float32 while it certifies at least half of a chunk; otherwise (and before the first
+            # outcome is known) on every ``probe``-th chunk only
+            tried = self.tried[top]
+            use32 = (tried is not None and tried.rate32 >= 0.5) or (j - self.n_pilot) % self.probe == 0
+        # Stage 1b first pays when most subsets are dependent and its shortcut (after a failed stage 1
+        # factorisation) does not settle them: above 1/2 of them when every full-rank subset needs a
+        # margin bound anyway; above 2/3 at a floor, where stage 1b costs a power iteration (about one
+        # factorisation) plus a factorisation, against one factorisation at the floor.
+        share = 2 / 3 if floor is not None else 1 / 2
+        settled = last.shortcut / max(1, last.stages["cholesky_dependent"])
+        dependent_first = self.prove and last.dependent_share > share and settled < 0.5
+        return _Plan(floor=floor, use32=use32, dependent_first=dependent_first)
+
+
+def _decide_chunk(pool: _Pool, idx: torch.Tensor, plan: _Plan, rtol: float, prove: bool) -> _Chunk:
+    """Stages 0, 1, 1b, 2, 3 for one chunk of subsets ``idx`` (c, k); stage 1b leaves rank -1."""
+    c, k = idx.shape
+    device = pool.x.device
+    rank = torch.full((c,), k, dtype=torch.int64, device=device)
+    margin = torch.full((c,), math.inf, dtype=torch.float64, device=device)
+    stages = _new_stages()
+    todo = None
+    rate32 = 0.0
+    shortcut = 0
+    if plan.use32:
+        ok = pool.certify32(idx, plan.floor)
+        margin[ok] = plan.floor
+        stages["cholesky32"] = int(ok.sum())
+        rate32 = stages["cholesky32"] / c
+        todo = (~ok).nonzero().flatten()
+    if todo is None or todo.numel():
+        sub = idx if todo is None else idx[todo]
+        gram = pool.gram64(sub)
+        dec = decide(gram, lambda pos, sub=sub: pool.x[sub[pos]], rtol, pool.d, lam_cap=pool.lam_cap,
+                     exact_dependent=0 if prove else None, dependent_first=plan.dependent_first,
+                     floor=plan.floor)
+        if todo is None:
+            rank, margin = dec.rank, dec.margin
+        else:
+            rank[todo], margin[todo] = dec.rank, dec.margin
+        for key, value in dec.stages.items():
+            stages[key] += value
+        shortcut = dec.shortcut
+    known = margin[(rank >= 0) & ~margin.isnan()]
+    return _Chunk(rank=rank, margin=margin, stages=stages,
+                  min_margin=float(known.min()) if known.numel() else math.inf, tried32=plan.use32,
+                  rate32=rate32, dependent_share=stages["cholesky_dependent"] / c, shortcut=shortcut)
+
+
+def _run_chunks(bounds, done: list, work: Callable, plan_of, workers: int,
+                on_chunk: Callable[[int], None] | None, lag: int = _LAG) -> None:
+    """Run ``work(j, plan_of(j, done))`` for the chunks after the first ``len(done)`` (already done)
+    on ``workers`` threads with one torch thread each (restored afterwards), into ``done``. Chunk j
+    starts once every chunk <= j - ``lag`` is done, so its plan never depends on timing. Progress is
+    reported from the calling thread."""
+    n = len(bounds)
+    start = len(done)
+    done.extend([None] * (n - start))
+    state = {"next": start, "prefix": start, "error": None, "stop": False}
+    cond = threading.Condition()
+    threads_before = torch.get_num_threads()
+    per_worker = max(1, threads_before // workers)
+
+    def prefix() -> int:
+        while state["prefix"] < n and done[state["prefix"]] is not None:
+            state["prefix"] += 1
+        return state["prefix"]
+
+    def worker() -> None:
+        torch.set_num_threads(per_worker)
+        while True:
+            with cond:
+                j = state["next"]
+                if j >= n or state["error"] is not None or state["stop"]:
+                    return
+                state["next"] += 1
+                cond.wait_for(lambda j=j: state["error"] is not None or state["stop"] or prefix() > j - lag)
+                if state["error"] is not None or state["stop"]:
+                    return
+                plan = plan_of(j, done)
+            try:
+                result = work(j, plan)
+            except Exception as exc:  # noqa: BLE001 -- re-raised in the calling thread
+                with cond:
+                    state["error"] = exc
+                    cond.notify_all()
+                return
+            with cond:
+                done[j] = result
+                cond.notify_all()
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(workers)]
+    try:
+        for t in threads:
+            t.start()
+        reported = start
+        with cond:
+            while True:
+                cond.wait_for(lambda r=reported: state["error"] is not None or prefix() > r)
+                if state["error"] is not None:
+                    break
+                top = prefix()
+                if on_chunk is not None:
+                    cond.release()
+                    try:
+                        on_chunk(int(bounds[top - 1][1] - bounds[reported][0]))
+                    finally:
+                        cond.acquire()
+                reported = top
+                if reported >= n:
+                    break
+        for t in threads:
+            t.join()
+    finally:
+        with cond:  # on an interrupt, the workers finish their chunk and stop
+            state["stop"] = True
+            cond.notify_all()
+        torch.set_num_threads(threads_before)
+    if state["error"] is not None:
+        raise state["error"]
+
+
 def subset_decisions(
     vectors64: torch.Tensor,
     subsets: torch.Tensor,
@@ -222,37 +676,93 @@ def subset_decisions(
     *,
     lam_cap: float | None = None,
     exact_dependent: int | None = None,
+    on_chunk: Callable[[int], None] | None = None,
+    workers: int | None = None,
 ) -> Decisions:
     """Decide every k-subset of a pool.
 
     Args:
         vectors64: (N, d) float64 pool.
-        subsets: (S, k) int64 row indices.
+        subsets: (S, k) int64 row indices (on the pool's device).
         pool_gram: (N, N) float64 Gram of the whole pool, or None to form each subset's Gram by bmm.
         lam_cap: sigma_1^2 of the pool (bounds every subset's lambda_max), or None.
-        exact_dependent: see :func:`decide`; a budget shared by all chunks.
+        exact_dependent: see :func:`decide`; a budget shared by all subsets, spent on the first
+            subsets (in order) that stage 1b proves dependent.
+        on_chunk: called with the number of subsets after each chunk is decided (progress), or None.
+        workers: threads for the chunks (CPU); None: up to ``torch.get_num_threads()`` when the work is
+            large enough. Results do not depend on it.
+
+    Returns:
+        :class:`Decisions`; certified margins are lower bounds (the margin floor, see the module
+        docstring), and their minimum over known ranks is a proven lower bound on the smallest margin.
     """
     s, k = subsets.shape
     d = vectors64.shape[1]
-    step = chunk_size(k, d)
-    parts = []
-    budget = exact_dependent
-    dependent_first = False
-    for start in range(0, s, step):
-        idx = subsets[start : start + step]  # (c, k)
-        if pool_gram is not None:
-            gram = pool_gram[idx[:, :, None], idx[:, None, :]]  # (c, k, k)
+    device = vectors64.device
+    step = max(1, min(_MAX_CHUNK, _CACHE_BYTES // (8 * k * k)))
+    pool = _Pool(vectors64, pool_gram, k, rtol, lam_cap, step)
+    prove = exact_dependent is not None and k > 1
+    if s == 0:
+        return Decisions(torch.full((0,), k, dtype=torch.int64, device=device),
+                         torch.full((0,), math.inf, dtype=torch.float64, device=device), _new_stages())
+    # the first subsets get margin bounds each (no floor yet): _PILOT, fewer for large k
+    pilot = min(s, max(4, min(_PILOT, int(_PILOT_FLOP / k**3))))
+    bounds = [(a, min(a + step, pilot)) for a in range(0, pilot, step)]
+    n_pilot = len(bounds)
+    bounds += [(a, min(a + step, s)) for a in range(pilot, s, step)]
+    probe = max(1, _PROBE_SUBSETS // step)
+
+    def work(j: int, plan: _Plan) -> _Chunk:
+        a, b = bounds[j]
+        return _decide_chunk(pool, subsets[a:b], plan, rtol, prove)
+
+    plan_of = _Planner(n_pilot, pool.can32, prove, probe)
+
+    chunks = []
+    for j in range(n_pilot):
+        chunks.append(work(j, _Plan(floor=None, use32=False, dependent_first=False)))
+        if on_chunk is not None:
+            on_chunk(bounds[j][1] - bounds[j][0])
+    if workers is None:
+        big = (s - pilot) * k * k * (k + 16) >= _MIN_PARALLEL_FLOP
+        workers = min(_MAX_WORKERS, torch.get_num_threads()) if device.type == "cpu" and big else 1
+    workers = max(1, workers)
+    if min(workers, len(bounds) - n_pilot) > 1:
+        _run_chunks(bounds, chunks, work, plan_of, min(workers, len(bounds) - n_pilot), on_chunk)
+    else:
+        for j in range(n_pilot, len(bounds)):
+            chunks.append(work(j, plan_of(j, chunks)))
+            if on_chunk is not None:
+                on_chunk(bounds[j][1] - bounds[j][0])
+    rank = torch.cat([ch.rank for ch in chunks])
+    margin = torch.cat([ch.margin for ch in chunks])
+    stages = {key: sum(ch.stages[key] for ch in chunks) for key in STAGE_KEYS}
+    shortcut = sum(ch.shortcut for ch in chunks)
+    if prove and exact_dependent:
+        # exact ranks for the first ``exact_dependent`` subsets proven dependent, in subset order
+        chosen = (rank == -1).nonzero().flatten()[:exact_dependent]
+        pieces = [(a, min(a + step, chosen.numel())) for a in range(0, chosen.numel(), step)]
+
+        def exact(j: int, _plan) -> Decisions:
+            sub = subsets[chosen[pieces[j][0] : pieces[j][1]]]
+            gram = pool.gram64(sub)
+            out = Decisions(torch.empty(sub.shape[0], dtype=torch.int64, device=device),
+                            torch.empty(sub.shape[0], dtype=torch.float64, device=device), _new_stages())
+            _stage_exact(gram, torch.arange(sub.shape[0], device=device), lambda p: vectors64[sub[p]],
+                         _lam_hi(gram, lam_cap), rtol, d, out.rank, out.margin, out.stages)
+            return out
+
+        parts: list = []
+        if min(workers, len(pieces)) > 1:
+            _run_chunks(pieces, parts, exact, lambda j, done: None, min(workers, len(pieces)), None,
+                        lag=len(pieces))
         else:
-            x = vectors64[idx]  # (c, k, d)
-            gram = x @ x.transpose(1, 2)  # (c, k, k)
-        dec = decide(gram, lambda pos, idx=idx: vectors64[idx[pos]], rtol, d, lam_cap=lam_cap,
-                     exact_dependent=budget, dependent_first=dependent_first)
-        if budget is not None:
-            budget = max(0, budget - min(budget, dec.stages["cholesky_dependent"]))
-            # most of this chunk dependent: try the dependence proof first on the next one
-            dependent_first = 2 * dec.stages["cholesky_dependent"] > idx.shape[0]
-        parts.append(dec)
-    return _concat(parts)
+            parts = [exact(j, None) for j in range(len(pieces))]
+        for (a, b), part in zip(pieces, parts, strict=True):
+            rank[chosen[a:b]], margin[chosen[a:b]] = part.rank, part.margin
+            for key, value in part.stages.items():
+                stages[key] += value
+    return Decisions(rank, margin, stages, shortcut)
 
 
 def matrix_decisions(mats: torch.Tensor, rtol: float) -> Decisions:

@@ -1,0 +1,230 @@
+"""The fast subset path of probes (probes._fast): float32 certificates, the margin floor and threads.
+
+Every fast decision must be a proof: a float32 certificate never accepts a subset that the float64 SVD
+calls dependent at the same tolerance (nor credits it with more margin than it has), and ranks,
+verdicts, witnesses and rank histograms equal those of the plain float64 pipeline, for any number of
+threads and any chunking.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import probes
+from probes import _fast
+
+
+def generic(n: int, d: int, seed: int) -> torch.Tensor:
+    return torch.randn(n, d, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def with_singular_values(sv: list[float], m: int, n: int, seed: int) -> torch.Tensor:
+    """An (m, n) float64 matrix with the given singular values (random singular vectors)."""
+    g = torch.Generator().manual_seed(seed)
+    u, _ = torch.linalg.qr(torch.randn(m, m, generator=g, dtype=torch.float64))
+    v, _ = torch.linalg.qr(torch.randn(n, n, generator=g, dtype=torch.float64))
+    s = torch.zeros(m, n, dtype=torch.float64)
+    s[range(len(sv)), range(len(sv))] = torch.tensor(sv, dtype=torch.float64)
+    return u @ s @ v.T
+
+
+def blocks_pool(blocks: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack k x d blocks into one pool; subset i is block i."""
+    k = blocks[0].shape[0]
+    x = torch.cat(blocks)
+    subsets = torch.arange(x.shape[0]).reshape(len(blocks), k)
+    return x, subsets
+
+
+def reference(x: torch.Tensor, subsets: torch.Tensor, rtol: float) -> probes.RankResult:
+    return probes.numerical_rank(x[subsets], rtol)  # float64 SVD of every subset
+
+
+def pool_of(x: torch.Tensor, k: int, rtol: float) -> _fast._Pool:
+    cap = float(torch.linalg.svdvals(x)[0]) ** 2
+    return _fast._Pool(x, x @ x.T, k, rtol, cap, step=64)
+
+
+def cluster_pool(n: int, d: int, r: int, seed: int) -> torch.Tensor:
+    """Half the vectors in an r-dimensional subspace: subsets holding more than r of them are dependent."""
+    x = generic(n, d, seed)
+    x[: n // 2] = generic(n // 2, r, seed + 1) @ generic(r, d, seed + 2)
+    return x.float().double()
+
+
+# ------------------------------------------------------------------ stage 0: float32 certificates
+
+
+FACTORS = [0.5, 0.7, 0.9, 0.99, 0.999, 1.0, 1.001, 1.01, 1.1, 1.3, 1.5, 2.0]
+
+
+@pytest.mark.parametrize("rtol", [0.05, 6e-4])
+@pytest.mark.parametrize("floor", [0.0, 0.05, 0.2])
+def test_float32_certificate_never_accepts_near_dependent_subsets(rtol, floor):
+    """sigma_k within a factor 2 of the tolerance on both sides; each subset alone in its pool, so the
+    pool's sigma_1 caps lambda_max exactly and nothing but the float32 error bound separates the shift
+    from the tolerance. At rtol = 6e-4, tol^2 is at the level of float32 rounding: a certificate that
+    ignored rounding would accept some of the subsets at or below the threshold. A certificate at a
+    floor m must imply full rank and a margin >= m by the float64 SVD; at rtol = 0.05, where float32
+    resolves the threshold, clear cases are certified."""
+    k, d = 6, 9
+    ok, ref = [], []
+    for i, f in enumerate(FACTORS):
+        sigma_max = 2.0 ** (i - 6)  # scales from 2^-6 to 2^5
+        x = with_singular_values([sigma_max] + [0.5 * sigma_max] * (k - 2) + [f * rtol * sigma_max], k, d, seed=i)
+        subsets = torch.arange(k)[None]
+        ok.append(bool(pool_of(x, k, rtol).certify32(subsets, floor)))
+        ref.append(reference(x, subsets, rtol))
+    for certified, r in zip(ok, ref, strict=True):
+        if certified:
+            assert int(r.rank) == k and float(r.margin) >= floor
+    if rtol == 0.05:
+        certified = {f for f, c in zip(FACTORS, ok, strict=True) if c}
+        assert {1.5, 2.0} <= certified if floor < 0.1 else 2.0 in certified
+
+
+def test_float32_certificate_is_sound_under_adversarial_scaling():
+    """Rows scaled by powers of two up to 2^-20 .. 2^20 (float32 rounding of the Gram is then far from
+    uniform), near-dependent rows within 2x of the tolerance, and duplicated rows: every float32
+    certificate is confirmed by the float64 SVD, at float32 tolerance and at a coarse one."""
+    k, d = 8, 12
+    g = torch.Generator().manual_seed(7)
+    blocks = []
+    for i in range(60):
+        b = generic(k, d, seed=100 + i)
+        if i % 3 == 1:  # last row a combination of the others, off by a relative 0.5 .. 2 x rtol
+            b[-1] = b[:-1].T @ torch.randn(k - 1, generator=g, dtype=torch.float64)
+            b[-1] += (0.5 + 1.5 * i / 60) * 1e-4 * b[-1].norm() * generic(1, d, seed=200 + i)[0]
+        if i % 3 == 2:
+            b[-1] = b[0]
+        wide = 20 if i % 2 else 3
+        scale = 2.0 ** torch.randint(-wide, wide + 1, (k, 1), generator=g).double()
+        blocks.append(b * scale)
+    x, subsets = blocks_pool(blocks)
+    for rtol in (probes.default_rtol(k, d, torch.float32), 1e-4, 3e-4):
+        ok = pool_of(x, k, rtol).certify32(subsets, 0.0)
+        ref = reference(x, subsets, rtol)
+        assert (ref.rank[ok] == k).all(), rtol
+        assert ok.any()
+
+
+def test_float32_certificate_defers_at_float32_tolerance():
+    """At float32 tolerance a near-threshold subset is below float32's own rounding: stage 0 leaves it
+    to float64, and the whole path still gives the SVD's ranks."""
+    k, d = 6, 9
+    rtol = probes.default_rtol(k, d, torch.float32)
+    blocks = [with_singular_values([1.0] * (k - 1) + [f * rtol], k, d, seed=i) for i, f in enumerate(FACTORS)]
+    x, subsets = blocks_pool(blocks)
+    assert not pool_of(x, k, rtol).certify32(subsets, 0.0).any()
+    dec = _fast.subset_decisions(x, subsets, rtol, x @ x.T)
+    assert dec.rank.tolist() == reference(x, subsets, rtol).rank.tolist()
+
+
+# ------------------------------------------------------------------ the whole path against float64
+
+
+def single_chunk(x, subsets, rtol, cap, exact_dependent, monkeypatch):
+    """The plain float64 pipeline (no float32, no floor, no stage 1b shortcut) on all subsets at once."""
+    gram = (x @ x.T)[subsets[:, :, None], subsets[:, None, :]]
+    with monkeypatch.context() as m:
+        m.setattr(_fast, "_quick_dependent", lambda *args: torch.zeros_like(args[-1]))
+        return _fast.decide(gram, lambda pos: x[subsets[pos]], rtol, x.shape[1], lam_cap=cap,
+                            exact_dependent=exact_dependent)
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """Chunks of a few subsets, so that small tests run many chunks (floor, plans, threads)."""
+    monkeypatch.setattr(_fast, "_CACHE_BYTES", 8 * 12 * 12 * 7)
+
+
+@pytest.mark.parametrize("kind", ["generic", "cluster"])
+@pytest.mark.parametrize("exact_dependent", [None, 0, 5])
+def test_fast_path_equals_the_float64_pipeline(kind, exact_dependent, small_chunks, monkeypatch):
+    """Same ranks (so the same verdicts, witnesses and histograms) and the same stage 1b proofs as the
+    plain float64 pipeline, whether stage 0, the margin floor or the stage 1b shortcut decided."""
+    n, d, k, count = 60, 16, 12, 400
+    x = generic(n, d, seed=1).float().double() if kind == "generic" else cluster_pool(n, d, 6, seed=2)
+    rtol = probes.default_rtol(k, d, torch.float32)
+    cap = float(torch.linalg.svdvals(x)[0]) ** 2
+    subsets = probes.sample_subsets(n, k, count, seed=3)
+    fast = _fast.subset_decisions(x, subsets, rtol, x @ x.T, lam_cap=cap, exact_dependent=exact_dependent)
+    plain = single_chunk(x, subsets, rtol, cap, exact_dependent, monkeypatch)
+    assert fast.rank.tolist() == plain.rank.tolist()
+    assert fast.stages["cholesky_dependent"] == plain.stages["cholesky_dependent"]
+    others = ("cholesky", "cholesky32", "eigvalsh", "svd")
+    assert sum(fast.stages[key] for key in others) == sum(plain.stages[key] for key in others)
+    if kind == "generic":
+        assert fast.stages["cholesky32"] > count // 2  # stage 0 did the work
+    elif exact_dependent is not None:
+        assert fast.shortcut > fast.stages["cholesky_dependent"] // 2  # the shortcut did most proofs
+    ref = reference(x, subsets, rtol)
+    known = fast.rank >= 0
+    assert (fast.rank[known] == ref.rank[known]).all()
+    assert (ref.rank[~known] < k).all()
+    # certified margins are proven lower bounds; the minimum is at least the plain pipeline's bound
+    full = fast.rank == k
+    assert (fast.margin[full] <= ref.margin[full] + 1e-9).all()
+    assert float(fast.margin[known].min()) >= float(plain.margin[plain.rank >= 0].min()) - 1e-12
+
+
+def test_threads_and_chunking_do_not_change_anything(small_chunks):
+    n, d, k = 60, 16, 12
+    x = cluster_pool(n, d, 6, seed=4)
+    rtol = probes.default_rtol(k, d, torch.float32)
+    subsets = probes.sample_subsets(n, k, 500, seed=5)
+    threads = torch.get_num_threads()
+    runs = [_fast.subset_decisions(x, subsets, rtol, x @ x.T, exact_dependent=20, workers=w) for w in (1, 2, 3, 2)]
+    assert torch.get_num_threads() == threads
+    for other in runs[1:]:
+        assert torch.equal(runs[0].rank, other.rank)
+        assert torch.equal(runs[0].margin.nan_to_num(-1.0), other.margin.nan_to_num(-1.0))
+        assert runs[0].stages == other.stages
+
+
+def test_progress_counts_every_subset_once(small_chunks):
+    x = generic(40, 16, seed=6)
+    subsets = probes.sample_subsets(40, 12, 300, seed=7)
+    seen = []
+    _fast.subset_decisions(x, subsets, 1e-6, x @ x.T, on_chunk=seen.append, workers=2)
+    assert sum(seen) == 300 and all(c > 0 for c in seen)
+
+
+def test_an_error_in_a_worker_reaches_the_caller(small_chunks, monkeypatch):
+    x = generic(40, 16, seed=8)
+    subsets = probes.sample_subsets(40, 12, 300, seed=9)
+    real = _fast._decide_chunk
+    calls = []
+
+    def failing(pool, idx, plan, rtol, prove):
+        calls.append(1)
+        if len(calls) == 30:
+            raise RuntimeError("boom")
+        return real(pool, idx, plan, rtol, prove)
+
+    monkeypatch.setattr(_fast, "_decide_chunk", failing)
+    threads = torch.get_num_threads()
+    with pytest.raises(RuntimeError, match="boom"):
+        _fast.subset_decisions(x, subsets, 1e-6, x @ x.T, workers=2)
+    assert torch.get_num_threads() == threads
+
+
+def test_without_pool_gram_and_kruskal_test_keep_the_verdicts(small_chunks, monkeypatch):
+    n, d, k = 50, 14, 10
+    x = cluster_pool(n, d, 5, seed=10)
+    rtol = probes.default_rtol(k, d, torch.float32)
+    subsets = probes.sample_subsets(n, k, 300, seed=11)
+    with_gram = _fast.subset_decisions(x, subsets, rtol, x @ x.T, exact_dependent=4)
+    without = _fast.subset_decisions(x, subsets, rtol, None, exact_dependent=4)
+    assert with_gram.rank.tolist() == without.rank.tolist()
+    res = probes.kruskal_test(x.float(), k, subsets=300, seed=11, rank_sample=4)
+    plain = single_chunk(x, subsets, rtol, float(torch.linalg.svdvals(x)[0]) ** 2, 4, monkeypatch)
+    full = plain.rank == k
+    assert res.full_rank == int(full.sum())
+    assert res.witness == tuple(subsets[int((~full).nonzero()[0])].tolist())
+    ranks = plain.rank[plain.rank >= 0].tolist()
+    assert res.rank_counts == {r: ranks.count(r) for r in sorted(set(ranks))}
+    assert math.isfinite(res.min_margin)
