@@ -141,7 +141,7 @@ CLI_CASES = [
     ("memorize-negative-d", ["memorize", "--heads", "1", "--context", "4", "--d-h", "4", "--N", "16", "--d", "-4"],
      "d must be >= 1"),
     ("memorize-negative-lr", ["memorize", "--heads", "1", "--context", "4", "--d-h", "4", "--N", "16", "--lr", "-1"],
-     "lr must be a finite number > 0"),
+     "--lr takes positive finite numbers"),
     ("memorize-bad-list", ["memorize", "--heads", "a", "--context", "4", "--d-h", "4", "--N", "16"],
      "takes integers like 1,2,4"),
     ("capacity-nan-tokens", ["capacity", "--tokens", "{nan}"], "contain NaN or infinite values"),

@@ -95,7 +95,13 @@ def test_an_audit_row_is_reproduced_from_its_own_line(audits, vit_folder):
                          tests=(row.test,), threshold=float(row.threshold), rtol=float(row.rtol),
                          seed=int(row.seed), device=row.device)
     again = run(config, progress=False).rows.iloc[0]
-    assert again.drop(WALL_CLOCK).to_dict() == row.drop(WALL_CLOCK).to_dict()
+    # the row does not record the batch size (it cannot change a verdict), so the tokens are extracted
+    # with other kernels: everything is identical but the margin, which agrees within float32 noise
+    assert again.drop(WALL_CLOCK + ["min_margin"]).to_dict() == row.drop(WALL_CLOCK + ["min_margin"]).to_dict()
+    d, k = int(row["d"]), int(row["k"])
+    rel = d * torch.finfo(torch.float32).eps * math.sqrt(k * d)
+    tol = margin_atol(min(row["min_margin"], again["min_margin"]), float(row["rtol"]), rel)
+    assert abs(again["min_margin"] - row["min_margin"]) <= 2 * tol
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import shared_data
 from scipy import stats
 
 import probes
@@ -18,12 +17,7 @@ from probes import _fast
 
 @pytest.fixture
 def imagenet_dir():
-    path = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "imagenet-sample"
-    if not path.is_dir():
-        if os.environ.get("CI"):
-            pytest.fail(f"shared ImageNet sample missing at {path}")
-        pytest.skip("shared ImageNet sample not present")
-    return path
+    return shared_data("imagenet-sample")  # fails under CI when missing, skips otherwise
 
 
 def generic(n: int, d: int, seed: int = 0, dtype=torch.float64) -> torch.Tensor:

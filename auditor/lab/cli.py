@@ -248,8 +248,9 @@ def _run(experiments: list[Experiment], name: str, values: dict[str, Any]) -> No
             texts = []
             for e, config in zip(experiments, configs):
                 note = getattr(config, "note", "")
-                click.echo(f"{e.name} ({scale}) -> {folder}" + (f"\n{note}" if note else ""), err=True)
                 texts.append(run_experiment(e, config, folder, executor=executor, address=address, plots=plots)[1])
+                # said once the run is done: a refused run prints its one error line and nothing else
+                click.echo(f"{e.name} ({scale}) -> {folder}" + (f"\n{note}" if note else ""), err=True)
             if len(experiments) > 1:
                 (folder / "summary.md").write_text("\n\n".join(texts) + "\n")
                 given = {k: v for k, v in values.items() if v not in (None, ()) and not k.startswith("old_")}

@@ -23,6 +23,11 @@ from scipy import stats
 
 from auditor.errors import AuditError
 
+# guide lines of the papers, drawn and fitted against
+GUIDE_CONSTANT = {"linear": 1.3, "mlp": 0.35}  # c in d^2 (linear) or m d (MLP) = c N ln N
+FACTS_PER_PARAMETER_GUIDE = 0.15  # facts per trainable parameter (factual recall guide line)
+LM_BITS_PER_PARAMETER = 2.0  # Allen-Zhu and Li (2024), real language models
+
 
 class Bisection:
     """Search for the largest passing size in [1, max_size], assuming pass/fail is monotone in size.

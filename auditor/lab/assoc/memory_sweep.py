@@ -21,7 +21,7 @@ from typing import Any
 import pandas as pd
 
 from auditor.errors import AuditError, did_you_mean
-from auditor.lab.assoc.capacity import Bisection, invert_n_log_n, search_all
+from auditor.lab.assoc.capacity import GUIDE_CONSTANT, Bisection, invert_n_log_n, search_all
 from auditor.lab.assoc.memories import MEMORY_KINDS, MemoryMember, build_memory, memory_parameters
 from auditor.lab.engine import TrainConfig, train
 from auditor.lab.experiment import Experiment, option
@@ -30,7 +30,6 @@ from auditor.lab.sweep import run_sweep, write_csv
 log = logging.getLogger(__name__)
 
 # the paper's guide lines: params = c * N ln N
-GUIDE_CONSTANT = {"linear": 1.3, "mlp": 0.35}
 
 
 @dataclass(frozen=True)

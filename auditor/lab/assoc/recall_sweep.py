@@ -27,15 +27,12 @@ from typing import Any
 import pandas as pd
 
 from auditor.errors import AuditError
-from auditor.lab.assoc.capacity import Bisection, search_all
+from auditor.lab.assoc.capacity import FACTS_PER_PARAMETER_GUIDE, Bisection, search_all
 from auditor.lab.assoc.facts import DEFAULT_PROMPT_LENGTH, FactTable
 from auditor.lab.assoc.recall import RecallMember, build_recall, recall_parameters
 from auditor.lab.engine import TrainConfig, train
 from auditor.lab.experiment import Experiment, option
 from auditor.lab.sweep import run_sweep, write_csv
-
-FACTS_PER_PARAMETER_GUIDE = 0.15  # paper C's guide line
-LM_BITS_PER_PARAMETER = 2.0  # Allen-Zhu and Li (2024), real language models
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from auditor.lab.assoc.capacity import ConstantFit, PowerLawFit, fit_guide_constant, fit_power_law, n_log_n
-from auditor.lab.assoc.memory_sweep import GUIDE_CONSTANT
-from auditor.lab.assoc.recall_sweep import FACTS_PER_PARAMETER_GUIDE, LM_BITS_PER_PARAMETER
+from auditor.lab.assoc.capacity import (
+    FACTS_PER_PARAMETER_GUIDE,
+    GUIDE_CONSTANT,
+    LM_BITS_PER_PARAMETER,
+    ConstantFit,
+    PowerLawFit,
+    fit_guide_constant,
+    fit_power_law,
+    n_log_n,
+)
 
 
 def _uncensored(rows: pd.DataFrame, value: str, fail: str) -> pd.DataFrame:

@@ -540,3 +540,20 @@ def results_frame(path: str | Path) -> pd.DataFrame:
     frame = pd.read_csv(path)
     name = str(frame["experiment"].iloc[0]) if len(frame) and "experiment" in frame else ""
     return frame.rename(columns=(BOUND.renamed if name == "bound" else RENAMED))
+
+
+def plot_results(results: str | Path, out: str | Path | None = None) -> list[Path]:
+    """Draw the plot of the experiment recorded in ``results`` (a results.csv or its folder)."""
+    path = Path(results)
+    path = path / "results.csv" if path.is_dir() else path
+    if not path.is_file():
+        raise AuditError(f"no results file at {str(path)!r}; give a sweep folder or its results.csv")
+    frame = results_frame(path)
+    if frame.empty or "experiment" not in frame:
+        raise AuditError(f"{str(path)!r} has no facts experiment rows")
+    name = str(frame["experiment"].iloc[0])
+    if name not in plots.PLOTS:
+        return []
+    target = Path(out) if out is not None else path.parent
+    target.mkdir(parents=True, exist_ok=True)
+    return plots.PLOTS[name](frame, target)

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from auditor.errors import AuditError
 from auditor.lab.figures import heatmap, plt, save
 
 
@@ -117,22 +116,3 @@ def plot_bound(frame: pd.DataFrame, out: Path) -> list[Path]:
 
 
 PLOTS = {"width": plot_width, "budget": plot_budget, "tau": plot_tau, "bound": plot_bound}
-
-
-def plot_results(results: str | Path, out: str | Path | None = None) -> list[Path]:
-    """Draw the plot of the experiment recorded in ``results`` (a results.csv or its folder)."""
-    path = Path(results)
-    path = path / "results.csv" if path.is_dir() else path
-    if not path.is_file():
-        raise AuditError(f"no results file at {str(path)!r}; give a sweep folder or its results.csv")
-    from auditor.lab.facts.experiments import results_frame
-
-    frame = results_frame(path)
-    if frame.empty or "experiment" not in frame:
-        raise AuditError(f"{str(path)!r} has no facts experiment rows")
-    name = str(frame["experiment"].iloc[0])
-    if name not in PLOTS:
-        return []
-    target = Path(out) if out is not None else path.parent
-    target.mkdir(parents=True, exist_ok=True)
-    return PLOTS[name](frame, target)
