@@ -406,6 +406,10 @@ def _run_groups(config: AuditConfig, groups: Callable[[Path | None], Iterator[To
             raise AuditError(f"nothing could be tested: {reasons[0]}")
         result.rows = rows_frame(records, stamp)
         result.curves = pd.concat(done.curves, ignore_index=True) if done.curves else pd.DataFrame()
+        if not result.curves.empty:  # sweep.csv carries the same provenance columns as results.csv
+            result.curves = result.curves.assign(
+                **{key: result.curves.get(key, value) for key, value in stamp.items()}, seed=config.seed
+            )
         result.stages = clock.frame()
         if folder is not None:
             try:

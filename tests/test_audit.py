@@ -64,6 +64,9 @@ def test_vit_report_files_and_provenance(vit_audit):
                    "holds", "min_margin", "rtol", "dtype", "device", "data_source", "seed", "git_commit",
                    "versions", "seconds", "tokenizer"):
         assert column in saved.columns, column
+    curve = pd.read_csv(out / "sweep.csv")  # the sweep carries the same provenance as the rows
+    for column in ("git_commit", "versions", "seed"):
+        assert column in curve.columns and curve[column].notna().all(), column
         assert saved[column].notna().all(), column
     assert "tolerance" not in saved.columns  # the rank tolerance is called rtol everywhere
     assert saved["layer"].tolist()[0] == "hidden_states[0]"
