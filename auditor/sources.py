@@ -259,7 +259,10 @@ def load_inputs_for(loaded: Any, config: AuditConfig, out: Path | None, progress
         extra["first"] = config.first
     if "exclude" in accepted and out is not None:
         extra["exclude"] = out
-    inputs = load_inputs(loaded, config.data, config.samples or MAX_DEFAULT_SAMPLES, seed=config.seed,
+    from auditor.data import default_samples
+
+    num = config.samples or default_samples(loaded.n, config.data, MAX_DEFAULT_SAMPLES)
+    inputs = load_inputs(loaded, config.data, num, seed=config.seed,
                          progress=progress, **extra)
     return inputs, config.first or "first" not in accepted  # without the option the data layer takes the first N
 

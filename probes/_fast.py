@@ -72,8 +72,9 @@ concluded in float32: the rounding of float32 is far above (rtol sigma_max)^2 at
 
 Speed. On the CPU the blocks are gathered from the pool Gram with NumPy ``take`` (no index tensor per
 element pair), chunks are sized to stay in cache, and with more than one torch thread the chunks run on
-up to ``_MAX_WORKERS`` Python threads with one torch thread each (batched LAPACK calls on small
-matrices use a second thread poorly); ``torch.get_num_threads()`` is restored afterwards.
+up to ``_MAX_WORKERS`` Python threads that share the torch threads (one each on two cores: LAPACK
+calls on small matrices use a second thread poorly, and a loaded machine stalls them). While they run,
+``torch.set_num_threads`` is lowered; it is restored afterwards, also on errors.
 """
 
 from __future__ import annotations
@@ -346,40 +347,50 @@ def _quick_dependent(gram: torch.Tensor, chol: torch.Tensor, info: torch.Tensor,
     candidates = candidates & (info > 0) & (pivot < k)
     if not bool(candidates.any()):
         return candidates
-    v = torch.zeros(t, k, 1, dtype=gram.dtype, device=gram.device)
-    for j in pivot[candidates].unique().tolist():
-        group = candidates & (pivot == j)
-        pos = slice(None) if bool(group.all()) else group.nonzero().flatten()  # views when all alike
-        v[pos, j] = 1.0
-        if j > 0:  # z = G_11^-1 g_j: solves with the factor of G_11 - s I and two refinement steps
-            l11 = chol[pos, :j, :j]  # only its lower triangle is read
-            g11, gj = gram[pos, :j, :j], gram[pos, :j, j : j + 1]
-
-            def solve(rhs: torch.Tensor, l11=l11) -> torch.Tensor:
-                y = torch.linalg.solve_triangular(l11, rhs, upper=False)
-                return torch.linalg.solve_triangular(l11.transpose(1, 2), y, upper=True)
-
-            z = solve(gj)
-            for _ in range(2):  # the error shrinks by s / lambda_min(G_11) per step
-                z = z + solve(gj - g11 @ z)
-            v[pos, :j] = -z
-    num = (v * (gram @ v)).sum((1, 2))
-    den = (v * v).sum((1, 2))
     diag = gram.diagonal(dim1=-2, dim2=-1)
     trace, dmax = diag.sum(-1), diag.amax(-1)
-    rounding = (2 * (k + 1) + 2 * width) * u * 1.01 * den * trace  # products, sums, G against G^T
-    r_up = (num + rounding) / (den * (1 - 2 * k * u))
     gamma = 2 * k * (k + 1) * _F64_EPS * dmax + 2 * _gram_error(gram, lam_hi, width)
     backward = 4 * ((k + 2) * u * trace + u * (dmax + lam_hi))
 
-    def below(lam_lo: torch.Tensor) -> torch.Tensor:  # r_up < (lower bound of the 1b shift) - backward
+    def threshold(lam_lo: torch.Tensor) -> torch.Tensor:  # (lower bound of the 1b shift) - backward
         s_lo = (rtol**2 * lam_lo * (1 - 4 * k * _F64_EPS) - gamma) * (1 - 1e-12)
-        return candidates & torch.isfinite(r_up) & (s_lo > 0) & (r_up < s_lo - backward)
+        return torch.where(s_lo > 0, s_lo - backward, -math.inf)
 
-    ok = below(dmax)  # lam_lo >= the largest diagonal entry
-    if bool((candidates & ~ok).any()):  # ... and >= the Rayleigh quotient of 1 (rounded down)
+    bound = threshold(dmax)  # lam_lo >= the largest diagonal entry
+    v = torch.zeros(t, k, 1, dtype=gram.dtype, device=gram.device)
+    for j in pivot[candidates].unique().tolist():  # z = G_11^-1 g_j, from the factor of G_11 - s I
+        group = candidates & (pivot == j)
+        pos = slice(None) if bool(group.all()) else group.nonzero().flatten()  # views when all alike
+        v[pos, j] = 1.0
+        if j > 0:
+            l11 = chol[pos, :j, :j]  # only its lower triangle is read
+            y = torch.linalg.solve_triangular(l11, gram[pos, :j, j : j + 1], upper=False)
+            v[pos, :j] = -torch.linalg.solve_triangular(l11.transpose(1, 2), y, upper=True)
+
+    def rayleigh_up(pos) -> torch.Tensor:  # rigorous upper bound on v^T G v / v^T v at ``pos``
+        vp = v[pos]
+        num = (vp * (gram[pos] @ vp)).sum((1, 2))
+        den = (vp * vp).sum((1, 2))
+        rounding = (2 * (k + 1) + 2 * width) * u * 1.01 * den * trace[pos]  # products, sums, G vs G^T
+        r_up = (num + rounding) / (den * (1 - 2 * k * u))
+        return torch.where(torch.isfinite(r_up), r_up, math.inf)
+
+    r_up = rayleigh_up(slice(None))
+    for _ in range(2):  # refinement where needed: the error of z shrinks by s / lambda_min(G_11) per step
+        rest = (candidates & (pivot > 0) & ~(r_up < bound)).nonzero().flatten()
+        if not rest.numel():
+            break
+        for j in pivot[rest].unique().tolist():
+            pos = rest[pivot[rest] == j]
+            l11, z = chol[pos, :j, :j], -v[pos, :j]
+            resid = gram[pos, :j, j : j + 1] - gram[pos, :j, :j] @ z
+            y = torch.linalg.solve_triangular(l11, resid, upper=False)
+            v[pos, :j] = -(z + torch.linalg.solve_triangular(l11.transpose(1, 2), y, upper=True))
+        r_up[rest] = rayleigh_up(rest)
+    ok = candidates & (r_up < bound)
+    if bool((candidates & ~ok).any()):  # lam_lo >= the Rayleigh quotient of 1 too (rounded down)
         ones = (gram.sum((-2, -1)) - 1.01 * k**3 * u * trace) / k * (1 - 1e-10)
-        ok = below(torch.maximum(dmax, ones))
+        ok = candidates & (r_up < threshold(torch.maximum(dmax, ones)))
     return ok
 
 
@@ -726,7 +737,7 @@ def subset_decisions(
     if workers is None:
         big = (s - pilot) * k * k * (k + 16) >= _MIN_PARALLEL_FLOP
         workers = min(_MAX_WORKERS, torch.get_num_threads()) if device.type == "cpu" and big else 1
-    workers = max(1, workers)
+    workers = max(1, workers) if device.type == "cpu" else 1
     if min(workers, len(bounds) - n_pilot) > 1:
         _run_chunks(bounds, chunks, work, plan_of, min(workers, len(bounds) - n_pilot), on_chunk)
     else:

@@ -8,8 +8,8 @@
 - text: a UTF-8 ``.txt`` file, a folder of them, or ``hf:...``; GPT-2 gets contiguous windows of exactly
   n tokens, BERT ``[CLS] s1 [SEP] s2 [SEP]`` pairs of exactly n tokens, so no padding ever exists;
 - nothing (``data=None``): real data derived from installed packages, labelled ``bundled:...``: 486
-  crops of scikit-image's 9 colour photos, or Python's reference text and standard-library docstrings
-  (see :mod:`auditor.data.samples`).
+  crops of 18 photos shipped with scikit-image and matplotlib, or Python's reference text and
+  standard-library docstrings (see :mod:`auditor.data.samples`).
 
 Selection is reproducible: a source with more than ``samples`` examples gives a uniform random subset
 drawn with ``seed`` (kept in source order), or with ``first=True`` its first ``samples`` in sorted
@@ -24,6 +24,16 @@ from pathlib import Path
 from auditor.data.inputs import HF_PREFIX, Inputs  # noqa: F401  (public here)
 from auditor.errors import AuditError
 from auditor.models.base import LoadedModel
+
+BUNDLED_MIN_SAMPLES = 512
+
+
+def default_samples(n: int, data: str | None, cap: int) -> int:
+    """N when no sample count is given: ``cap`` (the paper's 2000) for the user's data; for the bundled
+    offline sample (``data=None``) max(2n, 512) within ``cap``: k = n subsets with room to spare, and a
+    default audit that ends in minutes on two CPU cores (ViT-base 486 crops, GPT-2 and MiniLM 512
+    windows, BERT 1024 pairs, gpt2-large 2000 windows)."""
+    return cap if data is not None else min(cap, max(2 * n, BUNDLED_MIN_SAMPLES))
 
 
 def load_inputs(
@@ -58,4 +68,4 @@ def load_inputs(
     raise AuditError(f"unsupported modality {loaded.modality!r}")
 
 
-__all__ = ["HF_PREFIX", "Inputs", "load_inputs"]
+__all__ = ["BUNDLED_MIN_SAMPLES", "HF_PREFIX", "Inputs", "default_samples", "load_inputs"]
