@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pandas as pd
 import pytest
 import torch
 
@@ -14,11 +15,12 @@ from auditor.lab.memorize.certify import (
     capacity_bound,
     certify,
     circle_code,
+    lower_bound,
     proposition2_bound,
     readout_realizable,
     tolerance_curve,
 )
-from auditor.lab.memorize.certify_runs import CertifyRequest
+from auditor.lab.memorize.certify_runs import CertifyRequest, default_rtols
 from auditor.lab.memorize.data import DataConfig, MemorizeData, make_data
 from auditor.lab.memorize.model import MHAConfig, MHAEnsemble
 from auditor.lab.memorize.saturation import saturation
@@ -48,7 +50,7 @@ def test_uniform_attention_certifies_exactly_one_example():
     torch.testing.assert_close(Z, expected_row.expand(12, -1))
     cert = certify(Z, data.labels, task="regression", error_tolerance=1e-9)
     assert cert.rank == 1 and cert.guaranteed == 1
-    assert cert.certified == 1  # labels are distinct reals: only the fitted example is within 1e-9
+    assert cert.readout_hits == 1  # labels are distinct reals: only the fitted example is within 1e-9
 
 
 def test_two_row_identity_context_known_rank():
@@ -63,7 +65,7 @@ def test_two_row_identity_context_known_rank():
     torch.testing.assert_close(Z.sum(1), torch.ones(N, dtype=torch.float64))  # rows are softmax vectors
     cert = certify(Z, labels, task="regression", error_tolerance=1e-9)
     assert cert.rank == 2 == proposition2_bound(1, 2)
-    assert cert.certified >= 2 and cert.residual < 1e-9
+    assert cert.readout_hits >= 2 and cert.residual < 1e-9
 
 
 def test_full_rank_z_memorizes_every_label_exactly():
@@ -71,7 +73,7 @@ def test_full_rank_z_memorizes_every_label_exactly():
     data = make_data(DataConfig(N=20, context=6, d=8, task="regression", outputs=3, shared_context=False, seed=4))
     Z = attention_features(layer(4, 8, 8, outputs=3), data)  # (20, 32)
     cert = certify(Z, data.labels, task="regression", error_tolerance=1e-8)
-    assert cert.rank == 20 and cert.certified == 20
+    assert cert.rank == 20 and cert.readout_hits == 20
     assert cert.margin > 1
 
 
@@ -155,3 +157,44 @@ def test_saturation_counts_known_patterns():
     assert sat.histogram()["examples"].tolist() == [1, 1, 1]
     with pytest.raises(AuditError):
         saturation(s, threshold=1.5)
+
+
+# -- what the certificate outputs claim ------------------------------------------------------------
+def test_lower_bound_applies_only_where_contexts_can_have_rank_n():
+    assert lower_bound(heads=4, context=8, d_h=16, d=16) == (4 * 7 + 1, "")
+    assert lower_bound(heads=4, context=8, d_h=2, d=16) == (4 * 1 + 1, "")  # d_h < n: H(d_h - 1) + 1
+    value, note = lower_bound(heads=4, context=20, d_h=16, d=16)
+    assert value is None and "n > d" in note and "Assumption 2" in note
+
+
+def test_certify_run_prints_guaranteed_beside_the_bounds_and_names_argmax_hits(tmp_path, capsys):
+    from auditor.cli import main
+
+    out = tmp_path / "cert"
+    assert main(["certify", "--heads", "2", "--context", "3", "--d-h", "1,3", "--N", "8,32", "--d", "4",
+                 "--threads", "1", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    header = next(line for line in printed.splitlines() if line.startswith("| weights"))
+    for column in ("guaranteed", "lower_bound", "shared_bound", "readout_hits"):
+        assert column in header
+    assert "certified" not in header and "check: guaranteed <= shared_bound on 4 of 4" in printed
+    frame = pd.read_csv(out / "results.csv")
+    assert (frame["guaranteed"] == frame[["rank", "N"]].min(axis=1)).all()
+    assert (frame["guaranteed"] <= frame["shared_bound"]).all()  # Proposition 2: an exact ceiling
+    assert frame.set_index("d_h")["lower_bound"].to_dict() == {1: 1, 3: 5}
+    # the tolerance curves are at the largest N: their default rtol is that N's, max(N, H w) eps(float32)
+    curves = pd.read_csv(out / "tolerance.csv")
+    rtols = default_rtols(curves, frame)
+    assert rtols.notna().all()
+    assert rtols.to_numpy() == pytest.approx([max(32, 2 * 4) * torch.finfo(torch.float32).eps] * len(curves))
+
+
+def test_certify_of_n_beyond_d_leaves_the_bound_blank_with_its_reason(tmp_path, capsys):
+    from auditor.cli import main
+
+    out = tmp_path / "wide"
+    assert main(["certify", "--heads", "1", "--context", "6", "--d-h", "4", "--N", "8", "--d", "4", "--no-plots",
+                 "--threads", "1", "--out", str(out)]) == 0
+    frame = pd.read_csv(out / "results.csv")
+    assert frame["lower_bound"].isna().all() and frame["lower_bound_note"].str.contains("n > d").all()
+    assert "lower_bound blank: n > d" in capsys.readouterr().out

@@ -13,9 +13,16 @@ from auditor.errors import AuditError
 from auditor.lab.engine import TrainConfig, train
 from auditor.lab.memorize.data import DataConfig, MemorizeData, make_data
 from auditor.lab.memorize.model import MHAConfig, MHAEnsemble, sinusoidal_positions
-from auditor.lab.memorize.plots import linear_fit
+from auditor.lab.memorize.plots import linear_fit, mean_ci, sweep_fits, sweep_summary
 from auditor.lab.memorize.task import MemorizeTask
-from auditor.lab.memorize.train import MemorizeRun, MemorizeSettings, buckets, grid, run_memorize
+from auditor.lab.memorize.train import (
+    MemorizeRun,
+    MemorizeSettings,
+    buckets,
+    grid,
+    run_memorize,
+    train_rounds,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.one_thread
 
@@ -231,10 +238,13 @@ def test_sweep_rows_resume_and_plots(tmp_path):
     runs = grid([1, 3], [3], [4], [12], [0], d=4, classes=3)
     settings = MemorizeSettings(steps=200, lr=3e-2, batch_size=16, eval_every=20)
     frame = run_memorize(runs, settings, tmp_path, progress=False)
-    needed = {"heads", "context", "d_h", "N", "seed", "memorized", "accuracy", "bound", "certified", "steps_trained",
-              "seconds", "git_commit", "versions", "dtype", "device", "rank", "certified_init"}
+    needed = {"heads", "context", "d_h", "N", "seed", "memorized", "accuracy", "lower_bound", "readout_hits",
+              "steps_trained", "seconds", "git_commit", "versions", "dtype", "device", "rank", "readout_hits_init",
+              "guaranteed", "converged", "stop_reason", "rounds_trained"}
     assert needed <= set(frame.columns) and len(frame) == 2
-    assert frame["bound"].tolist() == [1 * 2 + 1, 3 * 2 + 1]
+    assert frame["lower_bound"].tolist() == [1 * 2 + 1, 3 * 2 + 1]
+    assert (frame["guaranteed"] == frame[["rank", "N"]].min(axis=1)).all()
+    assert set(frame["stop_reason"]) <= {"all_memorized", "plateau", "step_limit"}
     assert (frame["memorized"] == (frame["accuracy"] * frame["N"]).round()).all()
     assert (frame["rank"] <= frame["rank_ceiling"]).all()
     again = run_memorize(runs, settings, tmp_path, progress=False)  # every unit done: read back, not retrained
@@ -259,8 +269,9 @@ def test_cli_memorize_and_certify(tmp_path, capsys):
                  "--classes", "3", "--steps", "60", "--threads", "1", "--out", str(out)])
     assert code == 0
     assert (out / "results.csv").exists() and (out / "memorized_vs_heads.png").exists()
-    header = capsys.readouterr().out.splitlines()[0]
-    assert "heads" in header and "memorized" in header and "certified" in header
+    printed = capsys.readouterr().out
+    assert "| heads |" in printed.replace("   ", " ").replace("  ", " ") or "heads" in printed
+    assert "memorized" in printed and "lower_bound" in printed and "certified" not in printed
     out = tmp_path / "cert"
     assert main(["certify", "--heads", "2", "--context", "3", "--d-h", "3", "--N", "4,8", "--d", "4",
                  "--out", str(out)]) == 0
@@ -317,19 +328,28 @@ def test_select_rows_keeps_the_query_row():
 
 
 def test_capacity_pipeline_reports_memorization_beside_the_assumptions(tmp_path):
-    from auditor.lab.memorize.pipeline import CapacitySettings, run_capacity
+    from auditor.lab.memorize.pipeline import CapacitySettings, run_capacity, summarize
 
     files = {"mixed": _tokens(tmp_path, "mixed", False), "embedding": _tokens(tmp_path, "embedding", True)}
     settings = CapacitySettings(rows=4, dim=8, heads=(1, 2), classes=4, subsets=50)
+    assert settings.seeds == (0, 1, 2)  # several seeds by default
     frame = run_capacity(files, settings, MemorizeSettings(steps=150, lr=3e-2, eval_every=25), tmp_path / "out",
                          progress=False)
-    assert len(frame) == 4 and set(frame["representation"]) == {"mixed", "embedding"}
+    assert len(frame) == 12 and set(frame["representation"]) == {"mixed", "embedding"}
+    for verdict in ("holds", "fraction", "critical_rtol"):  # the audit's verdict columns, beside every row
+        assert {f"assumption1_{verdict}", f"assumption2_{verdict}", f"original_assumption1_{verdict}"} <= set(frame)
+    summary = summarize(frame)
+    assert len(summary) == 4 and (summary["runs"] == 3).all()
+    assert (summary["seeds"] == frame.groupby(["representation", "heads"], sort=False)["converged"].sum().to_numpy()).all()
+    has_ci = summary[summary["seeds"] >= 2]
+    assert ((has_ci["memorized_low"] <= has_ci["memorized_mean"]) & (has_ci["memorized_mean"] <= has_ci["memorized_high"])).all()
+    frame = frame[frame["seed"] == 0]
     by_rep = frame.groupby("representation").first()
     assert not by_rep.loc["embedding", "assumption1_holds"]  # identical queries: Kruskal rank 1 < n
     assert by_rep.loc["mixed", "assumption1_holds"] and by_rep.loc["mixed", "assumption2_holds"]
     assert (frame["context"] == 4).all() and (frame["d"] == 8).all() and (frame["n_original"] == 12).all()
-    assert frame["bound"].tolist() == [4, 7, 4, 7]
-    assert frame["certified"].notna().all() and (frame["rank"] <= frame["rank_ceiling"]).all()
+    assert frame["lower_bound"].tolist() == [4, 7, 4, 7]
+    assert frame["readout_hits"].notna().all() and (frame["rank"] <= frame["rank_ceiling"]).all()
 
 
 @pytest.mark.slow
@@ -355,3 +375,76 @@ def test_cli_capacity_on_a_token_file(tmp_path, capsys):
     assert code == 0
     assert (tmp_path / "cap" / "results.csv").exists() and (tmp_path / "cap" / "memorized_vs_heads_block.0.png").exists()
     assert "assumption1_holds" in capsys.readouterr().out
+
+
+# -- convergence, not budgets ---------------------------------------------------------------------
+def test_subset_copies_members_exactly_and_loads_them_back():
+    configs = [MHAConfig(heads=h, d=6, d_h=dh, d_v=dh, outputs=5, seed=h) for h, dh in ((1, 2), (3, 6), (2, 4))]
+    full = MHAEnsemble(configs)
+    sub = full.subset([2, 0])  # padded to its own largest member (H 2, d_h 4), not the ensemble's
+    assert sub.W_Q.shape[1:] == (2, 6, 4)
+    for j, i in enumerate((2, 0)):
+        for a, b in zip(sub.member(j).parameters(), full.member(i).parameters()):
+            assert torch.equal(a, b)
+    with torch.no_grad():
+        for p in sub.parameters():
+            p.add_(1.0)
+    before = full.member(1).state_dict()
+    full.load_members(sub, [2, 0])
+    assert torch.equal(full.member(2).W_Q, sub.member(0).W_Q)
+    assert all(torch.equal(before[k], v) for k, v in full.member(1).state_dict().items())  # others untouched
+    assert torch.count_nonzero(full.W_Q[0, 1:]) == 0  # padding stays zero
+
+
+def test_rounds_stop_at_full_memorization_at_a_plateau_or_at_the_step_limit(tmp_path):
+    easy = make_data(DataConfig(N=6, context=4, d=6, classes=3, seed=0))
+    stuck = make_data(DataConfig(N=40, context=1, d=6, classes=5, seed=1))  # one shared row: a constant output
+    configs = [MHAConfig(heads=4, d=6, d_h=6, d_v=6, outputs=5, seed=0), MHAConfig(heads=1, d=6, d_h=6, d_v=6,
+                                                                                   outputs=5, seed=1)]
+    settings = MemorizeSettings(steps=150, lr=3e-2, eval_every=10, rounds=3, plateau=0.01)
+    model = MHAEnsemble(configs)
+    result = train_rounds(model, [easy, stuck], settings, checkpoint=str(tmp_path / "c.pt"))
+    assert result.stop_reason == ["all_memorized", "plateau"] and result.converged == [True, True]
+    assert result.memorized[0] == 6 and result.rounds_trained == [1, 2]
+    # the constant output memorizes exactly the most frequent class
+    assert result.memorized[1] == int(torch.bincount(stuck.labels).max())
+    assert result.steps_trained[1] == 2 * 150 and set(result.history["round"]) == {1, 2}
+    assert (tmp_path / "c.round2.pt").exists()
+    again = train_rounds(MHAEnsemble(configs), [easy, stuck], settings, checkpoint=str(tmp_path / "c.pt"))
+    assert again.memorized == result.memorized and again.steps_trained == result.steps_trained  # resumed
+    one = train_rounds(MHAEnsemble(configs[1:]), [stuck], MemorizeSettings(steps=50, lr=3e-2, eval_every=10, rounds=1))
+    assert one.stop_reason == ["step_limit"] and one.converged == [False]  # no second round to compare with
+
+
+def test_settings_refuse_bad_rounds_and_plateau():
+    with pytest.raises(AuditError, match="rounds must be in 1..100"):
+        MemorizeSettings(rounds=0)
+    with pytest.raises(AuditError, match=r"plateau .* must be in \(0, 1\)"):
+        MemorizeSettings(plateau=1.5)
+
+
+def test_mean_ci_is_the_student_t_interval():
+    mean, low, high = mean_ci([1.0, 2.0, 3.0])
+    half = 4.302652729911275 * (1.0 / math.sqrt(3))  # t(0.975, df 2) x sem
+    assert mean == pytest.approx(2.0) and (low, high) == pytest.approx((2.0 - half, 2.0 + half))
+    assert mean_ci([5.0, 5.0, 5.0]) == (5.0, 5.0, 5.0)
+    assert math.isnan(mean_ci([4.0])[1]) and math.isnan(mean_ci([])[0])
+
+
+def test_summaries_and_fits_leave_out_runs_stopped_at_the_step_limit():
+    rows = []
+    for seed, slope in zip((0, 1, 2), (10.0, 12.0, 14.0)):
+        for H in (1, 2, 3):
+            rows.append({"N": 100, "heads": H, "seed": seed, "memorized": slope * H, "accuracy": slope * H / 100,
+                         "lower_bound": H * 3 + 1, "converged": True})
+    rows.append({"N": 100, "heads": 3, "seed": 3, "memorized": 99.0, "accuracy": 0.99, "lower_bound": 10,
+                 "converged": False})  # stopped at the step limit: it must not move the mean or the fit
+    frame = pd.DataFrame(rows)
+    summary = sweep_summary(frame, "heads").set_index("heads")
+    assert summary.loc[3, "memorized_mean"] == pytest.approx(36.0) and summary.loc[3, "seeds"] == 3
+    assert summary.loc[3, "runs"] == 4
+    fit = sweep_fits(frame, "heads").iloc[0]
+    assert fit["slope"] == pytest.approx(12.0) and fit["seeds"] == 3
+    assert (fit["slope_low"], fit["slope_high"]) == pytest.approx(mean_ci([10.0, 12.0, 14.0])[1:])
+    old = frame.rename(columns={"lower_bound": "bound"}).drop(columns="converged")  # a CSV of an earlier release
+    assert sweep_summary(old, "heads").set_index("heads").loc[3, "runs"] == 4

@@ -17,13 +17,14 @@ from auditor.lab.memorize.certify import (
     attention_features,
     capacity_bound,
     certify,
+    lower_bound,
     proposition2_bound,
 )
 from auditor.lab.memorize.data import DataConfig, MemorizeData, make_data
 from auditor.lab.memorize.model import MHAConfig, MHAEnsemble
 from auditor.lab.memorize.saturation import Saturation, saturation
 from auditor.lab.memorize.task import MemorizeTask
-from auditor.lab.memorize.train import MemorizeRun, MemorizeSettings, grid, run_memorize
+from auditor.lab.memorize.train import MemorizeRun, MemorizeSettings, Rounds, grid, run_memorize, train_rounds
 
 __all__ = [
     "Certificate",
@@ -34,13 +35,16 @@ __all__ = [
     "MemorizeRun",
     "MemorizeSettings",
     "MemorizeTask",
+    "Rounds",
     "Saturation",
     "attention_features",
     "capacity_bound",
     "certify",
     "grid",
+    "lower_bound",
     "make_data",
     "proposition2_bound",
     "run_memorize",
     "saturation",
+    "train_rounds",
 ]

@@ -8,7 +8,20 @@ Every output is linear in Z, so the layer memorizes any labels on a set of examp
 linearly independent. The certificate computes Z in float64, its numerical rank r at a stated tolerance
 (with the margin in decades, from :func:`probes.numerical_rank`), picks r independent rows by pivoted
 QR, solves the minimum-norm least-squares readout on them and *verifies* on all N examples how many
-the readout reproduces: that count is the certified capacity, proven without gradient descent.
+the readout reproduces. Two counts come out, and only the first is a capacity claim:
+
+* ``guaranteed`` = min(rank, N): that many examples have *arbitrary* real labels fitted exactly by a
+  linear readout of these attention weights' Z (proven without gradient descent);
+* ``readout_hits``: examples the least-squares readout gets right on all N (argmax of the class code,
+  or every output within ``error_tolerance``); beyond ``guaranteed`` these are lucky hits, since a class
+  needs only the right argmax.
+
+The theory's counts beside them (:func:`lower_bound`, :func:`proposition2_bound`): Theorem 1 of the
+memorization paper says SOME key/query weights reach rank(Z) >= H(min(n, d_h) - 1) + 1 when every
+context has rank n (so n <= d) and the queries have Kruskal rank >= n: a lower bound on what the best
+weights achieve, not a ceiling (random weights may exceed it: softmax is nonlinear, so even d_h = 1
+gives rank above 1). With one shared context no weights exceed H(n - 1) + 1 (Proposition 2), a true
+ceiling.
 
 Readout targets: regression labels as they are; classes through a 2-d circle code (class c at angle
 2 pi c / C, predicted class = the code with the largest inner product), so any number of classes needs
@@ -44,8 +57,21 @@ def proposition2_bound(heads: int, context: int) -> int:
 
 
 def capacity_bound(heads: int, context: int, d_h: int) -> int:
-    """H(min(n, d_h)-1)+1: Proposition 1's memorization guarantee in its general (our reading) form."""
+    """H(min(n, d_h)-1)+1: the rank some key/query weights reach under the theory's assumptions (Theorem 1,
+    Proposition 1; the d_h < n case uses key-query products of rank <= d_h). A lower bound, not a ceiling."""
     return heads * (min(context, d_h) - 1) + 1
+
+
+LOWER_BOUND_NOTE = "n > d: contexts of n rows in width d cannot have rank n (Assumption 2), so the theorem says nothing"
+
+
+def lower_bound(heads: int, context: int, d_h: int, d: int) -> tuple[int | None, str]:
+    """(H(min(n, d_h)-1)+1, "") where the theorem applies, else (None, why). It needs rank-n contexts,
+    impossible when n > d; the query condition (Kruskal rank >= n) is a property of the data, tested by
+    the audit's Assumption 1 (uniform random queries meet it when n <= d)."""
+    if context > d:
+        return None, LOWER_BOUND_NOTE
+    return capacity_bound(heads, context, d_h), ""
 
 
 @torch.no_grad()
@@ -80,7 +106,7 @@ class Certificate:
     features: int  # columns of Z (H w)
     rank: int  # numerical rank of Z at tol
     guaranteed: int  # min(rank, N): examples whose labels are arbitrary yet fitted exactly
-    certified: int  # examples the least-squares readout reproduces, verified on all N
+    readout_hits: int  # examples the least-squares readout gets right, verified on all N (argmax for classes)
     rtol: float
     tol: float  # absolute threshold sigma_max * rtol
     margin: float  # decades between tol and the nearest deciding singular value
@@ -141,7 +167,7 @@ def certify(
     else:
         ok = ((fit - targets).abs() <= error_tolerance).all(1)
     return Certificate(
-        N=N, features=F, rank=r, guaranteed=min(r, N), certified=int(ok.sum()), rtol=rank_result.rtol,
+        N=N, features=F, rank=r, guaranteed=min(r, N), readout_hits=int(ok.sum()), rtol=rank_result.rtol,
         tol=float(rank_result.tol), margin=float(rank_result.margin), residual=residual,
         readout="circle-code" if code is not None else "values", target_width=targets.shape[1],
     )

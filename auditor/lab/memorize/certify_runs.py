@@ -5,8 +5,11 @@ size N_1 < N_2 < ... are certified, so the rank-against-N curve runs over nested
 random (seeded, as initialised for training), loaded from a file, and optionally trained (all
 configurations of a bucket together on the shared engine) and certified again. Each row also gives the
 rank at float64's default tolerance (``rank_f64``) beside the float32 one, because softmax features can
-look high-rank in exact arithmetic; the full rank-against-rtol curves go to ``tolerance.csv``. This is
-``audit certify``.
+look high-rank in exact arithmetic; the full rank-against-rtol curves go to ``tolerance.csv``. Each row
+puts ``guaranteed`` (min(rank, N): arbitrary labels fitted exactly) beside the theory's ``lower_bound``
+(what the best weights reach; blank with ``lower_bound_note`` where the theorem does not apply) and the
+shared-context ceiling ``shared_bound``; ``readout_hits`` counts argmax hits of the readout, which may
+exceed both. This is ``audit certify``.
 """
 
 from __future__ import annotations
@@ -25,7 +28,13 @@ import probes
 from auditor.errors import AuditError
 from auditor.lab.engine import TrainConfig, train
 from auditor.lab.experiment import Experiment, option, table
-from auditor.lab.memorize.certify import attention_features, certify, proposition2_bound, tolerance_curve
+from auditor.lab.memorize.certify import (
+    attention_features,
+    certify,
+    lower_bound,
+    proposition2_bound,
+    tolerance_curve,
+)
 from auditor.lab.memorize.data import MemorizeData, make_data
 from auditor.lab.memorize.model import MHAEnsemble
 from auditor.lab.memorize.plots import plot_rank_vs_examples, plot_tolerance
@@ -124,6 +133,7 @@ def _rows(model: MHAEnsemble, i: int, data: MemorizeData, run: MemorizeRun, size
           rtol: float | None) -> list[dict[str, Any]]:
     Z_all = attention_features(model, data, i)  # (N_max, H w)
     out = []
+    bound, note = lower_bound(run.heads, run.context, run.d_h, run.d)
     for N in sizes:
         start = time.perf_counter()
         Z, labels = Z_all[:N], data.labels[:N]
@@ -132,11 +142,11 @@ def _rows(model: MHAEnsemble, i: int, data: MemorizeData, run: MemorizeRun, size
         out.append({
             "weights": label, "heads": run.heads, "context": run.context, "d_h": run.d_h, "d": run.d, "N": N,
             "seed": run.seed, "shared_context": run.shared_context, "classes": run.classes,
-            "rank": cert.rank, "guaranteed": cert.guaranteed, "certified": cert.certified,
+            "rank": cert.rank, "guaranteed": cert.guaranteed, "readout_hits": cert.readout_hits,
             "rtol": cert.rtol, "rank_margin": cert.margin, "rank_f64": int(exact.rank),
             "rank_f64_margin": float(exact.margin), "features": cert.features,
             "shared_bound": proposition2_bound(run.heads, run.context) if run.shared_context else None,
-            "bound": run.bound, "readout_residual": cert.residual, "seconds": time.perf_counter() - start,
+            "lower_bound": bound, "lower_bound_note": note, "readout_residual": cert.residual, "seconds": time.perf_counter() - start,
         })
     return out
 
@@ -192,13 +202,45 @@ def _report(frame: pd.DataFrame, out: Path, request: CertifyRequest) -> str:
     keys = frame["unit"].drop_duplicates()
     curves = pd.concat([pd.read_csv(out / "tolerance" / f"{key}.csv") for key in keys], ignore_index=True)
     write_csv(curves, out / "tolerance.csv")
-    shown = ["weights", "heads", "context", "d_h", "N", "seed", "rank", "shared_bound", "certified", "rank_margin",
-             "rank_f64"]
-    return table(frame, shown) + f"\n\nresults: {out / 'results.csv'}; rank-against-rtol curves: {out / 'tolerance.csv'}"
+    shown = ["weights", "heads", "context", "d_h", "N", "seed", "rank", "guaranteed", "lower_bound", "shared_bound",
+             "readout_hits", "rank_margin", "rank_f64"]
+    return (table(frame, shown) + "\n\n" + explain(frame)
+            + f"\n\nresults: {out / 'results.csv'}; rank-against-rtol curves: {out / 'tolerance.csv'}")
+
+
+def explain(frame: pd.DataFrame) -> str:
+    """What the count columns claim, and the one check the theory makes exact (guaranteed <= ceiling)."""
+    lines = [
+        "guaranteed = min(rank, N): examples whose arbitrary real labels these weights fit exactly (a linear "
+        "readout of Z).",
+        "lower_bound = H(min(n, d_h)-1)+1: the rank SOME key/query weights reach when every context has rank n "
+        "and the queries have Kruskal rank >= n; a floor for the best weights, not a ceiling for these.",
+        "readout_hits: examples the least-squares readout classifies right by argmax; beyond guaranteed they are "
+        "lucky hits (a class needs only the right argmax), so they may exceed every bound.",
+    ]
+    shared = frame[frame["shared_bound"].notna()] if "shared_bound" in frame else frame.iloc[:0]
+    if len(shared):
+        lines.append("shared_bound = H(n-1)+1: no weights give rank(Z) above it when all examples share one context.")
+        over = shared[shared["guaranteed"] > shared["shared_bound"]]
+        lines.append(f"check: guaranteed <= shared_bound on {len(shared) - len(over)} of {len(shared)} shared-context "
+                     "rows" + ("" if over.empty else " (VIOLATED: see rows with guaranteed > shared_bound)"))
+    notes = frame["lower_bound_note"].dropna() if "lower_bound_note" in frame else pd.Series(dtype=str)
+    notes = notes[notes != ""].unique()
+    lines += [f"lower_bound blank: {note}" for note in notes]
+    return "\n".join(lines)
 
 
 def _label(frame: pd.DataFrame) -> pd.Series:
     return frame.apply(lambda r: f"{r.weights} H={r.heads} n={r.context} d_h={r.d_h}", axis=1)
+
+
+def default_rtols(curves: pd.DataFrame, frame: pd.DataFrame) -> pd.Series:
+    """The default rtol of every curve's own Z (its weights, configuration, seed and N; the curves are
+    computed at the largest N), read from the result rows: it grows with max(N, H w)."""
+    keys = ["weights", "heads", "context", "d_h", "seed", "N"]
+    rtols = frame.drop_duplicates(keys).set_index(keys)["rtol"]
+    return pd.Series([rtols.get(tuple(row), float("nan")) for row in curves[keys].itertuples(index=False)],
+                     index=curves.index, dtype=float)
 
 
 def _plots(frame: pd.DataFrame, out: Path, request: CertifyRequest) -> list[Path]:
@@ -206,10 +248,10 @@ def _plots(frame: pd.DataFrame, out: Path, request: CertifyRequest) -> list[Path
     shared = bool(frame["shared_context"].iloc[0])
     curves = curves[curves["seed"] == curves["seed"].min()]
     bound = curves["heads"] * (curves["context"] - 1) + 1 if shared else None
-    plot_tolerance(curves.assign(label=_label(curves), default_rtol=frame["rtol"].iloc[0], bound=bound),
+    plot_tolerance(curves.assign(label=_label(curves), default_rtol=default_rtols(curves, frame), bound=bound),
                    out / "tolerance.png",
-                   title=f"rank of Z against rtol (N = {frame['N'].max()}, seed {curves['seed'].min()}"
-                         f"{'; dotted: H(n-1)+1' if shared else ''})")
+                   title=f"rank of Z against rtol (N = {curves['N'].max()}, seed {curves['seed'].min()}"
+                         f"{'; dotted: H(n-1)+1' if shared else ''}; dashed: default rtol at that N)")
     first_seed = frame[frame["seed"] == frame["seed"].min()]
     plot_rank_vs_examples(first_seed.assign(label=_label(first_seed), bound=first_seed["shared_bound"]),
                           out / "rank_vs_N.png", title=f"rank of Z against N (seed {first_seed['seed'].min()}"
@@ -228,11 +270,12 @@ EXPERIMENT = Experiment(
     units=_units,
     run_unit=certify_unit,
     columns=("weights", "heads", "context", "d_h", "d", "N", "seed", "shared_context", "classes", "rank", "guaranteed",
-             "certified", "rtol", "rank_margin", "rank_f64", "rank_f64_margin", "features", "shared_bound", "bound",
-             "readout_residual", "seconds", "steps_trained", "train_accuracy", "dtype"),
+             "readout_hits", "rtol", "rank_margin", "rank_f64", "rank_f64_margin", "features", "shared_bound",
+             "lower_bound", "lower_bound_note", "readout_residual", "seconds", "steps_trained", "train_accuracy",
+             "dtype"),
     plots=_plots,
     report=_report,
     presets={"quick": {"heads": (2,), "context": (3,), "d_h": (3,), "N": (4, 8), "d": 4, "steps": 20}},
-    renamed={"rank_rtol": "rtol", "train_steps": "steps_trained"},
+    renamed={"rank_rtol": "rtol", "train_steps": "steps_trained", "certified": "readout_hits", "bound": "lower_bound"},
     deprecated={"--train-steps": "steps"},
 )

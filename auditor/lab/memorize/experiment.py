@@ -7,6 +7,10 @@ d_h panel, lr 1e-3, batch 256; a GPU job); ``reference`` (the committed reports)
 d = 16, n = 8, N in {512, 1024}, 2000 steps of batch 512 at lr 1e-2, minutes on two CPU cores;
 ``quick`` is a seconds-long smoke test. Without ``--figure`` the lists ``--heads --context --d-h --N``
 span the grid; with it they keep only the listed values of the panel.
+
+Every run trains to convergence (rounds of ``--steps``, see :func:`~auditor.lab.memorize.train.train_rounds`);
+runs stopped at the step limit are flagged and left out of the means and fits, which are reported over
+three seeds by default with 95% Student-t intervals (``summary.csv``, ``fits.csv``).
 """
 
 from __future__ import annotations
@@ -58,7 +62,7 @@ class MemorizeConfig:
     context: tuple[int, ...] | None = option(None, "n values (context rows).")
     d_h: tuple[int, ...] | None = option(None, "Key/query widths d_h.")
     N: tuple[int, ...] | None = option(None, "Dataset sizes N.", flag="--N")
-    seeds: tuple[int, ...] = option((0,), "Seeds (data and initialisation).")
+    seeds: tuple[int, ...] = option((0, 1, 2), "Seeds (data and initialisation); means carry 95% t intervals.")
     d: int = option(16, "Token width d (without --figure).")
     d_v: int | None = option(None, "Value width (default d_h; 1 for --variant authors).")
     task: str = option("classification", "Random class labels or regression targets.", choices=TASKS)
@@ -68,11 +72,16 @@ class MemorizeConfig:
     shared_context: bool = option(True, "One context for all examples or one each.", flag="--shared/--non-shared")
     variant: str = option("spec", "The layer of the theory or the authors' variant.", choices=VARIANTS)
     d_model: int | None = option(None, "Embedding width of --variant authors (default d).")
-    steps: int | None = option(None, "Max optimisation steps.", default_help="per preset; 3000 without --figure")
+    steps: int | None = option(None, "Optimisation steps per round (one warm-up + cosine cycle).",
+                               default_help="per preset; 3000 without --figure")
     lr: float | None = option(None, "Peak Adam learning rate.", parse="floats", default_help="per preset; 1e-2")
     batch_size: int | None = option(None, "Minibatch size; N <= batch trains full-batch.",
                                     default_help="per preset; 512")
     eval_every: int | None = option(None, "Full-set accuracy (early stop) every k steps.", default_help="per preset; 50")
+    rounds: int = option(4, "Max training rounds; a run that has not memorized every example trains another cycle "
+                            "from its weights until a round gains at most --plateau x N examples.")
+    plateau: float = option(0.01, "Convergence: a round adding at most this share of N memorized examples is a "
+                                  "plateau; in (0, 1).", parse="floats")
     bucket_size: int = option(16, "Max configurations trained together.")
     certify: bool = option(True, "Rank certificates of the initial and trained attention.")
     device: str = option("cpu", "cpu | cuda | cuda:<i>.")
@@ -89,7 +98,7 @@ class MemorizeConfig:
         """(runs, training settings, swept axis, note) of this config."""
         given = {k: getattr(self, k) for k in ("steps", "lr", "batch_size", "eval_every") if getattr(self, k) is not None}
         fixed = {"error_tolerance": self.error_tolerance, "bucket_size": self.bucket_size, "certify": self.certify,
-                 "device": self.device}
+                 "device": self.device, "rounds": self.rounds, "plateau": self.plateau}
         if self.figure is not None:  # the panel at this scale, keeping only the values given
             d, n, base, panels = _PANELS[self.scale]
             x, values = panels[self.figure]
@@ -101,7 +110,7 @@ class MemorizeConfig:
                     if all(getattr(r, k) in vals for k, vals in keep.items())]
             steps, batch, lr = (given.get(k, base.get(k)) for k in ("steps", "batch_size", "lr"))
             note = (f"{self.scale} scale: d = {d}, n = {n}, 100 classes, shared context, N in {values['N']}, "
-                    f"{steps} steps of batch {batch} at lr {lr}" + ("" if self.scale == "paper" else
+                    f"rounds of {steps} steps (at most {self.rounds}) of batch {batch} at lr {lr}" + ("" if self.scale == "paper" else
                     " (the paper: d = 64, n = 32, N in the tens of thousands, >= 50,000 steps of batch 256 at lr 1e-3)"))
         else:
             runs = grid(self.heads, self.context, self.d_h, self.N, self.seeds, d=self.d, d_v=self.d_v, task=self.task,
@@ -128,19 +137,39 @@ def _plots(frame: pd.DataFrame, out: Path, config: MemorizeConfig) -> list[Path]
     records = pd.read_csv(out / best["saturation"])
     plots.plot_saturation(records[records["member"] == best["member"]], out / "saturation.png",
                           title=f"saturation: H={best['heads']}, n={best['context']}, d_h={best['d_h']}, "
-                                f"N={best['N']}, memorized {best['memorized']}")
+                                f"N={best['N']}, seed {best['seed']}, memorized {best['memorized']}")
     return [out / f"memorized_vs_{x}.png", out / "saturation.png"]
+
+
+def _interval(mean: float, low: float, high: float) -> str:
+    if pd.isna(mean):
+        return "-"
+    return f"{mean:.1f}" if pd.isna(low) else f"{mean:.1f} [{low:.1f}, {high:.1f}]"
 
 
 def _report(frame: pd.DataFrame, out: Path, config: MemorizeConfig) -> str:
     x = config.plan()[2]
+    provenance = {"device": str(frame["device"].iloc[0]), "seed": ",".join(map(str, config.seeds))}
+    summary = plots.sweep_summary(frame, x)
+    write_table(summary.assign(x=x), out / "summary.csv", **provenance)
     fits = plots.sweep_fits(frame, x)
     if not fits.empty:
-        write_table(fits.assign(x=x, unsaturated_below=plots.UNSATURATED), out / "fits.csv",
-                    device=str(frame["device"].iloc[0]), seed=",".join(map(str, config.seeds)))
-    shown = ["heads", "context", "d_h", "N", "seed", "memorized", "accuracy", "bound", "certified", "rank",
-             "steps_trained", "seconds"]
-    return table(frame, shown) + f"\n\nresults: {out / 'results.csv'}; plot: {out / f'memorized_vs_{x}.png'}"
+        write_table(fits.assign(x=x, unsaturated_below=plots.UNSATURATED), out / "fits.csv", **provenance)
+    shown = summary.assign(memorized=[_interval(*v) for v in summary[["memorized_mean", "memorized_low",
+                                                                       "memorized_high"]].itertuples(index=False)])
+    columns = ["N", x, "memorized", "lower_bound", "guaranteed_mean", "readout_hits_mean", "seeds", "runs"]
+    text = ("Memorized examples over the converged seeds, mean [95% t interval]; runs = all seeds, seeds = those "
+            "that converged (the others stopped at the step limit and are left out):\n\n" + table(shown, columns))
+    if not fits.empty:
+        text += "\n\nLinear fit of memorized against H on the unsaturated points, per seed, then over seeds:\n\n"
+        text += table(fits.assign(slope=[_interval(*v) for v in fits[["slope", "slope_low", "slope_high"]]
+                                         .itertuples(index=False)]), ["N", "slope", "intercept", "r2", "points", "seeds"])
+    stopped = frame[~frame["converged"].astype(bool)]
+    if len(stopped):
+        text += "\n\nStopped at the step limit (raise --steps or --rounds):\n\n" + table(
+            stopped, ["heads", "context", "d_h", "N", "seed", "memorized", "rounds_trained", "steps_trained"])
+    return text + (f"\n\nresults: {out / 'results.csv'}; summary: {out / 'summary.csv'}; "
+                   f"plot: {out / f'memorized_vs_{x}.png'}")
 
 
 EXPERIMENT = Experiment(
@@ -154,7 +183,7 @@ EXPERIMENT = Experiment(
     columns=train.COLUMNS,
     plots=_plots,
     report=_report,
-    presets={"quick": {"figure": "a"}},  # the other scales keep --figure optional; the config reads its scale
+    presets={"quick": {"figure": "a", "seeds": (0,), "rounds": 2}},  # the other scales keep --figure optional; the config reads its scale
     scale_names=("quick", "reference", "paper"),
     renamed=train.RENAMED,
     deprecated={"--tolerance": "error_tolerance"},

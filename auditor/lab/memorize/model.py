@@ -151,20 +151,35 @@ class MHAEnsemble(Ensemble):
 
     def member(self, i: int) -> MHAEnsemble:
         """A one-member ensemble holding member i's weights at its true shape (a copy)."""
-        cfg = self.configs[i]
-        single = MHAEnsemble([cfg], max_context=self.max_context).to(self.W_Q.device, self.W_Q.dtype)
-        H, dh, dv = cfg.heads, cfg.d_h, cfg.d_v
+        return self.subset([i])
+
+    def _true_shape(self, i: int) -> dict[str, tuple[slice, ...]]:
+        """Parameter name -> the slices of member i's own (unpadded) block."""
+        cfg, every = self.configs[i], slice(None)
+        H, dh, dv = slice(cfg.heads), slice(cfg.d_h), slice(cfg.d_v)
+        blocks = {"W_Q": (H, every, dh), "W_K": (H, every, dh), "W_V": (H, every, dv), "W_O": (H, dv, every),
+                  "W_D": (every, every)}
+        if self.variant == "authors":
+            blocks.update(W_in=(every, every), b_in=(every,), b_D=(every,))
+        return blocks
+
+    def subset(self, members: Sequence[int]) -> MHAEnsemble:
+        """An ensemble of ``members`` (in that order) holding copies of their weights, padded to their own
+        largest shape; :meth:`load_members` writes them back."""
+        sub = MHAEnsemble([self.configs[i] for i in members], max_context=self.max_context)
+        sub = sub.to(self.W_Q.device, self.W_Q.dtype)
         with torch.no_grad():
-            single.W_Q.copy_(self.W_Q[i : i + 1, :H, :, :dh])
-            single.W_K.copy_(self.W_K[i : i + 1, :H, :, :dh])
-            single.W_V.copy_(self.W_V[i : i + 1, :H, :, :dv])
-            single.W_O.copy_(self.W_O[i : i + 1, :H, :dv, :])
-            single.W_D.copy_(self.W_D[i : i + 1])
-            if self.variant == "authors":
-                single.W_in.copy_(self.W_in[i : i + 1])
-                single.b_in.copy_(self.b_in[i : i + 1])
-                single.b_D.copy_(self.b_D[i : i + 1])
-        return single
+            for j, i in enumerate(members):
+                for name, where in self._true_shape(i).items():
+                    getattr(sub, name)[(j, *where)] = getattr(self, name)[(i, *where)]
+        return sub
+
+    def load_members(self, sub: MHAEnsemble, members: Sequence[int]) -> None:
+        """Copy the weights of ``sub`` (made by :meth:`subset` with the same ``members``) back in place."""
+        with torch.no_grad():
+            for j, i in enumerate(members):
+                for name, where in self._true_shape(i).items():
+                    getattr(self, name)[(i, *where)] = getattr(sub, name)[(j, *where)]
 
     # -- the layer, stage by stage ------------------------------------------------------------------
     # Internally the batch dimension B comes LAST ((E, H, n, B) attention): softmax over a non-last

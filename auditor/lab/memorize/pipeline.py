@@ -2,8 +2,11 @@
 
 The auditor extracts the tokens of a representation (``embedding``, ``random-attention``, ``block.L``)
 or reads a ``--save-tokens`` file; random class labels are attached; attention layers with several H
-train on them (non-shared contexts, one per example) and are certified; the rows put memorized (trained
-and certified) beside the bound H(n-1)+1 and beside the representation's assumption verdicts.
+train on them (non-shared contexts, one per example) to convergence, several seeds, the same settings for
+every representation, and are certified; the rows put memorized (trained) and guaranteed (certified)
+beside the lower bound H(min(n, d_h)-1)+1 and beside the assumption verdicts of the same reduced tokens
+(and of the original ones). ``summary.csv`` aggregates the converged seeds per representation and H
+(mean and 95% t interval).
 
 Real tokens are wide (ViT-base: n = 197, d = 768) and a layer over them memorizes any few hundred
 examples trivially (H(n-1)+1 >= 197 already at H = 1). To make the comparison informative on a CPU the
@@ -27,15 +30,24 @@ import torch
 
 import probes
 from auditor.errors import AuditError, did_you_mean
-from auditor.lab.experiment import Experiment, option
-from auditor.lab.memorize.certify import capacity_bound
+from auditor.lab.experiment import Experiment, option, table
+from auditor.lab.memorize.certify import lower_bound
 from auditor.lab.memorize.data import MemorizeData, derived_seed, random_labels
 from auditor.lab.memorize.model import MHAConfig
-from auditor.lab.memorize.train import _CERTIFICATE, _TRAINING, RENAMED, MemorizeSettings, fit_bucket
-from auditor.lab.sweep import file_fingerprint, run_sweep, unit_key
+from auditor.lab.memorize.plots import converged_rows, mean_ci
+from auditor.lab.memorize.train import (
+    _CERTIFICATE,
+    _CONVERGENCE,
+    _TRAINING,
+    RENAMED,
+    MemorizeSettings,
+    fit_bucket,
+)
+from auditor.lab.sweep import file_fingerprint, run_sweep, unit_key, write_table
 from auditor.tokens import Tokens
 
 PROJECTIONS = ("svd", "random", "none")
+VERDICTS = ("holds", "fraction", "critical_rtol")  # the audit's verdict columns of an assumption test
 
 
 @dataclass(frozen=True)
@@ -46,7 +58,7 @@ class CapacitySettings:
     dim: int = option(64, "Projected token width (d of the layer); ignored by --projection none.")
     projection: str = option("svd", "How the width is reduced.", choices=PROJECTIONS)
     heads: tuple[int, ...] = option((1, 2, 4, 8), "H values.")
-    seeds: tuple[int, ...] = option((0,), "Seeds of the labels and initialisation.")
+    seeds: tuple[int, ...] = option((0, 1, 2), "Seeds of the labels and initialisation; means carry 95% t intervals.")
     classes: int = option(10, "Random label classes.")
     subsets: int = option(500, "Kruskal subsets per assumption test.")
     seed: int = option(0, "Model init, row selection, random projection, assumption sampling.")
@@ -103,15 +115,14 @@ def reduce_tokens(tokens: Tokens, settings: CapacitySettings) -> tuple[torch.Ten
 
 def assumption_columns(contexts: torch.Tensor, queries: torch.Tensor, n: int, subsets: int, seed: int,
                        prefix: str) -> dict[str, Any]:
-    """Assumption 1 (Kruskal rank of the queries >= n) and 2 (every context has rank n) as columns."""
+    """Assumption 1 (Kruskal rank of the queries >= n) and 2 (every context has rank n) as the audit's
+    verdict columns: ``holds``, ``fraction`` and ``critical_rtol`` (None where the probes do not give one)."""
     out: dict[str, Any] = {}
-    if n <= queries.shape[0]:
-        a1 = probes.assumption1(queries, n, subsets=subsets, seed=seed)
-        out.update({f"{prefix}assumption1_holds": a1.holds, f"{prefix}assumption1_fraction": a1.fraction})
-    else:
-        out.update({f"{prefix}assumption1_holds": None, f"{prefix}assumption1_fraction": None})
-    a2 = probes.assumption2(contexts)
-    out.update({f"{prefix}assumption2_holds": a2.holds, f"{prefix}assumption2_fraction": a2.fraction})
+    results = {1: probes.assumption1(queries, n, subsets=subsets, seed=seed) if n <= queries.shape[0] else None,
+               2: probes.assumption2(contexts)}
+    for a, result in results.items():
+        for verdict in VERDICTS:
+            out[f"{prefix}assumption{a}_{verdict}"] = getattr(result, verdict, None)
     return out
 
 
@@ -140,16 +151,18 @@ def capacity_unit(unit: dict[str, Any], progress: bool = False) -> list[dict[str
     meta["tokens_dtype"] = tokens.meta.get("dtype", str(tokens.contexts.dtype).removeprefix("torch."))
     return [
         {**meta, "N": N, "context": n, "d": w, "heads": H, "d_h": w, "seed": seed,
-         "classes": settings.classes, "bound": capacity_bound(H, n, w), **m, **info, **verdicts,
+         "classes": settings.classes, "lower_bound": lower_bound(H, n, w, w)[0],
+         "lower_bound_note": lower_bound(H, n, w, w)[1], **m, **info, **verdicts,
          "tokens_file": unit["tokens"], "history": f"history/{key}.csv", "saturation": f"saturation/{key}.csv",
          "member": i}
         for i, ((H, seed), m) in enumerate(zip(members, measured))
     ]
 
 
-_ASSUMPTIONS = tuple(f"{p}assumption{a}_{c}" for p in ("original_", "") for a in (1, 2) for c in ("holds", "fraction"))
+_ASSUMPTIONS = tuple(f"{p}assumption{a}_{c}" for p in ("original_", "") for a in (1, 2) for c in VERDICTS)
 COLUMNS = ("model", "representation", "weights", "data_source", "tokens_dtype", "N", "context", "d", "heads", "d_h",
-           "seed", "classes", "bound", "memorized", "accuracy", *_CERTIFICATE, *_TRAINING[:-2], "n_original",
+           "seed", "classes", "lower_bound", "lower_bound_note", "memorized", "accuracy", *_CONVERGENCE, *_CERTIFICATE,
+           *_TRAINING[:-2], "n_original",
            "d_original", "rows_kept", "projection", "token_rms", *_ASSUMPTIONS, "tokens_file", "history", "saturation",
            "member")
 
@@ -222,6 +235,48 @@ def _experiment_units(config: CapacityConfig, out: Path) -> list[dict[str, Any]]
     return _units(files, config.settings, config.training, out)
 
 
+def summarize(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per representation and H, over the converged seeds: memorized and guaranteed means with 95% t
+    intervals, ``seeds`` (converged) of ``runs``, the lower bound, and the assumption verdicts of the
+    reduced tokens (``assumption*``) and of the original ones (``original_assumption*``)."""
+    rows = []
+    for (name, H), part in frame.groupby(["representation", "heads"], sort=False):
+        done = converged_rows(part)
+        row = {"representation": name, "heads": H, "N": int(part["N"].iloc[0]), "context": int(part["context"].iloc[0]),
+               "d": int(part["d"].iloc[0]), "seeds": len(done), "runs": len(part)}
+        for quantity in ("memorized", "guaranteed"):
+            row[f"{quantity}_mean"], row[f"{quantity}_low"], row[f"{quantity}_high"] = mean_ci(done[quantity])
+        row["lower_bound"] = part["lower_bound"].iloc[0]
+        row.update({c: part[c].iloc[0] for c in _ASSUMPTIONS if c in part})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _interval(mean: float, low: float, high: float) -> str:
+    if pd.isna(mean):
+        return "-"
+    return f"{mean:.1f}" if pd.isna(low) else f"{mean:.1f} [{low:.1f}, {high:.1f}]"
+
+
+def _report(frame: pd.DataFrame, out: Path, config: CapacityConfig) -> str:
+    summary = summarize(frame)
+    write_table(summary, out / "summary.csv", device=str(frame["device"].iloc[0]),
+                seed=",".join(map(str, config.settings.seeds)))
+    shown = summary.assign(**{q: [_interval(*v) for v in summary[[f"{q}_mean", f"{q}_low", f"{q}_high"]]
+                                  .itertuples(index=False)] for q in ("memorized", "guaranteed")})
+    columns = ["representation", "heads", "N", "memorized", "guaranteed", "lower_bound", "seeds", "runs",
+               *[f"assumption{a}_{v}" for a in (1, 2) for v in VERDICTS],
+               "original_assumption1_holds", "original_assumption2_holds"]
+    stopped = frame[~frame["converged"].astype(bool)]
+    return ("Examples memorized by gradient descent (memorized) and proven for arbitrary labels (guaranteed = "
+            "min(rank Z, N)), mean [95% t interval] over the converged seeds, at the same training for every "
+            "representation; seeds = converged of runs; verdicts of the reduced tokens the layer trains on:\n\n"
+            + table(shown, columns)
+            + (f"\n\n{len(stopped)} run(s) stopped at the step limit and are left out (raise --steps or --rounds)."
+               if len(stopped) else "\n\nEvery run converged.")
+            + f"\n\nresults: {out / 'results.csv'}; summary: {out / 'summary.csv'}")
+
+
 def _plots(frame: pd.DataFrame, out: Path, config: CapacityConfig) -> list[Path]:
     from auditor.lab.memorize.plots import plot_sweep
 
@@ -234,7 +289,8 @@ def _plots(frame: pd.DataFrame, out: Path, config: CapacityConfig) -> list[Path]
 
 EXPERIMENT = Experiment(
     name="capacity",
-    help="Memorization on a real representation against H(n-1)+1 and the assumption verdicts.",
+    help="Memorization on real representations, trained to convergence over several seeds, beside the lower bound "
+         "H(min(n, d_h)-1)+1 and the Assumption 1/2 verdicts of the same tokens.",
     examples="audit capacity vit-base --data /path/to/images --samples 256\n"
              "audit capacity --tokens run/tokens/block.0.safetensors",
     config=CapacityConfig,
@@ -242,10 +298,9 @@ EXPERIMENT = Experiment(
     run_unit=capacity_unit,
     columns=COLUMNS,
     plots=_plots,
-    show=("representation", "heads", "N", "context", "d", "memorized", "bound", "certified", "certified_init",
-          "assumption1_holds", "assumption2_holds", "original_assumption1_holds", "original_assumption2_holds"),
+    report=_report,
     presets={"quick": {"samples": 16, "representations": ("embedding", "block.0"),
-                       "settings": {"rows": 4, "dim": 8, "heads": (1, 2), "classes": 3, "subsets": 50},
+                       "settings": {"rows": 4, "dim": 8, "heads": (1, 2), "classes": 3, "subsets": 50, "seeds": (0,)},
                        "training": {"steps": 100, "lr": 1e-2, "batch_size": 512, "eval_every": 20}},
              "reference": {"training": {"steps": 3000, "lr": 1e-2, "batch_size": 512, "eval_every": 50}}},
     renamed={**RENAMED, "scale": "token_rms"},

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import scipy.stats
 
 from auditor.errors import AuditError
 from auditor.lab.figures import plt, save
@@ -37,33 +38,88 @@ def linear_fit(x: np.ndarray, y: np.ndarray) -> LinearFit:
     return LinearFit(float(slope), float(intercept), r2, int(x.size))
 
 
+# names of earlier releases, so committed CSVs still read (old -> current)
+OLD_COLUMNS = {"bound": "lower_bound", "certified": "readout_hits", "certified_init": "readout_hits_init",
+               "tolerance": "error_tolerance", "rank_rtol": "rtol"}
+
+
+def current_columns(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with old column names replaced (a column already present under its new name wins)."""
+    return frame.rename(columns={old: new for old, new in OLD_COLUMNS.items() if old in frame and new not in frame})
+
+
+def mean_ci(values: np.ndarray | pd.Series, confidence: float = 0.95) -> tuple[float, float, float]:
+    """(mean, low, high): the two-sided Student-t interval of the mean (scipy.stats.t); NaN bounds with fewer
+    than two finite values, the mean itself when they all agree."""
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v)]
+    if v.size == 0:
+        return float("nan"), float("nan"), float("nan")
+    mean = float(v.mean())
+    if v.size < 2:
+        return mean, float("nan"), float("nan")
+    sem = float(scipy.stats.sem(v))
+    if sem == 0:
+        return mean, mean, mean
+    low, high = scipy.stats.t.interval(confidence, v.size - 1, loc=mean, scale=sem)
+    return mean, float(low), float(high)
+
+
+def converged_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows whose training converged (all of them for CSVs written before ``converged`` existed)."""
+    if "converged" not in frame:
+        return frame
+    return frame[frame["converged"].astype(str).str.lower() == "true"]
+
+
 def sweep_summary(frame: pd.DataFrame, x: str) -> pd.DataFrame:
-    """Mean and std over seeds of memorized, certified and accuracy, per (N, x); with the bound."""
+    """Per (N, x), over the converged seeds: memorized mean with its 95% t interval (``memorized_low``,
+    ``memorized_high``), mean accuracy, guaranteed and readout_hits means, the lower bound, ``seeds``
+    (converged) and ``runs`` (all, step-limited ones included)."""
     if x not in X_LABELS:
         raise AuditError(f"x must be one of {', '.join(X_LABELS)}, got {x!r}")
-    agg = {"memorized": ["mean", "std"], "accuracy": "mean", "bound": "mean", "seed": "count"}
-    if "certified" in frame and frame["certified"].notna().any():
-        agg["certified"] = ["mean", "std"]
-    out = frame.groupby(["N", x]).agg(agg)
-    out.columns = ["_".join(c).rstrip("_") for c in out.columns.to_flat_index()]
-    return out.rename(columns={"seed_count": "seeds", "accuracy_mean": "accuracy", "bound_mean": "bound"}).reset_index()
+    frame = current_columns(frame)
+    rows = []
+    for (N, value), part in frame.groupby(["N", x]):
+        done = converged_rows(part)
+        mean, low, high = mean_ci(done["memorized"])
+        row = {"N": N, x: value, "memorized_mean": mean, "memorized_low": low, "memorized_high": high,
+               "accuracy": float(done["accuracy"].mean()) if len(done) else float("nan"),
+               "lower_bound": float(part["lower_bound"].mean()) if "lower_bound" in part else float("nan"),
+               "seeds": len(done), "runs": len(part)}
+        for name in ("guaranteed", "readout_hits"):
+            if name in part and part[name].notna().any():
+                row[f"{name}_mean"] = float(done[name].mean()) if len(done) else float("nan")
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def sweep_fits(frame: pd.DataFrame, x: str) -> pd.DataFrame:
-    """For ``x = heads``: per N, the line through its unsaturated points (mean accuracy < 0.95) with its
-    R^2 (columns N, slope, intercept, r2, points); an empty frame for other axes."""
+    """For ``x = heads``: per N, a line through the unsaturated points (mean accuracy < 0.95) fitted to each
+    seed's converged runs, then the slope's mean and 95% t interval over seeds (columns N, slope, slope_low,
+    slope_high, intercept, r2 = mean over seeds, points, seeds); an empty frame for other axes."""
     if x != "heads":
         return pd.DataFrame()
+    frame = current_columns(frame)
+    summary = sweep_summary(frame, x)
     fits = []
-    for N, part in sweep_summary(frame, x).groupby("N"):
-        keep = part[part["accuracy"] < UNSATURATED]
-        fits.append({"N": N, **linear_fit(keep[x], keep["memorized_mean"]).__dict__})
+    for N, part in converged_rows(frame).groupby("N"):
+        chosen = summary[(summary["N"] == N) & (summary["accuracy"] < UNSATURATED)][x]
+        per_seed = [linear_fit(runs[x], runs["memorized"]) for _, runs in part[part[x].isin(chosen)].groupby("seed")]
+        per_seed = [f for f in per_seed if f.points >= 2]
+        slope, low, high = mean_ci([f.slope for f in per_seed])
+        fits.append({"N": N, "slope": slope, "slope_low": low, "slope_high": high,
+                     "intercept": mean_ci([f.intercept for f in per_seed])[0], "r2": mean_ci([f.r2 for f in per_seed])[0],
+                     "points": len(chosen), "seeds": len(per_seed)})
     return pd.DataFrame(fits)
 
 
 def plot_sweep(frame: pd.DataFrame, x: str, path: str | Path, title: str = "") -> pd.DataFrame:
-    """Memorized examples against ``x`` (one line per N, mean +- std over seeds), the bound drawn; for
-    ``x = heads`` the fit of :func:`sweep_fits` dotted, its R^2 in the legend. Returns the fits."""
+    """Memorized examples against ``x`` (one line per N: mean over converged seeds with 95% t-interval
+    error bars), the lower bound drawn; for ``x = heads`` the fit of :func:`sweep_fits` dotted with its
+    slope interval and R^2 in the legend. Runs stopped at the step limit are left out and counted in the
+    title. Returns the fits."""
+    frame = current_columns(frame)
     summary = sweep_summary(frame, x)
     fits = sweep_fits(frame, x)
     fig, ax = plt.subplots(figsize=(6.4, 4.6))
@@ -72,22 +128,29 @@ def plot_sweep(frame: pd.DataFrame, x: str, path: str | Path, title: str = "") -
         part = part.sort_values(x)
         label = f"N = {N}"
         fit = fits[fits["N"] == N].iloc[0] if len(fits) else None
-        if fit is not None and fit["points"] >= 2:
+        if fit is not None and np.isfinite(fit["slope"]):
             xs = part.loc[part["accuracy"] < UNSATURATED, x].to_numpy()
             ax.plot(xs, fit["slope"] * xs + fit["intercept"], ":", color=color, lw=1)
-            label += f" (fit R$^2$ = {fit['r2']:.3f})"
-        ax.errorbar(part[x], part["memorized_mean"], yerr=part["memorized_std"].fillna(0), marker="o", ms=4,
-                    color=color, capsize=2, label=label)
-        if "certified_mean" in part:
-            ax.plot(part[x], part["certified_mean"], "x--", color=color, alpha=0.6, lw=0.8)
+            label += f" (slope {fit['slope']:.0f} [{fit['slope_low']:.0f}, {fit['slope_high']:.0f}], R$^2$ = {fit['r2']:.3f})"
+        errors = np.vstack([part["memorized_mean"] - part["memorized_low"], part["memorized_high"] - part["memorized_mean"]])
+        ax.errorbar(part[x], part["memorized_mean"], yerr=np.nan_to_num(errors), marker="o", ms=4, color=color,
+                    capsize=2, label=label)
+        if "readout_hits_mean" in part:
+            ax.plot(part[x], part["readout_hits_mean"], "x--", color=color, alpha=0.6, lw=0.8)
+        if "guaranteed_mean" in part:
+            ax.plot(part[x], part["guaranteed_mean"], "s:", color=color, alpha=0.6, lw=0.8, ms=3)
         ax.axhline(N, color=color, lw=0.5, alpha=0.4)
-    bound = summary.groupby(x)["bound"].mean().sort_index()
-    ax.plot(bound.index, bound.to_numpy(), "k-", lw=1.5, label="bound H(min(n, d_h)-1)+1")
-    if "certified_mean" in summary:
-        ax.plot([], [], "kx--", alpha=0.6, lw=0.8, label="certified (trained attention, LS readout)")
+    bound = summary.groupby(x)["lower_bound"].mean().sort_index()
+    ax.plot(bound.index, bound.to_numpy(), "k-", lw=1.5, label="lower bound H(min(n, d_h)-1)+1 (best weights)")
+    if "readout_hits_mean" in summary:
+        ax.plot([], [], "kx--", alpha=0.6, lw=0.8, label="readout hits (argmax of the LS readout)")
+    if "guaranteed_mean" in summary:
+        ax.plot([], [], "ks:", alpha=0.6, lw=0.8, ms=3, label="guaranteed = min(rank Z, N)")
+    dropped = int((summary["runs"] - summary["seeds"]).sum())
     ax.set_xlabel(X_LABELS[x])
-    ax.set_ylabel("examples memorized")
-    ax.set_title(title or f"memorization against {X_LABELS[x]}")
+    ax.set_ylabel("examples memorized (mean, 95% t interval over seeds)")
+    ax.set_title((title or f"memorization against {X_LABELS[x]}")
+                 + (f"\n{dropped} run(s) stopped at the step limit left out" if dropped else ""), fontsize=10)
     save(fig, path, ax=ax)
     return fits
 
@@ -95,15 +158,18 @@ def plot_sweep(frame: pd.DataFrame, x: str, path: str | Path, title: str = "") -
 def plot_tolerance(curves: pd.DataFrame, path: str | Path, title: str = "") -> None:
     """Numerical rank of Z against rtol (log axis), one line per ``label``.
 
-    Optional columns: ``bound`` (drawn dotted per label, e.g. H(n-1)+1) and ``default_rtol`` (marked).
+    Optional columns: ``bound`` (drawn dotted per label, e.g. H(n-1)+1) and ``default_rtol`` (the default
+    tolerance of that label's own Z, which grows with its N and width: a dashed line in the label's colour).
     """
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     for label, part in curves.groupby("label", sort=False):
         line = ax.plot(part["rtol"], part["rank"], marker=".", label=str(label))[0]
         if "bound" in part and part["bound"].notna().any():
             ax.axhline(float(part["bound"].iloc[0]), color=line.get_color(), ls=":", lw=1)
-    if "default_rtol" in curves:
-        ax.axvline(float(curves["default_rtol"].iloc[0]), color="gray", ls="--", lw=1, label="default (float32) rtol")
+        if "default_rtol" in part and part["default_rtol"].notna().any():
+            ax.axvline(float(part["default_rtol"].dropna().iloc[0]), color=line.get_color(), ls="--", lw=0.8)
+    if "default_rtol" in curves and curves["default_rtol"].notna().any():
+        ax.plot([], [], color="gray", ls="--", lw=0.8, label="default (float32) rtol of each Z")
     ax.set_xscale("log")
     ax.set_xlabel("relative tolerance rtol (singular values > rtol * sigma_max count)")
     ax.set_ylabel("numerical rank of Z")

@@ -5,10 +5,17 @@ label width, context sharing and variant) are sorted by cost and cut into bucket
 members; one bucket = one :func:`~auditor.lab.sweep.run_sweep` unit = one :func:`~auditor.lab.engine.train`
 call, so a sweep resumes at bucket granularity (and inside a bucket from the engine's checkpoint).
 
+Training runs to convergence, not to a budget (:func:`train_rounds`): round 1 is a warm-up + cosine
+cycle of ``steps`` steps; a member that has not memorized every example trains another cycle from its
+weights (fresh optimiser state), and stops when a round adds at most ``plateau`` x N memorized
+examples. ``stop_reason`` says which: ``all_memorized`` or ``plateau`` (``converged``), or
+``step_limit`` (still gaining after ``rounds`` rounds: not converged, left out of fits).
+
 Each result row: the run's configuration, memorized (examples memorized by gradient descent), accuracy,
-bound = H(min(n, d_h)-1)+1, the capacity certificate of the trained and of the initial attention
-(rank, certified count, rtol, margin), saturation, steps (the budget), steps_trained, seconds, dtype and
-device; the sweep runner adds the provenance.
+converged, stop_reason, rounds_trained, lower_bound = H(min(n, d_h)-1)+1 (blank where n > d), the capacity
+certificate of the trained and of the initial attention (rank, guaranteed = min(rank, N), readout_hits,
+rtol, margin), saturation, steps (per round), rounds (at most), steps_trained, seconds, dtype and device;
+the sweep runner adds the provenance.
 """
 
 from __future__ import annotations
@@ -28,12 +35,12 @@ from auditor.lab.engine import TrainConfig, train
 from auditor.lab.experiment import option
 from auditor.lab.memorize.certify import (
     attention_features,
-    capacity_bound,
     certify,
+    lower_bound,
     proposition2_bound,
     readout_realizable,
 )
-from auditor.lab.memorize.data import DataConfig, MemorizeData, make_data
+from auditor.lab.memorize.data import DataConfig, MemorizeData, derived_seed, make_data
 from auditor.lab.memorize.model import MHAConfig, MHAEnsemble
 from auditor.lab.memorize.saturation import saturation
 from auditor.lab.memorize.task import MemorizeTask
@@ -79,8 +86,9 @@ class MemorizeRun:
                          seed=self.seed)
 
     @property
-    def bound(self) -> int:
-        return capacity_bound(self.heads, self.context, self.d_h)
+    def bound(self) -> int | None:
+        """Theorem 1's lower bound H(min(n, d_h)-1)+1, or None where it does not apply (n > d)."""
+        return lower_bound(self.heads, self.context, self.d_h, self.d)[0]
 
     def bucket_key(self) -> tuple:
         """Runs with equal keys can share one ensemble."""
@@ -93,7 +101,7 @@ class MemorizeSettings:
     """Training and measurement settings shared by every run of a sweep (its options are those of
     ``audit capacity``, whose presets set the defaults shown)."""
 
-    steps: int = option(5000, "Max optimisation steps.", default_help="3000")
+    steps: int = option(5000, "Optimisation steps per round (one warm-up + cosine cycle).", default_help="3000")
     lr: float = option(1e-3, "Peak Adam learning rate.", parse="floats", default_help="1e-2")
     batch_size: int = option(256, "Minibatch size; N <= batch trains full-batch.", default_help="512")
     eval_every: int = option(100, "Full-set accuracy (early stop) every k steps.", default_help="50")
@@ -108,10 +116,19 @@ class MemorizeSettings:
     order_seed: int = 0  # data order (shared by a bucket)
     device: str = option("cpu", "cpu | cuda | cuda:<i>.")
     checkpoint_every: int = 1000
+    rounds: int = option(4, "Max training rounds; a member that has not memorized every example trains another "
+                            "cycle of --steps from its weights until a round gains at most --plateau x N examples.")
+    plateau: float = option(0.01, "Convergence: a round adding at most this share of N memorized examples is a "
+                                  "plateau; in (0, 1).", parse="floats")
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.bucket_size < 1:
             raise AuditError("batch_size and bucket_size must be >= 1")
+        if not 1 <= self.rounds <= 100:
+            raise AuditError(f"rounds must be in 1..100, got {self.rounds}")
+        if not 0 < self.plateau < 1:
+            raise AuditError(f"plateau (share of N a round may add and still count as converged) must be in (0, 1), "
+                             f"got {self.plateau}")
         if not 0 < self.error_tolerance < 0.5:  # also refuses NaN and infinity
             raise AuditError(f"error_tolerance must be in (0, 0.5), got {self.error_tolerance}: regression labels are "
                              "uniform in [0, 1), so at 0.5 or more the constant prediction 0.5 memorizes every example")
@@ -127,15 +144,18 @@ class MemorizeSettings:
     def from_unit(cls, settings: dict[str, Any]) -> MemorizeSettings:
         return cls(**{_FIELD_NAMES.get(k, k): v for k, v in settings.items()})
 
-    def train_config(self, checkpoint: str | None) -> TrainConfig:
+    def train_config(self, checkpoint: str | None, round: int = 1) -> TrainConfig:
+        """The engine's config of training round ``round`` (1-based; later rounds draw another data order)."""
+        seed = self.order_seed if round == 1 else derived_seed(self.order_seed, f"round {round}")
         return TrainConfig(steps=self.steps, lr=self.lr, warmup_frac=self.warmup_frac,
                            warmup_start=self.warmup_start, schedule=self.schedule, eval_every=self.eval_every,
-                           seed=self.order_seed, checkpoint=checkpoint, checkpoint_every=self.checkpoint_every)
+                           seed=seed, checkpoint=checkpoint, checkpoint_every=self.checkpoint_every)
 
 
 _UNIT_NAMES = {"error_tolerance": "tolerance", "rtol": "rank_rtol"}  # field -> its name in unit files
 _FIELD_NAMES = {v: k for k, v in _UNIT_NAMES.items()}
-RENAMED = {**_FIELD_NAMES, "steps": "steps_trained", "max_steps": "steps"}  # columns of earlier releases
+RENAMED = {**_FIELD_NAMES, "steps": "steps_trained", "max_steps": "steps",  # columns of earlier releases
+           "bound": "lower_bound", "certified": "readout_hits", "certified_init": "readout_hits_init"}
 
 
 def paper_steps(N: int, batch_size: int = 256, epochs: int = 500, minimum: int = 50_000) -> int:
@@ -207,30 +227,94 @@ def _device(name: str) -> torch.device:
     return torch.device(name)
 
 
+STOP_REASONS = ("all_memorized", "plateau", "step_limit")  # the first two are converged
+
+
 def _certify_member(model: MHAEnsemble, i: int, data: MemorizeData, settings: MemorizeSettings) -> dict[str, Any]:
     cert = certify(attention_features(model, data, i), data.labels, task=data.task, classes=data.classes,
                    error_tolerance=settings.error_tolerance, rtol=settings.rtol)
-    return {"rank": cert.rank, "certified": cert.certified, "rtol": cert.rtol, "rank_margin": cert.margin}
+    return {"rank": cert.rank, "guaranteed": cert.guaranteed, "readout_hits": cert.readout_hits, "rtol": cert.rtol,
+            "rank_margin": cert.margin}
+
+
+@dataclass
+class Rounds:
+    """What :func:`train_rounds` returns, per member of the full ensemble."""
+
+    memorized: list[int]
+    stop_reason: list[str]
+    rounds_trained: list[int]
+    steps_trained: list[int]
+    seconds: float
+    history: pd.DataFrame  # the engine's history of every round: member (full index), round, step (cumulative)
+
+    @property
+    def converged(self) -> list[bool]:
+        return [reason != "step_limit" for reason in self.stop_reason]
+
+
+def train_rounds(model: MHAEnsemble, datasets: Sequence[MemorizeData], settings: MemorizeSettings, *,
+                 checkpoint: str | None = None, progress: bool = False) -> Rounds:
+    """Train every member to convergence: rounds of ``settings.steps`` (warm-up + cosine, fresh optimiser)
+    from the previous round's weights, each round only for the members still going. A member stops with
+    ``all_memorized`` (early stop at 100%), ``plateau`` (its round added at most ``plateau`` x N memorized
+    examples; needs a previous round to compare with) or, after ``rounds`` rounds, ``step_limit``.
+    Round r checkpoints to ``checkpoint`` (r = 1) or ``<stem>.round<r>.pt``, so a rerun resumes exactly."""
+    E = model.num_members
+    device = model.W_Q.device
+    memorized, previous = [0] * E, [None] * E
+    reason: list[str | None] = [None] * E
+    rounds_trained, steps_trained = [0] * E, [0] * E
+    histories, seconds = [], 0.0
+    going = list(range(E))
+    for r in range(1, settings.rounds + 1):
+        if not going:
+            break
+        part = model if len(going) == E else model.subset(going)
+        task = MemorizeTask([datasets[i] for i in going], settings.batch_size,
+                            error_tolerance=settings.error_tolerance, device=device)
+        path = checkpoint if checkpoint is None or r == 1 else str(Path(checkpoint).with_suffix(f".round{r}.pt"))
+        result = train(part, task, settings.train_config(path, r), progress=progress)
+        if part is not model:
+            model.load_members(part, going)
+        with torch.no_grad():
+            counts = task.memorized_mask(part).sum(1).cpu().tolist()
+        seconds += result.seconds
+        histories.append(result.history.assign(member=[going[m] for m in result.history["member"]], round=r,
+                                               step=result.history["step"] + (r - 1) * settings.steps))
+        for j, i in enumerate(going):
+            memorized[i], rounds_trained[i] = int(counts[j]), r
+            steps_trained[i] += int(result.steps_trained[j])
+            if memorized[i] >= datasets[i].N:
+                reason[i] = "all_memorized"
+            elif previous[i] is not None and memorized[i] - previous[i] <= settings.plateau * datasets[i].N:
+                reason[i] = "plateau"
+            previous[i] = memorized[i]
+        going = [i for i in going if reason[i] is None]
+    return Rounds(memorized, [why or "step_limit" for why in reason], rounds_trained, steps_trained, seconds,
+                  pd.concat(histories, ignore_index=True))
 
 
 def fit_bucket(configs: Sequence[MHAConfig], datasets: Sequence[MemorizeData], settings: MemorizeSettings, *,
                checkpoint: str | None = None, history: str | Path | None = None,
                saturation_path: str | Path | None = None, progress: bool = False,
                unit: str | None = None) -> list[dict[str, Any]]:
-    """Train the layers ``configs`` (member i on ``datasets[i]``) together and measure each member.
+    """Train the layers ``configs`` (member i on ``datasets[i]``) together to convergence
+    (:func:`train_rounds`) and measure each member.
 
-    Returns one dict per member: memorized, accuracy, steps_trained, seconds (of the whole bucket), the
-    certificate of the trained attention (rank, certified, rtol, rank_margin) and of the initial
-    attention (``*_init``), and saturation (mean saturated share of heads, share of examples with a free
-    head). ``history`` receives the training history CSV; ``saturation_path`` a long CSV with, per member,
-    every head's saturated share (``kind = head``) and the examples by number of saturated heads
-    (``kind = histogram``); both carry each member's seed, the provenance columns and the key ``unit``.
+    Returns one dict per member: memorized, accuracy, converged, stop_reason, rounds_trained, steps_trained,
+    seconds (of the whole bucket), the certificate of the trained attention (rank, guaranteed,
+    readout_hits, rtol, rank_margin) and of the initial attention (``*_init``), and saturation (mean
+    saturated share of heads, share of examples with a free head). ``history`` receives the training
+    history CSV (every round); ``saturation_path`` a long CSV with, per member, every head's saturated
+    share (``kind = head``) and the examples by number of saturated heads (``kind = histogram``); both
+    carry each member's seed, the provenance columns and the key ``unit``.
     """
     device = _device(settings.device)
     model = MHAEnsemble(configs, max_context=max(ds.n for ds in datasets)).to(device)
     task = MemorizeTask(datasets, settings.batch_size, error_tolerance=settings.error_tolerance, device=device)
     initial = [_certify_member(model, i, ds, settings) if settings.certify else {} for i, ds in enumerate(datasets)]
-    result = train(model, task, settings.train_config(checkpoint), progress=progress)
+    result = train_rounds(model, datasets, settings, checkpoint=checkpoint, progress=progress)
     seeds = [cfg.seed for cfg in configs]
     if history is not None:
         write_table(result.history.assign(seed=[seeds[m] for m in result.history["member"]]), history,
@@ -247,15 +331,17 @@ def fit_bucket(configs: Sequence[MHAConfig], datasets: Sequence[MemorizeData], s
         sat_rows += [{"member": i, "seed": cfg.seed, "kind": "histogram", "index": k, "value": c}
                      for k, c in enumerate(torch.bincount(sat.per_example, minlength=cfg.heads + 1).tolist())]
         out.append({
-            "memorized": int(memorized[i]), "accuracy": float(result.accuracy[i]),
-            "certified": trained.get("certified"), "rank": trained.get("rank"),
-            "rtol": trained.get("rtol"), "rank_margin": trained.get("rank_margin"),
-            "certified_init": initial[i].get("certified"), "rank_init": initial[i].get("rank"),
-            "rank_margin_init": initial[i].get("rank_margin"), "rank_ceiling": ceiling,
+            "memorized": int(memorized[i]), "accuracy": float(memorized[i]) / ds.N,
+            "converged": result.converged[i], "stop_reason": result.stop_reason[i],
+            "rounds_trained": result.rounds_trained[i],
+            **{k: trained.get(k) for k in ("guaranteed", "readout_hits", "rank", "rtol", "rank_margin")},
+            **{f"{k}_init": initial[i].get(k) for k in ("guaranteed", "readout_hits", "rank", "rank_margin")},
+            "rank_ceiling": ceiling,
             "readout_realizable": readout_realizable(cfg.d_v, cfg.width, 2 if ds.task == "classification"
                                                      else ds.labels.shape[1]),
             "saturated_fraction": float(sat.per_head.mean()), "with_free_head": sat.with_free_head,
-            "steps_trained": int(result.steps_trained[i]), "steps": settings.steps, "seconds": result.seconds,
+            "steps_trained": result.steps_trained[i], "steps": settings.steps, "rounds": settings.rounds,
+            "plateau": settings.plateau, "seconds": result.seconds,
             "bucket_members": len(configs), "lr": settings.lr, "batch_size": settings.batch_size,
             "order_seed": settings.order_seed, "dtype": "float32", "device": str(device),
         })
@@ -280,7 +366,8 @@ def run_unit(unit: dict[str, Any], progress: bool = False) -> list[dict[str, Any
                           history=workdir / "history" / f"{key}.csv",
                           saturation_path=workdir / "saturation" / f"{key}.csv", progress=progress, unit=key)
     return [
-        {**dataclasses.asdict(run), "d_v": run.value_width, "bound": run.bound, "member": i,
+        {**dataclasses.asdict(run), "d_v": run.value_width, "lower_bound": run.bound,
+         "lower_bound_note": lower_bound(run.heads, run.context, run.d_h, run.d)[1], "member": i,
          "shared_bound": proposition2_bound(run.heads, run.context) if run.shared_context else None,
          "parameters": run.model_config().num_parameters,
          "error_tolerance": settings.error_tolerance if run.task == "regression" else None,
@@ -297,10 +384,11 @@ def run_memorize(runs: Sequence[MemorizeRun], settings: MemorizeSettings, out: s
                      columns=COLUMNS, renamed=RENAMED)
 
 
-_CERTIFICATE = ("certified", "rank", "rtol", "rank_margin", "certified_init", "rank_init", "rank_margin_init",
-                "rank_ceiling", "readout_realizable")
-_TRAINING = ("saturated_fraction", "with_free_head", "steps_trained", "steps", "seconds", "bucket_members", "lr",
-             "batch_size", "order_seed", "dtype", "device", "history", "saturation")
+_CONVERGENCE = ("converged", "stop_reason", "rounds_trained")
+_CERTIFICATE = ("guaranteed", "readout_hits", "rank", "rtol", "rank_margin", "guaranteed_init", "readout_hits_init",
+                "rank_init", "rank_margin_init", "rank_ceiling", "readout_realizable")
+_TRAINING = ("saturated_fraction", "with_free_head", "steps_trained", "steps", "rounds", "plateau", "seconds",
+             "bucket_members", "lr", "batch_size", "order_seed", "dtype", "device", "history", "saturation")
 COLUMNS = ("heads", "context", "d_h", "N", "seed", "d", "d_v", "task", "classes", "outputs", "shared_context",
-           "variant", "d_model", "bound", "member", "shared_bound", "parameters", "error_tolerance", "memorized",
-           "accuracy", *_CERTIFICATE, *_TRAINING)
+           "variant", "d_model", "lower_bound", "lower_bound_note", "member", "shared_bound", "parameters",
+           "error_tolerance", "memorized", "accuracy", *_CONVERGENCE, *_CERTIFICATE, *_TRAINING)

@@ -1,0 +1,257 @@
+"""Bits per parameter: every room's capacity in one unit.
+
+Each room stores something different; this module turns each room's result CSV into rows
+
+    room, experiment, config, stored_bits, parameters, bits_per_parameter, formula, converged, source
+
+with the formula written out on every row:
+
+* memorize (paper A), classification: memorized x log2(classes); regression: memorized x outputs x
+  log2(1 / (2 error_tolerance)) (a label known to +- error_tolerance in [0, 1) is one of that many bins);
+* capacity (paper A on real tokens): memorized x log2(classes);
+* certify (paper A without training): guaranteed x REAL_BITS: ``guaranteed`` arbitrary real labels are
+  fitted exactly, counted at float32 precision (24 significant bits, the layer's dtype);
+* facts (paper B): facts_stored x log2(values);
+* recall (paper C): facts x log2(D) (``recall scaling``), fact_recall x facts x log2(D) (``recall tradeoff``);
+  assoc (paper C's associative memories, f(x) = x over N outputs): capacity x log2(capacity).
+
+``converged`` is True when the count comes from a run that finished (all memorized, a plateau, an early
+stop at full accuracy, or no training at all), False when it stopped at its step limit, empty when the CSV
+cannot tell. ``audit bits [REPORT_DIRS...]`` finds the result CSVs under the folders, writes ``bits.csv``
+and ``bits.png`` (bits per parameter against parameters, with 2 bits/param (Allen-Zhu and Li, 2024),
+3.6 bits/param (Morris et al., 2025) and, for the attention layers of paper A, the bounds H(n-1)+1 and
+H d_h + d in the same unit).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import click
+import numpy as np
+import pandas as pd
+
+from auditor.errors import AuditError
+
+REAL_BITS = 24  # significand bits of float32: the precision a certified real label is counted at
+COLUMNS = ("room", "experiment", "config", "stored_bits", "parameters", "bits_per_parameter", "formula", "converged",
+           "source", "bound_bits_paper_a", "bound_bits_dana")
+REFERENCES = {"2 bits/param (Allen-Zhu and Li 2024)": 2.0, "3.6 bits/param (Morris et al. 2025)": 3.6}
+_OLD = {"bound": "lower_bound", "certified": "readout_hits", "tolerance": "error_tolerance", "params": "parameters"}
+
+
+def _current(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame.rename(columns={o: n for o, n in _OLD.items() if o in frame and n not in frame})
+
+
+def _layer_parameters(row: pd.Series, d_v: int | None = None, outputs: int | None = None) -> int:
+    """Parameters of paper A's layer (spec variant): H(2 d d_h + d d_v) + H d_v d + d d_o."""
+    from auditor.lab.memorize.model import MHAConfig
+
+    return MHAConfig(heads=int(row["heads"]), d=int(row["d"]), d_h=int(row["d_h"]),
+                     d_v=int(d_v if d_v is not None else row.get("d_v", row["d_h"])),
+                     outputs=int(outputs if outputs is not None else row["classes"])).num_parameters
+
+
+def _attention_converged(frame: pd.DataFrame) -> pd.Series:
+    """The ``converged`` column, or for older CSVs: all memorized or stopped early (steps_trained < steps)."""
+    if "converged" in frame:
+        return frame["converged"].astype(bool)
+    if {"steps_trained", "steps"} <= set(frame):
+        return (frame["memorized"] >= frame["N"]) | (frame["steps_trained"] < frame["steps"])
+    return pd.Series([None] * len(frame), index=frame.index, dtype=object)
+
+
+def _paper_a_bounds(frame: pd.DataFrame, label_bits: pd.Series) -> tuple[pd.Series, pd.Series]:
+    """Bits of H(n-1)+1 (Proposition 2's ceiling; Theorem 1 at d_h >= n) and of H d_h + d (Dana et al.) examples."""
+    return ((frame["heads"] * (frame["context"] - 1) + 1) * label_bits,
+            (frame["heads"] * frame["d_h"] + frame["d"]) * label_bits)
+
+
+def memorize_bits(frame: pd.DataFrame, experiment: str = "memorize") -> pd.DataFrame:
+    """Rows of ``audit memorize`` (and ``audit capacity``: same columns for what is counted)."""
+    frame = _current(frame)
+    if "max_steps" in frame and "steps_trained" not in frame:  # rows written before steps were renamed
+        frame = frame.rename(columns={"steps": "steps_trained", "max_steps": "steps"})
+    regression = frame["task"].eq("regression") if "task" in frame else pd.Series(False, index=frame.index)
+    tolerance = frame["error_tolerance"].astype(float) if "error_tolerance" in frame else pd.Series(np.nan, index=frame.index)
+    outputs = frame["outputs"] if "outputs" in frame else pd.Series(1, index=frame.index)
+    label_bits = np.where(regression, outputs * np.log2(1.0 / (2.0 * tolerance.where(regression, 0.25))),
+                          np.log2(frame["classes"].astype(float)))
+    label_bits = pd.Series(label_bits, index=frame.index)
+    parameters = frame["parameters"] if "parameters" in frame else frame.apply(
+        lambda r: _layer_parameters(r, d_v=int(r["d"]) if "d_v" not in r else None), axis=1)
+    formula = np.where(regression, "memorized x outputs x log2(1 / (2 error_tolerance))", "memorized x log2(classes)")
+    config = frame.apply(lambda r: ", ".join(f"{k}={r[k]}" for k in ("representation", "heads", "context", "d_h", "d", "N",
+                                                                     "seed") if k in r and pd.notna(r[k])), axis=1)
+    paper_a, dana = _paper_a_bounds(frame, label_bits)
+    return pd.DataFrame({"room": "memorize", "experiment": experiment, "config": config,
+                         "stored_bits": frame["memorized"] * label_bits, "parameters": parameters, "formula": formula,
+                         "converged": _attention_converged(frame), "bound_bits_paper_a": paper_a, "bound_bits_dana": dana})
+
+
+def capacity_bits(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows of ``audit capacity`` (a layer with d_h = d_v = d on reduced real tokens)."""
+    frame = _current(frame)
+    if "parameters" not in frame:
+        frame = frame.assign(parameters=frame.apply(lambda r: _layer_parameters(r, d_v=int(r["d"])), axis=1))
+    return memorize_bits(frame.assign(task="classification"), "capacity")
+
+
+def certify_bits(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows of ``audit certify``: guaranteed exact reals at float32 precision (one label per example)."""
+    frame = _current(frame)
+    parameters = frame.apply(lambda r: _layer_parameters(r, d_v=int(r["d_h"])), axis=1)
+    config = frame.apply(lambda r: f"weights={r['weights']}, heads={r['heads']}, context={r['context']}, "
+                                   f"d_h={r['d_h']}, d={r['d']}, N={r['N']}, seed={r['seed']}", axis=1)
+    paper_a, dana = _paper_a_bounds(frame, pd.Series(float(REAL_BITS), index=frame.index))
+    return pd.DataFrame({"room": "memorize", "experiment": "certify", "config": config,
+                         "stored_bits": frame["guaranteed"] * REAL_BITS, "parameters": parameters,
+                         "formula": f"guaranteed x {REAL_BITS} (exact reals at float32 precision)",
+                         "converged": True, "bound_bits_paper_a": paper_a, "bound_bits_dana": dana})
+
+
+def facts_bits(frame: pd.DataFrame, experiment: str = "facts") -> pd.DataFrame:
+    """Rows of a trained ``audit facts`` experiment (columns facts_stored, values, params)."""
+    frame = _current(frame)
+    if "tau" in frame:  # one training, one row per softmax threshold: count it once
+        frame = frame.drop_duplicates([c for c in ("unit", "db", "d_model", "heads", "d_qk", "d_vo", "seed") if c in frame])
+    config = frame.apply(lambda r: ", ".join(f"{k}={r[k]}" for k in ("db", "d_model", "heads", "d_qk", "d_vo", "seed")
+                                             if k in r), axis=1)
+    return pd.DataFrame({"room": "facts", "experiment": experiment, "config": config,
+                         "stored_bits": frame["facts_stored"] * np.log2(frame["values"].astype(float)),
+                         "parameters": frame["parameters"], "formula": "facts_stored x log2(values)",
+                         "converged": frame["early_stopped"].astype(bool) if "early_stopped" in frame else None})
+
+
+def recall_bits(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows of ``audit recall scaling`` (facts stored) or ``recall tradeoff`` (fact_recall of all facts)."""
+    frame = _current(frame)
+    tradeoff = "fact_recall" in frame
+    facts = (frame["fact_recall"] * frame["facts"]).round() if tradeoff else frame["facts"]
+    keys = ("subjects", "relations", "d", "heads", "head_dim", "width", "seed")
+    config = frame.apply(lambda r: ", ".join(f"{k}={r[k]}" for k in keys if k in r), axis=1)
+    converged = frame["steps"] < frame["max_steps"] if tradeoff else None  # early stop = every fact recalled
+    return pd.DataFrame({"room": "recall", "experiment": "recall tradeoff" if tradeoff else "recall scaling",
+                         "config": config, "stored_bits": facts * np.log2(frame["D"].astype(float)),
+                         "parameters": frame["parameters"],
+                         "formula": "fact_recall x facts x log2(D)" if tradeoff else "facts x log2(D)",
+                         "converged": converged})
+
+
+def assoc_bits(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows of ``audit assoc``: N associations x -> x over N outputs store log2(N) bits each."""
+    frame = _current(frame)
+    config = frame.apply(lambda r: f"kind={r['kind']}, d={r['d']}, m={r['m']}, seed={r['seed']}", axis=1)
+    return pd.DataFrame({"room": "assoc", "experiment": "assoc", "config": config,
+                         "stored_bits": frame["capacity"] * np.log2(frame["capacity"].clip(lower=1).astype(float)),
+                         "parameters": frame["parameters"], "formula": "capacity x log2(capacity)", "converged": None})
+
+
+def _reader(columns: set[str]) -> tuple[Callable[[pd.DataFrame], pd.DataFrame], str] | None:
+    """Which room wrote a CSV with these columns (None: nothing stored to count, e.g. rank-only tables)."""
+    if "guaranteed" in columns and "weights" in columns and "memorized" not in columns:
+        return certify_bits, "certify"
+    if "memorized" in columns and "representation" in columns:
+        return capacity_bits, "capacity"
+    if "memorized" in columns:
+        return memorize_bits, "memorize"
+    if "facts_stored" in columns:
+        return facts_bits, "facts"
+    if "fact_recall" in columns or ({"facts", "D"} <= columns and "bits" in columns):
+        return recall_bits, "recall"
+    if {"capacity", "kind"} <= columns:
+        return assoc_bits, "assoc"
+    return None
+
+
+def bits_table(paths: Sequence[str | Path], root: str | Path | None = None) -> pd.DataFrame:
+    """The rows of every result CSV found at or under ``paths`` that a room can count (others skipped)."""
+    files: list[Path] = []
+    for given in paths:
+        path = Path(given)
+        if not path.exists():
+            raise AuditError(f"report folder {str(path)!r} does not exist; give folders holding result CSVs "
+                             "(e.g. reports/memorize reports/facts reports/assoc)")
+        files += [path] if path.is_file() else sorted(path.rglob("*.csv"))
+    frames = []
+    for file in files:
+        head = pd.read_csv(file, nrows=0)
+        found = _reader(set(_current(head).columns) | set(head.columns))
+        if found is None:
+            continue
+        reader, room = found
+        rows = reader(pd.read_csv(file))
+        if room == "facts":  # the facts experiments keep one folder each (reports/facts/width, ...)
+            parts = file.parent.parts
+            rows["experiment"] = " ".join(["facts", *parts[parts.index("facts") + 1:]] if "facts" in parts
+                                          else ["facts", file.parent.name])
+        source = file.relative_to(root) if root and file.is_relative_to(root) else file
+        frames.append(rows.assign(source=str(source)))
+    if not frames:
+        raise AuditError("no result CSV with stored facts or memorized examples found under "
+                         + ", ".join(map(str, paths)))
+    out = pd.concat(frames, ignore_index=True)
+    out["bits_per_parameter"] = out["stored_bits"] / out["parameters"]
+    for column in COLUMNS:
+        if column not in out:
+            out[column] = None
+    return out[list(COLUMNS)]
+
+
+def plot_bits(table: pd.DataFrame, path: str | Path) -> Path:
+    """Bits per parameter against parameters, every room side by side, with the reference lines and the
+    paper-A bounds at the same configurations (hollow: H(n-1)+1, plus: H d_h + d)."""
+    from auditor.lab.figures import plt, save
+
+    fig, ax = plt.subplots(figsize=(7.6, 5.0))
+    groups = list(table.groupby(["room", "experiment"], sort=True))
+    colors = plt.cm.tab10(np.linspace(0, 1, 10))
+    for color, ((room, experiment), part) in zip(colors, groups):
+        done = part["converged"].map(lambda v: v is not False and v is not np.False_)
+        ax.scatter(part.loc[done, "parameters"], part.loc[done, "bits_per_parameter"], s=14, color=color,
+                   label=f"{room}: {experiment} ({len(part)} rows)")
+        if (~done).any():
+            ax.scatter(part.loc[~done, "parameters"], part.loc[~done, "bits_per_parameter"], s=14, color=color,
+                       alpha=0.25, marker="v")
+        for column, marker in (("bound_bits_paper_a", "o"), ("bound_bits_dana", "+")):
+            bound = pd.to_numeric(part[column], errors="coerce")
+            if bound.notna().any():
+                ax.scatter(part["parameters"], bound / part["parameters"], s=22, marker=marker, color=color,
+                           facecolors="none" if marker == "o" else color, lw=0.6, alpha=0.6)
+    ax.scatter([], [], marker="o", facecolors="none", color="k", label="paper A: H(n-1)+1 examples, same unit")
+    ax.scatter([], [], marker="+", color="k", label="Dana et al.: H d_h + d examples, same unit")
+    ax.scatter([], [], marker="v", color="k", alpha=0.25, label="stopped at the step limit")
+    for label, value in REFERENCES.items():
+        ax.axhline(value, color="gray", ls="--" if value == 2.0 else ":", lw=1, label=label)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("trainable parameters")
+    ax.set_ylabel("bits_per_parameter (stored bits / parameters)")
+    return save(fig, path, ax=ax, title="stored bits per parameter, every room")
+
+
+@click.command("bits", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("report_dirs", nargs=-1)
+@click.option("--out", default="reports/bits", show_default=True, help="Folder for bits.csv and bits.png.")
+@click.option("--plots/--no-plots", default=True, show_default=True, help="Draw bits.png.")
+def bits_command(report_dirs: tuple[str, ...], out: str, plots: bool) -> None:
+    """Stored bits per trainable parameter of every room's results (memorize, certify, capacity, facts,
+    recall, assoc), with each row's formula; REPORT_DIRS default to reports/memorize reports/facts
+    reports/assoc."""
+    from auditor.lab.sweep import write_table
+
+    dirs = report_dirs or ("reports/memorize", "reports/facts", "reports/assoc")
+    table = bits_table(dirs, root=Path.cwd())
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_table(table, folder / "bits.csv", device="cpu", seed="")
+    if plots:
+        plot_bits(table, folder / "bits.png")
+    summary = table.groupby(["room", "experiment"]).agg(rows=("bits_per_parameter", "size"),
+                                                          converged=("converged", lambda c: int((c == True).sum())),  # noqa: E712
+                                                          median=("bits_per_parameter", "median"),
+                                                          max=("bits_per_parameter", "max")).reset_index()
+    click.echo(summary.to_markdown(index=False, floatfmt=".3g"))
+    click.echo(f"\nbits per parameter: {folder / 'bits.csv'}" + (f"; plot: {folder / 'bits.png'}" if plots else ""))
