@@ -2,7 +2,7 @@
 
 ``audit MODEL [options]`` runs the assumption audit (the main job). The capacity lab and the other
 tools are subcommands (``audit memorize``, ``audit certify``, ``audit capacity``, ``audit facts``,
-``audit assoc``, ``audit recall``, ``audit models``). Each subcommand lives beside the code it drives
+``audit assoc``, ``audit recall``, ``audit bits``, ``audit compare``, ``audit models``). Each subcommand lives beside the code it drives
 and is imported only when it is used, so ``audit --help`` stays fast.
 
 User mistakes raise ``ValueError`` (``AuditError``); they are printed as one line and exit with code 2.
@@ -18,6 +18,8 @@ import click
 # subcommand name -> "module:attribute" of a click.Command
 SUBCOMMANDS: dict[str, str] = {
     "models": "auditor.commands:models_command",
+    "compare": "auditor.compare:compare_command",
+    "bits": "auditor.lab.bits:bits_command",
     "memorize": "auditor.lab.memorize.cli:memorize_command",
     "certify": "auditor.lab.memorize.cli:certify_command",
     "capacity": "auditor.lab.memorize.cli:capacity_command",
@@ -70,8 +72,10 @@ def cli() -> None:
 
     \b
     Main job:   audit vit-base            (also bert-base, gpt2, minilm, any hub or timm:<name> id)
+    Compare:    audit compare REPORT...   (report folders or model names: one table, overlay plots)
     Capacity:   audit memorize | certify | capacity
     Facts:      audit facts | assoc | recall
+    Bits:       audit bits [REPORT...]    (stored bits per parameter across the lab's reports)
     Models:     audit models              (list the registered names)
     """
 

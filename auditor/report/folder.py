@@ -37,8 +37,9 @@ PARTIAL_CSV = "results.partial.csv"  # rows of a run in progress (or interrupted
 PARTIAL_CONFIG = "results.partial.json"  # the configuration those rows belong to (resume only if equal)
 LOCK = ".lock"
 TOKENS = "tokens"
-OWNED_FILES = ("results.csv", "sweep.csv", "config.json", "summary.md", "kruskal_curve.png", "context_ranks.png",
-               "margins.png", PARTIAL_CSV, PARTIAL_CONFIG)
+OWNED_FILES = ("results.csv", "sweep.csv", "depth.csv", "config.json", "summary.md", "kruskal_curve.png",
+               "context_ranks.png", "margins.png", "rtol_sweep.png", "depth_kruskal.png", "depth_geometry.png",
+               "depth_fractions.png", PARTIAL_CSV, PARTIAL_CONFIG)
 
 
 def _missing_folders(path: Path) -> list[Path]:

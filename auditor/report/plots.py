@@ -1,21 +1,45 @@
-"""Plots of an audit: Kruskal curves (with n and d marked), per-context ranks and margins.
+"""Figures of an audit, sized for a paper column (3.5 in wide, >= 7 pt text, 300 dpi).
 
-Each plot function draws one figure; :func:`write_plots` saves them as PNGs through a
-:class:`~auditor.atomic.Staged` writer, so a failed save (full disk) leaves no empty or partial PNG.
+- ``kruskal_curve.png``: share of full-rank query k-subsets against k (the sweep), n, d and N marked.
+- ``context_ranks.png``: how many contexts reached each rank (Assumption 2), grouped bars.
+- ``margins.png``: per-context rank margins in decades, exact or a proven lower bound.
+- ``rtol_sweep.png``: each test's fraction against a multiple of its rtol, with the critical rtol.
+- ``depth_kruskal.png``, ``depth_geometry.png``, ``depth_fractions.png``: profiles against depth (from
+  ``AuditResult.depth``; only when the audit measured several layers).
+
+A representation has the same colour in every figure (:mod:`auditor.report.style`); its random and
+pretrained versions share it and differ by line style and marker. Each figure function takes the result
+(and optionally the palette) and returns a figure; :func:`write_plots` picks those that apply and stages
+them through a :class:`~auditor.atomic.Staged` writer, so a failed save leaves no partial file. A column
+an older report lacks (``margin_bound``, ``rtol_grid``, ``fraction_low``, ...) leaves out what it draws.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import matplotlib
+import numpy as np
+import pandas as pd
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from auditor.config import RTOL_RULE  # noqa: E402
+from auditor.report.style import (  # noqa: E402
+    COLUMN_WIDTH,
+    DPI,
+    REFERENCE_COLOR,
+    Palette,
+    figure_style,
+    legend_below,
+    representation_order,
+)
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -23,80 +47,512 @@ if TYPE_CHECKING:
     from auditor.atomic import Staged
     from auditor.report.result import AuditResult
 
-PLOT_FILES = ("kruskal_curve.png", "context_ranks.png", "margins.png")
+PLOT_FILES = ("kruskal_curve.png", "context_ranks.png", "margins.png", "rtol_sweep.png", "depth_kruskal.png",
+              "depth_geometry.png", "depth_fractions.png")
+TEST_LABELS = {"assumption1": "Assumption 1 (k = n)", "assumption2": "Assumption 2 (rank n)",
+               "assumption3": "Assumption 3 (k = n)", "general_position": "general position"}  # panel titles
+GEOMETRY = {  # depth.csv column -> y label (with its unit)
+    "effective_rank": "effective rank\n(dimensions)",
+    "stable_rank": "stable rank\n||X||$_F^2$ / ||X||$_2^2$",
+    "anisotropy": "anisotropy\n(mean pairwise cosine)",
+    "collapse_residual": "collapse residual\n||E - 1 mean(E)||$_F$ / ||E||$_F$",
+}
+
+DEPTH_LABEL = "depth (0 = embedding, L + 1 = block.L)"
+DEPTH_SHORT = "depth (0 = embedding)"
+
+Draw = Callable[["AuditResult", Palette], "Figure"]
 
 
-def write_plots(result: AuditResult, out: Path, staged: Staged) -> list[Path]:
-    """Stage the PNGs that apply to ``result`` in ``out`` (renamed into place by ``staged.commit()``);
-    return their final paths."""
-    plots: list[tuple[str, Callable[[AuditResult], Figure]]] = []
-    if not result.curves.empty:
-        plots.append(("kruskal_curve.png", kruskal_curve))
-    if result.context_ranks:
-        plots += [("context_ranks.png", context_rank_histogram), ("margins.png", margin_histogram)]
+def write_plots(result: AuditResult, out: Path, staged: Staged, *, pdf: bool = False) -> list[Path]:
+    """Stage the figures that apply to ``result`` in ``out`` (renamed into place by ``staged.commit()``).
+
+    Each figure is a 300 dpi PNG and, with ``pdf``, also a vector PDF of the same name beside it (for a
+    paper). Returns the final paths of the PNGs.
+    """
+    palette = palette_of(result)
     paths = []
-    for name, draw in plots:
-        fig = draw(result)
+    for name, draw in applicable_plots(result):
+        with figure_style():
+            fig = draw(result, palette)
         try:
-            paths.append(staged.write(out / name, lambda tmp, fig=fig: fig.savefig(tmp, dpi=130, format="png")))
+            paths.append(staged.write(out / name, lambda tmp, fig=fig: fig.savefig(tmp, dpi=DPI, format="png")))
+            if pdf:
+                staged.write((out / name).with_suffix(".pdf"), lambda tmp, fig=fig: fig.savefig(tmp, format="pdf"))
         finally:
             plt.close(fig)
     return paths
 
 
-def kruskal_curve(result: AuditResult) -> Figure:
-    """Full-rank fraction of k-subsets of the queries against k, one line per representation."""
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+def applicable_plots(result: AuditResult) -> list[tuple[str, Draw]]:
+    """``(file name, figure function)`` of every figure ``result`` has the data for."""
+    plots: list[tuple[str, Draw]] = []
+    if not result.curves.empty:
+        plots.append(("kruskal_curve.png", kruskal_curve))
+    if result.context_ranks:
+        plots.append(("context_ranks.png", context_rank_histogram))
+    if any(np.isfinite(m.numpy()).any() for m in result.margins.values()):
+        plots.append(("margins.png", margin_histogram))
+    if _rtol_grids(result.rows):
+        plots.append(("rtol_sweep.png", rtol_sweep))
+    depth = depth_frame(result)
+    if not depth.empty:
+        plots.append(("depth_kruskal.png", depth_kruskal))
+        if any(_has(depth, c) for c in GEOMETRY):
+            plots.append(("depth_geometry.png", depth_geometry))
+        if _fraction_tests(depth):
+            plots.append(("depth_fractions.png", depth_fractions))
+    return plots
+
+
+def palette_of(result: AuditResult) -> Palette:
+    """The palette of every representation in ``result`` (rows, sweep, contexts, depth profile)."""
+    names = set(result.rows.get("representation", pd.Series(dtype=str)).dropna())
+    names |= set(result.curves.get("representation", pd.Series(dtype=str)).dropna())
+    names |= {label.split("@")[0] for label in result.context_ranks}
+    names |= set(depth_frame(result).get("representation", pd.Series(dtype=str)).dropna())
+    return Palette.of(names)
+
+
+def depth_frame(result: AuditResult) -> pd.DataFrame:
+    """``result.depth`` (one row per layer and weights), or an empty frame when the audit has none."""
+    depth = getattr(result, "depth", None)
+    if not isinstance(depth, pd.DataFrame) or depth.empty or "depth" not in depth.columns:
+        return pd.DataFrame()
+    return depth
+
+
+# ---------------------------------------------------------------------------------------------------
+# The audit's figures
+# ---------------------------------------------------------------------------------------------------
+
+
+def kruskal_curve(result: AuditResult, palette: Palette | None = None) -> Figure:
+    """Share of full-rank k-subsets of the queries against k, one line per representation @ weights.
+
+    A ring marks each k where every k-subset was decided (exhaustive); the other points are sampled.
+    """
+    palette = palette or palette_of(result)
     curves = result.curves
-    for (rep, weights), frame in curves.groupby(["representation", "weights"], sort=False):
-        ax.plot(frame["k"], frame["fraction"], marker="o", ms=3, label=f"{rep} @ {weights}")
-    n, d = int(curves["n"].iloc[0]), int(curves["d"].iloc[0])
-    ax.axvline(n, color="grey", ls="--", lw=1, label=f"n = {n} (Assumption 1)")
-    ax.axvline(d, color="grey", ls=":", lw=1, label=f"d = {d} (general position)")
-    subsets = int(curves["subsets"].max()) if "subsets" in curves else None
-    per_k = f", {subsets} random subsets per k" if subsets else ""
-    ax.set(xlabel="subset size k", ylabel="share of full-rank k-subsets", ylim=(-0.03, 1.03),
-           title=f"{result.config.model}: Kruskal rank of the query tokens{per_k}\n{_rtol(result)}")
-    return _finish(fig, ax)
+    fig, ax = plt.subplots(figsize=(COLUMN_WIDTH, 3.9), layout="constrained")
+    exhaustive_shown = False
+    for (rep, weights), frame in _groups(curves):
+        frame = frame.sort_values("k")
+        style = palette.line(rep, weights)
+        ax.plot(frame["k"], frame["fraction"], label=f"{rep} @ {weights}", **style)
+        if _has(frame, "fraction_low") and _has(frame, "fraction_high"):
+            low, high = _num(frame["fraction_low"]), _num(frame["fraction_high"])
+            ax.fill_between(frame["k"], low, high, color=style["color"], alpha=0.2, linewidth=0)
+        if "exhaustive" in frame:
+            done = frame[frame["exhaustive"].astype("boolean").fillna(False).astype(bool)]
+            if not done.empty:
+                exhaustive_shown = True
+                ax.scatter(done["k"], done["fraction"], s=36, facecolors="none", edgecolors="black", linewidths=0.7,
+                           zorder=3)
+    num, n, d = _dims(curves)
+    top = float(curves["k"].max())
+    marks = [(n, "--", f"k = n = {n}"), (d, ":", f"k = d = {d}"), (num, "-.", f"k = N = {num}")]
+    handles = palette.handles(curves["representation"], curves["weights"])
+    for value, ls, label in marks:
+        if value is not None and value <= top * 1.05:
+            ax.axvline(value, color=REFERENCE_COLOR, ls=ls, lw=0.9)
+            handles.append(Line2D([], [], color=REFERENCE_COLOR, ls=ls, lw=0.9, label=label))
+    if exhaustive_shown:
+        handles.append(Line2D([], [], ls="", marker="o", ms=6, markerfacecolor="none", markeredgecolor="black",
+                              label="all k-subsets decided"))
+    sampled = _sampled_subsets(curves)
+    if sampled:
+        handles.append(Line2D([], [], ls="", label=f"others: {sampled} random k-subsets"))
+    ax.set(xlabel="subset size k (query vectors)", ylabel="share of full-rank k-subsets", ylim=(-0.03, 1.03),
+           title=_title(result.config.model, "Kruskal rank of the query tokens", num, n, d, _rtol(result)))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    legend_below(fig, handles)
+    return fig
 
 
-def context_rank_histogram(result: AuditResult) -> Figure:
-    """Histogram of per-context ranks (Assumption 2 asks for every rank to equal n)."""
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for label, ranks in result.context_ranks.items():
-        values = ranks.numpy()
-        lo, hi = values.min(), values.max()
-        bins = max(1, int(hi - lo) + 1)
-        ax.hist(values, bins=bins, range=(lo - 0.5, hi + 0.5), alpha=0.6, label=label.replace("@", " @ "))
-    n = int(result.rows["n"].dropna().iloc[0]) if result.rows["n"].notna().any() else None
+def context_rank_histogram(result: AuditResult, palette: Palette | None = None) -> Figure:
+    """How many contexts have each rank (Assumption 2 asks for rank n in every context): grouped bars, one
+    bar per representation @ weights at each rank seen."""
+    palette = palette or palette_of(result)
+    labels = sorted(result.context_ranks, key=_label_order)
+    counts = {label: pd.Series(result.context_ranks[label].numpy()).value_counts() for label in labels}
+    ranks = sorted(set().union(*(c.index for c in counts.values())))
+    fig, ax = plt.subplots(figsize=(COLUMN_WIDTH, 3.6), layout="constrained")
+    positions = np.arange(len(ranks))  # one slot per rank seen: ranks far apart still get a readable bar
+    width = 0.8 / max(1, len(labels))
+    for i, label in enumerate(labels):
+        rep, weights = _split(label)
+        heights = [int(counts[label].get(r, 0)) for r in ranks]
+        ax.bar(positions - 0.4 + width * (i + 0.5), heights, width=width, label=label, **palette.bar(rep, weights))
+    num, n, d = _dims(result.rows)
+    ax.set_xticks(positions, [f"{int(r)} = n" if r == n else str(int(r)) for r in ranks],
+                  rotation=90 if len(ranks) > 12 else 0)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
+    total = max((int(c.sum()) for c in counts.values()), default=0)
+    ax.set(xlabel="rank of the context matrix (only the ranks seen)", ylabel="contexts (examples)",
+           ylim=(0, total * 1.08 if total else 1),
+           title=_title(result.config.model, "rank of each context (Assumption 2: rank n)", num, n, d,
+                        _rtol(result)))
+    reps = [_split(label)[0] for label in labels]
+    handles = _bar_handles(palette, reps, [_split(label)[1] for label in labels])
     if n is not None:
-        ax.axvline(n, color="black", ls="--", lw=1, label=f"n = {n}")
-    ax.set(xlabel=f"rank of the context matrix\n(singular values > rtol x sigma_max; {_rtol(result)})",
-           ylabel="examples",
-           title=f"{result.config.model}: per-example context rank (Assumption 2)")
-    return _finish(fig, ax)
+        handles.append(Line2D([], [], ls="", label=f"full rank n = {n}" + ("" if n in ranks else ": no context")))
+    legend_below(fig, handles)
+    return fig
 
 
-def margin_histogram(result: AuditResult) -> Figure:
-    """Distribution of context-rank margins in decades (how far each verdict is from flipping)."""
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for label, margins in result.margins.items():
-        values = margins.numpy()
-        values = values[values < float("inf")]
-        if values.size:
-            ax.hist(values, bins=30, alpha=0.6, label=label.replace("@", " @ "))
-    ax.set(xlabel=f"margin: decades between the deciding singular value and rtol x sigma_max\n({_rtol(result)})",
-           ylabel="examples", title=f"{result.config.model}: context-rank margins (2 = certified lower bound)")
-    return _finish(fig, ax)
+def margin_histogram(result: AuditResult, palette: Palette | None = None) -> Figure:
+    """Per-context rank margins in decades (how far each context's rank is from changing), outlined
+    histograms; each entry says whether its margins are exact or a proven lower bound."""
+    palette = palette or palette_of(result)
+    values = {label: m.numpy()[np.isfinite(m.numpy())] for label, m in result.margins.items()}
+    values = {label: v for label, v in values.items() if v.size}
+    fig, ax = plt.subplots(figsize=(COLUMN_WIDTH, 3.6), layout="constrained")
+    every = np.concatenate(list(values.values())) if values else np.zeros(1)
+    bins = np.histogram_bin_edges(every, bins=30)
+    kinds = _margin_kinds(result.rows)
+    handles = []
+    for label in sorted(values, key=_label_order):
+        rep, weights = _split(label)
+        style = palette.line(rep, weights)
+        ax.hist(values[label], bins=bins, histtype="step", color=style["color"], linestyle=style["linestyle"],
+                linewidth=1.2, label=label)
+        kind = kinds.get((rep, weights))
+        handles.append(Line2D([], [], color=style["color"], ls=style["linestyle"],
+                              label=f"{rep} @ {weights}" + (f" ({kind})" if kind else "")))
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
+    num, n, d = _dims(result.rows)
+    ax.set(xlabel="margin (decades between the deciding singular value\nand rtol x sigma_max)",
+           ylabel="contexts (examples)",
+           title=_title(result.config.model, "context-rank margins (Assumption 2)", num, n, d, _rtol(result)))
+    legend_below(fig, handles, ncol=1)
+    return fig
+
+
+def rtol_sweep(result: AuditResult, palette: Palette | None = None) -> Figure:
+    """Each test's fraction against the multiple of its rtol (one panel per test, log x axis), with the
+    threshold, 1x (the audit's rtol) and each line's critical rtol (where its verdict flips) marked."""
+    palette = palette or palette_of(result)
+    grids = _rtol_grids(result.rows)
+    tests = [t for t in TEST_LABELS if t in {key[2] for key in grids}]
+    cols = 1 if len(tests) == 1 else 2
+    rows = math.ceil(len(tests) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(COLUMN_WIDTH, 1.4 + 1.6 * rows), layout="constrained",
+                             sharex=True, sharey=True, squeeze=False)
+    by_key = {(r["representation"], r["weights"], r["test"]): r for r in _ok(result.rows).to_dict("records")}
+    shown: dict[str, dict[str, None]] = {"reps": {}, "weights": {}}  # ordered sets
+    for ax, test in zip(axes.flat, tests, strict=False):
+        threshold = None
+        for (rep, weights, t), grid in sorted(grids.items(), key=lambda kv: representation_order(kv[0][0])):
+            if t != test:
+                continue
+            style = palette.line(rep, weights)
+            ax.plot(list(grid), list(grid.values()), label=f"{rep} @ {weights}", **style)
+            shown["reps"][rep] = shown["weights"][weights] = None
+            row = by_key.get((rep, weights, test), {})
+            threshold = _float(row.get("threshold")) if threshold is None else threshold
+            critical, rtol = _float(row.get("critical_rtol")), _float(row.get("rtol"))
+            if critical is not None and rtol:
+                y = threshold if threshold is not None else 0.5
+                low, high = _float(row.get("critical_rtol_low")), _float(row.get("critical_rtol_high"))
+                if low is not None and high is not None:
+                    ax.plot([low / rtol, high / rtol], [y, y], color=style["color"], lw=3, alpha=0.5,
+                            solid_capstyle="butt")
+                ax.plot(critical / rtol, y, marker="D", ms=4, ls="", markeredgecolor="black",
+                        markeredgewidth=0.5, color=style["color"], zorder=4)
+        if threshold is not None:
+            ax.axhline(threshold, color=REFERENCE_COLOR, ls="--", lw=0.8)
+        ax.axvline(1.0, color=REFERENCE_COLOR, ls=":", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_title(TEST_LABELS[test])
+        ax.set_ylim(-0.04, 1.04)
+    for ax in axes.flat[len(tests):]:
+        ax.set_visible(False)
+    for ax in axes[-1]:
+        ax.set_xlabel("rtol / the audit's rtol")
+    fig.supylabel("fraction (full-rank subsets or rank-n contexts)")
+    num, n, d = _dims(result.rows)
+    fig.suptitle(_title(result.config.model, "verdicts against the rank tolerance", num, n, d, _rtol(result)))
+    handles = palette.handles(shown["reps"], shown["weights"]) + [
+        Line2D([], [], color=REFERENCE_COLOR, ls="--", lw=0.8, label="threshold"),
+        Line2D([], [], color=REFERENCE_COLOR, ls=":", lw=0.8, label="1x: the audit's rtol"),
+        Line2D([], [], ls="", marker="D", ms=4, color="0.6", markeredgecolor="black", markeredgewidth=0.5,
+               label="critical rtol (verdict flips)")]
+    if any(_float(r.get("critical_rtol_low")) is not None for r in by_key.values()):
+        handles.append(Line2D([], [], color="0.6", lw=3, alpha=0.5, label="proven bracket of the critical rtol"))
+    legend_below(fig, handles)
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------------
+# Profiles against depth (result.depth: one row per layer x weights)
+# ---------------------------------------------------------------------------------------------------
+
+
+def depth_kruskal(result: AuditResult, palette: Palette | None = None) -> Figure:
+    """Kruskal rank of the queries against depth: the estimate, its certified lower bound and witnessed
+    upper bound (min(N, d) where none was witnessed), with n and d as horizontal lines."""
+    palette = palette or palette_of(result)
+    depth = depth_frame(result)
+    fig, ax = plt.subplots(figsize=(COLUMN_WIDTH, 3.6), layout="constrained")
+    weights_list = list(dict.fromkeys(depth["weights"]))
+    num, n, d = _dims(depth)
+    bracket = False
+    for weights, frame in depth.groupby("weights", sort=False):
+        frame = frame.sort_values("depth")
+        x = _dodge(frame, weights_list)
+        y = _num(frame["krank_estimate"]) if "krank_estimate" in frame else pd.Series(np.nan, index=frame.index)
+        _depth_line(ax, palette, frame, x, y, weights)
+        if _has(frame, "krank_lower"):
+            bracket = True
+            lower = _num(frame["krank_lower"])
+            upper = _num(frame["krank_upper"]) if "krank_upper" in frame else pd.Series(np.nan, index=frame.index)
+            top = min(v for v in (num, d) if v is not None) if (num or d) else np.nan
+            for xi, lo, hi, rep in zip(x, lower, upper, frame["representation"], strict=True):
+                if np.isnan(lo):
+                    continue
+                ax.plot([xi, xi], [lo, top if np.isnan(hi) else hi], color=palette.color(rep), lw=2.2, alpha=0.35,
+                        solid_capstyle="butt")
+                if not np.isnan(hi):
+                    ax.plot(xi, hi, marker="_", ms=7, color="black", mew=1)
+    handles = palette.handles(depth["representation"], weights_list, compact=True)
+    for value, ls, label in ((n, "--", f"n = {n}"), (d, ":", f"d = {d}")):
+        if value is not None:
+            ax.axhline(value, color=REFERENCE_COLOR, ls=ls, lw=0.9)
+            handles.append(Line2D([], [], color=REFERENCE_COLOR, ls=ls, lw=0.9, label=label))
+    if bracket:
+        handles += [Line2D([], [], color="0.5", lw=2.2, alpha=0.35, label="certified lower bound to upper"),
+                    Line2D([], [], ls="", marker="_", ms=7, color="black", mew=1, label="witnessed upper bound")]
+    _depth_axis(ax)
+    ax.set(ylabel="Kruskal rank of the queries (vectors)", ylim=(0, None),
+           title=_title(_model(result, depth), "Kruskal rank of the queries by depth", num, n, d, _rtol(result)))
+    legend_below(fig, handles)
+    return fig
+
+
+def depth_geometry(result: AuditResult, palette: Palette | None = None) -> Figure:
+    """Effective rank, stable rank, anisotropy and collapse residual against depth (small multiples)."""
+    palette = palette or palette_of(result)
+    depth = depth_frame(result)
+    weights_list = list(dict.fromkeys(depth["weights"]))
+    columns = [c for c in GEOMETRY if _has(depth, c)]
+    cols = 1 if len(columns) == 1 else 2
+    rows = math.ceil(len(columns) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(COLUMN_WIDTH, 1.3 + 1.5 * rows), layout="constrained",
+                             sharex=True, squeeze=False)
+    for ax, column in zip(axes.flat, columns, strict=False):
+        for weights, frame in depth.groupby("weights", sort=False):
+            frame = frame.sort_values("depth")
+            _depth_line(ax, palette, frame, _dodge(frame, weights_list), _num(frame[column]), weights)
+        ax.set_ylabel(GEOMETRY[column])
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    for ax in axes.flat[len(columns):]:
+        ax.set_visible(False)
+    for ax in axes[-1]:
+        ax.set_xlabel(DEPTH_SHORT)
+    num, n, d = _dims(depth)
+    fig.suptitle(_title(_model(result, depth), "geometry of the tokens by depth", num, n, d))
+    legend_below(fig, palette.handles(depth["representation"], depth["weights"], compact=True), ncol=3)
+    return fig
+
+
+def depth_fractions(result: AuditResult, palette: Palette | None = None) -> Figure:
+    """The fraction of each test against depth (one panel per test), the threshold marked."""
+    palette = palette or palette_of(result)
+    depth = depth_frame(result)
+    weights_list = list(dict.fromkeys(depth["weights"]))
+    tests = _fraction_tests(depth)
+    cols = 1 if len(tests) == 1 else 2
+    rows = math.ceil(len(tests) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(COLUMN_WIDTH, 1.3 + 1.5 * rows), layout="constrained",
+                             sharex=True, sharey=True, squeeze=False)
+    for ax, test in zip(axes.flat, tests, strict=False):
+        threshold = _threshold(result, test)
+        for weights, frame in depth.groupby("weights", sort=False):
+            frame = frame.sort_values("depth")
+            _depth_line(ax, palette, frame, _dodge(frame, weights_list), _num(frame[f"{test}_fraction"]), weights)
+        if threshold is not None:
+            ax.axhline(threshold, color=REFERENCE_COLOR, ls="--", lw=0.8)
+        ax.set_title(TEST_LABELS[test])
+        ax.set_ylim(-0.04, 1.04)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    for ax in axes.flat[len(tests):]:
+        ax.set_visible(False)
+    for ax in axes[-1]:
+        ax.set_xlabel(DEPTH_SHORT)
+    fig.supylabel("fraction (full-rank subsets or rank-n contexts)")
+    num, n, d = _dims(depth)
+    fig.suptitle(_title(_model(result, depth), "test fractions by depth", num, n, d, _rtol(result)))
+    handles = palette.handles(depth["representation"], depth["weights"], compact=True)
+    handles.append(Line2D([], [], color=REFERENCE_COLOR, ls="--", lw=0.8, label="threshold of the test"))
+    legend_below(fig, handles, ncol=3)
+    return fig
+
+
+def _depth_line(ax, palette: Palette, frame: pd.DataFrame, x, y, weights: str) -> None:
+    """One weights source's profile: a dark line in its style, each point in its representation's colour."""
+    style = palette.line("embedding", weights)
+    ax.plot(x, y, color="0.25", linestyle=style["linestyle"], lw=0.9, label=weights, zorder=2)
+    for xi, yi, rep in zip(x, y, frame["representation"], strict=True):
+        point = palette.line(rep, weights)
+        ax.plot(xi, yi, ls="", marker=point["marker"], ms=4.5, color=point["color"],
+                markerfacecolor=point["markerfacecolor"], markeredgecolor=point["color"], zorder=3,
+                label=f"{rep} @ {weights}")
+
+
+def _dodge(frame: pd.DataFrame, weights_list: list[str]) -> np.ndarray:
+    """Depths of a weights source's rows, shifted a little so the weights sources sit side by side."""
+    i = weights_list.index(frame["weights"].iloc[0])
+    return frame["depth"].to_numpy(float) + 0.2 * (i - (len(weights_list) - 1) / 2)
+
+
+def _depth_axis(ax) -> None:
+    ax.set_xlabel(DEPTH_LABEL)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Helpers: columns that may be missing, titles
+# ---------------------------------------------------------------------------------------------------
+
+
+def parse_rtol_grid(value: Any) -> dict[float, float] | None:
+    """``{rtol multiplier: fraction}`` from a dict or its CSV form ``"0.1:1.0;0.2:0.98"``; None when empty."""
+    if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
+        return None
+    if isinstance(value, Mapping):
+        pairs = [(float(k), float(v)) for k, v in value.items()]
+    else:
+        pairs = [tuple(map(float, part.split(":"))) for part in str(value).split(";") if part.strip()]
+    return dict(sorted(pairs)) or None
+
+
+def _rtol_grids(rows: pd.DataFrame) -> dict[tuple[str, str, str], dict[float, float]]:
+    if "rtol_grid" not in rows.columns:
+        return {}
+    grids = {}
+    for row in _ok(rows).to_dict("records"):
+        grid = parse_rtol_grid(row.get("rtol_grid"))
+        if grid:
+            grids[(row["representation"], row["weights"], row["test"])] = grid
+    return grids
+
+
+def _margin_kinds(rows: pd.DataFrame) -> dict[tuple[str, str], str]:
+    """(representation, weights) -> "exact" | "lower bound" from the Assumption 2 rows' ``margin_bound``."""
+    if "margin_bound" not in rows.columns:
+        return {}
+    kinds = {}
+    for row in _ok(rows)[lambda f: f["test"] == "assumption2"].to_dict("records"):
+        bound = _bool(row.get("margin_bound"))
+        if bound is not None:
+            kinds[(row["representation"], row["weights"])] = "lower bound" if bound else "exact"
+    return kinds
+
+
+def _fraction_tests(depth: pd.DataFrame) -> list[str]:
+    return [t for t in TEST_LABELS if _has(depth, f"{t}_fraction")]
+
+
+def _ok(rows: pd.DataFrame) -> pd.DataFrame:
+    return rows[rows["status"] == "ok"] if "status" in rows.columns else rows
+
+
+def _groups(frame: pd.DataFrame):
+    """(representation, weights) groups in the order embedding, random-attention, block.0, ..."""
+    groups = list(frame.groupby(["representation", "weights"], sort=False))
+    return sorted(groups, key=lambda g: representation_order(g[0][0]))
+
+
+def _split(label: str) -> tuple[str, str]:
+    """``"block.0@random"`` -> ``("block.0", "random")``."""
+    rep, _, weights = label.partition("@")
+    return rep, weights
+
+
+def _label_order(label: str) -> tuple:
+    rep, weights = _split(label)
+    return (*representation_order(rep), weights)
+
+
+def _bar_handles(palette: Palette, reps: list[str], weights: list[str]) -> list[Patch]:
+    out = [Patch(label=r, facecolor=palette.color(r), edgecolor=palette.color(r))
+           for r in sorted(dict.fromkeys(reps), key=representation_order)]
+    for w in dict.fromkeys(weights):
+        bar = palette.bar("embedding", w)
+        out.append(Patch(label=f"{w} weights", facecolor="white" if "hatch" in bar else "0.3", edgecolor="0.3",
+                         hatch=bar.get("hatch")))
+    return out
+
+
+def _has(frame: pd.DataFrame, column: str) -> bool:
+    """The column exists and holds at least one number."""
+    return column in frame.columns and _num(frame[column]).notna().any()
+
+
+def _num(series: pd.Series) -> pd.Series:
+    return pd.to_numeric(series, errors="coerce").astype(float)
+
+
+def _float(value: Any) -> float | None:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(out) else out
+
+
+def _bool(value: Any) -> bool | None:
+    if isinstance(value, str):
+        return {"true": True, "false": False}.get(value.strip().lower())
+    if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return bool(value)
+
+
+def _dims(frame: pd.DataFrame) -> tuple[int | None, int | None, int | None]:
+    """N, n, d of the first row that has them."""
+    out = []
+    for key in ("N", "n", "d"):
+        values = _num(frame[key]).dropna() if key in frame.columns else pd.Series(dtype=float)
+        out.append(int(values.iloc[0]) if not values.empty else None)
+    return out[0], out[1], out[2]
+
+
+def _threshold(result: AuditResult, test: str) -> float | None:
+    """The share a test needs to hold: from its rows, else the audit's threshold (Kruskal tests)."""
+    rows = result.rows
+    if {"test", "threshold"} <= set(rows.columns):
+        values = _num(rows.loc[rows["test"] == test, "threshold"]).dropna()
+        if not values.empty:
+            return float(values.iloc[0])
+    threshold = getattr(result.config, "threshold", None)
+    return float(threshold) if threshold is not None and test != "assumption2" else None
+
+
+def _model(result: AuditResult, depth: pd.DataFrame) -> str:
+    return str(depth["model"].iloc[0]) if "model" in depth.columns else str(result.config.model)
 
 
 def _rtol(result: AuditResult) -> str:
-    """``rtol = 1e-06``, or the default rule when none was given."""
-    return f"rtol = {RTOL_RULE}" if result.config.rtol is None else f"rtol = {result.config.rtol:g}"
+    """``rtol = 1e-06``, or the default rule with the token dtype."""
+    if result.config.rtol is not None:
+        return f"rtol = {result.config.rtol:g}"
+    dtypes = result.rows["dtype"].dropna().unique() if "dtype" in result.rows.columns else []
+    return "rtol = max(k, d) x eps" + (f"({dtypes[0]})" if len(dtypes) == 1 else "")
 
 
-def _finish(fig: Figure, ax) -> Figure:
-    """Legend and layout (the caller saves and closes the figure)."""
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
+def _title(model: str, what: str, num: int | None, n: int | None, d: int | None, rtol: str = "") -> str:
+    dims = ", ".join(f"{name} = {v}" for name, v in (("N", num), ("n", n), ("d", d)) if v is not None)
+    return f"{model}: {what}\n{dims}" + (f"\n{rtol}" if rtol else "")
+
+
+def _sampled_subsets(curves: pd.DataFrame) -> int | None:
+    """The number of random k-subsets behind the sampled (not exhaustive) points, if one number."""
+    if "subsets" not in curves.columns:
+        return None
+    sampled = curves
+    if "exhaustive" in curves.columns:
+        sampled = curves[~curves["exhaustive"].astype("boolean").fillna(False).astype(bool)]
+    values = _num(sampled["subsets"]).dropna().unique()
+    return int(values.max()) if len(values) else None

@@ -1,0 +1,125 @@
+"""Figures of ``audit compare``: the Kruskal fractions of several reports by test, and their depth
+profiles overlaid. Same look as the audit's figures (:mod:`auditor.report.style`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+import matplotlib
+import numpy as np
+import pandas as pd
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+from auditor.assumptions import KRUSKAL_TESTS  # noqa: E402
+from auditor.report.plots import DEPTH_SHORT  # noqa: E402
+from auditor.report.style import (  # noqa: E402
+    COLUMN_WIDTH,
+    OTHER_COLORS,
+    REFERENCE_COLOR,
+    Palette,
+    legend_below,
+    representation_order,
+    weights_style,
+)
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+SHORT_TITLES = {"assumption1": "Assump. 1\n(k = n)", "assumption3": "Assump. 3\n(k = n)",
+                "general_position": "general pos.\n(k = min(N,d))"}  # three panels in 3.5 inches
+DEPTH_PANELS = {  # depth.csv column -> y label (with its unit), drawn when a report has it
+    "krank_estimate": "Kruskal rank\n(vectors)",
+    "assumption1_fraction": "Assumption 1\nfraction",
+    "effective_rank": "effective rank\n(dimensions)",
+    "anisotropy": "anisotropy\n(mean cosine)",
+}
+
+
+def kruskal_by_test(table: pd.DataFrame, labels: Mapping[str, str]) -> Figure:
+    """Dot plot: one panel per Kruskal test, one line of the y axis per report x representation @ weights,
+    the fraction with its 95% interval (where the report has it); colour = representation, marker = weights.
+
+    ``table``: the rows of :func:`auditor.compare.compare_table`; ``labels``: report folder -> its name.
+    """
+    kruskal = table[table["test"].isin(KRUSKAL_TESTS) & table["fraction"].notna()]
+    tests = [t for t in KRUSKAL_TESTS if t in set(kruskal["test"])]
+    keys = list(dict.fromkeys(zip(kruskal["report"], kruskal["representation"], kruskal["weights"], strict=True)))
+    keys.sort(key=lambda k: (list(labels).index(k[0]) if k[0] in labels else 0, representation_order(k[1])))
+    palette = Palette.of(kruskal["representation"])
+    fig, axes = plt.subplots(1, len(tests), figsize=(COLUMN_WIDTH, 1.5 + 0.16 * len(keys)), layout="constrained",
+                             sharey=True, squeeze=False)
+    for ax, test in zip(axes[0], tests, strict=True):
+        rows = kruskal[kruskal["test"] == test]
+        for y, key in enumerate(keys):
+            found = rows[(rows["report"] == key[0]) & (rows["representation"] == key[1]) & (rows["weights"] == key[2])]
+            if found.empty:
+                continue
+            row = found.iloc[0]
+            style = palette.line(key[1], key[2])
+            if not (pd.isna(row["fraction_low"]) or pd.isna(row["fraction_high"])):
+                ax.plot([row["fraction_low"], row["fraction_high"]], [y, y], color=style["color"], lw=1.5)
+            ax.plot(row["fraction"], y, ls="", marker=style["marker"], ms=4, color=style["color"],
+                    markerfacecolor=style["markerfacecolor"], markeredgecolor=style["color"])
+        ax.set_title(SHORT_TITLES[test], fontsize=7)
+        ax.set_xlim(-0.05, 1.05)
+        ax.set_xticks([0, 0.5, 1], ["0", "0.5", "1"])
+    axes[0][len(tests) // 2].set_xlabel("share of full-rank k-subsets")
+    separators = [i - 0.5 for i in range(1, len(keys)) if keys[i][0] != keys[i - 1][0]]
+    for ax in axes[0]:
+        for y in separators:
+            ax.axhline(y, color=REFERENCE_COLOR, lw=0.6)
+    axes[0][0].set_yticks(range(len(keys)), [f"{labels.get(r, r)}: {rep}" for r, rep, _ in keys])
+    axes[0][0].set_ylim(len(keys) - 0.5, -0.5)
+    fig.suptitle("Kruskal tests across reports")
+    handles = palette.handles(kruskal["representation"], kruskal["weights"])
+    if kruskal["fraction_low"].notna().any():
+        handles.append(Line2D([], [], color="0.4", lw=1.5, label="95% interval (Clopper-Pearson)"))
+    legend_below(fig, handles)
+    return fig
+
+
+def depth_overlay(depths: Mapping[str, pd.DataFrame]) -> Figure:
+    """Depth profiles of several reports overlaid (colour = report, line style = weights), one panel per
+    quantity of :data:`DEPTH_PANELS` that some report has."""
+    columns = [c for c in DEPTH_PANELS if any(_has(f, c) for f in depths.values())]
+    cols = 1 if len(columns) == 1 else 2
+    rows = math.ceil(len(columns) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(COLUMN_WIDTH, 1.3 + 1.5 * rows), layout="constrained",
+                             sharex=True, squeeze=False)
+    colors = {label: OTHER_COLORS[i % len(OTHER_COLORS)] for i, label in enumerate(depths)}
+    weights_seen: dict[str, None] = {}
+    for ax, column in zip(axes.flat, columns, strict=False):
+        for label, frame in depths.items():
+            if not _has(frame, column):
+                continue
+            for weights, part in frame.groupby("weights", sort=False):
+                part = part.sort_values("depth")
+                style = weights_style(str(weights))
+                weights_seen[str(weights)] = None
+                ax.plot(part["depth"], pd.to_numeric(part[column], errors="coerce"), color=colors[label],
+                        linestyle=style.linestyle, marker=style.marker, ms=3,
+                        markerfacecolor=colors[label] if style.filled else "none", label=f"{label} @ {weights}")
+        ax.set_ylabel(DEPTH_PANELS[column])
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    for ax in axes.flat[len(columns):]:
+        ax.set_visible(False)
+    for ax in axes[-1]:
+        ax.set_xlabel(DEPTH_SHORT)
+    fig.suptitle("depth profiles across reports")
+    handles = [Line2D([], [], color=c, lw=3, label=label) for label, c in colors.items()]
+    for w in weights_seen:
+        style = weights_style(w)
+        handles.append(Line2D([], [], color="black", linestyle=style.linestyle, marker=style.marker,
+                              markerfacecolor="black" if style.filled else "none", label=f"{w} weights"))
+    legend_below(fig, handles)
+    return fig
+
+
+def _has(frame: pd.DataFrame, column: str) -> bool:
+    return column in frame.columns and np.isfinite(pd.to_numeric(frame[column], errors="coerce")).any()

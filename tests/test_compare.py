@@ -1,0 +1,102 @@
+"""``audit compare``: report folders (written by the real audit, and the committed references) or model
+names side by side in one table, with overlay figures; one-line errors."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from PIL import Image
+
+import auditor
+from auditor.cli import main
+from auditor.compare import COMPARE_COLUMNS, compare, resolve_report
+from auditor.errors import AuditError
+from auditor.report.schema import read_rows
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _report(folder: Path, seed: int) -> pd.DataFrame:
+    gen = torch.Generator().manual_seed(seed)
+    contexts = torch.randn(16, 3, 6, generator=gen, dtype=torch.float64)  # (N, n, d)
+    return auditor.audit_tokens(contexts, contexts[:, 0].clone(), subsets=20, seed=seed, out=folder, progress=False)
+
+
+def _expected(rows: pd.DataFrame) -> list[tuple]:
+    return [(r["representation"], r["weights"], r["test"],
+             "skipped" if r["status"] != "ok" else ("holds" if r["holds"] else "fails"),
+             None if r["status"] != "ok" else float(r["fraction"])) for r in rows.to_dict("records")]
+
+
+def _got(table: pd.DataFrame) -> list[tuple]:
+    return [(r["representation"], r["weights"], r["test"], r["verdict"],
+             None if pd.isna(r["fraction"]) else r["fraction"]) for r in table.to_dict("records")]
+
+
+def test_two_audits_compare_row_for_row(tmp_path):
+    first = _report(tmp_path / "reports" / "tensors-a", seed=0)
+    second = _report(tmp_path / "reports" / "tensors-b", seed=1)
+    notes = []
+    table = compare([tmp_path / "reports" / "tensors-a", "reports/tensors-b"], tmp_path / "cmp", root=tmp_path,
+                    echo=notes.append)
+    assert list(table.columns) == list(COMPARE_COLUMNS)
+    assert _got(table) == _expected(first) + _expected(second)
+    assert set(table["model"]) == {"tensors"}
+    written = pd.read_csv(tmp_path / "cmp" / "compare.csv")
+    assert list(written["verdict"]) == list(table["verdict"])
+    markdown = (tmp_path / "cmp" / "compare.md").read_text()
+    assert "tensors (tensors-a)" in markdown and "tensors (tensors-b)" in markdown  # same model twice: folders
+    with Image.open(tmp_path / "cmp" / "compare_kruskal.png") as image:
+        assert image.info["dpi"] == pytest.approx((300, 300), abs=0.5)
+    assert notes == [f"wrote {tmp_path / 'cmp'}"]
+
+
+def test_a_model_name_picks_its_newest_report(tmp_path):
+    for name, seed in (("tensors-old", 0), ("tensors-new", 1)):
+        _report(tmp_path / "reports" / name, seed=seed)
+    old, new = (tmp_path / "reports" / n / "results.csv" for n in ("tensors-old", "tensors-new"))
+    os.utime(old, (1_000_000, 1_000_000))
+    folder, note = resolve_report("tensors", tmp_path)
+    assert folder == tmp_path / "reports" / "tensors-new" and "tensors-new" in note
+    os.utime(new, (500_000, 500_000))
+    assert resolve_report("tensors", tmp_path)[0] == tmp_path / "reports" / "tensors-old"
+
+
+@pytest.mark.parametrize("names", [("reports/minilm-wikitext2", "reports/vit-base-imagenet1000")])
+def test_committed_reports_compare_without_the_new_columns(tmp_path, names):
+    table = compare(names, tmp_path / "cmp", root=REPO, plots=False)
+    expected = sum((_expected(read_rows(REPO / name / "results.csv")) for name in names), [])
+    assert _got(table) == expected
+    minilm = table[table["model"] == "minilm"].set_index(["representation", "weights", "test"])
+    assert minilm.loc[("random-attention", "pretrained", "assumption1"), "verdict"] == "holds"
+    assert minilm.loc[("embedding", "pretrained", "assumption1"), "verdict"] == "fails"
+    assert table["fraction_low"].isna().all() and table["critical_rtol"].isna().all()  # older files: empty
+    assert (table.loc[table["model"] == "vit-base", "verdict"] == "skipped").sum() == 12  # no pretrained weights
+
+
+def test_compare_writes_a_depth_overlay_when_a_report_has_depth_csv(tmp_path):
+    folder = tmp_path / "r"
+    _report(folder, seed=0)
+    pd.DataFrame({"model": "tensors", "weights": ["pretrained"] * 3 + ["random"] * 3,
+                  "representation": ["embedding", "block.0", "block.1"] * 2, "depth": [0, 1, 2] * 2,
+                  "krank_estimate": [1, 5, 4, 1, 6, 6], "effective_rank": [3.0, 4.0, 5.0, 3.0, 4.5, 5.5]}
+                 ).to_csv(folder / "depth.csv", index=False)
+    compare([folder], tmp_path / "cmp", root=tmp_path)
+    with Image.open(tmp_path / "cmp" / "compare_depth.png") as image:
+        assert image.width == 1050
+
+
+def test_bad_references_are_one_line_errors(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(AuditError, match="no results.csv in"):
+        resolve_report(tmp_path / "empty", tmp_path)
+    with pytest.raises(AuditError, match="no report folder or model 'vit-bse'"):
+        resolve_report("vit-bse", tmp_path)
+    assert main(["compare", str(tmp_path / "nosuch")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: no report folder or model") and err.count("\n") == 1
