@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from auditor.config import MAX_DEFAULT_SAMPLES, MAX_SUBSETS, RTOL_RULE, AuditConfig
+from auditor.config import LAYERS_FORMS, MAX_DEFAULT_SAMPLES, MAX_SUBSETS, RTOL_RULE, AuditConfig
 from auditor.errors import AuditError
 
 _D = {f.name: f.default for f in dataclasses.fields(AuditConfig)}  # the CLI's defaults are the config's
@@ -45,6 +45,13 @@ def _ints(value: str | None) -> tuple[int, ...] | None:
               help=f"Random k-subsets per Kruskal test (at most {MAX_SUBSETS:,}).")
 @click.option("--representations", "-r", default=",".join(_D["representations"]), show_default=True,
               help="Comma list of embedding, random-attention, block.L; pin weights with @, e.g. block.0@pretrained.")
+@click.option("--layers", default=_D["layers"], metavar="BLOCKS",
+              help=f"Audit the embedding and these blocks, one representation each: {LAYERS_FORMS}. Adds "
+                   "to -r when -r is given (e.g. -r random-attention), else replaces its default. Writes depth.csv.")
+@click.option("--memory-budget", type=float, default=_D["memory_budget"], metavar="GIB",
+              help="Most memory the extracted tokens may take at once; layers that do not fit together are "
+                   "extracted in several forward passes and tested one group at a time (default: half the "
+                   "available memory).")
 @click.option("--weights", "-w", default=",".join(_D["weights"]), show_default=True,
               help="Comma list of random, pretrained, or a save_pretrained folder.")
 @click.option("--tests", default=",".join(_D["tests"]), show_default=True, help="Which assumption tests to run.")
@@ -96,6 +103,7 @@ def audit_command(model: str, out: Path | None, quiet: bool, representations: st
       audit vit-base --data ../shared/data/imagenet-sample    # 1000 ImageNet images
       audit gpt2 --data ../shared/data/wikitext-2/test.txt --context-length 256 --samples 500
       audit minilm --data ../shared/data/wikitext-2/test.txt --context-length 128 --sweep
+      audit vit-base --layers all --data ../shared/data/imagenet-sample --samples 300   # every depth
       audit vit-base --tokens reports/vit/tokens/block.0@random.safetensors --subsets 20000
     """
     from auditor.report import stage_table, summary_table
@@ -127,7 +135,8 @@ def audit_command(model: str, out: Path | None, quiet: bool, representations: st
         click.echo(f"skipped: {note}")
     if not result.stages.empty:
         click.echo(f"\ntime per stage:\n{stage_table(result.stages).to_markdown(disable_numparse=True)}")
-    click.echo(f"report: {out}/summary.md (rows in {out}/results.csv)")
+    depth = f", depth profile in {out}/depth.csv" if not result.depth.empty else ""
+    click.echo(f"report: {out}/summary.md (rows in {out}/results.csv{depth})")
 
 
 @click.command("models")

@@ -9,6 +9,7 @@ bad value is refused before any work; what depends on the model's shape is check
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,9 @@ MAX_SWEEP_REFINE = 64  # bisection steps; log2(d) of any real model is far below
 MAX_THREADS = 1024
 MAX_DEFAULT_SAMPLES = 2000  # the paper's N: what an audit takes when --samples is not given
 RTOL_RULE = "max(k, d) x eps of the token dtype"  # the default rtol, in words
+LAYERS_FORMS = "all, block indices (0,3,-1), ranges in Python slice notation (0:6, -3:, ::2) or a mix (0:3,11)"
+_CANONICAL_BLOCK = re.compile(r"block\.(\d+)")
+_LAYER_PART = re.compile(r"all|-?\d+|(-?\d+)?:(-?\d+)?(:\d*)?")  # one comma-separated part of a layers spec
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,10 @@ class AuditConfig:
     workers: int = 1  # > 1: shard extraction across workers (see auditor.shard)
     executor: str = "local"  # "local" (in this process) | "ray"
     address: str | None = None  # Ray cluster address for executor="ray"
+    # blocks audited at every depth, with the embedding (see parse_layers); None: the representations only.
+    # Representations left at their default then add nothing: random-attention joins only when asked for.
+    layers: str | None = None
+    memory_budget: float | None = None  # GiB of tokens held at once (None: half the available memory)
 
     def __post_init__(self) -> None:
         bounded("subsets", self.subsets, 1, MAX_SUBSETS)
@@ -100,6 +108,69 @@ class AuditConfig:
                 positive("sweep k", k)
         if self.tokens is not None and not self.tokens:
             raise AuditError("tokens lists no file; give at least one token file (written by --save-tokens)")
+        if self.layers is not None:
+            parse_layers(self.layers, None)  # the form now; the range once the model's block count is known
+        if self.memory_budget is not None and (
+            isinstance(self.memory_budget, bool) or not isinstance(self.memory_budget, int | float)
+            or not 0 < self.memory_budget < math.inf
+        ):
+            raise AuditError(f"memory_budget (GiB of tokens held at once) must be a positive number; "
+                             f"got {self.memory_budget!r}")
+
+    def layer_representations(self, representations: list[str], num_layers: int) -> list[str]:
+        """``representations`` of one weights source with the blocks of :attr:`layers` added, for a model of
+        ``num_layers`` blocks: ``embedding``, then ``block.L`` for each chosen L, then the others given
+        (the plan of :func:`auditor.sources.plan`, where representations left at their default add
+        nothing to ``layers``).
+        """
+        if self.layers is None:
+            return list(representations)
+        blocks = [f"block.{index}" for index in parse_layers(self.layers, num_layers)]
+        return list(dict.fromkeys(["embedding", *blocks, *representations]))
+
+
+def representation_depth(name: str) -> int | None:
+    """Index into Hugging Face's hidden_states of a canonical representation name: 0 for ``embedding`` and
+    ``random-attention`` (made from it), L + 1 for ``block.L`` (L >= 0); None for any other name."""
+    if name in ("embedding", "random-attention"):
+        return 0
+    match = _CANONICAL_BLOCK.fullmatch(name)
+    return int(match.group(1)) + 1 if match is not None else None
+
+
+def parse_layers(spec: Any, num_layers: int | None) -> list[int]:
+    """Block indices chosen by a layers spec, sorted and without repeats, for a model of ``num_layers`` blocks.
+
+    ``all``; an index ``L`` (negatives count from the end, ``-1`` the last block); a range ``a:b`` or
+    ``a:b:step`` with Python's slice semantics (``0:6`` is blocks 0 .. 5, ``-3:`` the last three); or a
+    comma list of these (``0:3,11``). With ``num_layers`` None only the form is checked (returns []).
+    Raises AuditError (one line, saying what is valid) for anything else.
+    """
+    text = str(spec).strip() if isinstance(spec, str) else None
+    parts = [p.strip() for p in text.split(",")] if text else []
+    steps = [p.split(":")[2] for p in parts if p.count(":") == 2]
+    if not parts or any(not _LAYER_PART.fullmatch(p) for p in parts) or any(s and int(s) < 1 for s in steps):
+        raise AuditError(f"layers takes {LAYERS_FORMS}; got {spec!r}")
+    if num_layers is None:
+        return []
+    valid = f"valid: 0 .. {num_layers - 1}, or -{num_layers} .. -1 from the end"
+    chosen: set[int] = set()
+    for part in parts:
+        if part == "all":
+            chosen.update(range(num_layers))
+        elif ":" in part:
+            bounds = [int(b) if b else None for b in part.split(":")]
+            picked = range(num_layers)[slice(*bounds)]
+            if not picked:
+                raise AuditError(f"layers range {part!r} selects no block of the {num_layers} this model has; "
+                                 f"{valid}")
+            chosen.update(picked)
+        else:
+            index = int(part)
+            if not -num_layers <= index < num_layers:
+                raise AuditError(f"layer {index} is out of range: the model has {num_layers} blocks; {valid}")
+            chosen.add(index % num_layers)
+    return sorted(chosen)
 
 
 def positive(name: str, value: Any) -> None:

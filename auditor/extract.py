@@ -13,6 +13,12 @@ Representations (one name each, used identically in the CLI, CSV columns and plo
 Forward hooks are attached inside a context manager and always removed; the deepest hook raises a
 private exception, so the forward pass stops right after the last block needed (``embedding`` alone
 runs no block at all).
+
+Memory: one representation's tokens take N x (n + 1) x d values (contexts and queries). When every
+requested representation fits in the memory budget they come from ONE forward pass; otherwise
+:func:`plan_passes` splits them by depth into consecutive groups that each fit, and the caller extracts,
+tests and releases one group before the next (each pass re-runs the blocks below its deepest one, and
+stops there). A pass yields exactly the tokens a single pass would: the same forward on the same batches.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import contextlib
 import difflib
 import json
 import math
+import os
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -31,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
+from auditor.config import representation_depth
 from auditor.data import Inputs
 from auditor.errors import AuditError
 from auditor.models.base import LoadedModel, dtype_name
@@ -77,6 +85,43 @@ def parse_representation(name: str, num_layers: int) -> Representation:
             f"representation {text!r} is out of range: the model has {num_layers} blocks; {valid}"
         )
     return Representation(f"block.{resolved}", "block", resolved)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Memory: how many representations one forward pass may hold
+# ---------------------------------------------------------------------------------------------------
+
+
+def token_bytes(num: int, n: int, d: int, dtype: torch.dtype) -> int:
+    """Bytes one representation's tokens take: contexts (N, n, d) and queries (N, d) in ``dtype``."""
+    return num * (n + 1) * d * torch.empty((), dtype=dtype).element_size()
+
+
+def available_memory() -> int:
+    """Bytes of memory available to this process now (Linux ``MemAvailable``, else the free pages)."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def plan_passes(representations: Sequence[str], num_layers: int, bytes_each: int, budget: int) -> list[list[str]]:
+    """The forward passes that extract ``representations`` holding at most ``budget`` bytes of tokens.
+
+    Everything in one pass (in the order given) when it fits; otherwise the canonical names sorted by
+    depth and cut into consecutive groups of at most ``budget // bytes_each`` (at least one each: a
+    representation larger than the budget gets a pass of its own).
+    """
+    names = list(dict.fromkeys(parse_representation(r, num_layers).name for r in representations))
+    per_pass = max(1, budget // max(1, bytes_each))
+    if len(names) <= per_pass:
+        return [names]
+    names.sort(key=representation_depth)  # stable: random-attention stays beside the embedding
+    return [names[i : i + per_pass] for i in range(0, len(names), per_pass)]
 
 
 # ---------------------------------------------------------------------------------------------------

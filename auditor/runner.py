@@ -15,12 +15,20 @@ folder is touched, so a mistake costs nothing and never disturbs an interrupted 
 whose weights cannot be loaded (offline) is kept as a *skipped* row with the reason. The tests come from
 one table (:mod:`auditor.assumptions`); the wall time of each stage (extraction per weights source, each
 test, the sweep) is recorded with ``time.perf_counter`` and reported as ``stage | seconds | share``.
+
+Each Kruskal row also carries a Clopper-Pearson interval of its share and bounds on the Kruskal rank of
+the vectors it tested, and every row the token geometry of its representation (:func:`kruskal_extras`,
+:func:`token_geometry`). ``layers="all"`` (``--layers``) audits the embedding and every block; such an
+audit across depth (also: two or more ``block.L``) names each layer's tests in the time per stage and
+returns its depth profile (``AuditResult.depth``, ``depth.csv``; :mod:`auditor.report.depth`). Tokens
+are extracted in as few forward passes as the memory budget allows and one group is held at a time.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
 import json
 import logging
 import re
@@ -42,10 +50,12 @@ from auditor.config import (
     MAX_SUBSETS,
     AuditConfig,
     positive,
+    representation_depth,
 )
 from auditor.errors import AuditError
 from auditor.provenance import provenance, timestamp
 from auditor.report import AuditResult, write_report
+from auditor.report.depth import depth_frame
 from auditor.report.folder import PARTIAL_CSV, ReportFolder, RowStore
 from auditor.report.schema import COLUMNS, rows_frame
 from auditor.report.tables import stage_frame
@@ -75,7 +85,8 @@ READING_TOKENS = "reading token files"  # the stage of --tokens
 SAVING_TOKENS = "saving tokens"  # the stage of --save-tokens
 SWEEP = "sweep"  # the stage of --sweep
 log = logging.getLogger(__name__)
-_NOT_RESULTS = ("workers", "executor", "address", "save_tokens", "threads", "tokens")  # cannot change a row
+_NOT_RESULTS = ("workers", "executor", "address", "save_tokens", "threads", "tokens",
+                "memory_budget")  # cannot change a row
 
 
 class StageClock:
@@ -128,12 +139,82 @@ def _skipped(config: AuditConfig, row: Row, reason: str) -> list[dict[str, Any]]
 
 _ROW_FIELDS = ("test", "k", "N", "n", "d", "fraction", "holds", "threshold", "min_margin", "subsets", "exhaustive",
                "rank_counts", "witness", "rtol", "dtype", "device", "note")  # taken as probes gives them
+# taken too where this version of probes gives them: how robust a verdict is to the tolerance
+_TOLERANCE_FIELDS = ("margin_bound", "critical_rtol", "critical_rtol_low", "critical_rtol_high", "verdict_margin",
+                     "rtol_grid")
+# added by the audit to the rows of the Kruskal tests (see kruskal_extras) and to every row (token geometry)
+BOUND_COLUMNS = ("fraction_low", "fraction_high", "krank_upper", "krank_lower", "krank_lower_method", "duplicates",
+                 "near_duplicates")
+GEOMETRY_COLUMNS = ("effective_rank", "stable_rank", "anisotropy", "collapse_residual")
 
 
 def _test_row(result: probes.AssumptionResult) -> dict[str, Any]:
     """The row of one verdict, typed (``rank_counts`` a dict, ``witness`` a list) until the CSV writer."""
     d = result.to_dict()
-    return {**{key: d[key] for key in _ROW_FIELDS}, "status": "ok", "seconds": round(d["seconds"], 3)}
+    return {**{key: d[key] for key in _ROW_FIELDS}, **{key: d[key] for key in _TOLERANCE_FIELDS if key in d},
+            "status": "ok", "seconds": round(d["seconds"], 3)}
+
+
+def _probes_module(name: str) -> Any:
+    """``probes.<name>`` when this installation has it, else None (its columns are then left empty)."""
+    try:
+        return importlib.import_module(f"probes.{name}")
+    except ImportError:
+        return None
+
+
+def kruskal_extras(row: dict[str, Any], vectors: torch.Tensor, cache: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The columns the audit adds to the row of a Kruskal test whose tested vectors are ``vectors`` (N, d).
+
+    ``fraction_low`` / ``fraction_high``: Clopper-Pearson 95% interval of the full-rank share (the share
+    itself when every subset was tested or the verdict is proven); ``krank_upper``: m - 1 for the smallest
+    dependent m-subset found (by this test, m = k, or by the exhaustive search of the lower bound), a
+    witnessed upper bound on the Kruskal rank, else None; ``krank_lower`` and
+    ``krank_lower_method``: a certified lower bound on the Kruskal rank at the row's rtol and how it was
+    proven; ``duplicates`` / ``near_duplicates``: exactly repeated vectors and pairs with |cosine| >=
+    0.9999. ``cache`` (keyed by the caller's name for ``vectors`` and the rtol) spares recomputing the
+    bounds of vectors shared by several tests. Without ``probes.bounds`` only ``krank_upper`` is filled.
+    """
+    k, fraction, subsets = int(row["k"]), float(row["fraction"]), int(row.get("subsets") or 0)
+    extras: dict[str, Any] = {"krank_upper": k - 1 if row.get("witness") else None}
+    bounds = _probes_module("bounds")
+    if bounds is None:
+        return extras
+    if row.get("exhaustive") or subsets == 0:  # every subset tested, or the verdict proven for all of them
+        extras["fraction_low"] = extras["fraction_high"] = fraction
+    else:
+        extras["fraction_low"], extras["fraction_high"] = bounds.clopper_pearson(round(fraction * subsets), subsets)
+    cache = {} if cache is None else cache
+    key = ("lower", float(row["rtol"]))
+    if key not in cache:
+        cache[key] = bounds.kruskal_lower_bound(vectors, rtol=float(row["rtol"]))
+    if "duplicates" not in cache:
+        cache["duplicates"] = bounds.duplicates(vectors)
+    lower, dup = cache[key], cache["duplicates"]
+    if getattr(lower, "exact", False) and lower.witness is not None:  # its search met a dependent subset
+        found = [v for v in (extras["krank_upper"], len(lower.witness) - 1) if v is not None]
+        extras["krank_upper"] = min(found)
+    exact = dup.exact_duplicates
+    near = dup.near_duplicate_pairs
+    return {**extras, "krank_lower": int(lower.lower), "krank_lower_method": str(lower.method),
+            "duplicates": int(exact), "near_duplicates": int(near)}
+
+
+def token_geometry(queries: torch.Tensor, contexts: torch.Tensor | None) -> dict[str, Any]:
+    """``effective_rank``, ``stable_rank``, ``anisotropy`` of the queries (N, d) and ``collapse_residual``
+    (mean over the contexts (N, n, d) of ||E - 1 mean(E)||_F / ||E||_F; None without contexts); {} when
+    this installation of probes has no ``probes.geometry``."""
+    geometry = _probes_module("geometry")
+    if geometry is None:
+        return {}
+    found = geometry.token_geometry(queries, contexts)
+    values = {name: getattr(found, name) for name in GEOMETRY_COLUMNS}
+    return {name: None if value is None else float(value) for name, value in values.items()}
+
+
+def _mixed(contexts: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
+    """The vectors Assumption 3 tests: e(t) + mean of the rows of E(t), in float64 as probes forms them."""
+    return queries.to(torch.float64) + contexts.to(torch.float64).mean(dim=1)  # (N, d)
 
 
 def _check_contexts_given(tests: tuple[str, ...], have_contexts: bool) -> None:
@@ -148,7 +229,7 @@ def run_tests(
     contexts: torch.Tensor | None, queries: torch.Tensor, config: AuditConfig, bar: tqdm | None = None,
     on_row: Callable[[dict[str, Any]], None] | None = None,
     reuse: Callable[[str], dict[str, Any] | None] | None = None,
-    *, n: int | None = None, clock: StageClock | None = None,
+    *, n: int | None = None, clock: StageClock | None = None, layer: str | None = None,
 ) -> tuple[list[dict[str, Any]], probes.ContextRanks | None]:
     """The assumption tests of ``config.tests`` on one representation's tokens (each as its entry in
     :data:`auditor.assumptions.ASSUMPTION_TESTS` says).
@@ -160,7 +241,8 @@ def run_tests(
         reuse: returns the finished row of a Kruskal test from an earlier run of the same configuration
             on the same data, or None. Assumption 2 always runs (seconds; it feeds the rank histogram).
         n: the context length (default: ``contexts.shape[1]``).
-        clock: adds the seconds of each test to the stage named after it.
+        clock: adds the seconds of each test (with its row's bounds, see :func:`kruskal_extras`) to the
+            stage named after it, or after it and ``layer`` (``"assumption1 (block.3)"``) when given.
     Returns:
         rows (one per test; typed values, see :mod:`auditor.report.schema`) and the per-context ranks.
     """
@@ -170,9 +252,11 @@ def run_tests(
     options = RunOptions(subsets=config.subsets, seed=config.seed, rtol=config.rtol, threshold=config.threshold)
     rows: list[dict[str, Any]] = []
     ranks = None
+    cache: dict[str, dict[Any, Any]] = {"queries": {}, "mixed": {}}  # bounds of vectors several tests share
     for name in config.tests:
         test = ASSUMPTION_TESTS[name]
-        with clock.stage(name) if clock is not None else contextlib.nullcontext():
+        stage = name if layer is None else f"{name} ({layer})"
+        with clock.stage(stage) if clock is not None else contextlib.nullcontext():
             k = test.k(num, n, d)
             cached = reuse(name) if reuse is not None and test.kruskal else None
             if cached is not None:
@@ -184,6 +268,10 @@ def run_tests(
                 result, test_ranks = test.run(contexts, queries, n, options)
                 ranks = test_ranks if test_ranks is not None else ranks
                 row = _test_row(result)
+            if test.kruskal and row.get("status") == "ok" and "krank_lower_method" not in row:
+                vectors = "mixed" if test.needs_contexts else "queries"
+                tested = _mixed(contexts, queries) if vectors == "mixed" else queries
+                row = {**row, **kruskal_extras(row, tested, cache[vectors])}
         rows.append(row)
         if on_row is not None:
             on_row(row)
@@ -219,6 +307,11 @@ def _options(options: dict[str, Any]) -> dict[str, Any]:
             options[key] = tuple(s.strip() for s in str(options[key]).split(",") if s.strip())
         elif options.get(key) is not None:
             options[key] = tuple(str(v) if key == "tokens" else v for v in options[key])
+    layers = options.get("layers")
+    if isinstance(layers, int) and not isinstance(layers, bool):
+        options["layers"] = str(layers)
+    elif isinstance(layers, list | tuple | range):  # block indices, e.g. range(6) or [0, 3, -1]
+        options["layers"] = ",".join(str(v) for v in layers)
     valid = [f.name for f in dataclasses.fields(AuditConfig) if f.name != "model"]
     unknown = set(options) - set(valid)
     if unknown:
@@ -240,7 +333,8 @@ def audit(model: Any = "vit-base", processor: Any = None, data: str | None = Non
         options: the fields of :class:`AuditConfig` (``samples``, ``first``, ``subsets``,
             ``representations``, ``weights``, ``tests``, ``threshold``, ``rtol``, ``seed``, ``device``,
             ``batch_size``, ``context_length``, ``sweep``, ``sweep_ks``, ``save_tokens``, ``tokens``,
-            ``threads``, ...), with the defaults of the ``audit`` command line.
+            ``threads``, ``layers`` (``"all"``, ``"0:6"``, ``"-3:"``, ``"0,3,7"``, or block indices such as
+            ``range(6)``), ``memory_budget`` (GiB), ...), with the defaults of the ``audit`` command line.
     Raises:
         AuditError (a ValueError) for a user mistake, before any work is done where it can be seen then.
     """
@@ -364,7 +458,11 @@ def _torch_threads(threads: int | None) -> Iterator[None]:
 
 
 def _timed(groups: Iterator[TokenGroup], clock: StageClock) -> Iterator[TokenGroup]:
-    """The groups, each one's making (model, inputs, extraction) added to its stage while the run waits."""
+    """The groups, each one's making (model, inputs, extraction) added to its stage while the run waits.
+
+    No reference to a group is kept once the next is asked for: a group's tokens are released before the
+    next group's are extracted (the memory bound of :func:`auditor.sources.extracted_passes`).
+    """
     while True:
         begin = time.perf_counter()
         group = next(groups, None)
@@ -373,6 +471,7 @@ def _timed(groups: Iterator[TokenGroup], clock: StageClock) -> Iterator[TokenGro
         if group.stage is not None:
             clock.add(group.stage, time.perf_counter() - begin)
         yield group
+        group = None
 
 
 def _run_groups(config: AuditConfig, groups: Callable[[Path | None], Iterator[TokenGroup]], *,
@@ -392,8 +491,10 @@ def _run_groups(config: AuditConfig, groups: Callable[[Path | None], Iterator[To
                         "is the same (Assumption 2 and the sweep run again)", len(done.previous), out_path)
         result = AuditResult(rows=pd.DataFrame(), curves=pd.DataFrame(), config=config, out=out_path)
         try:
+            per_layer = _depth_audit(config)
             for group in _timed(groups(out_path), clock):
-                _test_group(group, config, test_device, result, done, folder, progress, clock)
+                _test_group(group, config, test_device, result, done, folder, progress, clock, per_layer)
+                del group  # released before the next group is extracted
         except KeyboardInterrupt as err:
             done.save()
             kept = out_path is not None and (out_path / PARTIAL_CSV).exists()
@@ -410,6 +511,8 @@ def _run_groups(config: AuditConfig, groups: Callable[[Path | None], Iterator[To
             result.curves = result.curves.assign(
                 **{key: result.curves.get(key, value) for key, value in stamp.items()}, seed=config.seed
             )
+        if per_layer:
+            result.depth = depth_frame(result.rows, result.curves)
         result.stages = clock.frame()
         if folder is not None:
             try:
@@ -423,9 +526,18 @@ def _run_groups(config: AuditConfig, groups: Callable[[Path | None], Iterator[To
         return result
 
 
+def _depth_audit(config: AuditConfig) -> bool:
+    """An audit across depth: ``layers`` given, or two or more ``block.L`` representations planned. Its time
+    per stage names each layer's tests, and it returns (and writes) the depth profile."""
+    blocks = {row.representation for row in plan(config) if representation_depth(row.representation)}
+    return config.layers is not None or len(blocks) >= 2
+
+
 def _test_group(group: TokenGroup, config: AuditConfig, test_device: torch.device, result: AuditResult,
-                done: RowStore, folder: ReportFolder | None, progress: bool, clock: StageClock) -> None:
-    """The tests (and the sweep) on every representation of one group; rows go to ``done``."""
+                done: RowStore, folder: ReportFolder | None, progress: bool, clock: StageClock,
+                per_layer: bool = False) -> None:
+    """The tests (and the sweep) on every representation of one group; rows go to ``done``, each with the
+    token geometry of its representation. ``per_layer``: stages named by test and representation."""
     if group.skipped is not None:
         for rep in group.representations:
             done.add(*_skipped(config, Row(rep, group.weights), group.skipped))
@@ -452,7 +564,9 @@ def _test_group(group: TokenGroup, config: AuditConfig, test_device: torch.devic
                 "first": group.first, "data_fingerprint": group.fingerprint,
                 "tokenizer": meta.get("tokenizer", ""), "seed": config.seed,
                 "dtype": meta.get("dtype") or str(queries.dtype).removeprefix("torch.")}
-        _, ranks = run_tests(contexts, queries, config, bar, n=item.n, clock=clock,
+        with clock.stage(f"geometry ({rep})") if per_layer else contextlib.nullcontext():
+            base.update(token_geometry(queries, contexts))
+        _, ranks = run_tests(contexts, queries, config, bar, n=item.n, clock=clock, layer=rep if per_layer else None,
                              on_row=lambda row, base=base: done.add({**base, **row}),
                              reuse=lambda test, key=(rep, weights): done.reuse(*key, test, group.fingerprint))
         done.settle(rep, weights)

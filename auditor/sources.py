@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import inspect
+import logging
 import math
 import re
 from collections.abc import Iterator, Mapping
@@ -29,15 +30,18 @@ import torch
 
 import probes
 from auditor.assumptions import ASSUMPTION_TESTS
-from auditor.config import MAX_DEFAULT_SAMPLES, AuditConfig
+from auditor.config import DEFAULT_REPRESENTATIONS, MAX_DEFAULT_SAMPLES, AuditConfig
 from auditor.errors import AuditError
 from auditor.execution import check_executor
 from auditor.tokens import Tokens
 
 __all__ = ["MAX_DEFAULT_SAMPLES", "Row", "TokenGroup", "TokenItem", "check_model_options", "check_object_options",
-           "check_shapes", "extraction_stage", "fingerprint", "model_groups", "object_groups", "plan",
-           "read_token_files"]
+           "check_shapes", "extracted", "extracted_passes", "extraction_stage", "fingerprint", "model_groups",
+           "object_groups", "plan", "read_token_files"]
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")  # a representation name that is no path
+EMBEDDING = "embedding"
+GIB = 2**30
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -49,9 +53,16 @@ class Row:
 
 
 def plan(config: AuditConfig) -> list[Row]:
-    """Representation x weights rows. ``block.0@pretrained`` pins one representation to one source."""
-    rows: list[Row] = []
-    for item in config.representations:
+    """Representation x weights rows. ``block.0@pretrained`` pins one representation to one source.
+
+    With ``layers`` every weights source starts with ``embedding`` (its blocks are added once the model's
+    block count is known, see :meth:`AuditConfig.layer_representations`) and representations left at
+    their default add nothing.
+    """
+    rows: list[Row] = [Row(EMBEDDING, w) for w in config.weights] if config.layers is not None else []
+    given = () if config.layers is not None and config.representations == DEFAULT_REPRESENTATIONS else (
+        config.representations)
+    for item in given:
         name, _, pinned = item.partition("@")
         for w in [pinned] if pinned else config.weights:
             row = Row(name.strip(), w.strip())
@@ -103,7 +114,7 @@ def check_model_options(config: AuditConfig, spec: Any) -> None:
         shape = architecture(spec, weights, kind, config.context_length)
         if shape is not None:
             n, d, layers = shape
-            check_shapes(config, n=n, d=d, layers=layers, reps=reps)
+            check_shapes(config, n=n, d=d, layers=layers, reps=config.layer_representations(reps, layers))
 
 
 def architecture(spec: Any, weights: str, kind: str, context_length: int | None) -> tuple[int, int, int] | None:
@@ -163,7 +174,8 @@ def check_object_options(config: AuditConfig, loaded: Any) -> None:
     if set(planned) != {loaded.weights}:
         other = sorted(set(planned) - {loaded.weights})
         raise AuditError(f"a model object has only its own weights; drop the @{other[0]} pin")
-    check_shapes(config, n=loaded.n, d=loaded.d, layers=loaded.num_layers, reps=planned[loaded.weights])
+    reps = config.layer_representations(planned[loaded.weights], loaded.num_layers)
+    check_shapes(config, n=loaded.n, d=loaded.d, layers=loaded.num_layers, reps=reps)
 
 
 def read_token_files(config: AuditConfig) -> list[TokenGroup]:
@@ -171,7 +183,7 @@ def read_token_files(config: AuditConfig) -> list[TokenGroup]:
     given = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
     defaults = {f.name: f.default for f in dataclasses.fields(config)}
     unused = [name for name in ("data", "samples", "first", "context_length", "save_tokens", "representations",
-                                "weights", "trust_remote_code") if given[name] != defaults[name]]
+                                "weights", "trust_remote_code", "layers") if given[name] != defaults[name]]
     if config.workers > 1:
         unused.append("workers")
     if unused:
@@ -268,14 +280,47 @@ def load_inputs_for(loaded: Any, config: AuditConfig, out: Path | None, progress
 
 
 def extracted(loaded: Any, reps: list[str], config: AuditConfig, out: Path | None, progress: bool) -> TokenGroup:
-    """Inputs for ``loaded``, the tokens of ``reps`` extracted from them, and the inputs' fingerprint."""
-    from auditor.extract import extract
+    """Inputs for ``loaded``, the tokens of ``reps`` extracted from them in one pass, and the inputs'
+    fingerprint (no memory budget: every representation is held at once)."""
+    inputs, first, digest = _inputs(loaded, config, out, progress)
+    return _extract_group(loaded, inputs, reps, config, digest, first, progress)
 
+
+def extracted_passes(loaded: Any, reps: list[str], config: AuditConfig, out: Path | None,
+                     progress: bool) -> Iterator[TokenGroup]:
+    """The tokens of ``reps`` as groups that each fit in ``config.memory_budget`` GiB (default: half the
+    memory available), one forward pass each (see :func:`auditor.extract.plan_passes`). The inputs are
+    read once; the caller releases a group before asking for the next, so at most one is held."""
+    from auditor.extract import available_memory, plan_passes, token_bytes
+
+    inputs, first, digest = _inputs(loaded, config, out, progress)
+    budget = int(config.memory_budget * GIB) if config.memory_budget is not None else available_memory() // 2
+    each = token_bytes(inputs.N, loaded.n, loaded.d, loaded.dtype)
+    passes = plan_passes(reps, loaded.num_layers, each, budget)
+    if len(passes) > 1:
+        log.info("%s: %d representations of %.2f GiB each in %d forward passes (memory budget %.2f GiB)",
+                 loaded.weights, sum(map(len, passes)), each / GIB, len(passes), budget / GIB)
+    if each > budget:
+        log.warning("one representation's tokens (%.2f GiB) exceed the memory budget (%.2f GiB); extracting "
+                    "them one at a time", each / GIB, budget / GIB)
+    for names in passes:
+        yield _extract_group(loaded, inputs, names, config, digest, first, progress)  # keeps no reference
+
+
+def _inputs(loaded: Any, config: AuditConfig, out: Path | None, progress: bool) -> tuple[Any, bool, str]:
+    """The inputs for ``loaded``, whether they are the first N, and their fingerprint."""
     inputs, first = load_inputs_for(loaded, config, out, progress)
     if config.sweep and config.sweep_ks and max(config.sweep_ks) > inputs.N:
         raise AuditError(f"sweep k = {max(config.sweep_ks)} exceeds the N = {inputs.N} examples loaded; "
                          f"valid: 1 <= k <= {inputs.N} (or load more with --samples)")
-    digest = fingerprint(sorted(inputs.tensors.items()))
+    return inputs, first, fingerprint(sorted(inputs.tensors.items()))
+
+
+def _extract_group(loaded: Any, inputs: Any, reps: list[str], config: AuditConfig, digest: str, first: bool,
+                   progress: bool) -> TokenGroup:
+    """One forward pass over ``inputs`` (sharded across workers when asked) for ``reps``, as a group."""
+    from auditor.extract import extract
+
     if config.workers > 1:  # shard extraction across processes / Ray workers; tokens are identical
         from auditor.shard import ModelRecipe, extract_sharded
 
@@ -291,29 +336,33 @@ def extracted(loaded: Any, reps: list[str], config: AuditConfig, out: Path | Non
 
 
 def model_groups(config: AuditConfig, spec: Any, out: Path | None, progress: bool) -> Iterator[TokenGroup]:
-    """Per weights source: load the model, extract every representation, let the model go."""
+    """Per weights source: load the model, extract every representation (in passes that fit the memory
+    budget), let the model go."""
     from auditor.models import WeightsUnavailable, load_model
+    from auditor.models.base import weights_kind
 
     for weights, reps in by_weights(config).items():
         try:
             loaded = load_model(spec.name, weights, device=config.device, seed=config.seed,
                                 context_length=config.context_length, trust_remote_code=config.trust_remote_code)
         except WeightsUnavailable as err:
-            yield TokenGroup(weights, [], "", skipped=f"weights unavailable: {err}", representations=reps,
+            shape = architecture(spec, weights, weights_kind(weights), config.context_length)
+            planned = config.layer_representations(reps, shape[2]) if shape is not None else reps
+            yield TokenGroup(weights, [], "", skipped=f"weights unavailable: {err}", representations=planned,
                              stage=extraction_stage(weights))
             continue
-        check_shapes(config, n=loaded.n, d=loaded.d, layers=loaded.num_layers, reps=reps)  # e.g. timm
-        group = extracted(loaded, reps, config, out, progress)
+        reps = config.layer_representations(reps, loaded.num_layers)  # the block count of e.g. timm: known now
+        check_shapes(config, n=loaded.n, d=loaded.d, layers=loaded.num_layers, reps=reps)
+        yield from extracted_passes(loaded, reps, config, out, progress)
         del loaded
-        yield group
 
 
 def object_groups(config: AuditConfig, loaded: Any, out: Path | None, progress: bool) -> Iterator[TokenGroup]:
     """The one group of a model object, extracted in eval mode (the object's own mode restored after)."""
     from auditor.models.from_object import evaluating
 
+    reps = config.layer_representations(by_weights(config)[loaded.weights], loaded.num_layers)
     with evaluating(loaded.model):
-        group = extracted(loaded, by_weights(config)[loaded.weights], config, out, progress)
-    yield group
+        yield from extracted_passes(loaded, reps, config, out, progress)
 
 

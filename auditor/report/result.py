@@ -26,6 +26,8 @@ class AuditResult:
         context_ranks, margins: ``"representation@weights"`` -> (N,) rank and margin of every context.
         stages: ``stage | seconds | share`` of the run's wall time up to the report (see
             :func:`auditor.report.tables.stage_table`).
+        depth: the depth profile, one row per weights x depth (columns: :mod:`auditor.report.depth`); empty
+            unless the audit ran across depth (``layers``, or two or more ``block.L`` representations).
         out: the report folder, if one was written.
     """
 
@@ -35,6 +37,7 @@ class AuditResult:
     context_ranks: dict[str, torch.Tensor] = field(default_factory=dict)  # "repr@weights" -> (N,) ranks
     margins: dict[str, torch.Tensor] = field(default_factory=dict)
     stages: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=list(STAGE_COLUMNS)))
+    depth: pd.DataFrame = field(default_factory=pd.DataFrame)
     out: Path | None = None
 
     def __repr__(self) -> str:

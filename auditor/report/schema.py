@@ -21,16 +21,23 @@ from typing import Any
 import pandas as pd
 
 COLUMNS = [
-    "model", "representation", "layer", "weights", "test", "status", "k", "N", "n", "d", "fraction", "holds",
-    "threshold", "min_margin", "subsets", "exhaustive", "rank_counts", "witness", "rtol", "dtype",
-    "device", "data_source", "data_counts", "first", "data_fingerprint", "tokenizer", "seed", "seconds", "note",
-    "git_commit", "versions",
+    "model", "representation", "layer", "weights", "test", "status", "k", "N", "n", "d",
+    "fraction", "fraction_low", "fraction_high", "holds", "threshold",
+    "min_margin", "margin_bound", "critical_rtol", "critical_rtol_low", "critical_rtol_high", "verdict_margin",
+    "rtol_grid", "subsets", "exhaustive", "rank_counts", "witness",
+    "krank_lower", "krank_lower_method", "krank_upper", "duplicates", "near_duplicates",
+    "effective_rank", "stable_rank", "anisotropy", "collapse_residual",
+    "rtol", "dtype", "device", "data_source", "data_counts", "first", "data_fingerprint", "tokenizer", "seed",
+    "seconds", "note", "git_commit", "versions",
 ]
-INT_COLUMNS = ("k", "N", "n", "d", "subsets", "seed")
-BOOL_COLUMNS = ("holds", "exhaustive", "first")
-FLOAT_COLUMNS = ("fraction", "threshold", "min_margin", "rtol", "seconds")
+INT_COLUMNS = ("k", "N", "n", "d", "subsets", "seed", "krank_lower", "krank_upper", "duplicates", "near_duplicates")
+BOOL_COLUMNS = ("holds", "exhaustive", "first", "margin_bound")
+FLOAT_COLUMNS = ("fraction", "fraction_low", "fraction_high", "threshold", "min_margin", "critical_rtol",
+                 "critical_rtol_low", "critical_rtol_high", "verdict_margin", "effective_rank", "stable_rank",
+                 "anisotropy", "collapse_residual", "rtol", "seconds")
 RENAMED = {"tolerance": "rtol"}  # old column name -> name now: files written before the rename still read
-TEXT_CELLS = {"rank_counts": str, "witness": str}  # read as text: a one-index witness is not a number
+# read as text: a one-index witness is not a number; the grid is "multiplier:fraction;..."
+TEXT_CELLS = {"rank_counts": str, "witness": str, "rtol_grid": str, "krank_lower_method": str}
 
 
 def _missing(value: Any) -> bool:
@@ -57,6 +64,23 @@ def parse_witness(value: Any) -> list[int] | None:
     if isinstance(value, str):
         return [int(i) for i in value.split()] or None
     return [int(i) for i in value]
+
+
+def parse_rtol_grid(value: Any) -> dict[float, float] | None:
+    """``{multiplier of rtol: fraction}`` from a dict or from its CSV form ``"0.1:1.0;1:0.99;10:0.2"``;
+    None when missing."""
+    if _missing(value):
+        return None
+    if isinstance(value, Mapping):
+        return {float(m): float(f) for m, f in sorted(value.items())}
+    pairs = [part.split(":") for part in str(value).split(";") if part.strip()]
+    return {float(m): float(f) for m, f in sorted(pairs, key=lambda p: float(p[0]))} or None
+
+
+def format_rtol_grid(value: Any) -> str:
+    """The CSV cell of a tolerance grid: ``"multiplier:fraction;..."`` in increasing multiplier."""
+    grid = parse_rtol_grid(value)
+    return "" if not grid else ";".join(f"{m:g}:{f:.6g}" for m, f in grid.items())
 
 
 def format_rank_counts(value: Any) -> str:
@@ -92,6 +116,8 @@ def typed_record(record: Mapping[str, Any]) -> dict[str, Any]:
         out["rank_counts"] = parse_rank_counts(out["rank_counts"])
     if "witness" in out:
         out["witness"] = parse_witness(out["witness"])
+    if "rtol_grid" in out:
+        out["rtol_grid"] = parse_rtol_grid(out["rtol_grid"])
     for key in INT_COLUMNS:
         if key in out:
             out[key] = None if _missing(out[key]) else int(out[key])
@@ -123,7 +149,7 @@ def rows_frame(records: Iterable[Mapping[str, Any]], stamp: Mapping[str, Any] | 
         frame[key] = pd.array([_boolean(v) for v in frame[key]], dtype="boolean")
     for key in FLOAT_COLUMNS:
         frame[key] = pd.to_numeric(frame[key], errors="coerce").astype("float64")
-    for key in ("rank_counts", "witness"):  # Python objects; None where nothing was measured
+    for key in ("rank_counts", "witness", "rtol_grid"):  # Python objects; None where nothing was measured
         frame[key] = pd.Series([None if _missing(v) else v for v in frame[key]], index=frame.index, dtype=object)
     return frame
 
@@ -135,6 +161,8 @@ def csv_text(frame: pd.DataFrame) -> str:
         out["rank_counts"] = [format_rank_counts(v) for v in out["rank_counts"]]
     if "witness" in out.columns:
         out["witness"] = [format_witness(v) for v in out["witness"]]
+    if "rtol_grid" in out.columns:
+        out["rtol_grid"] = [format_rtol_grid(v) for v in out["rtol_grid"]]
     for key in out.columns:  # any other dict or list cell (e.g. a sweep's ``stages``): one string
         if out[key].dtype == object and out[key].map(lambda v: isinstance(v, dict | list | tuple)).any():
             out[key] = [_cell(v) for v in out[key]]

@@ -55,6 +55,82 @@ def summary_table(rows: pd.DataFrame) -> pd.DataFrame:
     return table[cols].rename(columns=TEST_TITLES).rename_axis(index="representation @ weights", columns=None)
 
 
+ROBUST_FACTOR = 3.0  # a verdict is robust when it survives this factor of change in rtol, either way
+
+
+def _times(x: float) -> str:
+    """A tolerance multiplier for reading: ``0.45x``, ``12x``."""
+    return f"{x:.2g}x" if x < 10 else f"{x:.0f}x"
+
+
+def robustness(row: pd.Series) -> str:
+    """How far the rank tolerance can move before a row's verdict flips, in words ("" when unknown).
+
+    The critical tolerance c is the rtol at which the verdict flips (the fraction is monotone in rtol):
+    a verdict that holds keeps holding for every rtol below c, one that fails keeps failing above it.
+    Robust means the verdict survives a change of the tolerance by ``ROBUST_FACTOR`` in either direction.
+    """
+    if row.get("status") == "skipped" or pd.isna(row.get("holds")):
+        return ""
+    critical, rtol = row.get("critical_rtol"), row.get("rtol")
+    if critical is None or rtol is None or pd.isna(critical) or pd.isna(rtol) or not float(rtol) > 0:
+        return ""
+    ratio = float(critical) / float(rtol)
+    if bool(row["holds"]):
+        if ratio == float("inf"):
+            return "robust: holds at every tolerance tried"
+        word = "robust" if ratio >= ROBUST_FACTOR else "hinges on the tolerance"
+        return f"{word}: holds up to {_times(ratio)} rtol, fails above"
+    if ratio <= 0:
+        return "robust: fails at every tolerance"
+    word = "robust" if ratio <= 1 / ROBUST_FACTOR else "hinges on the tolerance"
+    return f"{word}: fails at rtol, holds below {_times(ratio)} rtol"
+
+
+def robustness_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """Representation x test table of :func:`robustness` (empty when no row has a critical tolerance)."""
+    if rows.empty or "critical_rtol" not in rows or rows["critical_rtol"].isna().all():
+        return pd.DataFrame()
+    frame = rows.assign(row=rows["representation"] + " @ " + rows["weights"].astype(str),
+                        cell=rows.apply(robustness, axis=1))
+    table = frame.pivot_table(index="row", columns="test", values="cell", aggfunc="first", sort=False)
+    cols = [t for t in TEST_TITLES if t in table.columns]
+    return table[cols].rename(columns=TEST_TITLES).rename_axis(index="representation @ weights", columns=None)
+
+
+def interval_cell(row: pd.Series) -> str:
+    """``0.9990 [0.9971, 0.9998]``: a Kruskal row's fraction with its 95% interval ("" without one)."""
+    low, high = row.get("fraction_low"), row.get("fraction_high")
+    if low is None or high is None or pd.isna(low) or pd.isna(high):
+        return ""
+    return f"{float(row['fraction']):.4f} [{float(low):.4f}, {float(high):.4f}]"
+
+
+def bounds_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """One line per Kruskal row: fraction with its Clopper-Pearson interval, the certified lower and the
+    witnessed upper bound on the Kruskal rank, duplicates, the critical tolerance."""
+    if rows.empty or "fraction_low" not in rows:
+        return pd.DataFrame()
+    keep = rows[(rows["status"] == "ok") & rows["test"].map(lambda t: t in ASSUMPTION_TESTS
+                                                             and ASSUMPTION_TESTS[t].kruskal)]
+    out = []
+    for _, row in keep.iterrows():
+        lower, method, upper = row.get("krank_lower"), row.get("krank_lower_method"), row.get("krank_upper")
+        critical = row.get("critical_rtol")
+        out.append({
+            "representation @ weights": f"{row['representation']} @ {row['weights']}",
+            "test": row["test"], "k": int(row["k"]),
+            "fraction [95% CI]": interval_cell(row) or f"{float(row['fraction']):.4f}",
+            "Kruskal rank >= (certified)": "" if pd.isna(lower) else f"{int(lower)} ({method})",
+            "Kruskal rank <= (witness)": "" if pd.isna(upper) else str(int(upper)),
+            "duplicates / near": "" if pd.isna(row.get("duplicates")) else
+            f"{int(row['duplicates'])} / {int(row['near_duplicates'])}",
+            "critical rtol / rtol": "" if critical is None or pd.isna(critical) or not float(row["rtol"]) > 0
+            else _times(float(critical) / float(row["rtol"])),
+        })
+    return pd.DataFrame(out).set_index("representation @ weights") if out else pd.DataFrame()
+
+
 def kruskal_table(curves: pd.DataFrame) -> pd.DataFrame:
     """One row per representation @ weights: the sweep's lower estimate and certified upper bound."""
     rows = []

@@ -1,4 +1,5 @@
-"""The files of an audit report: ``results.csv``, ``sweep.csv``, ``config.json``, ``summary.md`` and plots."""
+"""The files of an audit report: ``results.csv``, ``sweep.csv``, ``depth.csv``, ``config.json``, ``summary.md``
+and plots."""
 
 from __future__ import annotations
 
@@ -11,14 +12,21 @@ import pandas as pd
 from auditor.atomic import Staged
 from auditor.config import RTOL_RULE
 from auditor.report.schema import csv_text
-from auditor.report.tables import kruskal_table, stage_table, summary_table
+from auditor.report.tables import (
+    ROBUST_FACTOR,
+    bounds_table,
+    kruskal_table,
+    robustness_table,
+    stage_table,
+    summary_table,
+)
 
 if TYPE_CHECKING:
     from auditor.report.result import AuditResult
 
 
 def write_report(result: AuditResult, out: Path, extra_config: dict[str, Any] | None = None) -> list[Path]:
-    """Write results.csv, sweep.csv (if any), config.json, summary.md and the plots into ``out``.
+    """Write results.csv, sweep.csv and depth.csv (if any), config.json, summary.md and the plots into ``out``.
 
     Every file is staged first and renamed into place only when all were written (a link at a target is
     replaced, never written through). ``extra_config``: more keys for config.json (e.g. the torch threads
@@ -32,6 +40,8 @@ def write_report(result: AuditResult, out: Path, extra_config: dict[str, Any] | 
         plots = write_plots(result, out, staged)
         if not result.curves.empty:
             staged.text(out / "sweep.csv", csv_text(result.curves))
+        if not result.depth.empty:
+            staged.text(out / "depth.csv", csv_text(result.depth))
         staged.text(out / "config.json", json.dumps({**config, **(extra_config or {})}, indent=2, default=str) + "\n")
         staged.text(out / "summary.md", summary_text(result, plots))
         staged.text(out / "results.csv", csv_text(result.rows))
@@ -66,6 +76,23 @@ def _provenance_lines(result: AuditResult) -> list[str]:
     return lines
 
 
+def depth_table(depth: pd.DataFrame) -> pd.DataFrame:
+    """The depth profile for reading: per weights x depth, the test fractions and the Kruskal rank bounds."""
+    table = pd.DataFrame({"weights": depth["weights"], "representation": depth["representation"],
+                          "depth": [str(v) for v in depth["depth"]]})
+    for column in [c for c in depth.columns if c.endswith("_fraction")]:
+        table[column.removesuffix("_fraction")] = [f"{v:.4f}" if pd.notna(v) else "" for v in depth[column]]
+
+    def text(value: object) -> str:
+        return "" if value is None or pd.isna(value) else str(value)
+
+    table["krank estimate"] = [text(v) for v in depth["krank_estimate"]]
+    table["krank lower"] = [f"{text(v)} ({text(m)})" if text(v) else "" for v, m in
+                            zip(depth["krank_lower"], depth["krank_lower_method"], strict=True)]
+    table["krank upper"] = [text(v) or "none found" for v in depth["krank_upper"]]
+    return table
+
+
 def summary_text(result: AuditResult, plots: list[Path]) -> str:
     """The text of summary.md: the table, how it was made, the time per stage, the sweep's Kruskal ranks,
     the plots."""
@@ -85,17 +112,41 @@ def summary_text(result: AuditResult, plots: list[Path]) -> str:
         f"- rank tests took {total:.1f} s in total",
         "",
     ]
+    robust = robustness_table(result.rows)
+    if not robust.empty:
+        lines += ["## How much each verdict depends on the rank tolerance", "", robust.to_markdown(), "",
+                  "Each fraction is monotone in the tolerance, so every verdict flips at one critical tolerance "
+                  "(`critical_rtol` in results.csv, with a proven bracket; `rtol_grid` holds the fraction from "
+                  f"0.1x to 10x rtol). Robust: the verdict survives a change of rtol by {ROBUST_FACTOR:g}x either "
+                  "way; otherwise it hinges on the tolerance convention and should be quoted with it.", ""]
+    bounds = bounds_table(result.rows)
+    if not bounds.empty:
+        lines += ["## Kruskal rank: interval and two-sided bounds", "", bounds.to_markdown(), "",
+                  "Fraction: share of the sampled k-subsets that are full rank, with its Clopper-Pearson 95% "
+                  "interval. Lower bound: certified for every subset (exhaustive search on small sets, else the "
+                  "mutual coherence or Babel function of the normalised vectors at this tolerance); it is often "
+                  "small on real tokens and is shown as proven. Upper bound: a dependent subset was found "
+                  "(witness in results.csv). Duplicates: vectors equal to an earlier one / pairs with cosine "
+                  ">= 0.9999.", ""]
     if not result.stages.empty:
         lines += ["## Time per stage", "", stage_table(result.stages).to_markdown(disable_numparse=True), "",
                   "Setup: first imports and the checks of the options against the model. Extraction (per "
                   "weights source): loading the model and the inputs, and the forward passes. Each test sums "
-                  "its runs over the representations. Other: the rest of the run up to this report (the report "
-                  "folder, rows saved as they finish, tokens moved to the test device).", ""]
+                  "its runs over the representations (an audit across depth names each layer's tests, and the "
+                  "token geometry of each layer). Other: the rest of the run up to this report (the report "
+                  "folder, rows saved as they finish, tokens moved to the test device, and the token geometry "
+                  "outside an audit across depth).", ""]
     if not result.curves.empty:
         lines += ["## Kruskal rank of the queries (from the sweep)", "", kruskal_table(result.curves).to_markdown(),
                   "", "Lower estimate: the largest k whose sampled subsets (and those of every smaller tested k) "
                   "were all full rank; sampling cannot prove it. Upper bound: certified by a dependent subset "
                   "(witness) at the next k. Bisection added the refined k between the two.", ""]
+    if not result.depth.empty:
+        lines += ["## Across depth (depth.csv)", "", depth_table(result.depth).to_markdown(index=False,
+                                                                                           disable_numparse=True), "",
+                  "Depth 0 is the embedding, depth L + 1 the output of block L. Kruskal rank of the queries: "
+                  "estimate = the largest tested k whose sampled share reached the threshold; lower = certified "
+                  "(and how); upper = witnessed by a dependent subset.", ""]
     if plots:
         lines += ["## Plots", *[f"![{p.stem}]({p.name})" for p in plots], ""]
     return "\n".join(lines)

@@ -1,0 +1,379 @@
+"""Certified two-sided facts about a set of vectors: a proven lower bound on its Kruskal rank, an exact
+confidence interval for a sampled pass rate, and counts of duplicated vectors.
+
+A sampled Kruskal test (:func:`probes.kruskal_test`) reports the share of random k-subsets that are
+full rank. One dependent subset proves Kruskal rank < k, but no number of passing samples proves
+Kruskal rank >= k. Two things fill that gap:
+
+- :func:`clopper_pearson`: the exact binomial confidence interval of the pass rate, i.e. of the share of
+  ALL k-subsets that are full rank (a statement about the population of subsets, not a proof);
+- :func:`kruskal_lower_bound`: a proof that EVERY k-subset is full rank for k up to a bound, from an
+  exhaustive search of the small k, the mutual coherence and the Babel function of the vectors.
+
+The coherence and Babel bounds are worst-case bounds: on strongly correlated vectors (most trained
+transformer tokens) they certify only 1 or 2, far below what sampling suggests. The result says so in
+its ``note`` rather than hiding it.
+
+Ranks are numerical, with the rule of :func:`probes.numerical_rank`: a k-subset is full rank at
+relative tolerance rtol when ``sigma_k > rtol * sigma_1`` of that (k, d) matrix, by default
+``rtol = max(k, d) * eps`` of the dtype the vectors were given in.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from scipy import stats
+
+from probes.kruskal import kruskal_test, pool64, validate_vectors
+from probes.rank import Array, check_int, resolve_rtol
+
+EPS64 = torch.finfo(torch.float64).eps
+CHUNK_BYTES = 64 * 2**20  # memory of one block of rows of the cosine matrix
+BABEL_FIRST_COLUMNS = 128  # the Babel function is first computed for m <= this, then for 4x more, ...
+METHODS = ("trivial", "coherence", "babel", "exhaustive")  # in the order that breaks ties
+
+
+def clopper_pearson(successes: int, trials: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Exact (Clopper-Pearson) two-sided confidence interval of a binomial proportion.
+
+    With ``alpha = 1 - confidence``, the interval is ``[B(alpha/2; s, n - s + 1), B(1 - alpha/2;
+    s + 1, n - s)]`` with ``B`` the quantile function of the Beta distribution, and 0 (1) as the lower
+    (upper) end when s = 0 (s = n). It covers the true proportion with probability at least
+    ``confidence`` (Clopper and Pearson, Biometrika 1934). Computed by
+    ``scipy.stats.binomtest(...).proportion_ci(method="exact")``.
+
+    For a sampled Kruskal test, ``successes = full_rank`` and ``trials = subsets`` bound the share of
+    all k-subsets that are full rank (subsets drawn with replacement between draws; for an exhaustive
+    test the share is known exactly and the interval is not needed).
+
+    Args:
+        successes: 0 <= successes <= trials (Python or NumPy integer).
+        trials: a positive integer.
+        confidence: in (0, 1).
+
+    Returns:
+        ``(lower, upper)`` as floats in [0, 1].
+    """
+    trials = check_int(trials, "trials")
+    successes = check_int(successes, "successes", minimum=0)
+    if successes > trials:
+        raise ValueError(f"successes = {successes} exceeds trials = {trials}; valid: 0 <= successes <= trials")
+    if (isinstance(confidence, bool | np.bool_) or not isinstance(confidence, numbers.Real)
+            or not 0 < confidence < 1):
+        raise ValueError(f"confidence must be a number in (0, 1), e.g. 0.95; got {confidence!r}")
+    ci = stats.binomtest(successes, trials).proportion_ci(confidence_level=float(confidence), method="exact")
+    return float(ci.low), float(ci.high)
+
+
+@dataclass(frozen=True, repr=False)
+class KruskalLowerBound:
+    """A certified lower bound on the numerical Kruskal rank of N vectors in R^d.
+
+    Attributes:
+        lower: every k-subset with k <= lower is proven full rank at ``rtol`` (0 when a vector is zero
+            or rtol >= 1; 1 when no vector is zero and nothing better is proven).
+        method: the proof behind ``lower``: "exhaustive" (every subset tested), "babel" or "coherence"
+            (Gershgorin bounds below), or "trivial" (single vectors). Ties go to the simpler proof.
+        exact: ``lower`` IS the numerical Kruskal rank (the search found a dependent (lower + 1)-subset,
+            ``lower`` reached min(N, d), or a vector is zero).
+        k_max: the largest k that was to be certified (the search stops there).
+        N, d: number and width of the vectors.
+        coherence: the mutual coherence, largest |cosine| between two distinct vectors (NaN for N = 1;
+            cosines with a zero vector count as 0).
+        coherence_k, babel_k: what the coherence and the Babel bound prove on their own.
+        exhaustive_k: how far the exhaustive search certified: it starts above what the coherence and
+            Babel bounds prove and tests every k-subset, level by level, while ``max_subsets`` allows.
+        subsets: how many subsets were tested (single vectors included).
+        norm_ratio: smallest over largest vector norm (the Gershgorin bounds scale with it).
+        rtol: the relative tolerance (for k <= d the default ``max(k, d) * eps`` is the same for all k).
+        witness: indices of a dependent subset of size lower + 1 found by the search (proof that the
+            Kruskal rank is not larger), else None.
+        seconds: wall time.
+        note: in words, why the bound stops where it does (empty when it is exact).
+    """
+
+    lower: int
+    method: str
+    exact: bool
+    k_max: int
+    N: int
+    d: int
+    coherence: float
+    coherence_k: int
+    babel_k: int
+    exhaustive_k: int
+    subsets: int
+    norm_ratio: float
+    rtol: float
+    witness: tuple[int, ...] | None
+    seconds: float
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Flat dict of plain values: ints, floats, bools, strings; ``witness`` a list of ints or None."""
+        out = asdict(self)
+        out["witness"] = None if self.witness is None else [int(i) for i in self.witness]
+        return out
+
+    def __repr__(self) -> str:
+        what = "=" if self.exact else ">="
+        text = (f"KruskalLowerBound(N={self.N}, d={self.d}: Kruskal rank {what} {self.lower} by {self.method}; "
+                f"coherence={self.coherence:.4g}, coherence_k={self.coherence_k}, babel_k={self.babel_k}, "
+                f"exhaustive_k={self.exhaustive_k} ({self.subsets} subsets)")
+        return text + (f"; {self.note}" if self.note else "") + ")"
+
+
+@dataclass(frozen=True)
+class _Cosines:
+    """What one pass over the |cosine| matrix found: the Babel function for m = 1..len(babel), the
+    coherence and the pairs at or above a threshold (each unordered pair once)."""
+
+    babel: torch.Tensor  # (M,) float64: babel[m - 1] = mu_1(m) as computed
+    coherence: float
+    pairs_above: int
+
+
+def _unit_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float64 unit rows (zero rows stay zero) and the row norms of the (rescaled) pool."""
+    x64 = pool64(x)  # (N, d), scaled by a power of two when its squares would underflow or overflow
+    norms = torch.linalg.vector_norm(x64, dim=1)  # (N,)
+    unit = x64 / torch.where(norms > 0, norms, 1.0)[:, None]  # (N, d)
+    return unit, norms
+
+
+def _cosine_pass(unit: torch.Tensor, columns: int, threshold: float | None = None) -> _Cosines:
+    """Babel function up to m = ``columns``, coherence and pairs with |cosine| >= threshold, from the
+    |cosine| matrix in blocks of rows (memory ~ :data:`CHUNK_BYTES`, never the whole N x N at once)."""
+    n_vec = unit.shape[0]
+    rows_per_block = max(1, CHUNK_BYTES // (8 * n_vec))
+    babel = torch.zeros(columns, dtype=torch.float64, device=unit.device)
+    coherence = -math.inf
+    pairs = 0
+    for start in range(0, n_vec, rows_per_block):
+        rows = torch.arange(start, min(start + rows_per_block, n_vec), device=unit.device)
+        cos = (unit[rows] @ unit.T).abs_()  # (b, N)
+        cos[torch.arange(rows.numel(), device=unit.device), rows] = 0.0  # self-cosines out of every sum
+        coherence = max(coherence, float(cos.max()))
+        if threshold is not None:
+            upper = torch.arange(n_vec, device=unit.device)[None, :] > rows[:, None]  # (b, N): j > i
+            pairs += int(((cos >= threshold) & upper).sum())
+        if columns:
+            top = cos.topk(columns, dim=1, sorted=True).values  # (b, columns), descending
+            babel = torch.maximum(babel, top.cumsum(dim=1).amax(dim=0))
+    return _Cosines(babel=babel, coherence=coherence if n_vec > 1 else math.nan, pairs_above=pairs)
+
+
+def _gershgorin_passes(bound: torch.Tensor, ks: torch.Tensor, ratio: float, rtols: torch.Tensor,
+                       d: int) -> int:
+    """Largest k in ``ks`` (consecutive, from 2) up to which every k passes, given a rigorous upper
+    bound ``bound[i] >= mu_1(ks[i] - 1)`` on the Gershgorin radius; 1 when none passes.
+
+    A k passes when ``bound < 1`` and ``ratio * sqrt((1 - bound) / (1 + bound))``, less its rounding,
+    exceeds ``rtol_k`` plus the float64 error of the SVD verdict it stands for (``64 (k + d) eps``)."""
+    below = bound < 1
+    safe = torch.where(below, bound, 0.0)
+    sv_ratio = ratio * torch.sqrt((1 - safe) / (1 + safe)) * (1 - 8 * EPS64)  # (K,) lower bounds
+    slack = 64 * (ks + d).double() * EPS64
+    passes = below & (sv_ratio > rtols + slack)
+    failed = (~passes).nonzero()
+    return int(ks[-1]) if failed.numel() == 0 else int(ks[int(failed[0])]) - 1
+
+
+def kruskal_lower_bound(
+    vectors: Array, k_max: int | None = None, *, rtol: float | None = None, max_subsets: int = 20000
+) -> KruskalLowerBound:
+    """A certified lower bound on the numerical Kruskal rank: every k-subset with k <= ``lower`` is
+    proven full rank at ``rtol``.
+
+    Three proofs, the best one wins:
+
+    (a) Exhaustive search: every k-subset for k = 2, 3, ... while the total stays within
+        ``max_subsets``, with the verdicts of :func:`probes.kruskal_test` (equal to a float64 SVD at
+        the same tolerance). A dependent subset ends the search with the exact Kruskal rank.
+    (b) Mutual coherence mu = max |cos(x_i, x_j)| over distinct vectors, and (c) the Babel function
+        mu_1(m) = max_i (sum of the m largest |cos(x_i, x_j)|, j != i) <= m mu. Let S be a k-subset,
+        U_S its rows normalised to unit length and D_S = diag(|x_i|), so X_S = D_S U_S. The Gram
+        U_S U_S^T has unit diagonal and off-diagonal row sums at most mu_1(k - 1); by Gershgorin its
+        eigenvalues lie in [1 - mu_1(k - 1), 1 + mu_1(k - 1)]. Hence, with r_min and r_max the smallest
+        and largest norm of all N vectors,
+        ``sigma_k(X_S) / sigma_1(X_S) >= (r_min / r_max) sqrt((1 - mu_1(k-1)) / (1 + mu_1(k-1)))``,
+        and every k-subset is full rank when this exceeds rtol_k. The coherence bound is the same
+        argument with mu_1(k - 1) replaced by (k - 1) mu (in exact arithmetic: Kruskal rank >= 1/mu).
+
+    Rounding. Cosines are computed in float64 from unit rows; each carries an error below
+    ``4 (d + 4) eps64``, added per term to the Babel sums (and their own summation error), the norm
+    ratio is lowered by its rounding, and k passes only with a further ``64 (k + d) eps64`` to spare,
+    so that the bound holds for the exact singular values and for the float64 SVD verdict alike.
+
+    Work: one pass over the N x N cosine matrix in blocks of rows (the Babel function needs the top
+    k_max - 1 cosines of each row: O(N^2 log N)), plus at most ``max_subsets`` subset tests. N = 2000,
+    d = 1280 takes a few seconds on one CPU core.
+
+    Args:
+        vectors: (N, d) tensor (CPU or CUDA) or NumPy array; computed in float64 on its device.
+        k_max: stop once k_max is certified (e.g. the n of Assumption 1); default min(N, d). 1..N.
+        rtol: relative tolerance; default ``max(k, d) * eps`` of the vectors' dtype (as the Kruskal
+            tests use).
+        max_subsets: most subsets the exhaustive search may test in all, single vectors included
+            (0: none beyond the single vectors).
+
+    Returns:
+        :class:`KruskalLowerBound`. On strongly correlated vectors ``lower`` is small (often 1 or 2) even
+        when sampled tests pass at much larger k: the worst-case bounds cannot see further, and the
+        ``note`` says so.
+
+    Raises:
+        ValueError: not a finite non-empty (N, d) array, k_max outside 1..N, bad rtol or max_subsets.
+    """
+    start = time.perf_counter()
+    x = validate_vectors(vectors)
+    n_vec, d = x.shape
+    if k_max is None:
+        k_max = min(n_vec, d)
+    k_max = check_int(k_max, "k_max")
+    if k_max > n_vec:
+        raise ValueError(f"k_max = {k_max} exceeds the number of vectors N = {n_vec}; valid: 1 <= k_max <= N")
+    max_subsets = check_int(max_subsets, "max_subsets", minimum=0)
+    top = min(k_max, d)  # no d + 1 vectors in R^d are independent
+    rtols = [resolve_rtol(rtol, k, d, x.dtype) for k in range(1, top + 1)]
+    common = dict(k_max=k_max, N=n_vec, d=d, rtol=rtols[0])
+
+    unit, norms = _unit_rows(x)
+    nonzero = bool((x != 0).any(dim=1).all())
+    ratio = float(norms.min() / norms.max()) if nonzero else 0.0
+    ratio *= 1 - (d + 8) * EPS64  # each norm carries a relative error below (d / 2 + 2) eps
+    if not nonzero or rtols[0] >= 1:
+        cos = _cosine_pass(unit, 0)
+        why = "a vector is zero" if not nonzero else f"rtol = {rtols[0]:.3g} >= 1 rejects even single vectors"
+        return KruskalLowerBound(
+            lower=0, method="trivial", exact=True, coherence=cos.coherence, coherence_k=0, babel_k=0,
+            exhaustive_k=0, subsets=n_vec, norm_ratio=max(ratio, 0.0), witness=None,
+            seconds=time.perf_counter() - start, note=f"Kruskal rank 0: {why}", **common)
+
+    # (b), (c): Gershgorin bounds for k = 2..top; the Babel columns grow until the bound stops passing.
+    babel_k = coherence_k = 1
+    babel_bound = None  # (columns,) rigorous upper bounds on mu_1(m), m = 1..columns
+    columns = min(BABEL_FIRST_COLUMNS, top - 1)
+    cos = _cosine_pass(unit, columns)
+    if top >= 2:
+        ks = torch.arange(2, top + 1, device=unit.device)  # (top - 1,)
+        rtol_k = torch.tensor(rtols[1:], dtype=torch.float64, device=unit.device)
+        delta = 4 * (d + 4) * EPS64  # rounding allowance per cosine
+        while True:
+            m = torch.arange(1, columns + 1, dtype=torch.float64, device=unit.device)
+            babel_bound = cos.babel * (1 + 2 * m * EPS64) + m * delta
+            babel_k = _gershgorin_passes(babel_bound, ks[:columns], ratio, rtol_k[:columns], d)
+            if babel_k <= columns or columns == top - 1:  # stopped within these columns, or all done
+                break
+            columns = min(4 * columns, top - 1)
+            cos = _cosine_pass(unit, columns)
+        mu = (cos.coherence + delta) * (1 + 2 * EPS64)
+        coherence_k = _gershgorin_passes((ks - 1).double() * mu, ks, ratio, rtol_k, d)
+
+    # (a) exhaustive search above what (b) and (c) proved; single vectors are settled (none is zero).
+    exhaustive_k, tested, witness = max(babel_k, coherence_k), n_vec, None
+    for k in range(exhaustive_k + 1, top + 1):
+        count = math.comb(n_vec, k)
+        if tested + count > max_subsets:
+            break
+        res = kruskal_test(x, k, subsets=count, rtol=rtol, rank_sample=0, progress=False)
+        tested += count
+        if res.full_rank < count:
+            witness = res.witness
+            break
+        exhaustive_k = k
+
+    found = {"trivial": 1, "coherence": coherence_k, "babel": babel_k, "exhaustive": exhaustive_k}
+    lower = max(found.values())
+    method = "exhaustive" if witness is not None else next(m for m in METHODS if found[m] == lower)
+    exact = witness is not None or lower == min(n_vec, d)
+    note = ""
+    if not exact:
+        note = _why_not_more(lower, top, k_max, babel_k, babel_bound, cos.coherence, ratio, rtols, n_vec,
+                             max_subsets)
+    return KruskalLowerBound(
+        lower=lower, method=method, exact=exact, coherence=cos.coherence, coherence_k=coherence_k,
+        babel_k=babel_k, exhaustive_k=exhaustive_k, subsets=tested, norm_ratio=ratio,
+        witness=None if witness is None else tuple(int(i) for i in witness),
+        seconds=time.perf_counter() - start, note=note, **common)
+
+
+def _why_not_more(lower: int, top: int, k_max: int, babel_k: int, babel_bound: torch.Tensor | None,
+                  coherence: float, ratio: float, rtols: list[float], n_vec: int, max_subsets: int) -> str:
+    """One sentence on why the certified bound stops at ``lower`` (< min(N, d))."""
+    if lower >= top:
+        return f"certified up to k_max = {k_max}; larger k not searched"
+    k = babel_k + 1  # the first k the Gershgorin bounds could not certify
+    if babel_bound is not None and float(babel_bound[k - 2]) >= 1:
+        why = f"the Babel function mu_1({k - 1}) = {float(babel_bound[k - 2]):.4g} is not below 1"
+    else:
+        why = (f"the norm ratio {ratio:.3g} keeps the bound on sigma_{k} / sigma_1 below "
+               f"rtol = {rtols[k - 1]:.3g}")
+    nxt = lower + 1
+    return (f"certified only k <= {lower} of a possible {top}: coherence {coherence:.3g}, {why}, and "
+            f"testing all {math.comb(n_vec, nxt):,} {nxt}-subsets exceeds max_subsets = {max_subsets:,}; "
+            f"worst-case bounds say no more here, sampled Kruskal tests estimate beyond (no proof)")
+
+
+@dataclass(frozen=True, repr=False)
+class DuplicateCounts:
+    """Duplicated and nearly parallel vectors among N.
+
+    Attributes:
+        N: number of vectors.
+        exact_duplicates: rows equal (bit for bit, up to the sign of zero) to an earlier row.
+        near_duplicate_pairs: unordered pairs {i, j}, i != j, with |cosine| >= ``cosine`` (exact
+            duplicates included; a zero vector has cosine 0 with everything).
+        cosine: the threshold.
+        coherence: largest |cosine| between two distinct vectors (NaN for N = 1).
+        zero_vectors: rows that are entirely zero.
+    """
+
+    N: int
+    exact_duplicates: int
+    near_duplicate_pairs: int
+    cosine: float
+    coherence: float
+    zero_vectors: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """Flat dict of plain ints and floats."""
+        return asdict(self)
+
+    def __repr__(self) -> str:
+        return (f"DuplicateCounts(N={self.N}: {self.exact_duplicates} exact duplicates, "
+                f"{self.near_duplicate_pairs} pairs with |cosine| >= {self.cosine:g}, "
+                f"coherence={self.coherence:.6g}, {self.zero_vectors} zero vectors)")
+
+
+def duplicates(vectors: Array, *, cosine: float = 0.9999) -> DuplicateCounts:
+    """Count exactly duplicated vectors and nearly parallel pairs.
+
+    Exact duplicates compare the values as given (any dtype, on their device). Cosines are computed in
+    float64 from unit rows, in blocks of rows (memory ~64 MiB whatever N). Two equal vectors have
+    |cosine| 1 only up to rounding, hence a threshold below 1.
+
+    Args:
+        vectors: (N, d) tensor (CPU or CUDA) or NumPy array.
+        cosine: the near-duplicate threshold on |cosine|, in (0, 1); default 0.9999.
+
+    Returns:
+        :class:`DuplicateCounts`.
+    """
+    x = validate_vectors(vectors)
+    if isinstance(cosine, bool | np.bool_) or not isinstance(cosine, numbers.Real) or not 0 < cosine < 1:
+        raise ValueError(f"cosine must be a number in (0, 1), e.g. 0.9999; got {cosine!r}")
+    n_vec = x.shape[0]
+    distinct = torch.unique(x + 0, dim=0).shape[0]  # + 0 turns -0.0 into 0.0
+    unit, _ = _unit_rows(x)
+    cos = _cosine_pass(unit, 0, threshold=float(cosine))
+    zero = int((~(x != 0).any(dim=1)).sum())
+    return DuplicateCounts(N=n_vec, exact_duplicates=n_vec - distinct, near_duplicate_pairs=cos.pairs_above,
+                           cosine=float(cosine), coherence=cos.coherence, zero_vectors=zero)
