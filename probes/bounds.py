@@ -32,7 +32,7 @@ import torch
 from scipy import stats
 
 from probes.kruskal import kruskal_test, pool64, validate_vectors
-from probes.rank import Array, check_int, resolve_rtol
+from probes.rank import Array, check_int, numerical_rank, resolve_rtol
 
 EPS64 = torch.finfo(torch.float64).eps
 CHUNK_BYTES = 64 * 2**20  # memory of one block of rows of the cosine matrix
@@ -93,8 +93,8 @@ class KruskalLowerBound:
         subsets: how many subsets were tested (single vectors included).
         norm_ratio: smallest over largest vector norm (the Gershgorin bounds scale with it).
         rtol: the relative tolerance (for k <= d the default ``max(k, d) * eps`` is the same for all k).
-        witness: indices of a dependent subset of size lower + 1 found by the search (proof that the
-            Kruskal rank is not larger), else None.
+        witness: indices of a dependent subset of size lower + 1 (proof that the Kruskal rank is not
+            larger), found by the search, or the most coherent pair when it is dependent; else None.
         seconds: wall time.
         note: in words, why the bound stops where it does (empty when it is exact).
     """
@@ -138,6 +138,7 @@ class _Cosines:
     babel: torch.Tensor  # (M,) float64: babel[m - 1] = mu_1(m) as computed
     coherence: float
     pairs_above: int
+    pair: tuple[int, int] | None  # the two distinct vectors of largest |cosine| (None for N = 1)
 
 
 def _unit_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -154,20 +155,23 @@ def _cosine_pass(unit: torch.Tensor, columns: int, threshold: float | None = Non
     n_vec = unit.shape[0]
     rows_per_block = max(1, CHUNK_BYTES // (8 * n_vec))
     babel = torch.zeros(columns, dtype=torch.float64, device=unit.device)
-    coherence = -math.inf
+    coherence, pair = -math.inf, None
     pairs = 0
     for start in range(0, n_vec, rows_per_block):
         rows = torch.arange(start, min(start + rows_per_block, n_vec), device=unit.device)
         cos = (unit[rows] @ unit.T).abs_()  # (b, N)
-        cos[torch.arange(rows.numel(), device=unit.device), rows] = 0.0  # self-cosines out of every sum
-        coherence = max(coherence, float(cos.max()))
+        cos[torch.arange(rows.numel(), device=unit.device), rows] = -1.0  # below every |cosine|: never picked
+        best = int(cos.argmax())
+        if float(cos.flatten()[best]) > coherence and n_vec > 1:
+            coherence = float(cos.flatten()[best])
+            pair = (int(rows[best // n_vec]), best % n_vec)
         if threshold is not None:
             upper = torch.arange(n_vec, device=unit.device)[None, :] > rows[:, None]  # (b, N): j > i
             pairs += int(((cos >= threshold) & upper).sum())
         if columns:
             top = cos.topk(columns, dim=1, sorted=True).values  # (b, columns), descending
             babel = torch.maximum(babel, top.cumsum(dim=1).amax(dim=0))
-    return _Cosines(babel=babel, coherence=coherence if n_vec > 1 else math.nan, pairs_above=pairs)
+    return _Cosines(babel=babel, coherence=coherence if n_vec > 1 else math.nan, pairs_above=pairs, pair=pair)
 
 
 def _gershgorin_passes(bound: torch.Tensor, ks: torch.Tensor, ratio: float, rtols: torch.Tensor,
@@ -206,6 +210,9 @@ def kruskal_lower_bound(
         ``sigma_k(X_S) / sigma_1(X_S) >= (r_min / r_max) sqrt((1 - mu_1(k-1)) / (1 + mu_1(k-1)))``,
         and every k-subset is full rank when this exceeds rtol_k. The coherence bound is the same
         argument with mu_1(k - 1) replaced by (k - 1) mu (in exact arithmetic: Kruskal rank >= 1/mu).
+
+    When none of these proves more than 1, the two vectors of largest |cosine| are tested directly
+    (float64 SVD); if they are dependent (e.g. a duplicated vector), the Kruskal rank is exactly 1.
 
     Rounding. Cosines are computed in float64 from unit rows; each carries an error below
     ``4 (d + 4) eps64``, added per term to the Babel sums (and their own summation error), the norm
@@ -290,9 +297,14 @@ def kruskal_lower_bound(
             break
         exhaustive_k = k
 
+    if witness is None and max(babel_k, coherence_k, exhaustive_k) == 1 and top >= 2:
+        i, j = sorted(cos.pair)  # the most coherent pair: often dependent (e.g. duplicated vectors)
+        if int(numerical_rank(x[[i, j]], rtols[1]).rank) < 2:
+            witness = (i, j)
+
     found = {"trivial": 1, "coherence": coherence_k, "babel": babel_k, "exhaustive": exhaustive_k}
     lower = max(found.values())
-    method = "exhaustive" if witness is not None else next(m for m in METHODS if found[m] == lower)
+    method = next(m for m in METHODS if found[m] == lower)
     exact = witness is not None or lower == min(n_vec, d)
     note = ""
     if not exact:

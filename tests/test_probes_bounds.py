@@ -61,6 +61,10 @@ def test_lower_bound_never_exceeds_the_kruskal_rank_and_is_exact_when_searched(n
     proven = kruskal_lower_bound(x, max_subsets=0)  # coherence and Babel only
     assert proven.lower <= truth, proven
     assert max(proven.coherence_k, proven.babel_k) <= max(truth, 1)
+    if proven.exact:
+        assert proven.lower == truth
+    if proven.witness is not None:  # the most coherent pair, when dependent
+        assert len(proven.witness) == 2 and check_witness(x, proven.witness)
     full = kruskal_lower_bound(x)  # these sets are small enough to search exhaustively
     assert (full.lower, full.exact) == (truth, True), full
     if full.witness is not None:
@@ -129,6 +133,16 @@ def test_zero_vector_and_k_max():
     assert (capped.lower, capped.exact) == (3, False) and "k_max" in capped.note
     tiny = kruskal_lower_bound(np.random.default_rng(0).standard_normal((3000, 2)), max_subsets=0)
     assert (tiny.lower, tiny.method) == (1, "trivial")  # honest: nothing beyond single vectors
+
+
+def test_duplicated_vectors_make_the_bound_exact():
+    """Identical queries (e.g. every CLS token of an embedding layer): Kruskal rank exactly 1, proven by
+    the most coherent pair, without any search."""
+    cls = torch.randn(1, 64, generator=torch.Generator().manual_seed(0))
+    x = torch.cat([torch.randn(100, 64, generator=torch.Generator().manual_seed(1)), cls, cls])
+    res = kruskal_lower_bound(x, max_subsets=0)
+    assert (res.lower, res.exact, res.witness, res.note) == (1, True, (100, 101), "")
+    assert "Kruskal rank = 1" in repr(res)
 
 
 def test_result_types_and_repr():

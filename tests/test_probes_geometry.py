@@ -1,0 +1,141 @@
+"""Token geometry against closed forms (probes.geometry)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from probes import geometry
+from probes.geometry import (
+    Geometry,
+    anisotropy,
+    collapse_residual,
+    effective_rank,
+    stable_rank,
+    token_geometry,
+)
+
+EPS64 = float(np.finfo(np.float64).eps)
+
+
+def with_singular_values(sv: list[float], m: int, n: int, seed: int = 0) -> torch.Tensor:
+    """An (m, n) float64 matrix with exactly the given singular values (up to rounding)."""
+    g = torch.Generator().manual_seed(seed)
+    u, _ = torch.linalg.qr(torch.randn(m, m, generator=g, dtype=torch.float64))
+    v, _ = torch.linalg.qr(torch.randn(n, n, generator=g, dtype=torch.float64))
+    s = torch.zeros(m, n, dtype=torch.float64)
+    s[range(len(sv)), range(len(sv))] = torch.tensor(sv, dtype=torch.float64)
+    return u @ s @ v.T
+
+
+@pytest.mark.parametrize("d", [1, 5, 64])
+def test_ranks_of_identity_and_rank_one(d):
+    tol = 64 * d * EPS64
+    assert float(effective_rank(torch.eye(d))) == pytest.approx(d, rel=tol)
+    assert float(stable_rank(torch.eye(d))) == pytest.approx(d, rel=tol)
+    rank_one = torch.outer(torch.arange(1.0, 8.0), torch.linspace(-1, 2, d))  # (7, d)
+    assert float(effective_rank(rank_one)) == pytest.approx(1, rel=1e-6)  # float32 noise singular values
+    assert float(stable_rank(rank_one)) == pytest.approx(1, rel=1e-6)
+
+
+def test_ranks_known_singular_values_and_batches():
+    x = with_singular_values([3.0, 1.0, 1.0], 6, 4)
+    p = np.array([3, 1, 1]) / 5
+    assert float(effective_rank(x)) == pytest.approx(math.exp(-(p * np.log(p)).sum()), rel=1e-12)
+    assert float(stable_rank(x)) == pytest.approx(11 / 9, rel=1e-12)
+    batch = torch.stack([x, 2 * x, torch.zeros(6, 4), torch.eye(6, 4, dtype=torch.float64)]).reshape(2, 2, 6, 4)
+    er, sr = effective_rank(batch), stable_rank(batch)
+    assert er.shape == sr.shape == (2, 2) and er.dtype == torch.float64
+    assert er.flatten().tolist() == pytest.approx([float(effective_rank(x))] * 2 + [0.0, 4.0], rel=1e-12)
+    assert sr.flatten().tolist() == pytest.approx([11 / 9] * 2 + [0.0, 4.0], rel=1e-12)
+
+
+def test_scale_invariance_and_input_kinds():
+    x = torch.randn(30, 12, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    for scale in (1e-170, 1e160):
+        for f in (effective_rank, stable_rank, anisotropy):
+            assert float(f(x * scale)) == pytest.approx(float(f(x)), rel=1e-12, abs=1e-14)
+        assert torch.allclose(collapse_residual((x * scale).reshape(5, 6, 12)), collapse_residual(x.reshape(5, 6, 12)),
+                              rtol=1e-12)
+    assert float(effective_rank(x.numpy())) == float(effective_rank(x))
+    # float32 input: the same numbers up to float32 rounding of the data
+    assert float(stable_rank(x.float())) == pytest.approx(float(stable_rank(x)), rel=64 * float(np.finfo(np.float32).eps))
+
+
+def test_anisotropy_closed_forms():
+    assert float(anisotropy(torch.eye(5))) == 0.0
+    assert float(anisotropy(torch.tensor([[1.0, 0], [-1, 0]]))) == pytest.approx(-1.0, abs=4 * EPS64)
+    assert float(anisotropy(3 * torch.ones(4, 7))) == pytest.approx(1.0, rel=16 * EPS64)
+    angle = 0.3
+    pair = torch.tensor([[2.0, 0.0], [math.cos(angle), math.sin(angle)]], dtype=torch.float64)
+    assert float(anisotropy(pair)) == pytest.approx(math.cos(angle), rel=8 * EPS64)
+    x = torch.randn(3, 40, 9, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    x[1, 5] = 0  # a zero vector: cosine 0 with everything
+    unit = x / x.norm(dim=-1, keepdim=True).clamp(min=1e-300)
+    cos = unit @ unit.transpose(-1, -2)  # (3, 40, 40)
+    expected = (cos.sum((-2, -1)) - cos.diagonal(dim1=-2, dim2=-1).sum(-1)) / (40 * 39)
+    assert torch.allclose(anisotropy(x), expected, rtol=0, atol=64 * 40 * EPS64)
+    with pytest.raises(ValueError, match="anisotropy needs N >= 2"):
+        anisotropy(torch.randn(1, 4))
+
+
+def test_collapse_residual_closed_forms():
+    row = torch.randn(1, 1, 8, generator=torch.Generator().manual_seed(2))
+    assert collapse_residual(row.expand(3, 5, 8)).tolist() == [0.0, 0.0, 0.0]  # identical rows
+    centred = torch.tensor([[1.0, 2.0], [-1.0, -2.0]])  # rows average to zero
+    assert float(collapse_residual(centred)) == pytest.approx(1.0, rel=4 * EPS64)
+    assert collapse_residual(centred).shape == ()
+    assert float(collapse_residual(torch.zeros(4, 3))) == 0.0
+    e = torch.tensor([[1.0, 0.0], [0.0, 1.0]])  # mean (0.5, 0.5): residual 1 / sqrt(2)
+    assert float(collapse_residual(e)) == pytest.approx(0.5**0.5, rel=4 * EPS64)
+
+
+def test_collapse_residual_blocks_do_not_change_the_result(monkeypatch):
+    x = torch.randn(50, 7, 6, generator=torch.Generator().manual_seed(3))
+    whole = collapse_residual(x)
+    monkeypatch.setattr(geometry, "CHUNK_BYTES", 7 * 6 * 8 * 3)  # 3 contexts per block
+    blocked = collapse_residual(x)
+    x64 = x.double()
+    direct = (x64 - x64.mean(1, keepdim=True)).flatten(1).norm(dim=1) / x64.flatten(1).norm(dim=1)
+    assert blocked.shape == (50,)
+    assert torch.allclose(blocked, whole, rtol=16 * EPS64, atol=0)
+    assert torch.allclose(blocked, direct, rtol=64 * 42 * EPS64, atol=0)
+
+
+def test_token_geometry_bundles_the_four_measures():
+    g = torch.Generator().manual_seed(4)
+    q, ctx = torch.randn(60, 16, generator=g), torch.randn(60, 9, 16, generator=g)
+    geo = token_geometry(q, ctx)
+    assert isinstance(geo, Geometry) and "\n" not in repr(geo)
+    assert list(geo.to_dict()) == ["effective_rank", "stable_rank", "anisotropy", "collapse_residual"]
+    assert geo.to_dict() == pytest.approx(dict(
+        effective_rank=float(effective_rank(q)), stable_rank=float(stable_rank(q)),
+        anisotropy=float(anisotropy(q)), collapse_residual=float(collapse_residual(ctx).mean())), rel=1e-12)
+    streamed = token_geometry(q, (ctx[i:i + 7] for i in range(0, 60, 7)))  # chunks, as from an extractor
+    assert streamed.collapse_residual == pytest.approx(geo.collapse_residual, rel=1e-12)
+    assert token_geometry(q).collapse_residual is None
+
+
+@pytest.mark.parametrize(("call", "match"), [
+    (lambda: effective_rank(torch.randn(5)), r"x must be a non-empty matrix"),
+    (lambda: stable_rank(torch.tensor([[1.0, math.nan]])), "NaN/Inf"),
+    (lambda: collapse_residual(torch.zeros(0, 3, 4)), "contexts must be a non-empty"),
+    (lambda: token_geometry(torch.randn(2, 3, 4)), r"queries must have shape \(N, d\)"),
+    (lambda: token_geometry(torch.randn(5, 4), torch.randn(5, 4)), r"contexts must have shape \(N, n, d\)"),
+    (lambda: token_geometry(torch.randn(5, 4), []), "contexts held no context"),
+    (lambda: anisotropy([[1.0, 2.0]]), "must be a torch.Tensor or numpy.ndarray"),
+])
+def test_bad_input(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_geometry_on_cuda_matches_cpu():
+    g = torch.Generator().manual_seed(5)
+    q, ctx = torch.randn(80, 32, generator=g), torch.randn(80, 10, 32, generator=g)
+    cpu, gpu = token_geometry(q, ctx).to_dict(), token_geometry(q.cuda(), ctx.cuda()).to_dict()
+    assert gpu == pytest.approx(cpu, rel=1e-10, abs=1e-12)
