@@ -20,12 +20,16 @@ from auditor.lab.assoc.recall_sweep import (
     RecallTraining,
     ScalingConfig,
     TradeoffConfig,
+    accuracy_at,
+    grid_sizes,
+    outcome_at,
     run_scaling_unit,
     run_tradeoff_unit,
     table_shape,
     train_models,
 )
 from auditor.lab.assoc.stages import detect_stages, find_plateau
+from auditor.lab.assoc.summary import budget_fit
 from auditor.lab.engine import TrainConfig, train
 from auditor.lab.sweep import run_unit
 
@@ -312,3 +316,82 @@ def test_cli_recall_dynamics_and_errors(tmp_path, capsys):
     assert "plateau levels" in (out / "dynamics.md").read_text()
     assert main(["recall", "tradeoff", "--seeds", "a", "--out", str(out)]) == 2
     assert "--seeds takes integers like 1,2,4" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- budgets and convergence
+
+
+def _history(accuracies, every=10):
+    return pd.DataFrame({"step": [every * i for i in range(len(accuracies))], "accuracy": accuracies})
+
+
+def test_outcome_at_a_budget_reads_the_run_up_to_that_budget():
+    run = _history([0.1, 0.5, 0.8, 0.9, 0.95, 0.995, 0.995])  # passes at step 50
+    at40, at60 = outcome_at(run, 40, 0.99), outcome_at(run, 60, 0.99)
+    assert at40 == {"accuracy": 0.95, "passed": False, "converged": False, "steps_trained": 40}  # +0.15 over 30..40
+    assert at60 == {"accuracy": 0.995, "passed": True, "converged": True, "steps_trained": 50}
+    flat = _history([0.1, 0.6, 0.7, 0.7, 0.7, 0.705, 0.705, 0.705, 0.705])  # gain < PLATEAU_GAIN over 60..80
+    assert outcome_at(flat, 80, 0.99)["converged"] and not outcome_at(flat, 80, 0.99)["passed"]
+    assert accuracy_at(flat, 85) == 0.705
+    with pytest.raises(AuditError, match="no evaluation"):
+        accuracy_at(flat.iloc[1:], 5)
+
+
+def test_a_budget_reports_what_a_run_stopped_there_reports():
+    tr = RecallTraining(steps=80, batch_size=64, eval_every=8, eval_contexts=2, lrs=(3e-2,))
+    models = [_members(d=8, heads=4, head_dim=2, width=w, facts=FactTable(s, r, 4, seed=1)) for w, s, r in
+              ((0, 2, 2), (8, 4, 3), (0, 5, 5))]
+    long = train_models(models, tr, budgets=(40, 80))
+    short = train_models(models, dataclasses.replace(tr, steps=40))
+    for by_budget, alone in zip(long, short):
+        assert set(by_budget) == {40, 80}
+        for key in ("accuracy", "passed", "steps_trained", "converged"):
+            assert by_budget[40][key] == alone[key], key
+        assert by_budget[80]["passed"] >= by_budget[40]["passed"]
+
+
+def test_budget_mode_rows_one_per_budget_capacity_never_falls():
+    unit = ScalingConfig(dims=(8,), head_dim=2, attn_ratio=1.0, width_ratios=(0.0,), seeds=(0,), budgets=(24, 48),
+                         grid=(0.02, 0.08), training=RecallTraining(steps=48, batch_size=64, eval_every=8,
+                                                                    eval_contexts=2, lrs=(3e-2,))).units()[0]
+    rows = pd.DataFrame(run_unit(run_scaling_unit, unit))
+    assert list(rows["budget"]) == [24, 48] and rows["converged"].dtype == bool
+    assert rows["facts"].is_monotonic_increasing
+    sizes = grid_sizes(256, (0.02, 0.08))
+    for _, row in rows.iterrows():
+        assert [p["subjects"] + p["relations"] for p in row["probes"]] == sizes
+        passed = [p["facts"] for p in row["probes"] if p["passed"]]
+        assert row["facts"] <= max(passed, default=0)
+        if row["first_fail_facts"] is None:
+            assert not row["converged"]  # the top of the grid: not bracketed
+
+
+def test_grid_and_budget_options_are_checked():
+    assert grid_sizes(256, (0.05, 0.2)) == list(range(7, 16))  # 2 sqrt(12.8) = 7.2 .. 2 sqrt(51.2) = 14.3
+    tr = RecallTraining(steps=100, eval_every=10)
+    with pytest.raises(AuditError, match="multiples of --eval-every"):
+        ScalingConfig(budgets=(25, 100), training=tr)
+    with pytest.raises(AuditError, match="no larger than --steps"):
+        ScalingConfig(budgets=(50, 200), training=tr)
+    with pytest.raises(AuditError, match="two facts-per-parameter values"):
+        ScalingConfig(budgets=(50,), grid=(0.2, 0.1), training=tr)
+    assert "budgets" not in ScalingConfig(training=tr).units()[0]  # bisection units keep their earlier keys
+
+
+def test_budget_fit_recovers_a_known_saturating_curve():
+    budgets = np.array([1000, 2000, 4096, 8192, 16384] * 2)
+    rows = pd.DataFrame({"budget": budgets, "facts": 1, "facts_per_parameter": 0.2 * budgets / (budgets + 3000.0)})
+    fit = budget_fit(rows)
+    assert fit.ceiling == pytest.approx(0.2, rel=1e-6) and fit.half_budget == pytest.approx(3000, rel=1e-6)
+    assert fit.budget_for(0.15) == pytest.approx(9000, rel=1e-6) and fit.budget_for(0.3) == math.inf
+    assert budget_fit(rows[rows["budget"] == 1000]) is None  # one budget: no curve
+
+
+def test_cli_tradeoff_grid_options_and_converged_column(tmp_path):
+    out = tmp_path / "tradeoff"
+    assert main(["recall", "tradeoff", "--scale", "quick", "--heads", "1:2", "--widths", "0,4", "--steps", "20",
+                 "--eval-every", "10", "--no-plots", "--out", str(out)]) == 0
+    rows = pd.read_csv(out / "tradeoff.csv")
+    assert sorted(set(rows["heads"])) == [1, 2] and sorted(set(rows["width"])) == [0, 4]
+    assert rows["converged"].dtype == bool and (rows["eval_every"] == 10).all()
+    assert main(["recall", "tradeoff", "--heads", "0,1", "--out", str(tmp_path / "bad")]) == 2

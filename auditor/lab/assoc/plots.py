@@ -10,7 +10,7 @@ import matplotlib.ticker
 import numpy as np
 import pandas as pd
 
-from auditor.lab.assoc.summary import capacity_fits, facts_fits
+from auditor.lab.assoc.summary import budget_fit, capacity_fits, facts_fits, final_budget
 from auditor.lab.figures import heatmap, plt, save
 
 _KIND_AXIS = {"linear": "$d^2$ (parameters)", "mlp": "$m d$ (parameters)"}
@@ -55,6 +55,7 @@ def plot_capacity(rows: pd.DataFrame, path: str | Path) -> Path:
 
 def plot_facts(rows: pd.DataFrame, path: str | Path) -> Path:
     """Facts stored (S R at 99% accuracy) against trainable parameters, log-log, with the fitted slope."""
+    rows = final_budget(rows)
     fig, ax = plt.subplots(figsize=(5.6, 4.4))
     fits = facts_fits(rows)
     for (architecture, sub), color in zip(rows[rows["facts"] > 0].groupby("architecture"), ("tab:blue", "tab:orange", "tab:green")):
@@ -79,6 +80,38 @@ def plot_facts(rows: pd.DataFrame, path: str | Path) -> Path:
     ax.set_title("factual recall: facts against parameters")
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3, which="both")
+    return save(fig, path)
+
+
+def plot_budget(rows: pd.DataFrame, path: str | Path) -> Path:
+    """Facts per parameter against the step budget (log scale), one panel per architecture: every seed,
+    the mean, the fitted saturating curve with its ceiling, and the paper's 0.15."""
+    kinds = sorted(rows["architecture"].unique())
+    fig, axes = plt.subplots(1, len(kinds), figsize=(5.2 * len(kinds), 4.2), squeeze=False, sharey=True)
+    for ax, kind in zip(axes[0], kinds):
+        sub = rows[rows["architecture"] == kind]
+        done = sub["converged"].astype(bool)
+        ax.scatter(sub.loc[done, "budget"], sub.loc[done, "facts_per_parameter"], s=18, color="tab:blue",
+                   alpha=0.7, label="seed, converged")
+        ax.scatter(sub.loc[~done, "budget"], sub.loc[~done, "facts_per_parameter"], s=18, facecolors="none",
+                   edgecolors="tab:blue", alpha=0.7, label="seed, next table still improving")
+        mean = sub.groupby("budget")["facts_per_parameter"].mean()
+        ax.plot(mean.index, mean.values, "-", color="tab:blue", alpha=0.5)
+        fit = budget_fit(sub)
+        if fit is not None:
+            grid = np.geomspace(sub["budget"].min(), 16 * sub["budget"].max(), 100)
+            lo, hi = fit.ci95()
+            ax.plot(grid, fit.at(grid), "--", color="tab:red",
+                    label=f"fit f_inf B/(B+B_half): f_inf = {fit.ceiling:.3f} (95% {lo:.3f}-{hi:.3f})")
+            ax.axhspan(lo, hi, color="tab:red", alpha=0.08)
+        ax.axhline(0.15, color="gray", ls=":", label="paper: 0.15 facts per parameter")
+        ax.set_xscale("log", base=2)
+        first = sub.iloc[0]
+        ax.set_title(f"{kind}, d={first['d']}, H={first['heads']}, P={first['parameters']}", fontsize=10)
+        ax.set_xlabel(f"step budget B (batch {first['batch_size']})")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("facts per parameter (S R at 99%)")
     return save(fig, path)
 
 

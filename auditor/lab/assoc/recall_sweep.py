@@ -5,7 +5,13 @@ to at least ``threshold`` accuracy over ALL S R facts, found by bisection on k =
 S = ceil(k / 2), R = floor(k / 2) (:func:`table_shape`). The authors searched S = R; letting R trail
 S by one in between doubles the resolution (facts grow by ~10% per step instead of ~20%). A model
 size is (d, H = attn_ratio d / d_h, d_h, m = width_ratio d), so ``attn_ratio`` = H d_h / d and ``width_ratio`` = m / d (0 = attention-only). One sweep unit is one d:
-its width ratios and seeds search in lock step, each round one ensemble.
+its width ratios and seeds search in lock step, each round one ensemble. With ``budgets`` (step counts)
+the unit trains every table size of a grid once instead and reads the capacity at each budget from
+the same runs (a run stopped at the threshold stops identically under any larger budget).
+
+Every row says whether it is ``converged``: a run that ended below the threshold counts as converged
+only if its accuracy had stopped rising (``PLATEAU_GAIN`` over the last ``PLATEAU_WINDOW`` of its
+budget); a capacity whose next table was still improving is the budget's, and fits leave it out.
 
 Trade-off (:class:`TradeoffConfig`): one fixed table (S = R = 32, D = 8 in the paper), a grid of head
 counts H and MLP widths m at fixed d and d_h; the accuracy of every cell. One unit is one H (its m
@@ -49,7 +55,7 @@ class RecallTraining:
     batch_size: int = 256
     warmup_frac: float = 0.0
     threshold: float = 0.99
-    eval_every: int = 50
+    eval_every: int = option(50, "Steps between evaluations over all facts (and early-stop checks).")
     eval_contexts: int = 4
     prompt_length: int = DEFAULT_PROMPT_LENGTH
     answers_per_relation: int = 8
@@ -80,30 +86,67 @@ class RecallTraining:
         )
 
 
-def train_models(models: list[RecallMember], tr: RecallTraining) -> list[dict[str, Any]]:
+# A run that ends below the threshold counts as converged when its accuracy rose by less than
+# PLATEAU_GAIN over the last PLATEAU_WINDOW of its budget (it had stopped improving); otherwise its
+# failure is the budget's, and the row that depends on it is flagged ``converged`` = False.
+PLATEAU_GAIN = 0.01
+PLATEAU_WINDOW = 0.25
+
+
+def accuracy_at(history: pd.DataFrame, budget: int) -> float:
+    """Accuracy of one member's run after ``budget`` steps: its last evaluation at or before ``budget``
+    (a member frozen earlier keeps the accuracy it froze at). ``history``: that member's rows
+    (``step``, ``accuracy``) of :attr:`~auditor.lab.engine.TrainResult.history`."""
+    seen = history[history["step"] <= budget]
+    if seen.empty:
+        raise AuditError(f"no evaluation at or before step {budget}")
+    return float(seen["accuracy"].iloc[-1])
+
+
+def outcome_at(history: pd.DataFrame, budget: int, threshold: float) -> dict[str, Any]:
+    """What a run would have reported had it been given ``budget`` steps: ``accuracy``, ``passed``
+    (some evaluation up to ``budget`` reached ``threshold``: the engine stops there, so a run with that
+    budget ends identically) and ``converged`` (passed, or plateaued: see ``PLATEAU_GAIN``)."""
+    seen = history[history["step"] <= budget]
+    hits = seen.loc[seen["accuracy"] >= threshold - 1e-12, "step"]
+    accuracy = accuracy_at(history, budget)
+    gain = accuracy - accuracy_at(history, int(budget * (1 - PLATEAU_WINDOW)))
+    return {"accuracy": accuracy, "passed": not hits.empty, "converged": not hits.empty or gain < PLATEAU_GAIN,
+            "steps_trained": int(hits.iloc[0] if not hits.empty else seen["step"].iloc[-1])}
+
+
+def train_models(models: list[RecallMember], tr: RecallTraining,
+                 budgets: tuple[int, ...] = ()) -> list[dict[int, dict[str, Any]]] | list[dict[str, Any]]:
     """Train every model at every learning rate of ``tr`` in ONE ensemble; per model, the best run.
 
     Returns one dict per model: ``accuracy`` (over all facts, best lr), ``fact_recall``, ``steps_trained`` and
-    ``best_lr`` of that run, ``accuracy_by_lr`` and ``passed`` (any lr reached the threshold).
+    ``best_lr`` of that run, ``accuracy_by_lr``, ``passed`` (any lr reached the threshold) and
+    ``converged`` (the best run passed or had stopped improving, see ``PLATEAU_GAIN``). With
+    ``budgets`` (step counts, each reached by an evaluation), one such dict per budget instead, keyed by
+    the budget: what runs stopped at that budget would have reported (``fact_recall`` only at ``steps``).
     """
     members = [m for m in models for _ in tr.lrs]  # model-major, lr-minor
     model, task = build_recall(members, batch_size=tr.batch_size, eval_contexts=tr.eval_contexts,
                                prompt_length=tr.prompt_length)
     result = train(model, task, tr.engine(len(members)), progress=False)
     L = len(tr.lrs)
-    acc = result.accuracy.view(-1, L)  # (models, lrs)
     recall = task.fact_recall(model).view(-1, L)
-    steps = result.steps_trained.view(-1, L)
-    best = acc.argmax(1)
+    runs = dict(tuple(result.history.groupby("member")))
     out = []
     for i in range(len(models)):
-        b = int(best[i])
-        out.append({
-            "accuracy": round(float(acc[i, b]), 5), "fact_recall": round(float(recall[i, b]), 5),
-            "steps_trained": int(steps[i, b]), "best_lr": tr.lrs[b],
-            "accuracy_by_lr": {str(lr): round(float(a), 5) for lr, a in zip(tr.lrs, acc[i])},
-            "passed": bool(acc[i, b] >= tr.threshold - 1e-9), "train_seconds": round(result.seconds, 3),
-        })
+        per_budget = {}
+        for budget in budgets or (tr.steps,):
+            by_lr = [outcome_at(runs[i * L + j], budget, tr.threshold) for j in range(L)]
+            b = max(range(L), key=lambda j: (by_lr[j]["passed"], by_lr[j]["accuracy"]))
+            per_budget[budget] = {
+                "accuracy": round(by_lr[b]["accuracy"], 5),
+                "fact_recall": round(float(recall[i, b]), 5) if budget == tr.steps else None,
+                "steps_trained": by_lr[b]["steps_trained"], "best_lr": tr.lrs[b],
+                "accuracy_by_lr": {str(lr): round(o["accuracy"], 5) for lr, o in zip(tr.lrs, by_lr)},
+                "passed": by_lr[b]["passed"], "converged": by_lr[b]["converged"],
+                "train_seconds": round(result.seconds, 3),
+            }
+        out.append(per_budget if budgets else per_budget[tr.steps])
     return out
 
 
@@ -128,11 +171,25 @@ class ScalingConfig:
     seeds: tuple[int, ...] = option((0, 1), "Seeds of the fact tables and models.", default_help="per scale")
     min_size: int = 4  # smallest k = S + R tried
     rel_tol: float = 0.0
+    budgets: tuple[int, ...] = option((), "Step budgets at which to read the capacity, e.g. 1000,2000,4096 (each a "
+                                      "multiple of --eval-every, at most --steps). Given, every table size of the "
+                                      "--grid trains once for --steps and no bisection runs.", default_help="none")
+    grid: tuple[float, ...] = option((0.05, 0.2), "With --budgets: the table sizes tried, as a span of facts per "
+                                     "parameter (every S + R from the lower to the upper end).")
     training: RecallTraining = field(default=RecallTraining(), metadata={"nested": True})
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "budgets", tuple(int(b) for b in self.budgets))
+        object.__setattr__(self, "grid", tuple(float(g) for g in self.grid))
         if not self.dims or min(self.dims) < 2:
             raise AuditError(f"dims must be integers >= 2, got {self.dims}")
+        steps, every = self.training.steps, self.training.eval_every
+        bad = [b for b in self.budgets if not 1 <= b <= steps or b % every]
+        if bad or len(set(self.budgets)) != len(self.budgets):
+            raise AuditError(f"--budgets must be distinct multiples of --eval-every ({every}) no larger than --steps "
+                             f"({steps}); got {','.join(map(str, self.budgets))}")
+        if len(self.grid) != 2 or not 0 < self.grid[0] < self.grid[1]:
+            raise AuditError(f"--grid takes two facts-per-parameter values, low < high (e.g. 0.05,0.2); got {self.grid}")
         if self.head_dim < 1:
             raise AuditError(f"head_dim must be >= 1, got {self.head_dim}")
         if not self.width_ratios or min(self.width_ratios) < 0:
@@ -145,6 +202,9 @@ class ScalingConfig:
     def units(self) -> list[dict[str, Any]]:
         base = dataclasses.asdict(self)
         base.pop("dims")
+        if not self.budgets:  # a bisection's unit keys stay those of earlier runs
+            base.pop("budgets")
+            base.pop("grid")
         return [{**base, "d": d} for d in self.dims]
 
 
@@ -161,8 +221,18 @@ def _scaling_members(unit: dict[str, Any]) -> list[tuple[int, int, int]]:
     return [(round(r * d), i, s) for r in unit["width_ratios"] for i, s in enumerate(unit["seeds"])]
 
 
+def grid_sizes(parameters: int, grid: tuple[float, float], min_size: int = 4) -> list[int]:
+    """Every search size k = S + R whose table spans ``grid`` (facts per parameter) for a model of
+    ``parameters``: from floor(2 sqrt(low P)) to ceil(2 sqrt(high P)), as S R ~ k^2 / 4."""
+    lo = max(min_size, math.floor(2 * math.sqrt(grid[0] * parameters)))
+    return list(range(lo, max(lo + 1, math.ceil(2 * math.sqrt(grid[1] * parameters))) + 1))
+
+
 def run_scaling_unit(unit: dict[str, Any]) -> list[dict[str, Any]]:
-    """Sweep unit: the largest table (k = S + R) learned by each (width, seed) at one d. One row per search."""
+    """Sweep unit: the largest table (k = S + R) learned by each (width, seed) at one d. One row per search
+    (with budgets: one row per search and budget)."""
+    if unit.get("budgets"):
+        return _run_budget_unit(unit)
     tr = RecallTraining(**unit["training"])
     d, dh = int(unit["d"]), int(unit["head_dim"])
     heads = _heads(d, unit["attn_ratio"], dh)
@@ -187,7 +257,7 @@ def run_scaling_unit(unit: dict[str, Any]) -> list[dict[str, Any]]:
             subjects, relations = table_shape(k)
             probes.append({"search": j, "subjects": subjects, "relations": relations, "facts": subjects * relations,
                            **{key: outcome[key] for key in ("accuracy", "fact_recall", "steps_trained", "best_lr",
-                                                            "passed")}})
+                                                            "passed", "converged")}})
         return [o["passed"] for o in outcomes]
 
     t0 = time.perf_counter()
@@ -199,15 +269,64 @@ def run_scaling_unit(unit: dict[str, Any]) -> list[dict[str, Any]]:
         subjects, relations = table_shape(search.capacity) if search.capacity >= 2 else (0, 0)
         params = recall_parameters(d, heads, dh, width)
         facts = subjects * relations
+        first_fail = [p for p in probes if p["search"] == j and p["subjects"] + p["relations"] == search.hi]
         rows.append({
             "d": d, "heads": heads, "head_dim": dh, "width": width,
             "architecture": "attention-only" if width == 0 else "attention+mlp", "parameters": params,
             "parameters_with_bias": params + width, "seed": seed, "subjects": subjects, "relations": relations,
             "facts": facts, "first_fail_facts": math.prod(table_shape(search.hi)) if search.hi <= search.max_size else None,
             "bits": facts * bits_per_fact, "facts_per_parameter": facts / params,
-            "bits_per_parameter": facts * bits_per_fact / params, "rounds": rounds,
+            "bits_per_parameter": facts * bits_per_fact / params, "budget": tr.steps,
+            "converged": bool(first_fail and first_fail[0]["converged"]), "rounds": rounds,
             "probes": [p for p in probes if p["search"] == j], **_training_columns(tr), "seconds": round(seconds, 3),
         })
+    return rows
+
+
+def _run_budget_unit(unit: dict[str, Any]) -> list[dict[str, Any]]:
+    """Budget mode: every (width, seed) at every grid size trains once, as ONE ensemble, for ``steps``;
+    the capacity at a budget B is the largest grid table that every smaller grid table also reached by
+    step B. ``converged`` says the next table up had stopped improving by B (a capacity at the top of
+    the grid, or below its bottom, is not converged: the grid did not bracket it)."""
+    tr = RecallTraining(**unit["training"])
+    d, dh = int(unit["d"]), int(unit["head_dim"])
+    heads = _heads(d, unit["attn_ratio"], dh)
+    budgets = tuple(sorted(unit["budgets"]))
+    specs = _scaling_members(unit)
+    grids = [grid_sizes(recall_parameters(d, heads, dh, width), tuple(unit["grid"]), unit["min_size"])
+             for width, _, _ in specs]
+    cells = [(j, k) for j, grid in enumerate(grids) for k in grid]
+    models = [RecallMember(d, heads, dh, specs[j][0], FactTable(*table_shape(k), tr.answers_per_relation,
+                                                                seed=specs[j][2]), seed=specs[j][2])
+              for j, k in cells]
+    t0 = time.perf_counter()
+    outcomes = train_models(models, tr, budgets)
+    seconds = time.perf_counter() - t0
+    bits_per_fact = math.log2(tr.answers_per_relation)
+    rows = []
+    for j, (width, _, seed) in enumerate(specs):
+        mine = [(k, o) for (i, k), o in zip(cells, outcomes) if i == j]  # ascending k
+        params = recall_parameters(d, heads, dh, width)
+        for budget in budgets:
+            fails = [n for n, (_, o) in enumerate(mine) if not o[budget]["passed"]]
+            first = fails[0] if fails else None
+            k = mine[first - 1][0] if first else (mine[-1][0] if first is None else 0)
+            subjects, relations = table_shape(k) if k else (0, 0)
+            facts = subjects * relations
+            rows.append({
+                "d": d, "heads": heads, "head_dim": dh, "width": width,
+                "architecture": "attention-only" if width == 0 else "attention+mlp", "parameters": params,
+                "parameters_with_bias": params + width, "seed": seed, "subjects": subjects, "relations": relations,
+                "facts": facts, "first_fail_facts": math.prod(table_shape(mine[first][0])) if first is not None else None,
+                "bits": facts * bits_per_fact, "facts_per_parameter": facts / params,
+                "bits_per_parameter": facts * bits_per_fact / params, "budget": budget,
+                "converged": bool(first and mine[first][1][budget]["converged"]), "rounds": 1,
+                "probes": [{"subjects": table_shape(kk)[0], "relations": table_shape(kk)[1],
+                            "facts": math.prod(table_shape(kk)),
+                            **{key: o[budget][key] for key in ("accuracy", "steps_trained", "best_lr", "passed",
+                                                               "converged")}} for kk, o in mine],
+                **_training_columns(tr), "seconds": round(seconds, 3),
+            })
     return rows
 
 
@@ -226,8 +345,10 @@ class TradeoffConfig:
     relations: int = 32
     d: int = 32
     head_dim: int = 8
-    heads: tuple[int, ...] = (1, 2, 4, 8, 16)
-    widths: tuple[int, ...] = (0, 16, 32, 64, 128)
+    heads: tuple[int, ...] = option((1, 2, 4, 8, 16), "Head counts H of the grid, e.g. 1,2,4:32:4.",
+                                    parse="ints", default_help="per scale")
+    widths: tuple[int, ...] = option((0, 16, 32, 64, 128), "MLP widths m of the grid (0 = attention-only), "
+                                     "e.g. 1,8:64:8.", parse="ints", default_help="per scale")
     seeds: tuple[int, ...] = option((0,), "Seeds of the fact table and models.", default_help="per scale")
     training: RecallTraining = field(default=RecallTraining(), metadata={"nested": True})
 
@@ -263,7 +384,8 @@ def run_tradeoff_unit(unit: dict[str, Any]) -> list[dict[str, Any]]:
             "subjects": unit["subjects"], "relations": unit["relations"], "facts": facts, "d": d, "heads": heads,
             "head_dim": dh, "width": m, "seed": s, "parameters": recall_parameters(d, heads, dh, m),
             "attention_parameters": recall_parameters(d, heads, dh, 0), "mlp_parameters": 2 * m * d,
-            **{k: v for k, v in outcome.items() if k != "passed"}, "stored": outcome["passed"],
+            **{k: v for k, v in outcome.items() if k not in ("passed", "converged")}, "stored": outcome["passed"],
+            "converged": outcome["converged"],
             **_training_columns(tr),
         }
         for (m, s), outcome in zip(cells, outcomes)
@@ -274,10 +396,10 @@ _TRAINING = ("steps", "lrs", "optimizer", "schedule", "warmup_frac", "eval_every
              "eval_contexts", "prompt_length", "answers_per_relation", "dtype")
 SCALING_COLUMNS = ("d", "heads", "head_dim", "width", "architecture", "parameters", "parameters_with_bias", "seed", "subjects",
                    "relations", "facts", "first_fail_facts", "bits", "facts_per_parameter", "bits_per_parameter",
-                   "rounds", "probes", *_TRAINING, "seconds")
+                   "budget", "converged", "rounds", "probes", *_TRAINING, "seconds")
 TRADEOFF_COLUMNS = ("subjects", "relations", "facts", "d", "heads", "head_dim", "width", "seed", "parameters",
                     "attention_parameters", "mlp_parameters", "accuracy", "fact_recall", "steps_trained", "best_lr",
-                    "accuracy_by_lr", "train_seconds", "stored", *_TRAINING)
+                    "accuracy_by_lr", "train_seconds", "stored", "converged", *_TRAINING)
 RENAMED = {"params": "parameters", "params_with_bias": "parameters_with_bias", "facts_per_param": "facts_per_parameter",
            "bits_per_param": "bits_per_parameter", "attention_params": "attention_parameters",
            "mlp_params": "mlp_parameters", "max_steps": "steps", "steps": "steps_trained", "T": "prompt_length",
@@ -321,10 +443,12 @@ TRADEOFF_PRESETS = {
 
 
 def _scaling_report(frame: pd.DataFrame, out: Path, config: ScalingConfig) -> str:
-    from auditor.lab.assoc.summary import facts_markdown
+    from auditor.lab.assoc.summary import budget_markdown, facts_markdown
 
     write_csv(frame, out / "facts.csv")
     text = "## Facts against parameters\n\n" + facts_markdown(frame)
+    if frame["budget"].nunique() > 1:
+        text += "\n\n## Facts per parameter against the step budget\n\n" + budget_markdown(frame)
     (out / "scaling.md").write_text(text + "\n")
     return text
 
@@ -347,12 +471,21 @@ def _plot(name: str, file: str):
     return draw
 
 
+def _scaling_plots(frame: pd.DataFrame, out: Path, config: ScalingConfig) -> list[Path]:
+    from auditor.lab.assoc import plots
+
+    paths = [plots.plot_facts(frame, out / "facts.png")]
+    if frame["budget"].nunique() > 1:
+        paths.append(plots.plot_budget(frame, out / "budget.png"))
+    return paths
+
+
 SCALING = Experiment(
     name="recall scaling",
     help="Facts stored (the largest S x R table at 99% over all facts; bisection on S + R) against parameters, "
          "with the fitted facts per parameter and bits per parameter.",
     config=ScalingConfig, units=lambda config, out: config.units(), run_unit=run_scaling_unit,
-    columns=SCALING_COLUMNS, plots=_plot("plot_facts", "facts.png"), report=_scaling_report,
+    columns=SCALING_COLUMNS, plots=_scaling_plots, report=_scaling_report,
     presets=SCALING_PRESETS, folder=lambda unit: "scaling", renamed=RENAMED,
 )
 TRADEOFF = Experiment(

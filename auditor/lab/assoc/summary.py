@@ -1,16 +1,21 @@
 """Fits and Markdown summaries of the capacity-lab-III results (what the report and the CLI print).
 
 Points whose search never failed (the capacity reached the search's upper end, so it is only a lower
-bound) are left out of every fit and counted as ``censored``.
+bound) are left out of every fit and counted as ``censored``; so are factual-recall points whose first
+failing table was still improving when its budget ran out (``converged`` False: the budget, not the
+model, set the capacity). With several step budgets the facts-per-parameter fit uses the largest, and
+:func:`budget_fit` fits the saturating curve facts/P = f_inf B / (B + B_half) over the budgets B.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
+from scipy import optimize, stats
 
 from auditor.lab.assoc.capacity import (
     FACTS_PER_PARAMETER_GUIDE,
@@ -47,9 +52,18 @@ def capacity_fits(rows: pd.DataFrame) -> dict[str, dict[str, Any]]:
     return out
 
 
+def final_budget(rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the largest step budget (all rows when there is no ``budget`` column)."""
+    return rows[rows["budget"] == rows["budget"].max()] if "budget" in rows and len(rows) else rows
+
+
 def facts_fits(rows: pd.DataFrame) -> dict[str, Any]:
-    """``slope`` (facts = c P), ``power`` (facts = k P^b), bits per parameter, over every uncensored row."""
+    """``slope`` (facts = c P), ``power`` (facts = k P^b), bits per parameter, over every uncensored and
+    converged row of the largest budget."""
+    rows = final_budget(rows)
     sub = _uncensored(rows, "facts", "first_fail_facts")
+    if "converged" in sub:
+        sub = sub[sub["converged"].astype(bool)]
     enough = len(sub) >= 3 and sub["parameters"].nunique() >= 2
     slope = fit_guide_constant(sub["facts"], sub["parameters"]) if len(sub) else None
     bits_per_fact = float(np.log2(rows["answers_per_relation"].iloc[0])) if len(rows) else float("nan")
@@ -96,7 +110,8 @@ def capacity_markdown(rows: pd.DataFrame) -> str:
 
 
 def facts_markdown(rows: pd.DataFrame) -> str:
-    """Facts-per-parameter table and fit, compared with 0.15 facts and 2 bits per parameter."""
+    """Facts-per-parameter table and fit (largest budget), compared with 0.15 facts and 2 bits per parameter."""
+    rows = final_budget(rows)
     table = (
         rows.groupby(["architecture", "d", "heads", "head_dim", "width", "parameters"])
         .agg(subjects=("subjects", "mean"), relations=("relations", "mean"), facts=("facts", "mean"),
@@ -116,6 +131,70 @@ def facts_markdown(rows: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class BudgetFit:
+    """facts per parameter = ``ceiling`` B / (B + ``half_budget``), fitted over step budgets B."""
+
+    ceiling: float
+    ceiling_se: float
+    half_budget: float
+    n: int
+
+    def ci95(self) -> tuple[float, float]:
+        """95% interval of the ceiling (t with n - 2 degrees of freedom on the fit's standard error)."""
+        t = stats.t.ppf(0.975, self.n - 2) if self.n > 2 else float("inf")
+        return self.ceiling - t * self.ceiling_se, self.ceiling + t * self.ceiling_se
+
+    def at(self, budget: float | np.ndarray) -> float | np.ndarray:
+        return self.ceiling * budget / (budget + self.half_budget)
+
+    def budget_for(self, target: float) -> float:
+        """Steps the curve needs to reach ``target`` facts per parameter (inf if never)."""
+        return self.half_budget * target / (self.ceiling - target) if self.ceiling > target else math.inf
+
+
+def budget_fit(rows: pd.DataFrame) -> BudgetFit | None:
+    """Least-squares fit of the saturating curve over every (seed, budget) point with facts > 0; None
+    with fewer than 3 points or 2 budgets, or when the fit does not converge."""
+    sub = rows[rows["facts"] > 0]
+    if len(sub) < 3 or sub["budget"].nunique() < 2:
+        return None
+    b, f = sub["budget"].to_numpy(float), sub["facts_per_parameter"].to_numpy(float)
+    try:
+        (ceiling, half), cov = optimize.curve_fit(lambda x, c, h: c * x / (x + h), b, f,
+                                                  p0=(f.max(), float(np.median(b))), bounds=(0, np.inf))
+    except (RuntimeError, ValueError):
+        return None
+    return BudgetFit(float(ceiling), float(np.sqrt(cov[0, 0])), float(half), len(sub))
+
+
+def budget_markdown(rows: pd.DataFrame) -> str:
+    """Facts per parameter against the step budget, per architecture: mean, 95% interval over seeds,
+    converged runs, and the saturating fit with its ceiling."""
+    def ci(x: pd.Series) -> str:
+        if len(x) < 2:
+            return "n/a"
+        lo, hi = stats.t.interval(0.95, len(x) - 1, loc=x.mean(), scale=stats.sem(x)) if x.std() > 0 else (x.mean(),) * 2
+        return f"{lo:.3f} to {hi:.3f}"
+
+    table = (rows.groupby(["architecture", "parameters", "budget"])
+             .agg(facts=("facts", "mean"), facts_per_parameter=("facts_per_parameter", "mean"),
+                  interval=("facts_per_parameter", ci), converged=("converged", lambda c: f"{int(c.sum())}/{len(c)}"))
+             .reset_index().rename(columns={"interval": "95% over seeds"}))
+    lines = [table.to_markdown(index=False, floatfmt=".4g"), ""]
+    for architecture, sub in rows.groupby("architecture"):
+        fit = budget_fit(sub)
+        if fit is None:
+            lines.append(f"- {architecture}: too few points for the saturating fit")
+            continue
+        lo, hi = fit.ci95()
+        need = fit.budget_for(FACTS_PER_PARAMETER_GUIDE)
+        lines.append(f"- {architecture}: facts/P = f_inf B / (B + B_half) with f_inf = {fit.ceiling:.3f} (95% {lo:.3f} "
+                     f"to {hi:.3f}), B_half = {fit.half_budget:.0f} steps, n = {fit.n}; reaches "
+                     f"{FACTS_PER_PARAMETER_GUIDE} at " + (f"~{need:.0f} steps" if math.isfinite(need) else "no budget"))
+    return "\n".join(lines)
+
+
 def tradeoff_markdown(rows: pd.DataFrame) -> str:
     """The heat map as a table, and the smallest MLP width that stores the facts at each H."""
     grid = rows.pivot_table(index="heads", columns="width", values="accuracy", aggfunc="mean").sort_index()
@@ -125,6 +204,10 @@ def tradeoff_markdown(rows: pd.DataFrame) -> str:
         ok = sub[sub["stored"]]
         need = "none of the widths tried" if ok.empty else f"m = {int(ok['width'].min())}"
         lines.append(f"- H = {heads}: smallest width storing all facts at the threshold: {need}")
+    if "converged" in rows:
+        still = rows[~rows["converged"].astype(bool)]
+        lines.append(f"- cells still improving at the step limit (accuracy rose >= 0.01 over the last quarter; "
+                     f"`converged` False): {len(still)} of {len(rows)}")
     return "\n".join(lines)
 
 

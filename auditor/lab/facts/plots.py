@@ -116,3 +116,39 @@ def plot_bound(frame: pd.DataFrame, out: Path) -> list[Path]:
 
 
 PLOTS = {"width": plot_width, "budget": plot_budget, "tau": plot_tau, "bound": plot_bound}
+
+
+def plot_argmax(table: pd.DataFrame, out: Path) -> list[Path]:
+    """Best and mean argmax accuracy against the bound on rank(L), one marker per learning rate, with
+    rank(D) marked: the test of "low-rank layers fit high-rank databases under argmax"."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.6))
+    for (lr, part), marker in zip(table.groupby("lr"), "osD^v"):
+        jitter = part["layer_bound"] + 0.15 * (part["d_model"].rank(method="dense") - 1)
+        ax.scatter(jitter, part["accuracy_best"], marker=marker, label=f"lr {lr:g}: best of seeds")
+        ax.scatter(jitter, part["accuracy_mean"], marker=marker, facecolors="none", edgecolors="gray",
+                   label=f"lr {lr:g}: mean")
+    rank = int(table["rank_D"].iloc[0])
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xlabel(f"bound on rank(L) (every layer here is far below rank(D) = {rank})")
+    ax.set_ylabel("argmax accuracy")
+    ax.set_title("rank-bounded layers on a high-rank database (x jittered by d_model)", fontsize=10)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    return [save(fig, out / "argmax.png")]
+
+
+def plot_tau_tracking(table: pd.DataFrame, out: Path) -> list[Path]:
+    """Per tau: the mean rank gap (how far rank(softmax>=tau(L)) is from what the layer can hold), the
+    share of inflated layers and the softmax>=tau accuracy."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    ax.plot(table["tau"], table["gap"], "o-", label="|rank(softmax>=tau(L)) - min(bound, rank D)| / rank D")
+    ax.plot(table["tau"], table["inflated"], "s--", label="share of layers with rank above their bound")
+    ax.plot(table["tau"], table["accuracy"], "^:", label="softmax>=tau accuracy")
+    best = table.loc[table["gap"].idxmin(), "tau"]
+    ax.axvline(best, color="tab:red", lw=0.8, label=f"smallest gap: tau = {best:g}")
+    ax.axvline(0.95, color="gray", lw=0.8, ls=":", label="paper: tau = 0.95")
+    ax.set_xlabel("tau")
+    ax.set_ylim(0, 1.05)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return [save(fig, out / "tau_tracking.png")]
