@@ -345,11 +345,14 @@ def depth_geometry(result: AuditResult, palette: Palette | None = None) -> Figur
             frame = frame.sort_values("depth")
             _depth_line(ax, palette, frame, _dodge(frame, weights_list), _num(frame[column]), weights)
         ax.set_ylabel(GEOMETRY[column])
+        values = _num(depth[column]).dropna()
+        if column == "effective_rank" and len(values) and values.min() > 0 and values.max() > 20 * values.min():
+            ax.set_yscale("log")  # effective ranks spanning decades: the small ones stay readable
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     for ax in axes.flat[len(columns):]:
         ax.set_visible(False)
     for ax in axes[-1]:
-        ax.set_xlabel(DEPTH_SHORT)
+        ax.set_xlabel(DEPTH_SHORT if cols == 1 else "depth")  # two panels a row: the long label would not fit
     num, n, d = _dims(depth)
     fig.suptitle(_title(_model(result, depth), "geometry of the tokens by depth", num, n, d))
     legend_below(fig, palette.handles(depth["representation"], depth["weights"], compact=True), ncol=3)
