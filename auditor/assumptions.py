@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
+
 import probes
 
 _K_RULES: dict[str, Callable[[int, int, int], int]] = {  # (N, n, d) -> k
@@ -50,6 +52,8 @@ class AssumptionTest:
             only these are skipped when N < k and reused on resume.
         needs_contexts: needs the context matrices, not only the queries.
         run: calls the probes function (looked up at call time, so a patched ``probes`` is honoured).
+        profile: how the verdict depends on the tolerance (:mod:`probes.tolerance`), on the same subsets
+            (or contexts) at the verdict's rtol: takes contexts, queries, n, the options and the verdict.
     """
 
     name: str
@@ -58,6 +62,7 @@ class AssumptionTest:
     kruskal: bool
     needs_contexts: bool
     run: Runner
+    profile: Callable[..., probes.ToleranceProfile] | None = None
 
     def __post_init__(self) -> None:
         if self.k_rule not in _K_RULES:
@@ -88,15 +93,33 @@ def _general_position(contexts, queries, n, options: RunOptions):
                                    threshold=options.threshold), None
 
 
+def _profile2(contexts, queries, n, options: RunOptions, result):
+    return probes.context_profile(contexts, rtol=result.rtol, threshold=result.threshold)
+
+
+def _profile_kruskal(vectors, k, options: RunOptions, result):
+    return probes.kruskal_profile(vectors, k, subsets=options.subsets, seed=options.seed, rtol=result.rtol,
+                                  threshold=result.threshold, max_spectra=256 if k <= 256 else 32)
+
+
+def _profile1(contexts, queries, n, options: RunOptions, result):
+    return _profile_kruskal(queries, result.k, options, result)
+
+
+def _profile3(contexts, queries, n, options: RunOptions, result):
+    mixed = queries.to(torch.float64) + contexts.to(torch.float64).mean(dim=1)  # as probes.assumption3 forms it
+    return _profile_kruskal(mixed, result.k, options, result)
+
+
 ASSUMPTION_TESTS: dict[str, AssumptionTest] = {t.name: t for t in (
     AssumptionTest("assumption2", "Assumption 2 (rank n per context)", "n", kruskal=False, needs_contexts=True,
-                   run=_assumption2),
+                   run=_assumption2, profile=_profile2),
     AssumptionTest("assumption1", "Assumption 1 (Kruskal, k = n)", "n", kruskal=True, needs_contexts=False,
-                   run=_assumption1),
+                   run=_assumption1, profile=_profile1),
     AssumptionTest("assumption3", "Assumption 3 (query + mean context)", "n", kruskal=True, needs_contexts=True,
-                   run=_assumption3),
+                   run=_assumption3, profile=_profile3),
     AssumptionTest("general_position", "General position (k = min(N, d))", "min(N, d)", kruskal=True,
-                   needs_contexts=False, run=_general_position),
+                   needs_contexts=False, run=_general_position, profile=_profile1),
 )}
 TESTS = tuple(ASSUMPTION_TESTS)  # the default order of an audit's rows
 QUERY_TESTS = tuple(name for name, test in ASSUMPTION_TESTS.items() if not test.needs_contexts)

@@ -52,6 +52,10 @@ def _ints(value: str | None) -> tuple[int, ...] | None:
               help="Most memory the extracted tokens may take at once; layers that do not fit together are "
                    "extracted in several forward passes and tested one group at a time (default: half the "
                    "available memory).")
+@click.option("--robustness/--no-robustness", default=_D["robustness"], show_default=True,
+              help="Say how much each verdict depends on the rank tolerance: the tolerance at which it flips, "
+                   "the fraction from 0.1x to 10x rtol, and the exact smallest margin (costs about one to three "
+                   "more factorisation passes per test).")
 @click.option("--weights", "-w", default=",".join(_D["weights"]), show_default=True,
               help="Comma list of random, pretrained, or a save_pretrained folder.")
 @click.option("--tests", default=",".join(_D["tests"]), show_default=True, help="Which assumption tests to run.")

@@ -67,6 +67,7 @@ class AuditConfig:
     # Representations left at their default then add nothing: random-attention joins only when asked for.
     layers: str | None = None
     memory_budget: float | None = None  # GiB of tokens held at once (None: half the available memory)
+    robustness: bool = True  # critical tolerance, tolerance grid and exact minimum margin of every verdict
 
     def __post_init__(self) -> None:
         bounded("subsets", self.subsets, 1, MAX_SUBSETS)

@@ -31,6 +31,15 @@ from probes.assumptions import (
     context_ranks,
     general_position,
 )
+from probes.bounds import DuplicateCounts, KruskalLowerBound, clopper_pearson, duplicates, kruskal_lower_bound
+from probes.geometry import (
+    Geometry,
+    anisotropy,
+    collapse_residual,
+    effective_rank,
+    stable_rank,
+    token_geometry,
+)
 from probes.kruskal import (
     KruskalResult,
     SweepResult,
@@ -43,9 +52,25 @@ from probes.kruskal import (
     sample_subsets,
 )
 from probes.rank import RankResult, default_rtol, numerical_rank
+from probes.tolerance import DEFAULT_GRID, ToleranceProfile, context_profile, kruskal_profile
 
 __all__ = [
+    "DEFAULT_GRID",
     "DEFAULT_THRESHOLD",
+    "DuplicateCounts",
+    "Geometry",
+    "KruskalLowerBound",
+    "ToleranceProfile",
+    "anisotropy",
+    "clopper_pearson",
+    "collapse_residual",
+    "context_profile",
+    "duplicates",
+    "effective_rank",
+    "kruskal_lower_bound",
+    "kruskal_profile",
+    "stable_rank",
+    "token_geometry",
     "AssumptionResult",
     "ContextRanks",
     "KruskalResult",

@@ -174,7 +174,7 @@ def test_a_full_disk_while_plotting_leaves_no_png_and_keeps_the_rows_for_a_resum
     rows = pd.read_csv(out / "results.csv")
     assert rows.loc[rows.test == "assumption1", "note"].str.contains("reused from the interrupted run").all()
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "context_ranks.png", "margins.png",
-                                                     "results.csv", "summary.md"]
+                                                     "results.csv", "rtol_sweep.png", "summary.md"]
 
 
 def test_a_failed_run_leaves_no_folder_it_created(vit, images, tmp_path, monkeypatch):
@@ -281,7 +281,7 @@ def test_a_run_without_sweep_or_tokens_removes_the_previous_ones(vit, images, tm
     assert {"sweep.csv", "kruskal_curve.png", "tokens"} <= {p.name for p in out.iterdir()}
     assert main(argv(vit, images, out)) == 0
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "context_ranks.png", "margins.png", "notes.md",
-                                                     "results.csv", "summary.md"]
+                                                     "results.csv", "rtol_sweep.png", "summary.md"]
     summary = (out / "summary.md").read_text()
     assert "kruskal_curve" not in summary and "Kruskal rank of the queries" not in summary
     assert json.loads((out / "config.json").read_text())["sweep"] is False

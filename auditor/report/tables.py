@@ -76,14 +76,17 @@ def robustness(row: pd.Series) -> str:
     if critical is None or rtol is None or pd.isna(critical) or pd.isna(rtol) or not float(rtol) > 0:
         return ""
     ratio = float(critical) / float(rtol)
+    low, high = row.get("critical_rtol_low"), row.get("critical_rtol_high")
+    low = ratio if low is None or pd.isna(low) else float(low) / float(rtol)
+    high = ratio if high is None or pd.isna(high) else float(high) / float(rtol)
     if bool(row["holds"]):
-        if ratio == float("inf"):
-            return "robust: holds at every tolerance tried"
-        word = "robust" if ratio >= ROBUST_FACTOR else "hinges on the tolerance"
+        word = "robust" if low >= ROBUST_FACTOR else "hinges on the tolerance"
+        if high == float("inf"):  # no tolerance was proven to make it fail
+            return f"{word}: holds at every rtol up to {_times(low)} at least"
         return f"{word}: holds up to {_times(ratio)} rtol, fails above"
-    if ratio <= 0:
-        return "robust: fails at every tolerance"
-    word = "robust" if ratio <= 1 / ROBUST_FACTOR else "hinges on the tolerance"
+    word = "robust" if high <= 1 / ROBUST_FACTOR else "hinges on the tolerance"
+    if low <= 0:  # no positive tolerance was proven to make it hold
+        return f"{word}: fails at every rtol down to {_times(high)} at least"
     return f"{word}: fails at rtol, holds below {_times(ratio)} rtol"
 
 
