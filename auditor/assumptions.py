@@ -14,8 +14,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
-
 import probes
 
 _K_RULES: dict[str, Callable[[int, int, int], int]] = {  # (N, n, d) -> k
@@ -32,6 +30,7 @@ class RunOptions:
     seed: int
     rtol: float | None
     threshold: float
+    robustness: bool = True  # critical tolerance, tolerance grid and exact minimum margin (probes.robust)
 
 
 # A runner takes contexts (N, n, d) or None, queries (N, d), n and the options; it returns the verdict and,
@@ -52,8 +51,6 @@ class AssumptionTest:
             only these are skipped when N < k and reused on resume.
         needs_contexts: needs the context matrices, not only the queries.
         run: calls the probes function (looked up at call time, so a patched ``probes`` is honoured).
-        profile: how the verdict depends on the tolerance (:mod:`probes.tolerance`), on the same subsets
-            (or contexts) at the verdict's rtol: takes contexts, queries, n, the options and the verdict.
     """
 
     name: str
@@ -62,7 +59,6 @@ class AssumptionTest:
     kruskal: bool
     needs_contexts: bool
     run: Runner
-    profile: Callable[..., probes.ToleranceProfile] | None = None
 
     def __post_init__(self) -> None:
         if self.k_rule not in _K_RULES:
@@ -75,51 +71,33 @@ class AssumptionTest:
 
 def _assumption2(contexts, queries, n, options: RunOptions):
     ranks = probes.context_ranks(contexts, rtol=options.rtol)
-    return probes.assumption2(contexts, rtol=options.rtol, ranks=ranks), ranks
+    return probes.assumption2(contexts, rtol=options.rtol, ranks=ranks, robustness=options.robustness), ranks
 
 
 def _assumption1(contexts, queries, n, options: RunOptions):
     return probes.assumption1(queries, n, subsets=options.subsets, seed=options.seed, rtol=options.rtol,
-                              threshold=options.threshold), None
+                              threshold=options.threshold, robustness=options.robustness), None
 
 
 def _assumption3(contexts, queries, n, options: RunOptions):
     return probes.assumption3(contexts, queries, n, subsets=options.subsets, seed=options.seed, rtol=options.rtol,
-                              threshold=options.threshold), None
+                              threshold=options.threshold, robustness=options.robustness), None
 
 
 def _general_position(contexts, queries, n, options: RunOptions):
     return probes.general_position(queries, n=n, subsets=options.subsets, seed=options.seed, rtol=options.rtol,
-                                   threshold=options.threshold), None
-
-
-def _profile2(contexts, queries, n, options: RunOptions, result):
-    return probes.context_profile(contexts, rtol=result.rtol, threshold=result.threshold)
-
-
-def _profile_kruskal(vectors, k, options: RunOptions, result):
-    return probes.kruskal_profile(vectors, k, subsets=options.subsets, seed=options.seed, rtol=result.rtol,
-                                  threshold=result.threshold, max_spectra=256 if k <= 256 else 32)
-
-
-def _profile1(contexts, queries, n, options: RunOptions, result):
-    return _profile_kruskal(queries, result.k, options, result)
-
-
-def _profile3(contexts, queries, n, options: RunOptions, result):
-    mixed = queries.to(torch.float64) + contexts.to(torch.float64).mean(dim=1)  # as probes.assumption3 forms it
-    return _profile_kruskal(mixed, result.k, options, result)
+                                   threshold=options.threshold, robustness=options.robustness), None
 
 
 ASSUMPTION_TESTS: dict[str, AssumptionTest] = {t.name: t for t in (
     AssumptionTest("assumption2", "Assumption 2 (rank n per context)", "n", kruskal=False, needs_contexts=True,
-                   run=_assumption2, profile=_profile2),
+                   run=_assumption2),
     AssumptionTest("assumption1", "Assumption 1 (Kruskal, k = n)", "n", kruskal=True, needs_contexts=False,
-                   run=_assumption1, profile=_profile1),
+                   run=_assumption1),
     AssumptionTest("assumption3", "Assumption 3 (query + mean context)", "n", kruskal=True, needs_contexts=True,
-                   run=_assumption3, profile=_profile3),
+                   run=_assumption3),
     AssumptionTest("general_position", "General position (k = min(N, d))", "min(N, d)", kruskal=True,
-                   needs_contexts=False, run=_general_position, profile=_profile1),
+                   needs_contexts=False, run=_general_position),
 )}
 TESTS = tuple(ASSUMPTION_TESTS)  # the default order of an audit's rows
 QUERY_TESTS = tuple(name for name, test in ASSUMPTION_TESTS.items() if not test.needs_contexts)

@@ -249,7 +249,8 @@ def run_tests(
     _check_contexts_given(config.tests, contexts is not None)
     num, d = queries.shape
     n = int(contexts.shape[1]) if n is None else n
-    options = RunOptions(subsets=config.subsets, seed=config.seed, rtol=config.rtol, threshold=config.threshold)
+    options = RunOptions(subsets=config.subsets, seed=config.seed, rtol=config.rtol, threshold=config.threshold,
+                         robustness=config.robustness)
     rows: list[dict[str, Any]] = []
     ranks = None
     cache: dict[str, dict[Any, Any]] = {"queries": {}, "mixed": {}}  # bounds of vectors several tests share
@@ -268,10 +269,6 @@ def run_tests(
                 result, test_ranks = test.run(contexts, queries, n, options)
                 ranks = test_ranks if test_ranks is not None else ranks
                 row = _test_row(result)
-                if test.profile is not None and row.get("critical_rtol") is None and config.robustness:
-                    # how the verdict depends on the tolerance, on the same subsets (contexts); its exact
-                    # minimum margin replaces the verdict's proven bound
-                    row = {**row, **test.profile(contexts, queries, n, options, result).to_dict()}
             if test.kruskal and row.get("status") == "ok" and "krank_lower_method" not in row:
                 vectors = "mixed" if test.needs_contexts else "queries"
                 tested = _mixed(contexts, queries) if vectors == "mixed" else queries

@@ -19,6 +19,8 @@ between runs on an equally quiet machine.
     python benchmarks/bench_probes.py                      # ViT: N=2000, d=768, k=197, 5000 subsets
     python benchmarks/bench_probes.py --shapes vit,bert,gpt2 --baseline-subsets 200
     python benchmarks/bench_probes.py --general-position   # k = d: dependence proof vs exact spectra
+    python benchmarks/bench_probes.py --robustness         # cost of the tolerance fields (probes.robust)
+    python benchmarks/bench_probes.py --robustness --general-position
 """
 
 from __future__ import annotations
@@ -201,6 +203,38 @@ def run_general_position(args: argparse.Namespace, device: str) -> dict:
                 same=(a.fraction, a.witness) == (b.fraction, b.witness), stages=b.stages, load="/".join(loads))
 
 
+def run_robustness(kind: str, x: torch.Tensor, k: int, count: int, seed: int, device: str, repeats: int) -> dict:
+    """The same Kruskal test with and without the tolerance fields (best of ``repeats`` each, interleaved)."""
+    best = {False: math.inf, True: math.inf}
+    res = {}
+    loads = [load()]
+    for _ in range(repeats):
+        for on in (False, True):
+            start = time.perf_counter()
+            res[on] = probes.kruskal_test(x, k, subsets=count, seed=seed, robustness=on, progress=False)
+            sync(device)
+            best[on] = min(best[on], time.perf_counter() - start)
+        loads.append(load())
+    r = res[True]
+    same = (res[False].fraction, res[False].witness, res[False].rank_counts, res[False].stages) == (
+        r.fraction, r.witness, r.rank_counts, r.stages)
+    return dict(pool=kind, k=k, subsets=count, fraction=r.fraction, plain_s=best[False], robust_s=best[True],
+                ratio=best[True] / best[False], same=same, critical=(r.critical_rtol_low, r.critical_rtol_high),
+                rtol=r.rtol, margin=(res[False].min_margin, r.min_margin, r.margin_bound), load="/".join(loads))
+
+
+def print_robustness(rows: list[dict]) -> None:
+    print("| pool | k | subsets | fraction | plain (s) | with robustness (s) | ratio | same verdicts/stages "
+          "| critical_rtol bracket / rtol | min_margin plain -> robust (bound?) | load 1-min |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        lo, hi = r["critical"]
+        m0, m1, bound = r["margin"]
+        print(f"| {r['pool']} | {r['k']} | {r['subsets']} | {r['fraction']:.4f} | {r['plain_s']:.2f} | "
+              f"{r['robust_s']:.2f} | {r['ratio']:.2f}x | {r['same']} | [{lo / r['rtol']:.3g}, {hi / r['rtol']:.3g}] "
+              f"| {m0:.3f} -> {m1:.3f} ({bound}) | {r['load']} |", flush=True)
+
+
 def header(args: argparse.Namespace, device: str) -> None:
     print(f"# probes benchmark: device={device} threads={torch.get_num_threads()} torch={torch.__version__} "
           f"cpu={platform.processor() or platform.machine()} cores={os.cpu_count()} load={load()}")
@@ -222,8 +256,24 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=2000, help="general position: pool size (at most 1000 used)")
     parser.add_argument("--d", type=int, default=768, help="general position: width = k")
     parser.add_argument("--gp-subsets", type=int, default=1000)
+    parser.add_argument("--robustness", action="store_true",
+                        help="time kruskal_test with and without the tolerance fields instead")
+    parser.add_argument("--repeats", type=int, default=2, help="--robustness: best of this many runs each")
     args = parser.parse_args()
     header(args, args.device)
+    if args.robustness:
+        if args.general_position:
+            n = min(args.n, 1000)
+            x = anisotropic_pool(n, args.d, args.seed).to(args.device)
+            print_robustness([run_robustness("anisotropic", x, args.d, args.gp_subsets, args.seed, args.device,
+                                             args.repeats)])
+            return
+        n, d, k, default_subsets, _ = SHAPES["vit"]
+        rows = [run_robustness(kind, make_pool(kind, n, d, k, args.seed).to(args.device), k,
+                               args.subsets or default_subsets, args.seed, args.device, args.repeats)
+                for kind in args.pools.split(",")]
+        print_robustness(rows)
+        return
     if args.general_position:
         r = run_general_position(args, args.device)
         print(f"# general position: N={r['n']} d=k={args.d} subsets={args.gp_subsets}")

@@ -52,23 +52,20 @@ from probes.kruskal import (
     sample_subsets,
 )
 from probes.rank import RankResult, default_rtol, numerical_rank
-from probes.tolerance import DEFAULT_GRID, ToleranceProfile, context_profile, kruskal_profile
+from probes.robust import DEFAULT_RTOL_GRID
 
 __all__ = [
-    "DEFAULT_GRID",
+    "DEFAULT_RTOL_GRID",
     "DEFAULT_THRESHOLD",
     "DuplicateCounts",
     "Geometry",
     "KruskalLowerBound",
-    "ToleranceProfile",
     "anisotropy",
     "clopper_pearson",
     "collapse_residual",
-    "context_profile",
     "duplicates",
     "effective_rank",
     "kruskal_lower_bound",
-    "kruskal_profile",
     "stable_rank",
     "token_geometry",
     "AssumptionResult",

@@ -111,12 +111,14 @@ STAGE_KEYS = ("cholesky", "cholesky_dependent", "eigvalsh", "svd", "cholesky32")
 class Decisions:
     """Per-matrix outcome: rank (S,), margin (S,) in decades (a lower bound where certified), and how
     many matrices each stage decided (``cholesky32``: stage 0, float32). A matrix proven rank-deficient
-    without an exact rank (stage 1b) has rank -1 and margin NaN."""
+    without an exact rank (stage 1b) has rank -1 and margin NaN. ``bound`` (S,) bool: True where the
+    margin is a certified lower bound (stages 0 and 1), False where it is exact (stages 2 and 3) or NaN."""
 
     rank: torch.Tensor
     margin: torch.Tensor
     stages: dict[str, int]
     shortcut: int = 0  # of the ``cholesky_dependent`` ones, how many the stage 1b shortcut settled
+    bound: torch.Tensor | None = None
 
 
 def _new_stages() -> dict[str, int]:
@@ -192,8 +194,9 @@ def decide(
     rank = torch.full((c,), k, dtype=torch.int64, device=device)
     margin = torch.full((c,), math.inf, dtype=torch.float64, device=device)
     stages = _new_stages()
+    bound = torch.zeros(c, dtype=torch.bool, device=device)
     if c == 0:
-        return Decisions(rank, margin, stages)
+        return Decisions(rank, margin, stages, bound=bound)
 
     prove = exact_dependent is not None and k > 1
     floor_first = _usable_floor(floor) and not (prove and dependent_first)
@@ -223,6 +226,7 @@ def decide(
         nonlocal floor_first
         g = part(gram, todo)
         ok, chol, info = stage(g, todo, part(lam_hi, todo), rtol, width, rank, margin, stages, *args)
+        bound[todo[ok]] = True
         if floor_first and not bool(ok.all()):  # from here on, the exact bound of the other stages
             floor_first = False
             rest = slice(None) if not bool(ok.any()) else ~ok
@@ -256,7 +260,7 @@ def decide(
         # eigenvalues (SVD inside the error band)
         exact = torch.cat(proven).sort().values[:exact_dependent]
         _stage_exact(gram[exact], exact, rows, lam_hi[exact], rtol, width, rank, margin, stages)
-    return Decisions(rank, margin, stages, shortcut)
+    return Decisions(rank, margin, stages, shortcut, bound)
 
 
 def _usable_floor(floor: float | None) -> bool:
@@ -443,6 +447,7 @@ class _Chunk:
     margin: torch.Tensor
     stages: dict[str, int]
     min_margin: float  # over subsets with a known rank (inf if none)
+    bound: torch.Tensor  # (c,) bool: the margin is a certified lower bound
     tried32: bool
     rate32: float  # share certified by stage 0 (when tried)
     dependent_share: float  # share proven dependent by stage 1b
@@ -487,7 +492,7 @@ class _Pool:
         c = idx.shape[0]
         rowoff = np.multiply(idx, self.n, out=buf["rowoff"][:c])
         lin = np.add(rowoff[:, :, None], idx[:, None, :], out=buf["lin"][:c])
-        return np.take(source.reshape(-1), lin, out=out[:c], mode="wrap")
+        return np.take(source.reshape(-1), lin, out=out[:c], mode="clip")  # indices are valid; clip is the fastest mode
 
     def gram64(self, idx: torch.Tensor) -> torch.Tensor:
         """(c, k, k) float64 Gram blocks of the subsets ``idx`` (c, k) (a reused buffer on the CPU)."""
@@ -578,12 +583,14 @@ def _decide_chunk(pool: _Pool, idx: torch.Tensor, plan: _Plan, rtol: float, prov
     rank = torch.full((c,), k, dtype=torch.int64, device=device)
     margin = torch.full((c,), math.inf, dtype=torch.float64, device=device)
     stages = _new_stages()
+    bound = torch.zeros(c, dtype=torch.bool, device=device)
     todo = None
     rate32 = 0.0
     shortcut = 0
     if plan.use32:
         ok = pool.certify32(idx, plan.floor)
         margin[ok] = plan.floor
+        bound[ok] = True
         stages["cholesky32"] = int(ok.sum())
         rate32 = stages["cholesky32"] / c
         todo = (~ok).nonzero().flatten()
@@ -594,14 +601,14 @@ def _decide_chunk(pool: _Pool, idx: torch.Tensor, plan: _Plan, rtol: float, prov
                      exact_dependent=0 if prove else None, dependent_first=plan.dependent_first,
                      floor=plan.floor)
         if todo is None:
-            rank, margin = dec.rank, dec.margin
+            rank, margin, bound = dec.rank, dec.margin, dec.bound
         else:
-            rank[todo], margin[todo] = dec.rank, dec.margin
+            rank[todo], margin[todo], bound[todo] = dec.rank, dec.margin, dec.bound
         for key, value in dec.stages.items():
             stages[key] += value
         shortcut = dec.shortcut
     known = margin[(rank >= 0) & ~margin.isnan()]
-    return _Chunk(rank=rank, margin=margin, stages=stages,
+    return _Chunk(rank=rank, margin=margin, stages=stages, bound=bound,
                   min_margin=float(known.min()) if known.numel() else math.inf, tried32=plan.use32,
                   rate32=rate32, dependent_share=stages["cholesky_dependent"] / c, shortcut=shortcut)
 
@@ -715,7 +722,8 @@ def subset_decisions(
     prove = exact_dependent is not None and k > 1
     if s == 0:
         return Decisions(torch.full((0,), k, dtype=torch.int64, device=device),
-                         torch.full((0,), math.inf, dtype=torch.float64, device=device), _new_stages())
+                         torch.full((0,), math.inf, dtype=torch.float64, device=device), _new_stages(),
+                         bound=torch.zeros(0, dtype=torch.bool, device=device))
     # the first subsets get margin bounds each (no floor yet): _PILOT, fewer for large k
     pilot = min(s, max(4, min(_PILOT, int(_PILOT_FLOP / k**3))))
     bounds = [(a, min(a + step, pilot)) for a in range(0, pilot, step)]
@@ -747,6 +755,7 @@ def subset_decisions(
                 on_chunk(bounds[j][1] - bounds[j][0])
     rank = torch.cat([ch.rank for ch in chunks])
     margin = torch.cat([ch.margin for ch in chunks])
+    bound = torch.cat([ch.bound for ch in chunks])
     stages = {key: sum(ch.stages[key] for ch in chunks) for key in STAGE_KEYS}
     shortcut = sum(ch.shortcut for ch in chunks)
     if prove and exact_dependent:
@@ -771,9 +780,10 @@ def subset_decisions(
             parts = [exact(j, None) for j in range(len(pieces))]
         for (a, b), part in zip(pieces, parts, strict=True):
             rank[chosen[a:b]], margin[chosen[a:b]] = part.rank, part.margin
+            bound[chosen[a:b]] = False
             for key, value in part.stages.items():
                 stages[key] += value
-    return Decisions(rank, margin, stages, shortcut)
+    return Decisions(rank, margin, stages, shortcut, bound)
 
 
 def matrix_decisions(mats: torch.Tensor, rtol: float) -> Decisions:
@@ -791,5 +801,6 @@ def matrix_decisions(mats: torch.Tensor, rtol: float) -> Decisions:
 def _concat(parts: list[Decisions]) -> Decisions:
     stages = {key: sum(p.stages[key] for p in parts) for key in parts[0].stages}
     return Decisions(
-        torch.cat([p.rank for p in parts]), torch.cat([p.margin for p in parts]), stages
+        torch.cat([p.rank for p in parts]), torch.cat([p.margin for p in parts]), stages,
+        bound=torch.cat([p.bound for p in parts]),
     )

@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from probes import _fast
-from probes.kruskal import KruskalResult, _fmt_witness, _typed, kruskal_test, validate_vectors
+from probes import _fast, robust
+from probes.kruskal import KruskalResult, _fmt_witness, _typed, checked_kruskal, validate_vectors
 from probes.rank import (
     Array,
     abs_max,
@@ -49,8 +49,9 @@ class ContextRanks:
 
     Attributes:
         rank: (N,) int64 rank of each context.
-        margin: (N,) float64 margins in decades (certified lower bounds where the fast path decided).
+        margin: (N,) float64 margins in decades (certified lower bounds where ``bound``).
         n, d: context length and width; ``rtol``: tolerance used.
+        bound: (N,) bool, True where the margin is a certified lower bound rather than exact.
     """
 
     rank: torch.Tensor
@@ -59,6 +60,7 @@ class ContextRanks:
     d: int
     rtol: float
     stages: dict[str, int] = field(default_factory=dict)
+    bound: torch.Tensor | None = None
 
 
 def _check_contexts(contexts: Array) -> torch.Tensor:
@@ -87,7 +89,7 @@ def context_ranks(contexts: Array, rtol: float | None = None) -> ContextRanks:
     e, _ = pow2_rescale(e, (1, 2))  # exact powers of two per context where float64 would under/overflow
     # for n > d the rank is at most d and the transposed (d, n) problem is the small one
     dec = _fast.matrix_decisions(e if n <= d else e.transpose(1, 2), rtol)
-    return ContextRanks(rank=dec.rank, margin=dec.margin, n=n, d=d, rtol=rtol, stages=dec.stages)
+    return ContextRanks(rank=dec.rank, margin=dec.margin, n=n, d=d, rtol=rtol, stages=dec.stages, bound=dec.bound)
 
 
 @dataclass(frozen=True, repr=False)
@@ -101,11 +103,32 @@ class AssumptionResult:
         k: subset size tested (Assumption 2: the rank required, n).
         N, n, d: number of examples, context length (None when not given), width.
         threshold: the share required for ``holds``.
-        rtol: relative tolerance; ``min_margin``: smallest margin in decades.
+        rtol: relative tolerance (a singular value counts when it exceeds rtol x sigma_max of its matrix).
+        min_margin: smallest margin in decades over the subsets (contexts) with a known rank: for a
+            full-rank one log10(sigma_k / (rtol sigma_1)), for a dependent one the distance from the
+            threshold to the nearer of sigma_r and sigma_{r+1}. Exact (float64 singular values) unless
+            ``margin_bound``.
+        margin_bound: True when ``min_margin`` is only a proven lower bound (the exact value needed
+            more exact spectra than allowed, or robustness was off); False when it is exact.
+        critical_rtol: the tolerance at which the verdict flips: it holds at every rtol below and
+            fails at every rtol at or above (the ``ceil(threshold x subsets)``-th largest
+            sigma_k / sigma_1 over the subsets; for Assumption 2 at threshold 1, the smallest
+            sigma_n / sigma_1 over the contexts). 0.0 when it fails at every positive rtol (e.g.
+            duplicated vectors, k > d), inf when it holds at every rtol in [0, 1). Exact (to within the
+            bracket) when ``critical_rtol_high <= 1.03 x critical_rtol_low``; otherwise (work caps
+            reached) the bracket end nearer to ``rtol``, so that ``verdict_margin`` is a proven lower
+            bound.
+        critical_rtol_low, critical_rtol_high: a proven bracket, low <= critical <= high.
+        verdict_margin: |log10(critical_rtol / rtol)| in decades: how far the tolerance must move to
+            flip the verdict (inf when it never flips).
+        rtol_grid: {multiplier of rtol: fraction at multiplier x rtol} (default multipliers 0.1 to 10),
+            exactly the fraction a float64 SVD gives on the same subsets (contexts) at that tolerance;
+            None when not asked for.
         subsets: subsets (or contexts) tested; ``exhaustive``: every subset was tested.
         witness: indices of a dependent subset (or of a rank-deficient context), or None.
         rank_counts: histogram {rank: count}.
         dtype, device, seed, seconds; note: why a verdict is trivial.
+        The tolerance fields are NaN (``rtol_grid`` None) when robustness was off.
     """
 
     test: str
@@ -128,12 +151,19 @@ class AssumptionResult:
     seconds: float
     stages: dict[str, int] = field(default_factory=dict)
     note: str = ""
+    margin_bound: bool = True
+    critical_rtol: float = math.nan
+    critical_rtol_low: float = math.nan
+    critical_rtol_high: float = math.nan
+    verdict_margin: float = math.nan
+    rtol_grid: dict[float, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Flat dict of typed values for a report row: ints (k, N, n, d, subsets, seed; n and seed may
-        be None), bools (holds, exhaustive), floats (fraction, threshold, rtol, min_margin, seconds),
-        ``rank_counts`` dict[int, int], ``witness`` list[int] or None, ``stages`` dict[str, int].
-        :func:`probes.flatten_row` turns it into CSV cells."""
+        be None), bools (holds, exhaustive, margin_bound), floats (fraction, threshold, rtol,
+        min_margin, seconds, critical_rtol, critical_rtol_low, critical_rtol_high, verdict_margin),
+        ``rank_counts`` dict[int, int], ``witness`` list[int] or None, ``stages`` dict[str, int],
+        ``rtol_grid`` dict[float, float] or None. :func:`probes.flatten_row` turns it into CSV cells."""
         return _typed(asdict(self))
 
     def __repr__(self) -> str:
@@ -166,35 +196,42 @@ def _from_kruskal(test: str, res: KruskalResult, threshold: float, n: int | None
         n=n, d=res.d, threshold=threshold, rtol=res.rtol, min_margin=res.min_margin, subsets=res.subsets,
         exhaustive=res.exhaustive, witness=res.witness, rank_counts=res.rank_counts, dtype=res.dtype,
         device=res.device, seed=res.seed, seconds=res.seconds, stages=res.stages, note=res.note,
+        margin_bound=res.margin_bound, critical_rtol=res.critical_rtol, critical_rtol_low=res.critical_rtol_low,
+        critical_rtol_high=res.critical_rtol_high, verdict_margin=res.verdict_margin, rtol_grid=res.rtol_grid,
     )
 
 
 def assumption1(
     queries: Array, n: int, *, subsets: int = 5000, seed: int = 0, rtol: float | None = None,
     threshold: float = DEFAULT_THRESHOLD, progress: bool | None = None,
+    robustness: bool = True, rtol_grid: tuple[float, ...] | None = robust.DEFAULT_RTOL_GRID,
 ) -> AssumptionResult:
     """Assumption 1: the query set has Kruskal rank >= n (sampled at k = n).
 
     Args:
         queries: (N, d) one query vector per example.
         n: context length; the subset size tested. Needs n <= N (else ValueError).
-        subsets, seed, rtol, progress: as in :func:`probes.kruskal_test`.
+        subsets, seed, rtol, progress, robustness, rtol_grid: as in :func:`probes.kruskal_test`; the
+            critical tolerance refers to this test's ``threshold``.
     """
     n = _check_n(n)
     threshold = _check_threshold(threshold)
-    res = kruskal_test(queries, n, subsets=subsets, seed=seed, rtol=rtol, progress=progress)
+    res = checked_kruskal(queries, n, subsets, seed, rtol, rank_sample=100, progress=progress,
+                          robustness=robustness, rtol_grid=rtol_grid, threshold=threshold)
     return _from_kruskal("assumption1", res, threshold, n)
 
 
 def assumption3(
     contexts: Array, queries: Array, n: int | None = None, *, subsets: int = 5000, seed: int = 0,
     rtol: float | None = None, threshold: float = DEFAULT_THRESHOLD, progress: bool | None = None,
+    robustness: bool = True, rtol_grid: tuple[float, ...] | None = robust.DEFAULT_RTOL_GRID,
 ) -> AssumptionResult:
     """Assumption 3: the vectors e(t) + mean_i E(t)_i have Kruskal rank >= n.
 
     Args:
         contexts: (N, n, d); queries: (N, d); n: subset size (default: the contexts' n).
-        subsets, seed, rtol, progress: as in :func:`probes.kruskal_test`.
+        subsets, seed, rtol, progress, robustness, rtol_grid: as in :func:`probes.kruskal_test`; the
+            critical tolerance refers to this test's ``threshold``.
     """
     e = _check_contexts(contexts)
     q = validate_vectors(queries, "queries")
@@ -212,7 +249,8 @@ def assumption3(
             q64, e64 = ldexp2(q64, -exp), ldexp2(e64, -exp)
     mixed = q64 + e64.mean(dim=1)  # (N, d)
     rtol = resolve_rtol(rtol, n, e.shape[2], e.dtype)  # judged at the tokens' own dtype
-    res = kruskal_test(mixed, n, subsets=subsets, seed=seed, rtol=rtol, progress=progress)
+    res = checked_kruskal(mixed, n, subsets, seed, rtol, rank_sample=100, progress=progress,
+                          robustness=robustness, rtol_grid=rtol_grid, threshold=threshold)
     res = dataclasses.replace(res, dtype=str(e.dtype).removeprefix("torch."))
     return _from_kruskal("assumption3", res, threshold, n)
 
@@ -220,22 +258,25 @@ def assumption3(
 def general_position(
     vectors: Array, *, subsets: int = 5000, seed: int = 0, rtol: float | None = None,
     threshold: float = DEFAULT_THRESHOLD, n: int | None = None, progress: bool | None = None,
+    robustness: bool = True, rtol_grid: tuple[float, ...] | None = robust.DEFAULT_RTOL_GRID,
 ) -> AssumptionResult:
     """General position: Kruskal rank = min(N, d), sampled at k = min(N, d). ``vectors``: (N, d).
 
-    ``n`` (optional) is only recorded in the result; subsets, seed, rtol, progress: as in
-    :func:`probes.kruskal_test`.
+    ``n`` (optional) is only recorded in the result; subsets, seed, rtol, progress, robustness,
+    rtol_grid: as in :func:`probes.kruskal_test` (the critical tolerance refers to ``threshold``).
     """
     x = validate_vectors(vectors)
     threshold = _check_threshold(threshold)
     n = None if n is None else _check_n(n)
     k = min(x.shape)
-    res = kruskal_test(x, k, subsets=subsets, seed=seed, rtol=rtol, progress=progress)
+    res = checked_kruskal(x, k, subsets, seed, rtol, rank_sample=100, progress=progress,
+                          robustness=robustness, rtol_grid=rtol_grid, threshold=threshold)
     return _from_kruskal("general_position", res, threshold, n)
 
 
 def assumption2(
-    contexts: Array, *, rtol: float | None = None, threshold: float = 1.0, ranks: ContextRanks | None = None
+    contexts: Array, *, rtol: float | None = None, threshold: float = 1.0, ranks: ContextRanks | None = None,
+    robustness: bool = True, rtol_grid: tuple[float, ...] | None = robust.DEFAULT_RTOL_GRID,
 ) -> AssumptionResult:
     """Assumption 2: every context matrix (n x d) has rank n.
 
@@ -243,11 +284,16 @@ def assumption2(
         contexts: (N, n, d).
         threshold: share of rank-n contexts required (default 1.0: all of them).
         ranks: the result of :func:`context_ranks` on the same contexts and rtol, if already computed.
+        robustness, rtol_grid: as in :func:`probes.kruskal_test`; at threshold 1 the critical
+            tolerance is the smallest sigma_n / sigma_1 over the contexts.
     When n > d no context can have rank n: the result says so (fraction 0).
     """
     start = time.perf_counter()
     e = _check_contexts(contexts)
     threshold = _check_threshold(threshold)
+    if not isinstance(robustness, bool | np.bool_):
+        raise ValueError(f"robustness must be True or False, got {robustness!r}")
+    grid = robust.check_rtol_grid(rtol_grid)
     n_ex, n, d = e.shape
     common = dict(test="assumption2", k=n, N=n_ex, n=n, d=d, threshold=threshold, subsets=n_ex,
                   exhaustive=True, dtype=str(e.dtype).removeprefix("torch."), device=str(e.device), seed=None)
@@ -256,9 +302,16 @@ def assumption2(
     bad = (~full).nonzero().flatten()
     note = f"n = {n} > d = {d}: no context can have rank n" if n > d else ""
     fraction = float(full.double().mean())
+    dec = _fast.Decisions(cr.rank, cr.margin, cr.stages, bound=cr.bound)
+    min_margin, margin_bound = robust.margin_summary(dec)
+    extra: dict[str, Any] = {"min_margin": min_margin, "margin_bound": margin_bound}
+    if robustness and note:
+        extra = robust.trivial(grid).fields() | {"min_margin": min_margin, "margin_bound": margin_bound}
+    elif robustness:
+        scaled, _ = pow2_rescale(e, (1, 2))
+        extra = robust.analyse(robust.context_matrices(scaled), dec, cr.rtol, threshold, grid).fields()
     return AssumptionResult(
-        holds=not note and fraction >= threshold, fraction=fraction, rtol=cr.rtol,
-        min_margin=float(cr.margin.min()) if cr.margin.numel() else math.inf,
+        holds=not note and fraction >= threshold, fraction=fraction, rtol=cr.rtol, **extra,
         witness=(int(bad[0]),) if bad.numel() else None,
         rank_counts=dict(sorted(Counter(cr.rank.tolist()).items())),
         seconds=time.perf_counter() - start, stages=cr.stages, note=note, **common,

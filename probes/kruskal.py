@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from probes import _fast
+from probes import _fast, robust
 from probes.rank import (
     Array,
     as_tensor,
@@ -101,8 +101,12 @@ def _fmt_witness(witness: tuple[int, ...] | None, show: int = 8) -> str:
 def flatten_row(row: dict[str, Any]) -> dict[str, Any]:
     """A ``to_dict()`` row with its structured fields as compact strings, for one CSV cell each:
     ``rank_counts`` ``{196: 3, 197: 4997}`` -> ``"196:3;197:4997"``, ``witness`` ``[2, 6]`` -> ``"2 6"``
-    (None -> ``""``), ``stages`` ``{"cholesky": 5000, ...}`` -> ``"cholesky:5000;..."``."""
+    (None -> ``""``), ``stages`` ``{"cholesky": 5000, ...}`` -> ``"cholesky:5000;..."``, ``rtol_grid``
+    ``{0.1: 1.0, 10.0: 0.5}`` -> ``"0.1:1.0;10:0.5"`` (None -> ``""``)."""
     out = dict(row)
+    if "rtol_grid" in out and not isinstance(out["rtol_grid"], str):
+        grid = out["rtol_grid"]
+        out["rtol_grid"] = "" if grid is None else ";".join(f"{m:g}:{float(f)!r}" for m, f in sorted(grid.items()))
     if isinstance(out.get("rank_counts"), dict):
         out["rank_counts"] = ";".join(f"{r}:{c}" for r, c in sorted(out["rank_counts"].items()))
     if "witness" in out and not isinstance(out["witness"], str):
@@ -121,8 +125,24 @@ class KruskalResult:
         subsets: number of subsets tested; ``exhaustive`` when these were all C(N, k) of them.
         full_rank: how many tested subsets had rank k; ``fraction = full_rank / subsets``.
         rank_counts: histogram {rank: count} over the tested subsets.
-        min_margin: smallest margin in decades over the tested subsets (a proven lower bound where the
-            fast path certified a subset, exact elsewhere; see :mod:`probes._fast`).
+        min_margin: smallest margin in decades over the tested subsets with a known rank: for a
+            full-rank subset log10(sigma_k / (rtol sigma_1)), for a dependent one the distance from the
+            threshold to the nearer of sigma_r and sigma_{r+1}. Exact (float64 singular values) unless
+            ``margin_bound``.
+        margin_bound: True when ``min_margin`` is only a proven lower bound (the exact value would
+            have needed more exact spectra than allowed); False when it is exact.
+        critical_rtol: the tolerance at which the verdict "every tested subset is full rank" flips:
+            it holds at every rtol below and fails at every rtol at or above (the smallest
+            sigma_k / sigma_1 over the tested subsets). 0.0 when it fails at every positive rtol (e.g.
+            duplicated vectors), inf when it holds at every rtol in [0, 1). Exact (up to the bracket
+            width) when ``critical_rtol_high <= critical_rtol_low x 1.03``; otherwise (the work caps
+            of :mod:`probes.robust` were reached) the bracket end nearer to ``rtol``, so that
+            ``verdict_margin`` is a proven lower bound.
+        critical_rtol_low, critical_rtol_high: a proven bracket: low <= critical <= high.
+        verdict_margin: |log10(critical_rtol / rtol)| in decades: how far the tolerance must move to flip
+            the verdict (inf when it never flips).
+        rtol_grid: {multiplier of rtol: fraction at multiplier x rtol}, exactly the fraction a float64
+            SVD gives on the same subsets at that tolerance; None when not asked for.
         witness: sorted indices of one dependent subset (proof that Kruskal rank < k), or None.
         rtol: relative tolerance used; ``dtype``: dtype the vectors were given in; ``device``.
         seed, seconds, stages: sampling seed, wall time, how many subsets each stage decided.
@@ -146,11 +166,19 @@ class KruskalResult:
     seconds: float
     stages: dict[str, int] = field(default_factory=dict)
     note: str = ""
+    margin_bound: bool = True
+    critical_rtol: float = math.nan
+    critical_rtol_low: float = math.nan
+    critical_rtol_high: float = math.nan
+    verdict_margin: float = math.nan
+    rtol_grid: dict[float, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """Flat dict of typed values: ints (k, N, d, subsets, full_rank, seed), bools (exhaustive),
-        floats (fraction, min_margin, rtol, seconds), ``rank_counts`` dict[int, int], ``witness``
-        list[int] or None, ``stages`` dict[str, int]. :func:`flatten_row` turns it into CSV cells."""
+        """Flat dict of typed values: ints (k, N, d, subsets, full_rank, seed), bools (exhaustive,
+        margin_bound), floats (fraction, min_margin, rtol, seconds, critical_rtol, critical_rtol_low,
+        critical_rtol_high, verdict_margin; NaN where robustness was off), ``rank_counts``
+        dict[int, int], ``witness`` list[int] or None, ``stages`` dict[str, int], ``rtol_grid``
+        dict[float, float] or None. :func:`flatten_row` turns it into CSV cells."""
         return _typed(asdict(self))
 
     def __repr__(self) -> str:
@@ -162,7 +190,8 @@ class KruskalResult:
 
 
 _INT_FIELDS = ("k", "N", "n", "d", "subsets", "full_rank", "seed")
-_FLOAT_FIELDS = ("fraction", "min_margin", "rtol", "threshold", "seconds")
+_FLOAT_FIELDS = ("fraction", "min_margin", "rtol", "threshold", "seconds", "critical_rtol", "critical_rtol_low",
+                 "critical_rtol_high", "verdict_margin")
 
 
 def _typed(out: dict[str, Any]) -> dict[str, Any]:
@@ -173,12 +202,14 @@ def _typed(out: dict[str, Any]) -> dict[str, Any]:
     for key in _FLOAT_FIELDS:
         if key in out:
             out[key] = float(out[key])
-    for key in ("holds", "exhaustive"):
+    for key in ("holds", "exhaustive", "margin_bound"):
         if key in out:
             out[key] = bool(out[key])
     out["witness"] = None if out["witness"] is None else [int(i) for i in out["witness"]]
     out["rank_counts"] = {int(r): int(c) for r, c in sorted(out["rank_counts"].items())}
     out["stages"] = {str(s): int(c) for s, c in out["stages"].items()}
+    if out.get("rtol_grid") is not None:
+        out["rtol_grid"] = {float(m): float(f) for m, f in sorted(out["rtol_grid"].items())}
     return out
 
 
@@ -269,6 +300,8 @@ def kruskal_test(
     *,
     rank_sample: int | None = 100,
     progress: bool | None = None,
+    robustness: bool = True,
+    rtol_grid: tuple[float, ...] | None = robust.DEFAULT_RTOL_GRID,
 ) -> KruskalResult:
     """Test whether random k-subsets of ``vectors`` are linearly independent.
 
@@ -288,6 +321,12 @@ def kruskal_test(
             decomposed at all.
         progress: None (automatic): a progress bar for large tests (more than 1000 subsets, or
             k >= 256) when the output is interactive; True: always; False: never.
+        robustness: also say how the verdict depends on the tolerance (``critical_rtol`` and its
+            bracket, ``verdict_margin``, ``rtol_grid``) and make ``min_margin`` exact where affordable
+            (see :mod:`probes.robust`); False: the plain test, at its plain cost (those fields NaN /
+            None, ``min_margin`` a proven lower bound where ``margin_bound``).
+        rtol_grid: multipliers of rtol at which to report the fraction (default 0.1x to 10x); None:
+            no grid. Only with ``robustness``.
 
     Returns:
         :class:`KruskalResult` (``.fraction``, ``.rank_counts``, ``.min_margin``, ``.witness``).
@@ -296,6 +335,15 @@ def kruskal_test(
         ValueError: wrong shape, empty or non-finite vectors, k outside 1..N, subsets < 1 or beyond
             memory, a non-integer or out-of-range seed, bad rtol.
     """
+    return checked_kruskal(vectors, k, subsets, seed, rtol, rank_sample=rank_sample, progress=progress,
+                           robustness=robustness, rtol_grid=rtol_grid, threshold=1.0)
+
+
+def checked_kruskal(vectors: Array, k: int, subsets: int, seed: int, rtol: float | None, *,
+                    rank_sample: int | None, progress: bool | None, robustness: bool,
+                    rtol_grid: Any, threshold: float) -> KruskalResult:
+    """:func:`kruskal_test` with the share ``threshold`` its ``critical_rtol`` refers to (the
+    assumption tests use theirs)."""
     start = time.perf_counter()
     x = validate_vectors(vectors)
     k = _check_k(k, x.shape[0])
@@ -303,7 +351,11 @@ def kruskal_test(
     seed = check_seed(seed)
     if rank_sample is not None:
         rank_sample = check_int(rank_sample, "rank_sample", minimum=0)
-    return _kruskal(x, None, k, subsets, seed, rtol, rank_sample=rank_sample, progress=progress, start=start)
+    if not isinstance(robustness, bool | np.bool_):
+        raise ValueError(f"robustness must be True or False, got {robustness!r}")
+    grid = robust.check_rtol_grid(rtol_grid)
+    return _kruskal(x, None, k, subsets, seed, rtol, rank_sample=rank_sample, progress=progress, start=start,
+                    robustness=bool(robustness), grid=grid, threshold=threshold)
 
 
 def _kruskal(
@@ -319,6 +371,9 @@ def _kruskal(
     start: float,
     gram: torch.Tensor | None = None,
     spectrum: torch.Tensor | None = None,
+    robustness: bool = False,
+    grid: tuple[float, ...] | None = None,
+    threshold: float = 1.0,
 ) -> KruskalResult:
     """:func:`kruskal_test` on validated arguments; ``x64`` (the scaled float64 pool), ``gram`` and
     ``spectrum`` may come precomputed from a sweep."""
@@ -329,10 +384,12 @@ def _kruskal(
     total = math.comb(n_vec, k)
     exhaustive = total <= subsets
     if k > d:
+        extra = robust.trivial(grid).fields() if robustness else {"margin_bound": False}
+        extra.setdefault("min_margin", math.inf)
         return KruskalResult(
-            subsets=0, exhaustive=False, full_rank=0, fraction=0.0, rank_counts={}, min_margin=math.inf,
+            subsets=0, exhaustive=False, full_rank=0, fraction=0.0, rank_counts={},
             witness=tuple(range(k)), seconds=time.perf_counter() - start,
-            note=f"k = {k} > d = {d}: any {k} vectors in R^{d} are dependent", **common,
+            note=f"k = {k} > d = {d}: any {k} vectors in R^{d} are dependent", **common, **extra,
         )
     _check_memory(min(total, subsets), k)
     if exhaustive:
@@ -370,13 +427,42 @@ def _kruskal(
                 f"factorisation without an exact rank; rank histogram and min margin from the other "
                 f"{idx.shape[0] - unranked}")
     tested = subsets if note and not unranked else int(idx.shape[0])
-    margins = dec.margin[known]
+    min_margin, margin_bound = robust.margin_summary(dec)
+    extra: dict[str, Any] = {"min_margin": min_margin, "margin_bound": margin_bound}
+    if robustness and note and not unranked:  # every subset proven dependent by interlacing
+        extra = robust.all_dependent_case(
+            rtol, _dependent_ceiling(x64, k, spectrum), grid,
+            lambda t: _fraction_at(x64, k, subsets, seed, exhaustive, t, gram, spectrum), threshold,
+            min_margin, margin_bound).fields()
+    elif robustness:
+        step = max(1, min(_fast._MAX_CHUNK, _fast._CACHE_BYTES // (8 * k * k)))
+        pool = _fast._Pool(x64, gram, k, rtol, float(spectrum[0]) ** 2, step)
+        src = robust.pool_matrices(pool, idx.to(x64.device), x64, step)
+        extra = robust.analyse(src, dec, rtol, threshold, grid).fields()
     return KruskalResult(
         subsets=tested, exhaustive=exhaustive or bool(note and not unranked), full_rank=int(full.sum()),
-        fraction=float(full.double().mean()), rank_counts=dict(sorted(counts.items())),
-        min_margin=float(margins.min()) if margins.numel() else math.nan, witness=witness,
-        seconds=time.perf_counter() - start, stages=dec.stages, note=note, **common,
+        fraction=float(full.double().mean()), rank_counts=dict(sorted(counts.items())), witness=witness,
+        seconds=time.perf_counter() - start, stages=dec.stages, note=note, **common, **extra,
     )
+
+
+def _dependent_ceiling(x64: torch.Tensor, k: int, spectrum: torch.Tensor) -> float:
+    """A proven upper bound on sigma_k / sigma_1 of every k-subset: (sigma_k of the set + rounding) over
+    the k-th smallest row norm (see :func:`_all_subsets_dependent`)."""
+    if k > spectrum.numel():
+        return 0.0
+    slack = float(spectrum[0]) * 64 * sum(x64.shape) * torch.finfo(torch.float64).eps
+    nu_k = float(x64.norm(dim=1).sort().values[k - 1])
+    return (float(spectrum[k - 1]) + slack) / nu_k * (1 + 1e-9) if nu_k > 0 else 0.0
+
+
+def _fraction_at(x64: torch.Tensor, k: int, subsets: int, seed: int, exhaustive: bool, t: float,
+                 gram: torch.Tensor | None, spectrum: torch.Tensor) -> float:
+    """The full-rank share of the test's subsets at tolerance t (all of them decided)."""
+    n_vec = x64.shape[0]
+    idx = all_subsets(n_vec, k) if exhaustive else sample_subsets(n_vec, k, subsets, seed)
+    dec = _test_subsets(x64, idx, t, gram, spectrum=spectrum, exact_dependent=0)
+    return float((dec.rank == k).double().mean())
 
 
 def pool_spectrum(x64: torch.Tensor) -> torch.Tensor:
@@ -465,6 +551,8 @@ def kruskal_sweep(
     refine: int = 6,
     progress: bool | None = None,
     max_seconds: float | None = None,
+    robustness: bool = True,
+    rtol_grid: tuple[float, ...] | None = robust.DEFAULT_RTOL_GRID,
 ) -> SweepResult:
     """Run :func:`kruskal_test` for every k in ``ks`` (the full-rank fraction curve against k).
 
@@ -480,6 +568,7 @@ def kruskal_sweep(
     runs and a k in progress is finished, so the sweep may overrun by one k's time; the result is then
     marked ``truncated`` and lists the ``skipped`` k. ``progress``: None (automatic) shows a bar over
     the k when the sweep is large and the output interactive; True always, False never.
+    ``robustness`` and ``rtol_grid``: as in :func:`kruskal_test`, for every k.
     """
     start = time.perf_counter()
     x = validate_vectors(vectors)
@@ -497,6 +586,9 @@ def kruskal_sweep(
     subsets = check_int(subsets, "subsets")
     seed = check_seed(seed)
     refine = check_int(refine, "refine", minimum=0)
+    if not isinstance(robustness, bool | np.bool_):
+        raise ValueError(f"robustness must be True or False, got {robustness!r}")
+    grid = robust.check_rtol_grid(rtol_grid)
     if max_seconds is not None and (isinstance(max_seconds, bool) or not isinstance(max_seconds, numbers.Real)
                                     or not 0 < max_seconds < math.inf):
         raise ValueError(f"max_seconds must be a positive number of seconds or None, got {max_seconds!r}")
@@ -513,7 +605,7 @@ def kruskal_sweep(
         if bar is not None:
             bar.set_postfix(k=k)
         res = _kruskal(x, x64, k, subsets, seed, rtol, progress=False, start=time.perf_counter(),
-                       gram=gram, spectrum=spectrum)
+                       gram=gram, spectrum=spectrum, robustness=bool(robustness), grid=grid)
         if bar is not None:
             bar.update()
         return res

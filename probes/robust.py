@@ -1,0 +1,412 @@
+"""How far a verdict is from flipping when the rank tolerance moves, computed beside the verdict.
+
+A k x d matrix X_S (a k-subset of a pool, or one context) is full rank at tolerance t exactly when its
+ratio r_S = sigma_k / sigma_1 exceeds t. The share of full-rank matrices is therefore non-increasing in
+t, and a verdict "share >= threshold" over M matrices flips at one tolerance, the *critical tolerance*:
+with m the number of full-rank matrices the threshold needs, it is the m-th largest r_S. The verdict
+holds at every t below it and fails at every t at or above it.
+
+Nothing here needs a spectrum per matrix. Each matrix carries a proven interval lo_S < r_S <= hi_S,
+first from the decisions the verdict itself made (a certified margin m proves r > rtol 10^m; a
+dependent matrix has r <= rtol), then narrowed only where needed:
+
+- the tolerance grid: at each multiplier (the extremes first) the matrices whose interval still
+  contains the grid tolerance are decided again by the fast path (:func:`probes._fast.decide`, whose
+  verdicts equal a float64 SVD at that tolerance); every other matrix is settled by monotonicity. A
+  bound that lies within 1e-9 (relative) of a grid tolerance is not trusted: such a matrix is decided
+  again, so float rounding of margins never decides a grid point;
+- the critical tolerance: a ratio below k x eps(float64) (the float64 rounding of an exactly
+  dependent matrix, e.g. duplicated vectors) counts as 0, so such verdicts have critical tolerance 0.0;
+  it is bracketed by the m-th largest lower and upper ends, and narrowed by shifted
+  Cholesky certificates and dependence proofs at test tolerances, or exact spectra, on the matrices
+  that can still be the m-th, within fixed work caps;
+- the smallest margin: branch and bound. Matrices are visited in increasing order of their margin
+  bound and given exact float64 spectra (eigenvalues of the Gram matrix, float64 SVD where those are
+  not accurate enough) until no bound is below the best exact margin; more than ``max_spectra``
+  spectra leave the proven bound, flagged ``margin_bound``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from probes import _fast
+
+DEFAULT_RTOL_GRID = (0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0)
+BRACKET_WIDTH = 0.03  # relative width of the critical-tolerance bracket sought
+_PAD = 1e-9  # bounds this close (relative) to a tolerance are not trusted to decide it
+_MAX_STEPS = 12  # narrowing steps for the bracket
+_SPECTRA_SHARE = 25  # exact spectra: at most 1 / this of the matrices (and at least _MIN_SPECTRA)
+_MIN_SPECTRA = 64
+_FACTOR_SHARE = 4  # bracket narrowing: at most 1 / this of the matrices factorised again in all ...
+_MIN_FACTOR = 1024  # ... or this many, if more
+_BATCH = 32
+_F64_EPS = torch.finfo(torch.float64).eps
+
+
+@dataclass(frozen=True)
+class Robustness:
+    """The tolerance fields of a verdict (see :class:`probes.AssumptionResult` for their meaning)."""
+
+    min_margin: float
+    margin_bound: bool
+    critical_rtol: float
+    critical_rtol_low: float
+    critical_rtol_high: float
+    verdict_margin: float
+    rtol_grid: dict[float, float] | None
+
+    def fields(self) -> dict[str, Any]:
+        return {"min_margin": self.min_margin, "margin_bound": self.margin_bound,
+                "critical_rtol": self.critical_rtol, "critical_rtol_low": self.critical_rtol_low,
+                "critical_rtol_high": self.critical_rtol_high, "verdict_margin": self.verdict_margin,
+                "rtol_grid": self.rtol_grid}
+
+
+def check_rtol_grid(grid: Any) -> tuple[float, ...] | None:
+    """Validate ``rtol_grid``: None (no grid) or a non-empty sequence of positive finite multipliers."""
+    if grid is None:
+        return None
+    bad = f"rtol_grid must be None or a list of positive finite multipliers of rtol (e.g. (0.1, 1, 10)), got {grid!r}"
+    if isinstance(grid, str | bytes | numbers.Number):
+        raise ValueError(bad)
+    try:
+        values = [float(m) for m in grid if not isinstance(m, bool | np.bool_)]
+    except (TypeError, ValueError):
+        raise ValueError(bad) from None
+    if not values or len(values) != len(list(grid)) or not all(0 < m < math.inf for m in values):
+        raise ValueError(bad)
+    return tuple(sorted(set(values)))
+
+
+def required_count(threshold: float, total: int) -> int:
+    """The fewest full-rank matrices of ``total`` for which ``count / total >= threshold`` (as a float
+    comparison, exactly as the verdict is taken)."""
+    need = max(1, min(total, math.ceil(threshold * total)))
+    while need > 1 and (need - 1) / total >= threshold:
+        need -= 1
+    while need < total and need / total < threshold:
+        need += 1
+    return need
+
+
+def verdict_distance(critical: float, rtol: float) -> float:
+    """|log10(critical / rtol)| in decades; inf where the verdict never flips (critical 0 or inf)."""
+    if not 0 < critical < math.inf or rtol <= 0:
+        return math.inf
+    return abs(math.log10(critical / rtol))
+
+
+def trivial(grid: tuple[float, ...] | None) -> Robustness:
+    """No matrix can be full rank (k > d): fails at every tolerance."""
+    return Robustness(min_margin=math.inf, margin_bound=False, critical_rtol=0.0, critical_rtol_low=0.0,
+                      critical_rtol_high=0.0, verdict_margin=math.inf,
+                      rtol_grid=None if grid is None else dict.fromkeys(grid, 0.0))
+
+
+def margin_summary(dec: _fast.Decisions) -> tuple[float, bool]:
+    """The verdict's own smallest margin over matrices with a known rank, and whether a certified
+    lower bound (rather than an exact margin) sets it."""
+    known = (dec.rank >= 0) & ~dec.margin.isnan()
+    if not bool(known.any()):
+        return math.nan, False
+    margins = dec.margin[known]
+    low = float(margins.min())
+    bound = dec.bound[known] if dec.bound is not None else torch.ones_like(margins, dtype=torch.bool)
+    return low, bool(bound.any()) and float(margins[bound].min()) <= low
+
+
+@dataclass
+class Matrices:
+    """Where the matrices come from: ``gram(pos)`` (c, k, k) float64 Gram blocks of the matrices at
+    positions ``pos`` (a fresh tensor or a buffer valid until the next call), ``rows(pos)`` their
+    (c, k, d) float64 rows; ``lam_cap`` bounds every lambda_max (or None)."""
+
+    count: int
+    k: int
+    width: int
+    gram: Callable[[torch.Tensor], torch.Tensor]
+    rows: Callable[[torch.Tensor], torch.Tensor]
+    lam_cap: float | None = None
+    step: int = 256
+    device: torch.device | None = None
+    certify32: Callable[[torch.Tensor, float], torch.Tensor] | None = None  # (pos, t) -> r > t proven
+
+
+class _Refiner:
+    """Proven intervals lo < r <= hi of every matrix's ratio r = sigma_k / sigma_1, and the tools that
+    narrow them (all on the CPU copy of the intervals; the matrices stay on their device)."""
+
+    def __init__(self, src: Matrices, dec: _fast.Decisions, rtol: float):
+        self.src, self.rtol = src, rtol
+        rank, margin = dec.rank.cpu(), dec.margin.cpu().to(torch.float64)
+        bound = dec.bound.cpu() if dec.bound is not None else torch.ones_like(rank, dtype=torch.bool)
+        full = rank == src.k
+        self.lo = torch.zeros(src.count, dtype=torch.float64)
+        self.hi = torch.ones(src.count, dtype=torch.float64)
+        certified = full & bound & torch.isfinite(margin)
+        self.lo[full] = rtol
+        self.lo[certified] = torch.maximum(self.lo[certified], rtol * 10.0 ** margin[certified] * (1 - _PAD))
+        self.hi[~full] = rtol
+        self.fraction = float(full.double().mean())
+        self.ratio = torch.full((src.count,), math.nan, dtype=torch.float64)  # exact where computed
+        self.spectra = 0
+        self.factorised = 0
+
+    # ------------------------------------------------------------------ the tools
+    def _chunks(self, pos: torch.Tensor):
+        for a in range(0, pos.numel(), self.src.step):
+            yield pos[a : a + self.src.step]
+
+    def decide_at(self, pos: torch.Tensor, t: float) -> None:
+        """Exact decisions at tolerance t (the fast path's stages 1 to 3), certifying at the plain shift
+        (margin floor 0: no margin bounds), the dependence proof first where most were dependent at a
+        larger tolerance."""
+        dependent_first = bool((self.hi[pos] < 1).double().mean() > 0.5)
+        if self.src.certify32 is not None and not dependent_first and t > 0:
+            # float32 certificates while they pay (at least half of a chunk certified)
+            rest, use32 = [], True
+            for part in self._chunks(pos):
+                if not use32:
+                    rest.append(part)
+                    continue
+                ok = self.src.certify32(part.to(_device(self.src)), t).cpu()
+                self.lo[part[ok]] = torch.maximum(self.lo[part[ok]], torch.tensor(t, dtype=torch.float64))
+                rest.append(part[~ok])
+                use32 = bool(ok.double().mean() >= 0.5)
+            pos = torch.cat(rest) if rest else pos
+        for part in self._chunks(pos):
+            dev = part.to(_device(self.src))
+            gram = self.src.gram(dev)
+            dec = _fast.decide(gram, lambda p, dev=dev: self.src.rows(dev[p]), t, self.src.width,
+                               lam_cap=self.src.lam_cap, exact_dependent=0 if self.src.k > 1 else None,
+                               dependent_first=dependent_first, floor=0.0)
+            rank, margin = dec.rank.cpu(), dec.margin.cpu().to(torch.float64)
+            full = rank == self.src.k
+            lo = torch.full((part.numel(),), t, dtype=torch.float64)
+            cert = full & dec.bound.cpu() & torch.isfinite(margin)
+            lo[cert] = torch.maximum(lo[cert], t * 10.0 ** margin[cert] * (1 - _PAD))
+            self.lo[part[full]] = torch.maximum(self.lo[part[full]], lo[full])
+            self.hi[part[~full]] = torch.minimum(self.hi[part[~full]], torch.tensor(t, dtype=torch.float64))
+            self.factorised += part.numel()
+
+    def test_at(self, pos: torch.Tensor, t: float) -> None:
+        """Proofs only (no spectra): a shifted Cholesky factorisation proves r > t, a failing one at the
+        dependence shift proves r < t; matrices neither proves keep their interval."""
+        k, width = self.src.k, self.src.width
+        for part in self._chunks(pos):
+            dev = part.to(_device(self.src))
+            gram = self.src.gram(dev)
+            lam_hi = _fast._lam_hi(gram, self.src.lam_cap)
+            c = part.numel()
+            scratch_r = torch.full((c,), k, dtype=torch.int64, device=gram.device)
+            scratch_m = torch.zeros(c, dtype=torch.float64, device=gram.device)
+            todo = torch.arange(c, device=gram.device)
+            ok, _, _ = _fast._stage_floor(gram, todo, lam_hi, t, width, scratch_r, scratch_m,
+                                          _fast._new_stages(), 0.0)
+            ok = ok.cpu()
+            self.lo[part[ok]] = torch.maximum(self.lo[part[ok]], torch.tensor(t, dtype=torch.float64))
+            rest = (~ok).nonzero().flatten()
+            if rest.numel() and k > 1:
+                dep = _fast._prove_dependent(gram[rest.to(gram.device)], lam_hi[rest.to(gram.device)], t,
+                                             width).cpu()
+                hit = part[rest[dep]]
+                self.hi[hit] = torch.minimum(self.hi[hit], torch.tensor(t, dtype=torch.float64))
+            self.factorised += c
+
+    def exact(self, pos: torch.Tensor) -> None:
+        """Exact ratios: eigenvalues of the Gram matrix with a proven error band, float64 SVD of the
+        rows where the band is wider than 1e-6 (relative)."""
+        k, tiny = self.src.k, torch.finfo(torch.float64).tiny
+        for part in self._chunks(pos):
+            dev = part.to(_device(self.src))
+            gram = self.src.gram(dev)
+            lam_hi = _fast._lam_hi(gram, self.src.lam_cap)
+            err = 2 * _fast._gram_error(gram, lam_hi, self.src.width)
+            lam = torch.linalg.eigvalsh(gram)  # (c, k) ascending
+            lmin, lmax = lam[:, 0].clamp(min=0), lam[:, -1]
+            r = (lmin / lmax.clamp(min=tiny)).sqrt()
+            r_lo = ((lmin - err).clamp(min=0) / (lmax + err)).sqrt()
+            r_hi = ((lmin + err) / (lmax - err).clamp(min=tiny)).sqrt()
+            loose = ~(r_hi <= r_lo * (1 + 1e-6)) | (lmax <= 0)
+            if bool(loose.any()):
+                sv = torch.linalg.svdvals(self.src.rows(dev[loose]))  # (h, k)
+                sr = torch.where(sv[:, 0] > 0, sv[:, k - 1] / sv[:, 0].clamp(min=tiny), 0.0)
+                r[loose], r_lo[loose], r_hi[loose] = sr, sr, sr
+            r, r_lo, r_hi = r.cpu(), r_lo.cpu(), r_hi.cpu()
+            self.ratio[part] = r
+            self.lo[part] = torch.maximum(self.lo[part], r_lo * (1 - _PAD))
+            self.hi[part] = torch.minimum(self.hi[part], torch.maximum(r_hi * (1 + _PAD), self.lo[part]))
+            self.spectra += part.numel()
+
+    # ------------------------------------------------------------------ the answers
+    def grid(self, multipliers: tuple[float, ...]) -> dict[float, float]:
+        """{multiplier: share full rank at multiplier x rtol}, exact (see the module docstring)."""
+        order = sorted(multipliers, key=lambda m: (-abs(math.log10(m)), m))
+        for m in order:  # the extremes first: what passes at 10x (fails at 0.1x) passes (fails) inside
+            t = m * self.rtol
+            if t >= 1 or m == 1:
+                continue  # no ratio exceeds 1: nothing is full rank there; at rtol the verdict decided
+            todo = ((self.lo < t * (1 + _PAD)) & (self.hi > t * (1 - _PAD))).nonzero().flatten()
+            if todo.numel():
+                self.decide_at(todo, t)
+        return {float(m): self.fraction if m == 1 else
+                float((self.lo >= m * self.rtol).double().mean()) if m * self.rtol < 1 else 0.0
+                for m in multipliers}
+
+    def critical(self, threshold: float, max_spectra: int, max_factorised: int) -> tuple[float, float, float]:
+        """(critical_rtol, low, high): the m-th largest ratio and a proven bracket around it."""
+        total = self.src.count
+        q = total - required_count(threshold, total) + 1  # the critical value is the q-th smallest ratio
+        toggle = False
+        self.factorised = 0  # the grid's decisions do not count against the cap
+        for _ in range(_MAX_STEPS):
+            a = float(self.lo.kthvalue(q).values)
+            b = float(self.hi.kthvalue(q).values)
+            if a >= 1 or (a > 0 and b <= a * (1 + BRACKET_WIDTH)):
+                break
+            open_ = ((self.hi > a) & (self.lo < b) & self.ratio.isnan()).nonzero().flatten()
+            if not open_.numel():
+                break
+            if self.spectra + open_.numel() <= max_spectra:
+                self.exact(open_)
+                continue
+            if self.factorised + open_.numel() > max_factorised:
+                room = max_spectra - self.spectra
+                if b >= 1 and room >= q:  # no upper end yet: exact spectra of the likeliest matrices
+                    self.exact(open_[self.lo[open_].argsort(stable=True)][:room])
+                break
+            # estimate the q-th value from a few exact spectra of the open matrices, then test beside it
+            sample = open_[torch.linspace(0, open_.numel() - 1, min(16, open_.numel())).long().unique()]
+            sample = sample[self.ratio[sample].isnan()]
+            if sample.numel() and self.spectra + sample.numel() <= max_spectra:
+                self.exact(sample)
+            inside = self.ratio[open_]
+            inside = inside[~inside.isnan()]
+            below = int((self.hi <= a).sum())
+            if inside.numel():
+                p = min(1.0, max(0.0, (q - below) / max(1, open_.numel())))
+                est = float(inside.quantile(p))
+            else:
+                est = math.sqrt(a * b) if a > 0 else b / 10
+            toggle = not toggle
+            t = est * (1 - BRACKET_WIDTH / 3) if toggle else est * (1 + BRACKET_WIDTH / 3)
+            if not a < t < b:
+                t = math.sqrt(a * b) if a > 0 else b / 10
+            self.test_at(open_, t)
+        a = float(self.lo.kthvalue(q).values)
+        b = float(self.hi.kthvalue(q).values)
+        if a >= 1:
+            return math.inf, a, b
+        if b <= self.src.k * _F64_EPS:  # below float64 resolution: dependent at every resolvable rtol
+            return 0.0, 0.0, 0.0
+        if a > 0 and b <= a * (1 + BRACKET_WIDTH):
+            return math.sqrt(a * b), a, b
+        # a wide bracket: the end nearest rtol, so that verdict_margin stays a proven lower bound
+        return (a if a >= self.rtol else b), a, b
+
+    def min_margin(self, dec: _fast.Decisions, max_spectra: int) -> tuple[float, bool]:
+        """The exact smallest margin over matrices with a known rank at rtol, or a proven lower bound
+        (second value True) when more than ``max_spectra`` spectra would be needed."""
+        rank, margin = dec.rank.cpu(), dec.margin.cpu().to(torch.float64)
+        known = (rank >= 0) & ~margin.isnan()
+        if not bool(known.any()):
+            return math.nan, False
+        bound = known & (dec.bound.cpu() if dec.bound is not None else torch.ones_like(known))
+        full = rank == self.src.k
+        log_rtol = math.log10(self.rtol) if self.rtol > 0 else -math.inf
+
+        def exact_margins() -> torch.Tensor:  # exact margins where known (inf elsewhere)
+            out = torch.where(known & ~bound, margin, math.inf)
+            have = bound & full & ~self.ratio.isnan() & (self.ratio > 0)
+            return torch.where(have, torch.log10(self.ratio.clamp(min=1e-300)) - log_rtol, out)
+
+        while True:
+            ex = exact_margins()
+            best = float(ex.min())
+            open_ = bound & full & self.ratio.isnan()
+            lb = torch.where(open_, torch.log10(self.lo.clamp(min=1e-300)) - log_rtol, math.inf)
+            candidates = (lb < best).nonzero().flatten()
+            if not candidates.numel():
+                return best, False
+            if self.spectra >= max_spectra:
+                return min(best, float(lb[candidates].min())), True
+            order = candidates[lb[candidates].argsort(stable=True)]
+            self.exact(order[: min(_BATCH, max_spectra - self.spectra)])
+
+
+def _device(src: Matrices) -> torch.device:
+    return src.device if src.device is not None else torch.device("cpu")
+
+
+def analyse(src: Matrices, dec: _fast.Decisions, rtol: float, threshold: float, grid: tuple[float, ...] | None,
+            *, max_spectra: int | None = None) -> Robustness:
+    """The tolerance fields of a verdict from its decisions ``dec`` on the matrices of ``src``."""
+    count = src.count
+    if max_spectra is None:
+        max_spectra = max(_MIN_SPECTRA, count // _SPECTRA_SHARE)
+    ref = _Refiner(src, dec, rtol)
+    rtol_grid = ref.grid(grid) if grid is not None else None
+    critical, low, high = ref.critical(threshold, max_spectra, max(count // _FACTOR_SHARE, _MIN_FACTOR))
+    min_margin, margin_bound = ref.min_margin(dec, max_spectra)
+    return Robustness(min_margin=min_margin, margin_bound=margin_bound, critical_rtol=critical,
+                      critical_rtol_low=low, critical_rtol_high=high,
+                      verdict_margin=verdict_distance(critical, rtol), rtol_grid=rtol_grid)
+
+
+def all_dependent_case(rtol: float, ceiling: float, grid: tuple[float, ...] | None,
+                       fraction_at: Callable[[float], float], threshold: float,
+                       min_margin: float, margin_bound: bool) -> Robustness:
+    """Every subset is proven dependent at rtol by interlacing: every ratio is at most ``ceiling``
+    (< rtol). Grid points above the ceiling are 0; the others come from ``fraction_at(t)``."""
+    rtol_grid = None
+    low, high = 0.0, ceiling
+    if grid is not None:
+        rtol_grid = {}
+        for m in grid:
+            t = m * rtol
+            share = 0.0 if t >= ceiling * (1 + _PAD) else fraction_at(t)
+            rtol_grid[float(m)] = share
+            if share >= threshold:
+                low = max(low, t)
+            else:
+                high = min(high, t)
+    critical = high if not (low > 0 and high <= low * (1 + BRACKET_WIDTH)) else math.sqrt(low * high)
+    return Robustness(min_margin=min_margin, margin_bound=margin_bound, critical_rtol=critical,
+                      critical_rtol_low=low, critical_rtol_high=high,
+                      verdict_margin=verdict_distance(critical, rtol), rtol_grid=rtol_grid)
+
+
+def pool_matrices(pool: _fast._Pool, subsets: torch.Tensor, x64: torch.Tensor, step: int) -> Matrices:
+    """The k-subsets ``subsets`` (S, k) of a pool (gathered by the fast path's pool, which also gives
+    the float32 certificate of stage 0 where it applies)."""
+
+    def certify32(pos: torch.Tensor, t: float) -> torch.Tensor:  # lambda_min > t^2 lam_hi32, in float32
+        return pool.certify32(subsets[pos], math.log10(t / pool.rtol))
+
+    return Matrices(count=int(subsets.shape[0]), k=int(subsets.shape[1]), width=int(x64.shape[1]),
+                    gram=lambda pos: pool.gram64(subsets[pos]), rows=lambda pos: x64[subsets[pos]],
+                    lam_cap=pool.lam_cap, step=step, device=x64.device,
+                    certify32=certify32 if pool.can32 and pool.rtol > 0 else None)
+
+
+def context_matrices(mats: torch.Tensor) -> Matrices:
+    """A batch of (k, d) matrices (contexts), k <= d: (B, k, d), any dtype (used in float64)."""
+    b, k, d = mats.shape
+
+    def rows(pos: torch.Tensor) -> torch.Tensor:
+        return mats[pos].to(torch.float64)  # (c, k, d)
+
+    def gram(pos: torch.Tensor) -> torch.Tensor:
+        x = rows(pos)
+        return x @ x.transpose(1, 2)  # (c, k, k)
+
+    return Matrices(count=b, k=k, width=d, gram=gram, rows=rows, lam_cap=None,
+                    step=max(1, min(1024, _fast.chunk_size(k, d))), device=mats.device)

@@ -1,0 +1,166 @@
+"""Tolerance robustness of verdicts (probes.robust): exact smallest margin, critical tolerance and its
+bracket, the tolerance grid, all against a plain NumPy float64 SVD of the same subsets."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import probes
+
+F64 = np.finfo(np.float64).eps
+
+
+def with_singular_values(sv: list[float], m: int, n: int, seed: int) -> torch.Tensor:
+    """An (m, n) float64 matrix with the given singular values (random singular vectors)."""
+    g = torch.Generator().manual_seed(seed)
+    u, _ = torch.linalg.qr(torch.randn(m, m, generator=g, dtype=torch.float64))
+    v, _ = torch.linalg.qr(torch.randn(n, n, generator=g, dtype=torch.float64))
+    s = torch.zeros(m, n, dtype=torch.float64)
+    s[range(len(sv)), range(len(sv))] = torch.tensor(sv, dtype=torch.float64)
+    return u @ s @ v.T
+
+
+def ratios(x: torch.Tensor, subsets: torch.Tensor) -> np.ndarray:
+    """sigma_k / sigma_1 of every subset by NumPy's float64 SVD: (S,)."""
+    sv = np.linalg.svd(x.double().numpy()[subsets.numpy()], compute_uv=False)  # (S, k)
+    return sv[:, -1] / sv[:, 0]
+
+
+def spread_pool(n: int, d: int, seed: int) -> torch.Tensor:
+    """Vectors whose k-subsets have sigma_k / sigma_1 spread over decades: random directions with
+    column scales falling over four decades."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, d, generator=g, dtype=torch.float64) * torch.logspace(0, -4, d, dtype=torch.float64)
+
+
+def ratio_tol(k: int, d: int) -> float:
+    """How far the ratio of the fast path may sit from NumPy's: the float64 error of a singular value
+    relative to sigma_1 (backward stability, with room)."""
+    return 64 * max(k, d) * F64
+
+
+def test_exact_min_margin_of_constructed_contexts_equals_the_svd_margin():
+    contexts = torch.stack([with_singular_values([1.0, 0.5, f], 3, 7, seed=i)
+                            for i, f in enumerate([0.3, 0.01, 2e-3, 0.2, 0.05])])  # (5, 3, 7)
+    rtol = 1e-4
+    res = probes.assumption2(contexts, rtol=rtol)
+    assert res.margin_bound is False
+    expected = math.log10(2e-3 / rtol)  # the smallest sigma_3 / sigma_1 sets it
+    assert res.min_margin == pytest.approx(expected, abs=ratio_tol(3, 7) / 2e-3)
+    sv = np.linalg.svd(contexts.numpy(), compute_uv=False)
+    assert res.critical_rtol_low <= (sv[:, -1] / sv[:, 0]).min() <= res.critical_rtol_high
+    assert res.critical_rtol == pytest.approx(2e-3, rel=1e-9)
+    assert res.verdict_margin == pytest.approx(expected, abs=1e-9)
+
+
+def test_exact_min_margin_of_a_kruskal_test_equals_the_svd_margin():
+    x = spread_pool(40, 10, seed=1)
+    res = probes.kruskal_test(x, 6, subsets=400, seed=3)
+    r = ratios(x, probes.sample_subsets(40, 6, 400, 3))
+    assert res.fraction == 1.0 and res.margin_bound is False
+    assert res.min_margin == pytest.approx(math.log10(r.min() / res.rtol), abs=ratio_tol(6, 10) / r.min())
+    # verdict "every subset full rank": the critical tolerance is the smallest ratio
+    assert res.critical_rtol_low <= r.min() * (1 + 1e-9) and r.min() <= res.critical_rtol_high * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("threshold", [0.99, 0.9, 0.5])
+def test_critical_bracket_contains_the_svd_quantile(threshold):
+    x = spread_pool(50, 12, seed=2)
+    k, count, seed = 12, 600, 5
+    r = np.sort(ratios(x, probes.sample_subsets(50, k, count, seed)))[::-1]  # descending
+    rtol = float(np.quantile(r, 0.3))  # the verdict at 0.99 and 0.9 fails, at 0.5 holds
+    res = probes.assumption1(x, k, subsets=count, seed=seed, rtol=rtol, threshold=threshold)
+    need = math.ceil(threshold * count)
+    truth = r[need - 1]  # the verdict holds below the need-th largest ratio and fails at it
+    slack = ratio_tol(k, 12)
+    assert res.critical_rtol_low - slack <= truth <= res.critical_rtol_high + slack
+    assert res.critical_rtol_high <= res.critical_rtol_low * 1.03 + slack  # closed on this small test
+    assert res.holds == (rtol < res.critical_rtol)
+    assert res.verdict_margin == pytest.approx(abs(math.log10(res.critical_rtol / rtol)))
+
+
+def test_grid_fractions_equal_numpy_matrix_rank_at_every_grid_tolerance():
+    x = spread_pool(60, 10, seed=4)
+    k, count, seed = 10, 500, 7
+    subsets = probes.sample_subsets(60, k, count, seed)
+    r = ratios(x, subsets)
+    rtol = float(np.quantile(r, 0.5))  # ratios on both sides of every grid point
+    res = probes.kruskal_test(x, k, subsets=count, seed=seed, rtol=rtol)
+    assert set(res.rtol_grid) == set(probes.robust.DEFAULT_RTOL_GRID)
+    mats = x.numpy()[subsets.numpy()]
+    for m, fraction in res.rtol_grid.items():
+        ranks = np.linalg.matrix_rank(mats, rtol=m * rtol)  # NumPy: sigma > rtol * sigma_max
+        assert fraction == np.mean(ranks == k), m
+    assert 1 > res.rtol_grid[0.1] > res.rtol_grid[1.0] > res.rtol_grid[5.0] > 0  # spread across the grid
+
+
+def test_grid_is_optional_and_custom():
+    x = spread_pool(30, 8, seed=5)
+    assert probes.kruskal_test(x, 8, subsets=50, rtol_grid=None).rtol_grid is None
+    res = probes.kruskal_test(x, 8, subsets=50, rtol_grid=[4, 0.25])
+    assert list(res.rtol_grid) == [0.25, 4.0]
+    with pytest.raises(ValueError, match="rtol_grid"):
+        probes.kruskal_test(x, 8, subsets=50, rtol_grid=[0, 1])
+    with pytest.raises(ValueError, match="robustness"):
+        probes.kruskal_test(x, 8, subsets=50, robustness="yes")
+
+
+def test_near_threshold_subsets_are_never_counted_full_rank_when_the_svd_says_dependent():
+    """Every subset's ratio is within 2x of rtol on either side, and the grid points 0.5, 1 and 2 sit
+    among them: each grid fraction must still equal NumPy's."""
+    k, d, rtol = 4, 6, 1e-3
+    factors = [0.5, 0.6, 0.8, 0.9, 0.99, 1.0, 1.01, 1.1, 1.5, 1.99, 2.0, 2.01]
+    blocks = [with_singular_values([1.0, 0.6, 0.3, f * rtol], k, d, seed=i) for i, f in enumerate(factors)]
+    x = torch.cat(blocks)  # subset i is block i; exhaustive sampling would mix blocks, so test them alone
+    for i, block in enumerate(blocks):
+        res = probes.kruskal_test(block, k, subsets=1, rtol=rtol, rtol_grid=(0.5, 1.0, 2.0))
+        sv = np.linalg.svd(block.numpy(), compute_uv=False)
+        for m, fraction in res.rtol_grid.items():
+            assert fraction == float(sv[-1] > m * rtol * sv[0]), (factors[i], m)
+    assert x.shape == (4 * len(factors), d)
+
+
+def test_assumption2_critical_rtol_is_the_smallest_context_ratio():
+    g = torch.Generator().manual_seed(6)
+    contexts = torch.randn(30, 5, 9, generator=g, dtype=torch.float64)
+    contexts[:, 4] = contexts[:, 3] + 1e-3 * torch.randn(30, 9, generator=g, dtype=torch.float64)  # spread
+    res = probes.assumption2(contexts)
+    sv = np.linalg.svd(contexts.numpy(), compute_uv=False)
+    truth = (sv[:, -1] / sv[:, 0]).min()
+    assert res.critical_rtol == pytest.approx(truth, rel=1e-6)
+    assert res.critical_rtol_low <= truth * (1 + 1e-9) and truth <= res.critical_rtol_high * (1 + 1e-9)
+
+
+def test_duplicates_and_impossible_verdicts_fail_at_every_tolerance():
+    x = torch.randn(20, 6, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    dup = torch.cat([x, x])  # every vector twice: pairs are dependent at any tolerance
+    res = probes.kruskal_test(dup, 2, subsets=2000)  # exhaustive: C(40, 2) = 780 subsets
+    assert res.critical_rtol == 0.0 and math.isinf(res.verdict_margin)
+    wide = probes.assumption1(x, 7, subsets=10)  # k > d
+    assert wide.critical_rtol == 0.0 and set(wide.rtol_grid.values()) == {0.0}
+
+
+def test_robustness_leaves_the_verdict_unchanged_and_can_be_switched_off():
+    x = spread_pool(80, 12, seed=8)
+    on = probes.assumption1(x, 12, subsets=300, seed=1)
+    off = probes.assumption1(x, 12, subsets=300, seed=1, robustness=False)
+    for key in ("holds", "fraction", "witness", "rank_counts", "stages", "subsets"):
+        assert getattr(on, key) == getattr(off, key), key
+    assert off.rtol_grid is None and math.isnan(off.critical_rtol)
+    assert on.min_margin >= off.min_margin - 1e-12  # the exact margin is never below the proven bound
+
+
+def test_to_dict_is_typed_and_flatten_row_writes_the_grid():
+    res = probes.assumption1(spread_pool(30, 8, seed=9), 8, subsets=100, rtol_grid=(0.5, 2))
+    d = res.to_dict()
+    assert type(d["margin_bound"]) is bool
+    assert all(type(d[key]) is float for key in ("critical_rtol", "critical_rtol_low", "critical_rtol_high",
+                                                  "verdict_margin"))
+    assert all(type(m) is float and type(f) is float for m, f in d["rtol_grid"].items())
+    cell = probes.flatten_row(d)["rtol_grid"]
+    parsed = {float(m): float(f) for m, f in (p.split(":") for p in cell.split(";"))}
+    assert parsed == d["rtol_grid"]
