@@ -63,12 +63,21 @@ def _times(x: float) -> str:
     return f"{x:.2g}x" if x < 10 else f"{x:.0f}x"
 
 
+def _span(low: float, high: float) -> str:
+    """A proven bracket of multipliers for reading: ``2.5x`` when it is narrow, else ``2-3x``."""
+    if high <= low * 1.1:
+        return _times((low * high) ** 0.5)
+    return f"{_times(low)[:-1]}-{_times(high)}"
+
+
 def robustness(row: pd.Series) -> str:
     """How far the rank tolerance can move before a row's verdict flips, in words ("" when unknown).
 
     The critical tolerance c is the rtol at which the verdict flips (the fraction is monotone in rtol):
     a verdict that holds keeps holding for every rtol below c, one that fails keeps failing above it.
-    Robust means the verdict survives a change of the tolerance by ``ROBUST_FACTOR`` in either direction.
+    c is known within a proven bracket [low, high]; the words quote the bracket (as multiples of rtol)
+    and call a verdict robust when it survives a change of the tolerance by ``ROBUST_FACTOR`` either way,
+    judged on the conservative end of the bracket.
     """
     if row.get("status") == "skipped" or pd.isna(row.get("holds")):
         return ""
@@ -83,11 +92,11 @@ def robustness(row: pd.Series) -> str:
         word = "robust" if low >= ROBUST_FACTOR else "hinges on the tolerance"
         if high == float("inf"):  # no tolerance was proven to make it fail
             return f"{word}: holds at every rtol up to {_times(low)} at least"
-        return f"{word}: holds up to {_times(ratio)} rtol, fails above"
+        return f"{word}: holds up to {_span(low, high)} rtol, fails above"
     word = "robust" if high <= 1 / ROBUST_FACTOR else "hinges on the tolerance"
     if low <= 0:  # no positive tolerance was proven to make it hold
         return f"{word}: fails at every rtol down to {_times(high)} at least"
-    return f"{word}: fails at rtol, holds below {_times(ratio)} rtol"
+    return f"{word}: fails at rtol, holds below {_span(low, high)} rtol"
 
 
 def robustness_table(rows: pd.DataFrame) -> pd.DataFrame:
@@ -107,6 +116,19 @@ def interval_cell(row: pd.Series) -> str:
     if low is None or high is None or pd.isna(low) or pd.isna(high):
         return ""
     return f"{float(row['fraction']):.4f} [{float(low):.4f}, {float(high):.4f}]"
+
+
+def _bracket_cell(row: pd.Series) -> str:
+    rtol = float(row["rtol"])
+    low, high = row.get("critical_rtol_low"), row.get("critical_rtol_high")
+    if low is None or high is None or pd.isna(low) or pd.isna(high):
+        return _times(float(row["critical_rtol"]) / rtol)
+    low, high = float(low) / rtol, float(high) / rtol
+    if high == float("inf"):
+        return f">= {_times(low)}"
+    if low <= 0:
+        return f"<= {_times(high)}"
+    return _span(low, high)
 
 
 def bounds_table(rows: pd.DataFrame) -> pd.DataFrame:
@@ -129,7 +151,7 @@ def bounds_table(rows: pd.DataFrame) -> pd.DataFrame:
             "duplicates / near": "" if pd.isna(row.get("duplicates")) else
             f"{int(row['duplicates'])} / {int(row['near_duplicates'])}",
             "critical rtol / rtol": "" if critical is None or pd.isna(critical) or not float(row["rtol"]) > 0
-            else _times(float(critical) / float(row["rtol"])),
+            else _bracket_cell(row),
         })
     return pd.DataFrame(out).set_index("representation @ weights") if out else pd.DataFrame()
 
