@@ -67,16 +67,27 @@ def test_a_model_name_picks_its_newest_report(tmp_path):
     assert resolve_report("tensors", tmp_path)[0] == tmp_path / "reports" / "tensors-old"
 
 
-@pytest.mark.parametrize("names", [("reports/minilm-wikitext2", "reports/vit-base-imagenet1000")])
-def test_committed_reports_compare_without_the_new_columns(tmp_path, names):
-    table = compare(names, tmp_path / "cmp", root=REPO, plots=False)
-    expected = sum((_expected(read_rows(REPO / name / "results.csv")) for name in names), [])
+NEW_COLUMNS = ["fraction_low", "fraction_high", "margin_bound", "critical_rtol", "critical_rtol_low",
+               "critical_rtol_high", "verdict_margin", "rtol_grid", "krank_lower", "krank_lower_method", "krank_upper",
+               "duplicates", "near_duplicates", "effective_rank", "stable_rank", "anisotropy", "collapse_residual"]
+
+
+def test_a_committed_report_compares_with_a_report_written_before_the_new_columns(tmp_path):
+    committed = REPO / "reports" / "minilm-wikitext2"
+    old = tmp_path / "minilm-old"  # the same rows as a release before robustness and bounds wrote them
+    old.mkdir()
+    frame = pd.read_csv(committed / "results.csv", dtype=str)
+    frame.drop(columns=[c for c in NEW_COLUMNS if c in frame.columns]).to_csv(old / "results.csv", index=False)
+    table = compare([str(committed), str(old)], tmp_path / "cmp", root=REPO, plots=False)
+    expected = sum((_expected(read_rows(folder / "results.csv")) for folder in (committed, old)), [])
     assert _got(table) == expected
-    minilm = table[table["model"] == "minilm"].set_index(["representation", "weights", "test"])
+    minilm = table[table["report"].astype(str).str.endswith("minilm-wikitext2")]
+    minilm = minilm.set_index(["representation", "weights", "test"])
     assert minilm.loc[("random-attention", "pretrained", "assumption1"), "verdict"] == "holds"
     assert minilm.loc[("embedding", "pretrained", "assumption1"), "verdict"] == "fails"
-    assert table["fraction_low"].isna().all() and table["critical_rtol"].isna().all()  # older files: empty
-    assert (table.loc[table["model"] == "vit-base", "verdict"] == "skipped").sum() == 12  # no pretrained weights
+    assert minilm["critical_rtol"].notna().all()
+    older = table[table["report"].astype(str).str.endswith("minilm-old")]
+    assert older["fraction_low"].isna().all() and older["critical_rtol"].isna().all()  # older files: empty
 
 
 def test_compare_writes_a_depth_overlay_when_a_report_has_depth_csv(tmp_path):
