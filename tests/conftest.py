@@ -44,6 +44,16 @@ def shared_data(relative: str) -> Path:
     pytest.skip(f"shared data not available: {where}")
 
 
+def with_singular_values(sv: list[float], m: int, n: int, seed: int = 0) -> torch.Tensor:
+    """An (m, n) float64 matrix with the given singular values (random singular vectors, up to rounding)."""
+    g = torch.Generator().manual_seed(seed)
+    u, _ = torch.linalg.qr(torch.randn(m, m, generator=g, dtype=torch.float64))
+    v, _ = torch.linalg.qr(torch.randn(n, n, generator=g, dtype=torch.float64))
+    s = torch.zeros(m, n, dtype=torch.float64)
+    s[range(len(sv)), range(len(sv))] = torch.tensor(sv, dtype=torch.float64)
+    return u @ s @ v.T
+
+
 def forward_atol(x: torch.Tensor, width: int) -> float:
     """Worst-case absolute difference of two float evaluations of one forward pass whose kernels differ
     only in how they sum (batch size, blocking, library build): a length-``width`` dot product in the

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import shared_data
+from conftest import shared_data, with_singular_values
 from scipy import stats
 
 import probes
@@ -24,14 +24,6 @@ def generic(n: int, d: int, seed: int = 0, dtype=torch.float64) -> torch.Tensor:
     return torch.randn(n, d, generator=torch.Generator().manual_seed(seed), dtype=dtype)
 
 
-def with_singular_values(sv: list[float], m: int, n: int, seed: int = 0) -> torch.Tensor:
-    """An (m, n) float64 matrix with exactly the given singular values."""
-    g = torch.Generator().manual_seed(seed)
-    u, _ = torch.linalg.qr(torch.randn(m, m, generator=g, dtype=torch.float64))
-    v, _ = torch.linalg.qr(torch.randn(n, n, generator=g, dtype=torch.float64))
-    s = torch.zeros(m, n, dtype=torch.float64)
-    s[range(len(sv)), range(len(sv))] = torch.tensor(sv, dtype=torch.float64)
-    return u @ s @ v.T
 
 
 # ---------------------------------------------------------------- numerical_rank

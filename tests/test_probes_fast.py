@@ -12,6 +12,7 @@ import math
 
 import pytest
 import torch
+from conftest import with_singular_values
 
 import probes
 from probes import _fast
@@ -21,14 +22,6 @@ def generic(n: int, d: int, seed: int) -> torch.Tensor:
     return torch.randn(n, d, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
 
-def with_singular_values(sv: list[float], m: int, n: int, seed: int) -> torch.Tensor:
-    """An (m, n) float64 matrix with the given singular values (random singular vectors)."""
-    g = torch.Generator().manual_seed(seed)
-    u, _ = torch.linalg.qr(torch.randn(m, m, generator=g, dtype=torch.float64))
-    v, _ = torch.linalg.qr(torch.randn(n, n, generator=g, dtype=torch.float64))
-    s = torch.zeros(m, n, dtype=torch.float64)
-    s[range(len(sv)), range(len(sv))] = torch.tensor(sv, dtype=torch.float64)
-    return u @ s @ v.T
 
 
 def blocks_pool(blocks: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

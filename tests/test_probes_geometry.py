@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import with_singular_values
 
 from probes import geometry
 from probes.geometry import (
@@ -21,14 +22,6 @@ from probes.geometry import (
 EPS64 = float(np.finfo(np.float64).eps)
 
 
-def with_singular_values(sv: list[float], m: int, n: int, seed: int = 0) -> torch.Tensor:
-    """An (m, n) float64 matrix with exactly the given singular values (up to rounding)."""
-    g = torch.Generator().manual_seed(seed)
-    u, _ = torch.linalg.qr(torch.randn(m, m, generator=g, dtype=torch.float64))
-    v, _ = torch.linalg.qr(torch.randn(n, n, generator=g, dtype=torch.float64))
-    s = torch.zeros(m, n, dtype=torch.float64)
-    s[range(len(sv)), range(len(sv))] = torch.tensor(sv, dtype=torch.float64)
-    return u @ s @ v.T
 
 
 @pytest.mark.parametrize("d", [1, 5, 64])

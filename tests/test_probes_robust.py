@@ -8,20 +8,13 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import with_singular_values
 
 import probes
 
 F64 = np.finfo(np.float64).eps
 
 
-def with_singular_values(sv: list[float], m: int, n: int, seed: int) -> torch.Tensor:
-    """An (m, n) float64 matrix with the given singular values (random singular vectors)."""
-    g = torch.Generator().manual_seed(seed)
-    u, _ = torch.linalg.qr(torch.randn(m, m, generator=g, dtype=torch.float64))
-    v, _ = torch.linalg.qr(torch.randn(n, n, generator=g, dtype=torch.float64))
-    s = torch.zeros(m, n, dtype=torch.float64)
-    s[range(len(sv)), range(len(sv))] = torch.tensor(sv, dtype=torch.float64)
-    return u @ s @ v.T
 
 
 def ratios(x: torch.Tensor, subsets: torch.Tensor) -> np.ndarray:

@@ -3,7 +3,6 @@ profiles overlaid. Same look as the audit's figures (:mod:`auditor.report.style`
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -23,7 +22,9 @@ from auditor.report.style import (  # noqa: E402
     OTHER_COLORS,
     REFERENCE_COLOR,
     Palette,
+    finish_panels,
     legend_below,
+    panel_grid,
     representation_order,
     weights_style,
 )
@@ -88,10 +89,7 @@ def depth_overlay(depths: Mapping[str, pd.DataFrame]) -> Figure:
     """Depth profiles of several reports overlaid (colour = report, line style = weights), one panel per
     quantity of :data:`DEPTH_PANELS` that some report has."""
     columns = [c for c in DEPTH_PANELS if any(_has(f, c) for f in depths.values())]
-    cols = 1 if len(columns) == 1 else 2
-    rows = math.ceil(len(columns) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(COLUMN_WIDTH, 1.3 + 1.5 * rows), layout="constrained",
-                             sharex=True, squeeze=False)
+    fig, axes = panel_grid(len(columns))
     colors = {label: OTHER_COLORS[i % len(OTHER_COLORS)] for i, label in enumerate(depths)}
     weights_seen: dict[str, None] = {}
     for ax, column in zip(axes.flat, columns, strict=False):
@@ -107,10 +105,7 @@ def depth_overlay(depths: Mapping[str, pd.DataFrame]) -> Figure:
                         markerfacecolor=colors[label] if style.filled else "none", label=f"{label} @ {weights}")
         ax.set_ylabel(DEPTH_PANELS[column])
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    for ax in axes.flat[len(columns):]:
-        ax.set_visible(False)
-    for ax in axes[-1]:
-        ax.set_xlabel(DEPTH_SHORT)
+    finish_panels(axes, len(columns), DEPTH_SHORT)
     fig.suptitle("depth profiles across reports")
     handles = [Line2D([], [], color=c, lw=3, label=label) for label, c in colors.items()]
     for w in weights_seen:

@@ -37,7 +37,9 @@ from auditor.report.style import (  # noqa: E402
     REFERENCE_COLOR,
     Palette,
     figure_style,
+    finish_panels,
     legend_below,
+    panel_grid,
     representation_order,
 )
 
@@ -235,10 +237,7 @@ def rtol_sweep(result: AuditResult, palette: Palette | None = None) -> Figure:
     palette = palette or palette_of(result)
     grids = _rtol_grids(result.rows)
     tests = [t for t in TEST_LABELS if t in {key[2] for key in grids}]
-    cols = 1 if len(tests) == 1 else 2
-    rows = math.ceil(len(tests) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(COLUMN_WIDTH, 1.4 + 1.6 * rows), layout="constrained",
-                             sharex=True, sharey=True, squeeze=False)
+    fig, axes = panel_grid(len(tests), sharey=True, top=1.4, per_row=1.6)
     by_key = {(r["representation"], r["weights"], r["test"]): r for r in _ok(result.rows).to_dict("records")}
     shown: dict[str, dict[str, None]] = {"reps": {}, "weights": {}}  # ordered sets
     for ax, test in zip(axes.flat, tests, strict=False):
@@ -266,10 +265,7 @@ def rtol_sweep(result: AuditResult, palette: Palette | None = None) -> Figure:
         ax.set_xscale("log")
         ax.set_title(TEST_LABELS[test])
         ax.set_ylim(-0.04, 1.04)
-    for ax in axes.flat[len(tests):]:
-        ax.set_visible(False)
-    for ax in axes[-1]:
-        ax.set_xlabel("rtol / the audit's rtol")
+    finish_panels(axes, len(tests), "rtol / the audit's rtol")
     fig.supylabel("fraction (full-rank subsets or rank-n contexts)")
     num, n, d = _dims(result.rows)
     fig.suptitle(_title(result.config.model, "verdicts against the rank tolerance", num, n, d, _rtol(result)))
@@ -336,10 +332,7 @@ def depth_geometry(result: AuditResult, palette: Palette | None = None) -> Figur
     depth = depth_frame(result)
     weights_list = list(dict.fromkeys(depth["weights"]))
     columns = [c for c in GEOMETRY if _has(depth, c)]
-    cols = 1 if len(columns) == 1 else 2
-    rows = math.ceil(len(columns) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(COLUMN_WIDTH, 1.3 + 1.5 * rows), layout="constrained",
-                             sharex=True, squeeze=False)
+    fig, axes = panel_grid(len(columns))
     for ax, column in zip(axes.flat, columns, strict=False):
         for weights, frame in depth.groupby("weights", sort=False):
             frame = frame.sort_values("depth")
@@ -349,10 +342,8 @@ def depth_geometry(result: AuditResult, palette: Palette | None = None) -> Figur
         if column == "effective_rank" and len(values) and values.min() > 0 and values.max() > 20 * values.min():
             ax.set_yscale("log")  # effective ranks spanning decades: the small ones stay readable
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    for ax in axes.flat[len(columns):]:
-        ax.set_visible(False)
-    for ax in axes[-1]:
-        ax.set_xlabel(DEPTH_SHORT if cols == 1 else "depth")  # two panels a row: the long label would not fit
+    # two panels a row: the long label would not fit
+    finish_panels(axes, len(columns), DEPTH_SHORT if axes.shape[1] == 1 else "depth")
     num, n, d = _dims(depth)
     fig.suptitle(_title(_model(result, depth), "geometry of the tokens by depth", num, n, d))
     legend_below(fig, palette.handles(depth["representation"], depth["weights"], compact=True), ncol=3)
@@ -365,10 +356,7 @@ def depth_fractions(result: AuditResult, palette: Palette | None = None) -> Figu
     depth = depth_frame(result)
     weights_list = list(dict.fromkeys(depth["weights"]))
     tests = _fraction_tests(depth)
-    cols = 1 if len(tests) == 1 else 2
-    rows = math.ceil(len(tests) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(COLUMN_WIDTH, 1.3 + 1.5 * rows), layout="constrained",
-                             sharex=True, sharey=True, squeeze=False)
+    fig, axes = panel_grid(len(tests), sharey=True)
     for ax, test in zip(axes.flat, tests, strict=False):
         threshold = _threshold(result, test)
         for weights, frame in depth.groupby("weights", sort=False):
@@ -379,10 +367,7 @@ def depth_fractions(result: AuditResult, palette: Palette | None = None) -> Figu
         ax.set_title(TEST_LABELS[test])
         ax.set_ylim(-0.04, 1.04)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    for ax in axes.flat[len(tests):]:
-        ax.set_visible(False)
-    for ax in axes[-1]:
-        ax.set_xlabel(DEPTH_SHORT)
+    finish_panels(axes, len(tests), DEPTH_SHORT)
     fig.supylabel("fraction (full-rank subsets or rank-n contexts)")
     num, n, d = _dims(depth)
     fig.suptitle(_title(_model(result, depth), "test fractions by depth", num, n, d, _rtol(result)))

@@ -14,6 +14,7 @@ the figures with it: the same representation then has the same colour in each of
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -162,3 +163,19 @@ def legend_below(fig, handles: list, ncol: int = 2, **kwargs: Any) -> None:
     if handles:
         fig.legend(handles=handles, loc="outside lower center", ncol=ncol, handlelength=2.0, columnspacing=1.0,
                    handletextpad=0.5, **kwargs)
+
+
+def panel_grid(count: int, *, sharey: bool = False, top: float = 1.3, per_row: float = 1.5):
+    """``count`` small panels at a column width, two a row (one when alone): ``(fig, axes)``."""
+    cols = 1 if count == 1 else 2
+    rows = math.ceil(count / cols)
+    return plt.subplots(rows, cols, figsize=(COLUMN_WIDTH, top + per_row * rows), layout="constrained",
+                        sharex=True, sharey=sharey, squeeze=False)
+
+
+def finish_panels(axes, used: int, xlabel: str) -> None:
+    """Hide the panels beyond the first ``used`` and label the x axis of the bottom row."""
+    for ax in axes.flat[used:]:
+        ax.set_visible(False)
+    for ax in axes[-1]:
+        ax.set_xlabel(xlabel)
