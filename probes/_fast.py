@@ -119,6 +119,7 @@ class Decisions:
     stages: dict[str, int]
     shortcut: int = 0  # of the ``cholesky_dependent`` ones, how many the stage 1b shortcut settled
     bound: torch.Tensor | None = None
+    ceiling: torch.Tensor | None = None  # (S,) proven r_S >= sigma_k / sigma_1 where rank -1, else inf
 
 
 def _new_stages() -> dict[str, int]:
@@ -171,6 +172,8 @@ def decide(
     exact_dependent: int | None = None,
     dependent_first: bool = False,
     floor: float | None = None,
+    reach: float | None = None,
+    ceilings: bool = False,
 ) -> Decisions:
     """Ranks and margins of c matrices given their Gram matrices (stages 1 to 3).
 
@@ -188,6 +191,12 @@ def decide(
         floor: a margin (decades) to certify at: matrices whose factorisation succeeds with the shift
             raised to it are credited with this margin, without a margin bound of their own (see the
             module docstring). None: a margin bound for every certified matrix.
+        reach: with a floor, certify at this larger margin first (matrices that pass are credited with
+            it; the others go on at the floor). Ranks do not depend on it; it spares later proofs that a
+            matrix stays full rank at a larger tolerance (:mod:`probes.robust`).
+        ceilings: also give every matrix proven dependent without an exact rank a proven ceiling on
+            sigma_k / sigma_1 (``Decisions.ceiling``; free after the shortcut, a few triangular solves
+            after stage 1b).
     """
     c, k, _ = gram.shape
     device = gram.device
@@ -195,8 +204,9 @@ def decide(
     margin = torch.full((c,), math.inf, dtype=torch.float64, device=device)
     stages = _new_stages()
     bound = torch.zeros(c, dtype=torch.bool, device=device)
+    ceiling = torch.full((c,), math.inf, dtype=torch.float64, device=device) if ceilings else None
     if c == 0:
-        return Decisions(rank, margin, stages, bound=bound)
+        return Decisions(rank, margin, stages, bound=bound, ceiling=ceiling)
 
     prove = exact_dependent is not None and k > 1
     floor_first = _usable_floor(floor) and not (prove and dependent_first)
@@ -209,16 +219,18 @@ def decide(
     proven: list[torch.Tensor] = []  # positions proven dependent (stage 1b or its shortcut)
     shortcut = 0
 
-    def dependent(pos: torch.Tensor) -> None:
+    def dependent(pos: torch.Tensor, ceil: torch.Tensor | None) -> None:
         stages["cholesky_dependent"] += int(pos.numel())
         rank[pos] = -1
         margin[pos] = math.nan
+        if ceiling is not None and ceil is not None:
+            ceiling[pos] = ceil
         proven.append(pos)
 
     def stage_dependent(todo: torch.Tensor) -> torch.Tensor:
         # Stage 1b: prove rank deficiency by a failing Cholesky factorisation.
-        dep = _prove_dependent(part(gram, todo), part(lam_hi, todo), rtol, width)  # (t,) bool
-        dependent(todo[dep])
+        dep, ceil = _prove_dependent(part(gram, todo), part(lam_hi, todo), rtol, width, ceilings=ceilings)
+        dependent(todo[dep], None if ceil is None else ceil[dep])
         return todo[~dep]
 
     def certify(stage, todo: torch.Tensor, *args) -> torch.Tensor:
@@ -233,8 +245,8 @@ def decide(
             lam_hi[todo[rest]] = _lam_hi(g[rest], lam_cap)
         if prove and not bool(ok.all()):
             nonlocal shortcut
-            quick = _quick_dependent(g, chol, info, part(lam_hi, todo), rtol, width, ~ok)
-            dependent(todo[quick])
+            quick, ceil = _quick_dependent(g, chol, info, part(lam_hi, todo), rtol, width, ~ok, ceilings)
+            dependent(todo[quick], ceil[quick])
             shortcut += int(quick.sum())
             ok = ok | quick
         return todo[~ok]
@@ -243,7 +255,10 @@ def decide(
         todo = stage_dependent(todo)
     if _usable_floor(floor) and todo.numel():
         # certify at the floor first; what fails there is mostly dependent, so stage 1b comes next
-        todo = certify(_stage_floor, todo, floor)
+        if reach is not None and reach > floor:
+            todo = certify(_stage_floor, todo, reach)
+        if todo.numel():
+            todo = certify(_stage_floor, todo, floor)
         if prove and not dependent_first and todo.numel():
             todo = stage_dependent(todo)
         if prove and todo.numel():  # (without proofs, stage 2 settles the rest exactly anyway)
@@ -260,7 +275,9 @@ def decide(
         # eigenvalues (SVD inside the error band)
         exact = torch.cat(proven).sort().values[:exact_dependent]
         _stage_exact(gram[exact], exact, rows, lam_hi[exact], rtol, width, rank, margin, stages)
-    return Decisions(rank, margin, stages, shortcut, bound)
+        if ceiling is not None:
+            ceiling[exact] = math.inf
+    return Decisions(rank, margin, stages, shortcut, bound, ceiling)
 
 
 def _usable_floor(floor: float | None) -> bool:
@@ -329,10 +346,87 @@ def _stage_exact(gram, todo, rows, lam_hi, rtol, width, rank, margin, stages) ->
         stages["svd"] += int(hard.numel())
 
 
+def _pivot_vectors(gram: torch.Tensor, chol: torch.Tensor, pivot: torch.Tensor,
+                   candidates: torch.Tensor) -> torch.Tensor:
+    """(t, k, 1): v = [-z; 1; 0] with z ~ G_11^-1 g_j at each candidate's failing pivot j, from the
+    factor of G_11 - s I (zero elsewhere)."""
+    t, k, _ = gram.shape
+    v = torch.zeros(t, k, 1, dtype=gram.dtype, device=gram.device)
+    for j in pivot[candidates].unique().tolist():
+        group = candidates & (pivot == j)
+        pos = slice(None) if bool(group.all()) else group.nonzero().flatten()  # views when all alike
+        v[pos, j] = 1.0
+        if j > 0:
+            l11 = chol[pos, :j, :j]  # only its lower triangle is read
+            y = torch.linalg.solve_triangular(l11, gram[pos, :j, j : j + 1], upper=False)
+            v[pos, :j] = -torch.linalg.solve_triangular(l11.transpose(1, 2), y, upper=True)
+    return v
+
+
+def _refine(gram: torch.Tensor, chol: torch.Tensor, pivot: torch.Tensor, v: torch.Tensor,
+            rest: torch.Tensor) -> None:
+    """One step of iterative refinement of z = G_11^-1 g_j (in place, at positions ``rest``): the error
+    of z shrinks by about s / lambda_min(G_11) per step."""
+    for j in pivot[rest].unique().tolist():
+        if j == 0:
+            continue
+        pos = rest[pivot[rest] == j]
+        l11, z = chol[pos, :j, :j], -v[pos, :j]
+        resid = gram[pos, :j, j : j + 1] - gram[pos, :j, :j] @ z
+        y = torch.linalg.solve_triangular(l11, resid, upper=False)
+        v[pos, :j] = -(z + torch.linalg.solve_triangular(l11.transpose(1, 2), y, upper=True))
+
+
+def _rayleigh_up(gram: torch.Tensor, v: torch.Tensor, trace: torch.Tensor, width: int, pos) -> torch.Tensor:
+    """Rigorous upper bound on v^T G v / v^T v at ``pos``, G as stored (both triangles read)."""
+    k, u = gram.shape[-1], _F64_EPS / 2
+    vp = v[pos]
+    num = (vp * (gram[pos] @ vp)).sum((1, 2))
+    den = (vp * vp).sum((1, 2))
+    rounding = (2 * (k + 1) + 2 * width) * u * 1.01 * den * trace[pos]  # products, sums, G vs G^T
+    r_up = (num + rounding) / (den * (1 - 2 * k * u))
+    return torch.where(torch.isfinite(r_up), r_up, math.inf)
+
+
+def _power_lower(gram: torch.Tensor, steps: int = 4) -> torch.Tensor:
+    """(t,) lower bounds on lambda_max(G as stored): the largest diagonal entry and the Rayleigh quotient
+    after ``steps`` power steps from the all-ones vector (unit v: <= lambda_max up to rounding, which
+    the factor 1 - 4 k eps covers)."""
+    k = gram.shape[-1]
+    v = torch.ones(gram.shape[0], k, 1, dtype=gram.dtype, device=gram.device)
+    for _ in range(steps):
+        v = gram @ v
+        v = v / v.norm(dim=1, keepdim=True).clamp(min=torch.finfo(gram.dtype).tiny)
+    rayleigh = (v.transpose(1, 2) @ gram @ v)[:, 0, 0]
+    return torch.maximum(gram.diagonal(dim1=-2, dim2=-1).amax(-1), rayleigh) * (1 - 4 * k * _F64_EPS)
+
+
+def _ceilings(gram: torch.Tensor, chol: torch.Tensor, pivot: torch.Tensor, v: torch.Tensor, r_up: torch.Tensor,
+              pos: torch.Tensor, trace: torch.Tensor, width: int, lam_lo: torch.Tensor | None = None) -> torch.Tensor:
+    """Proven ceilings on sigma_k / sigma_1 of the rows at ``pos``: sqrt(R / lam_lo) with R the smallest
+    Rayleigh bound of the pivot vector v over two more refinement steps (R >= lambda_min), lam_lo
+    <= lambda_max (:func:`_power_lower` unless given), and the error of forming G (|G - X X^T|_2 <=
+    gamma_d trace) on both sides. ``r_up``: the bound of v as it is, at ``pos``."""
+    k = gram.shape[-1]
+    best = r_up.clone()
+    for _ in range(2):
+        _refine(gram, chol, pivot, v, pos)
+        best = torch.minimum(best, _rayleigh_up(gram, v, trace, width, pos))
+    if lam_lo is None:
+        lam_lo = _power_lower(gram[pos])
+    err = 2.02 * width * _F64_EPS * trace[pos]
+    top = (best + err).clamp(min=0)
+    bottom = lam_lo * (1 - 4 * k * _F64_EPS) - err
+    out = torch.sqrt(top / bottom.clamp(min=torch.finfo(torch.float64).tiny)) * (1 + 1e-12)
+    return torch.where((bottom > 0) & torch.isfinite(out), out.clamp(max=1.0), 1.0)
+
+
 def _quick_dependent(gram: torch.Tensor, chol: torch.Tensor, info: torch.Tensor, lam_hi: torch.Tensor,
-                     rtol: float, width: int, candidates: torch.Tensor) -> torch.Tensor:
+                     rtol: float, width: int, candidates: torch.Tensor,
+                     ceilings: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(t,) bool: matrices whose stage 1b factorisation is certain to fail, shown from a failed stage 1
-    factorisation of the same G (shift s, failure at pivot j), without running stage 1b.
+    factorisation of the same G (shift s, failure at pivot j), without running stage 1b; and (t,) a
+    proven ceiling on sigma_k / sigma_1 of those matrices (1 elsewhere; only with ``ceilings``).
 
     The factored leading block gives the vector v = [-G_11^-1 g_j; 1; 0] (for a subset whose first j
     rows are dependent, their null vector), computed with the factor of G_11 - s I and two steps of
@@ -344,13 +438,15 @@ def _quick_dependent(gram: torch.Tensor, chol: torch.Tensor, info: torch.Tensor,
     factorisation of G - s_1b I succeeded, Higham's backward error bound (Thm 10.3) would give
     lambda_min(G) >= s_1b - 4 ((k + 2) u trace(G) + u (max g_ii + lam_hi)); so R below s_lo minus that
     much means it fails: the matrix is dependent (R < tol^2) and is exactly one stage 1b would prove.
+    The ceiling: :func:`_ceilings`.
     """
     t, k, _ = gram.shape
     u = _F64_EPS / 2
     pivot = info.to(torch.int64) - 1  # the failing pivot, 0-based = columns factored before it
     candidates = candidates & (info > 0) & (pivot < k)
+    ceiling = torch.ones(t, dtype=gram.dtype, device=gram.device)
     if not bool(candidates.any()):
-        return candidates
+        return candidates, ceiling
     diag = gram.diagonal(dim1=-2, dim2=-1)
     trace, dmax = diag.sum(-1), diag.amax(-1)
     gamma = 2 * k * (k + 1) * _F64_EPS * dmax + 2 * _gram_error(gram, lam_hi, width)
@@ -361,45 +457,29 @@ def _quick_dependent(gram: torch.Tensor, chol: torch.Tensor, info: torch.Tensor,
         return torch.where(s_lo > 0, s_lo - backward, -math.inf)
 
     bound = threshold(dmax)  # lam_lo >= the largest diagonal entry
-    v = torch.zeros(t, k, 1, dtype=gram.dtype, device=gram.device)
-    for j in pivot[candidates].unique().tolist():  # z = G_11^-1 g_j, from the factor of G_11 - s I
-        group = candidates & (pivot == j)
-        pos = slice(None) if bool(group.all()) else group.nonzero().flatten()  # views when all alike
-        v[pos, j] = 1.0
-        if j > 0:
-            l11 = chol[pos, :j, :j]  # only its lower triangle is read
-            y = torch.linalg.solve_triangular(l11, gram[pos, :j, j : j + 1], upper=False)
-            v[pos, :j] = -torch.linalg.solve_triangular(l11.transpose(1, 2), y, upper=True)
-
-    def rayleigh_up(pos) -> torch.Tensor:  # rigorous upper bound on v^T G v / v^T v at ``pos``
-        vp = v[pos]
-        num = (vp * (gram[pos] @ vp)).sum((1, 2))
-        den = (vp * vp).sum((1, 2))
-        rounding = (2 * (k + 1) + 2 * width) * u * 1.01 * den * trace[pos]  # products, sums, G vs G^T
-        r_up = (num + rounding) / (den * (1 - 2 * k * u))
-        return torch.where(torch.isfinite(r_up), r_up, math.inf)
-
-    r_up = rayleigh_up(slice(None))
-    for _ in range(2):  # refinement where needed: the error of z shrinks by s / lambda_min(G_11) per step
+    v = _pivot_vectors(gram, chol, pivot, candidates)
+    r_up = _rayleigh_up(gram, v, trace, width, slice(None))
+    for _ in range(2):  # refinement where needed
         rest = (candidates & (pivot > 0) & ~(r_up < bound)).nonzero().flatten()
         if not rest.numel():
             break
-        for j in pivot[rest].unique().tolist():
-            pos = rest[pivot[rest] == j]
-            l11, z = chol[pos, :j, :j], -v[pos, :j]
-            resid = gram[pos, :j, j : j + 1] - gram[pos, :j, :j] @ z
-            y = torch.linalg.solve_triangular(l11, resid, upper=False)
-            v[pos, :j] = -(z + torch.linalg.solve_triangular(l11.transpose(1, 2), y, upper=True))
-        r_up[rest] = rayleigh_up(rest)
+        _refine(gram, chol, pivot, v, rest)
+        r_up[rest] = _rayleigh_up(gram, v, trace, width, rest)
     ok = candidates & (r_up < bound)
     if bool((candidates & ~ok).any()):  # lam_lo >= the Rayleigh quotient of 1 too (rounded down)
         ones = (gram.sum((-2, -1)) - 1.01 * k**3 * u * trace) / k * (1 - 1e-10)
         ok = candidates & (r_up < threshold(torch.maximum(dmax, ones)))
-    return ok
+    if ceilings and bool(ok.any()):
+        pos = ok.nonzero().flatten()
+        ceiling[pos] = _ceilings(gram, chol, pivot, v, r_up[pos], pos, trace, width)
+    return ok, ceiling
 
 
-def _prove_dependent(gram: torch.Tensor, lam_hi: torch.Tensor, rtol: float, width: int) -> torch.Tensor:
-    """(t,) bool: True where lambda_min(G) < (rtol sigma_max)^2 is proven by a failing Cholesky.
+def _prove_dependent(gram: torch.Tensor, lam_hi: torch.Tensor, rtol: float, width: int, *,
+                     ceilings: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(t,) bool: True where lambda_min(G) < (rtol sigma_max)^2 is proven by a failing Cholesky; and,
+    with ``ceilings``, (t,) proven ceilings on sigma_k / sigma_1 of those matrices (1 elsewhere) from
+    the vector the failed factorisation exposes (:func:`_ceilings`), else None.
 
     lam_lo: the largest of the diagonal and a Rayleigh quotient after a few power steps (both
     <= lambda_max, so tol_lo <= tol). Cholesky of A = G - s I fails in floating point only when
@@ -408,16 +488,23 @@ def _prove_dependent(gram: torch.Tensor, lam_hi: torch.Tensor, rtol: float, widt
     """
     t, k, _ = gram.shape
     diag = gram.diagonal(dim1=-2, dim2=-1)  # (t, k)
-    v = torch.ones(t, k, 1, dtype=gram.dtype, device=gram.device)
-    for _ in range(4):  # power steps towards the top eigenvector
-        v = gram @ v
-        v = v / v.norm(dim=1, keepdim=True).clamp(min=torch.finfo(gram.dtype).tiny)
-    rayleigh = (v.transpose(1, 2) @ gram @ v)[:, 0, 0]  # (t,) unit v: <= lambda_max up to rounding
-    lam_lo = torch.maximum(diag.amax(-1), rayleigh) * (1 - 4 * k * _F64_EPS)
+    lam_lo = _power_lower(gram)
     gamma = 2 * k * (k + 1) * _F64_EPS * diag.amax(-1) + 2 * _gram_error(gram, lam_hi, width)
     shift = rtol**2 * lam_lo - gamma  # (t,)
-    _, info = _shifted_cholesky(gram, shift.clamp(min=0))
-    return (info != 0) & (shift > 0)
+    chol, info = _shifted_cholesky(gram, shift.clamp(min=0))
+    dep = (info != 0) & (shift > 0)
+    if not ceilings:
+        return dep, None
+    ceiling = torch.ones(t, dtype=gram.dtype, device=gram.device)
+    pivot = info.to(torch.int64) - 1
+    cand = dep & (info > 0) & (pivot < k)
+    if bool(cand.any()):
+        trace = diag.sum(-1)
+        pos = cand.nonzero().flatten()
+        vec = _pivot_vectors(gram, chol, pivot, cand)
+        r_up = _rayleigh_up(gram, vec, trace, width, pos)
+        ceiling[pos] = _ceilings(gram, chol, pivot, vec, r_up, pos, trace, width, lam_lo[pos])
+    return dep, ceiling
 
 
 def chunk_size(k: int, d: int, budget_bytes: int = 256 * 2**20) -> int:
@@ -437,6 +524,7 @@ class _Plan:
     floor: float | None
     use32: bool
     dependent_first: bool
+    reach: float | None = None  # certify at this margin first (see :func:`decide`)
 
 
 @dataclass
@@ -452,6 +540,8 @@ class _Chunk:
     rate32: float  # share certified by stage 0 (when tried)
     dependent_share: float  # share proven dependent by stage 1b
     shortcut: int  # how many of those the stage 1b shortcut settled
+    ceiling: torch.Tensor | None = None  # (c,) see :class:`Decisions`
+    reach_miss: float | None = None  # with a reach: share certified at the floor but not at the reach
 
 
 class _Pool:
@@ -546,10 +636,12 @@ class _Planner:
     """The plan of chunk j from the chunks 0 .. j - _LAG (the pilot chunks are always among them).
     Running minima are kept per chunk, so plans do not depend on the order they are asked for."""
 
-    def __init__(self, n_pilot: int, can32: bool, prove: bool, probe: int):
+    def __init__(self, n_pilot: int, can32: bool, prove: bool, probe: int, reach: float | None = None):
         self.n_pilot, self.can32, self.prove, self.probe = n_pilot, can32, prove, probe
+        self.reach = reach
         self.floors: list[float] = []  # smallest margin over chunks 0 .. i
         self.tried: list[_Chunk | None] = []  # the last chunk <= i that ran stage 0
+        self.reached: list[_Chunk | None] = []  # the last chunk <= i that certified at the reach
 
     def __call__(self, j: int, done: list) -> _Plan:
         top = max(self.n_pilot, j - _LAG + 1) - 1  # the last chunk this plan may look at
@@ -558,6 +650,7 @@ class _Planner:
             ch = done[i]
             self.floors.append(min(self.floors[-1], ch.min_margin) if i else ch.min_margin)
             self.tried.append(ch if ch.tried32 else (self.tried[-1] if i else None))
+            self.reached.append(ch if ch.reach_miss is not None else (self.reached[-1] if i else None))
         last = done[top]
         floor = self.floors[top] if math.isfinite(self.floors[top]) else None
         use32 = False
@@ -573,10 +666,19 @@ class _Planner:
         share = 2 / 3 if floor is not None else 1 / 2
         settled = last.shortcut / max(1, last.stages["cholesky_dependent"])
         dependent_first = self.prove and last.dependent_share > share and settled < 0.5
-        return _Plan(floor=floor, use32=use32, dependent_first=dependent_first)
+        # the reach while few subsets (at most 1 in 8) need the second factorisation at the floor,
+        # otherwise on every ``probe``-th chunk only, and while at most 1 in 4 subsets are dependent
+        # (a dependent subset fails at the reach and again at the floor: not where many are dependent)
+        reach = None
+        if self.reach is not None and floor is not None and self.reach > floor and last.dependent_share < 0.25:
+            reached = self.reached[top]
+            if reached is None or reached.reach_miss <= 0.125 or (j - self.n_pilot) % self.probe == 0:
+                reach = self.reach
+        return _Plan(floor=floor, use32=use32, dependent_first=dependent_first, reach=reach)
 
 
-def _decide_chunk(pool: _Pool, idx: torch.Tensor, plan: _Plan, rtol: float, prove: bool) -> _Chunk:
+def _decide_chunk(pool: _Pool, idx: torch.Tensor, plan: _Plan, rtol: float, prove: bool,
+                  ceilings: bool = False) -> _Chunk:
     """Stages 0, 1, 1b, 2, 3 for one chunk of subsets ``idx`` (c, k); stage 1b leaves rank -1."""
     c, k = idx.shape
     device = pool.x.device
@@ -584,12 +686,14 @@ def _decide_chunk(pool: _Pool, idx: torch.Tensor, plan: _Plan, rtol: float, prov
     margin = torch.full((c,), math.inf, dtype=torch.float64, device=device)
     stages = _new_stages()
     bound = torch.zeros(c, dtype=torch.bool, device=device)
+    ceiling = torch.full((c,), math.inf, dtype=torch.float64, device=device) if ceilings else None
     todo = None
     rate32 = 0.0
     shortcut = 0
     if plan.use32:
-        ok = pool.certify32(idx, plan.floor)
-        margin[ok] = plan.floor
+        at = plan.reach if plan.reach is not None else plan.floor
+        ok = pool.certify32(idx, at)
+        margin[ok] = at
         bound[ok] = True
         stages["cholesky32"] = int(ok.sum())
         rate32 = stages["cholesky32"] / c
@@ -599,18 +703,24 @@ def _decide_chunk(pool: _Pool, idx: torch.Tensor, plan: _Plan, rtol: float, prov
         gram = pool.gram64(sub)
         dec = decide(gram, lambda pos, sub=sub: pool.x[sub[pos]], rtol, pool.d, lam_cap=pool.lam_cap,
                      exact_dependent=0 if prove else None, dependent_first=plan.dependent_first,
-                     floor=plan.floor)
+                     floor=plan.floor, reach=plan.reach, ceilings=ceilings)
         if todo is None:
-            rank, margin, bound = dec.rank, dec.margin, dec.bound
+            rank, margin, bound, ceiling = dec.rank, dec.margin, dec.bound, dec.ceiling
         else:
             rank[todo], margin[todo], bound[todo] = dec.rank, dec.margin, dec.bound
+            if ceiling is not None:
+                ceiling[todo] = dec.ceiling
         for key, value in dec.stages.items():
             stages[key] += value
         shortcut = dec.shortcut
     known = margin[(rank >= 0) & ~margin.isnan()]
+    reach_miss = None
+    if plan.reach is not None:
+        reach_miss = float((bound & (rank == k) & (margin < plan.reach)).sum()) / c
     return _Chunk(rank=rank, margin=margin, stages=stages, bound=bound,
                   min_margin=float(known.min()) if known.numel() else math.inf, tried32=plan.use32,
-                  rate32=rate32, dependent_share=stages["cholesky_dependent"] / c, shortcut=shortcut)
+                  rate32=rate32, dependent_share=stages["cholesky_dependent"] / c, shortcut=shortcut,
+                  ceiling=ceiling, reach_miss=reach_miss)
 
 
 def _run_chunks(bounds, done: list, work: Callable, plan_of, workers: int,
@@ -696,6 +806,8 @@ def subset_decisions(
     exact_dependent: int | None = None,
     on_chunk: Callable[[int], None] | None = None,
     workers: int | None = None,
+    reach: float | None = None,
+    ceilings: bool = False,
 ) -> Decisions:
     """Decide every k-subset of a pool.
 
@@ -709,6 +821,9 @@ def subset_decisions(
         on_chunk: called with the number of subsets after each chunk is decided (progress), or None.
         workers: threads for the chunks (CPU); None: up to ``torch.get_num_threads()`` when the work is
             large enough. Results do not depend on it.
+        reach, ceilings: see :func:`decide` (for :mod:`probes.robust`; ranks do not depend on them).
+            The reach is given up while more than 1 in 8 subsets of a chunk fall short of it or more
+            than 1 in 4 are dependent.
 
     Returns:
         :class:`Decisions`; certified margins are lower bounds (the margin floor, see the module
@@ -723,7 +838,8 @@ def subset_decisions(
     if s == 0:
         return Decisions(torch.full((0,), k, dtype=torch.int64, device=device),
                          torch.full((0,), math.inf, dtype=torch.float64, device=device), _new_stages(),
-                         bound=torch.zeros(0, dtype=torch.bool, device=device))
+                         bound=torch.zeros(0, dtype=torch.bool, device=device),
+                         ceiling=torch.zeros(0, dtype=torch.float64, device=device) if ceilings else None)
     # the first subsets get margin bounds each (no floor yet): _PILOT, fewer for large k
     pilot = min(s, max(4, min(_PILOT, int(_PILOT_FLOP / k**3))))
     bounds = [(a, min(a + step, pilot)) for a in range(0, pilot, step)]
@@ -733,9 +849,9 @@ def subset_decisions(
 
     def work(j: int, plan: _Plan) -> _Chunk:
         a, b = bounds[j]
-        return _decide_chunk(pool, subsets[a:b], plan, rtol, prove)
+        return _decide_chunk(pool, subsets[a:b], plan, rtol, prove, ceilings)
 
-    plan_of = _Planner(n_pilot, pool.can32, prove, probe)
+    plan_of = _Planner(n_pilot, pool.can32, prove, probe, reach)
 
     chunks = []
     for j in range(n_pilot):
@@ -756,6 +872,7 @@ def subset_decisions(
     rank = torch.cat([ch.rank for ch in chunks])
     margin = torch.cat([ch.margin for ch in chunks])
     bound = torch.cat([ch.bound for ch in chunks])
+    ceiling = torch.cat([ch.ceiling for ch in chunks]) if ceilings else None
     stages = {key: sum(ch.stages[key] for ch in chunks) for key in STAGE_KEYS}
     shortcut = sum(ch.shortcut for ch in chunks)
     if prove and exact_dependent:
@@ -781,9 +898,11 @@ def subset_decisions(
         for (a, b), part in zip(pieces, parts, strict=True):
             rank[chosen[a:b]], margin[chosen[a:b]] = part.rank, part.margin
             bound[chosen[a:b]] = False
+            if ceiling is not None:
+                ceiling[chosen[a:b]] = math.inf
             for key, value in part.stages.items():
                 stages[key] += value
-    return Decisions(rank, margin, stages, shortcut, bound)
+    return Decisions(rank, margin, stages, shortcut, bound, ceiling)
 
 
 def matrix_decisions(mats: torch.Tensor, rtol: float) -> Decisions:

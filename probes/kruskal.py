@@ -284,11 +284,17 @@ def _test_subsets(
     spectrum: torch.Tensor | None = None,
     exact_dependent: int | None = None,
     bar=None,
+    grid: tuple[float, ...] | None = None,
 ) -> _fast.Decisions:
-    """Decide every subset (the progress ``bar``, if any, advances after each chunk)."""
+    """Decide every subset (the progress ``bar``, if any, advances after each chunk). ``grid``: the
+    robustness grid that will follow, if any (subsets are certified at its largest multiplier where
+    that is cheap, and dependent ones get ceilings, so that the grid needs few new proofs)."""
     lam_cap = None if spectrum is None else float(spectrum[0]) ** 2
+    top = max(grid) if grid else 1.0
     return _fast.subset_decisions(x64, subsets.to(x64.device), rtol, gram, lam_cap=lam_cap,
-                                  exact_dependent=exact_dependent, on_chunk=None if bar is None else bar.update)
+                                  exact_dependent=exact_dependent, on_chunk=None if bar is None else bar.update,
+                                  reach=math.log10(top) * (1 + 1e-6) if top > 1 else None,
+                                  ceilings=grid is not None)
 
 
 def kruskal_test(
@@ -412,7 +418,8 @@ def _kruskal(
                        desc=f"kruskal k={k}")
     try:
         dec = _test_subsets(x64, idx, rtol, gram, spectrum=spectrum,
-                            exact_dependent=None if note else rank_sample, bar=bar)
+                            exact_dependent=None if note else rank_sample, bar=bar,
+                            grid=grid if robustness and not note else None)
     finally:
         if bar is not None:
             bar.close()

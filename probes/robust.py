@@ -155,6 +155,9 @@ class _Refiner:
         self.lo[full] = rtol
         self.lo[certified] = torch.maximum(self.lo[certified], rtol * 10.0 ** margin[certified] * (1 - _PAD))
         self.hi[~full] = rtol
+        if dec.ceiling is not None:  # proven ceilings of the subsets proven dependent without a rank
+            ceiling = dec.ceiling.cpu().to(torch.float64) * (1 + _PAD)
+            self.hi = torch.where(~full & (ceiling < self.hi), ceiling, self.hi)
         self.fraction = float(full.double().mean())
         self.ratio = torch.full((src.count,), math.nan, dtype=torch.float64)  # exact where computed
         self.spectra = 0
@@ -167,10 +170,10 @@ class _Refiner:
 
     def decide_at(self, pos: torch.Tensor, t: float) -> None:
         """Exact decisions at tolerance t (the fast path's stages 1 to 3), certifying at the plain shift
-        (margin floor 0: no margin bounds), the dependence proof first where most were dependent at a
-        larger tolerance."""
-        dependent_first = bool((self.hi[pos] < 1).double().mean() > 0.5)
-        if self.src.certify32 is not None and not dependent_first and t > 0:
+        (margin floor 0: no margin bounds): float32 certificates first while they pay, then float64
+        chunks on the worker threads of the fast path. Whether the dependence proof goes first is
+        decided from the first chunk (as the fast path's planner does)."""
+        if self.src.certify32 is not None and t > 0:
             # float32 certificates while they pay (at least half of a chunk certified)
             rest, use32 = [], True
             for part in self._chunks(pos):
@@ -182,20 +185,41 @@ class _Refiner:
                 rest.append(part[~ok])
                 use32 = bool(ok.double().mean() >= 0.5)
             pos = torch.cat(rest) if rest else pos
-        for part in self._chunks(pos):
-            dev = part.to(_device(self.src))
-            gram = self.src.gram(dev)
-            dec = _fast.decide(gram, lambda p, dev=dev: self.src.rows(dev[p]), t, self.src.width,
-                               lam_cap=self.src.lam_cap, exact_dependent=0 if self.src.k > 1 else None,
-                               dependent_first=dependent_first, floor=0.0)
-            rank, margin = dec.rank.cpu(), dec.margin.cpu().to(torch.float64)
-            full = rank == self.src.k
-            lo = torch.full((part.numel(),), t, dtype=torch.float64)
-            cert = full & dec.bound.cpu() & torch.isfinite(margin)
-            lo[cert] = torch.maximum(lo[cert], t * 10.0 ** margin[cert] * (1 - _PAD))
+        parts = list(self._chunks(pos))
+        if not parts:
+            return
+        first = self._decide_part(parts[0], t, dependent_first=False)
+        dec = first[0]
+        dependent = dec.stages["cholesky_dependent"]
+        dependent_first = dependent > 2 / 3 * parts[0].numel() and dec.shortcut < dependent / 2
+        results = [first]
+        bounds = [(0, 1)] + [(j, j + 1) for j in range(1, len(parts))]
+        workers = 1
+        if _device(self.src).type == "cpu" and len(parts) > 2:
+            workers = min(_fast._MAX_WORKERS, torch.get_num_threads())
+        if workers > 1:
+            _fast._run_chunks(bounds, results, lambda j, _plan: self._decide_part(parts[j], t, dependent_first),
+                              lambda j, done: None, min(workers, len(parts) - 1), None, lag=len(parts))
+        else:
+            results += [self._decide_part(parts[j], t, dependent_first) for j in range(1, len(parts))]
+        for part, (dec, lo) in zip(parts, results, strict=True):
+            full = dec.rank.cpu() == self.src.k
             self.lo[part[full]] = torch.maximum(self.lo[part[full]], lo[full])
             self.hi[part[~full]] = torch.minimum(self.hi[part[~full]], torch.tensor(t, dtype=torch.float64))
-            self.factorised += part.numel()
+        self.factorised += pos.numel()
+
+    def _decide_part(self, part: torch.Tensor, t: float, dependent_first: bool):
+        dev = part.to(_device(self.src))
+        gram = self.src.gram(dev)
+        dec = _fast.decide(gram, lambda p, dev=dev: self.src.rows(dev[p]), t, self.src.width,
+                           lam_cap=self.src.lam_cap, exact_dependent=0 if self.src.k > 1 else None,
+                           dependent_first=dependent_first, floor=0.0)
+        full = dec.rank.cpu() == self.src.k
+        margin = dec.margin.cpu().to(torch.float64)
+        lo = torch.full((part.numel(),), t, dtype=torch.float64)
+        cert = full & dec.bound.cpu() & torch.isfinite(margin)
+        lo[cert] = torch.maximum(lo[cert], t * 10.0 ** margin[cert] * (1 - _PAD))
+        return dec, lo
 
     def test_at(self, pos: torch.Tensor, t: float) -> None:
         """Proofs only (no spectra): a shifted Cholesky factorisation proves r > t, a failing one at the
@@ -215,10 +239,11 @@ class _Refiner:
             self.lo[part[ok]] = torch.maximum(self.lo[part[ok]], torch.tensor(t, dtype=torch.float64))
             rest = (~ok).nonzero().flatten()
             if rest.numel() and k > 1:
-                dep = _fast._prove_dependent(gram[rest.to(gram.device)], lam_hi[rest.to(gram.device)], t,
-                                             width).cpu()
+                dep, ceil = _fast._prove_dependent(gram[rest.to(gram.device)], lam_hi[rest.to(gram.device)], t,
+                                                   width, ceilings=True)
+                dep, ceil = dep.cpu(), torch.minimum(ceil.cpu() * (1 + _PAD), torch.tensor(t, dtype=torch.float64))
                 hit = part[rest[dep]]
-                self.hi[hit] = torch.minimum(self.hi[hit], torch.tensor(t, dtype=torch.float64))
+                self.hi[hit] = torch.minimum(self.hi[hit], ceil[dep])
             self.factorised += c
 
     def exact(self, pos: torch.Tensor) -> None:
@@ -249,8 +274,7 @@ class _Refiner:
     # ------------------------------------------------------------------ the answers
     def grid(self, multipliers: tuple[float, ...]) -> dict[float, float]:
         """{multiplier: share full rank at multiplier x rtol}, exact (see the module docstring)."""
-        order = sorted(multipliers, key=lambda m: (-abs(math.log10(m)), m))
-        for m in order:  # the extremes first: what passes at 10x (fails at 0.1x) passes (fails) inside
+        for m in _grid_order(multipliers):
             t = m * self.rtol
             if t >= 1 or m == 1:
                 continue  # no ratio exceeds 1: nothing is full rank there; at rtol the verdict decided
@@ -340,6 +364,23 @@ class _Refiner:
                 return min(best, float(lb[candidates].min())), True
             order = candidates[lb[candidates].argsort(stable=True)]
             self.exact(order[: min(_BATCH, max_spectra - self.spectra)])
+
+
+def _grid_order(multipliers: tuple[float, ...]) -> list[float]:
+    """The order in which grid points are decided: on each side of 1 the extreme first (what passes at
+    10x, or fails at 0.1x, passes or fails at every point inside), then the points inside by bisection
+    (a matrix whose ratio lies inside is decided at about log2 of their number, not at each)."""
+
+    def bisect(points: list[float]) -> list[float]:
+        if not points:
+            return []
+        mid = len(points) // 2
+        return [points[mid], *bisect(points[:mid]), *bisect(points[mid + 1 :])]
+
+    below = sorted(m for m in multipliers if m < 1)
+    above = sorted(m for m in multipliers if m > 1)
+    order = [*below[:1], *above[-1:]]
+    return [*order, *bisect(below[1:]), *bisect(above[:-1])]
 
 
 def _device(src: Matrices) -> torch.device:

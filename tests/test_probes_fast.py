@@ -123,7 +123,8 @@ def single_chunk(x, subsets, rtol, cap, exact_dependent, monkeypatch):
     """The plain float64 pipeline (no float32, no floor, no stage 1b shortcut) on all subsets at once."""
     gram = (x @ x.T)[subsets[:, :, None], subsets[:, None, :]]
     with monkeypatch.context() as m:
-        m.setattr(_fast, "_quick_dependent", lambda *args: torch.zeros_like(args[-1]))
+        m.setattr(_fast, "_quick_dependent",
+                  lambda *args: (torch.zeros_like(args[6]), torch.ones(args[6].shape, dtype=torch.float64)))
         return _fast.decide(gram, lambda pos: x[subsets[pos]], rtol, x.shape[1], lam_cap=cap,
                             exact_dependent=exact_dependent)
 
@@ -192,11 +193,11 @@ def test_an_error_in_a_worker_reaches_the_caller(small_chunks, monkeypatch):
     real = _fast._decide_chunk
     calls = []
 
-    def failing(pool, idx, plan, rtol, prove):
+    def failing(pool, idx, plan, rtol, prove, ceilings=False):
         calls.append(1)
         if len(calls) == 30:
             raise RuntimeError("boom")
-        return real(pool, idx, plan, rtol, prove)
+        return real(pool, idx, plan, rtol, prove, ceilings)
 
     monkeypatch.setattr(_fast, "_decide_chunk", failing)
     threads = torch.get_num_threads()
@@ -221,3 +222,58 @@ def test_without_pool_gram_and_kruskal_test_keep_the_verdicts(small_chunks, monk
     ranks = plain.rank[plain.rank >= 0].tolist()
     assert res.rank_counts == {r: ranks.count(r) for r in sorted(set(ranks))}
     assert math.isfinite(res.min_margin)
+
+
+# ------------------------------------------------------------------ ceilings and reach (for probes.robust)
+
+
+@pytest.mark.parametrize("noise", [0.0, 1e-9, 1e-6, 1e-4])
+def test_ceilings_of_dependent_subsets_are_never_below_the_svd_ratio(noise, small_chunks):
+    """Every ceiling is a proven upper bound on sigma_k / sigma_1 (float64 SVD), for subsets dependent
+    exactly (float32-rounded subspace) or only near the tolerance; exact dependence gets ceilings far
+    below rtol, which is what spares the robustness grid its smallest tolerances."""
+    x = cluster_pool(60, 24, 6, seed=11)
+    g = torch.Generator().manual_seed(12)
+    x[:30] += noise * torch.randn(30, 24, generator=g, dtype=torch.float64) * x[:30].norm(dim=1, keepdim=True)
+    k, rtol = 12, 1e-4
+    subsets = probes.sample_subsets(60, k, 400, seed=13)
+    dec = _fast.subset_decisions(x, subsets, rtol, x @ x.T, exact_dependent=0, ceilings=True, workers=2)
+    sv = torch.linalg.svdvals(x[subsets])
+    ratio = sv[:, -1] / sv[:, 0]
+    proven = dec.rank == -1
+    assert proven.sum() > 20
+    assert torch.all(dec.ceiling[proven] >= ratio[proven] * (1 - 1e-9))
+    assert torch.all(dec.ceiling[proven] <= 1.0) and torch.all(torch.isinf(dec.ceiling[~proven]))
+    if noise == 0.0:
+        assert (dec.ceiling[proven] < 0.1 * rtol).double().mean() > 0.9
+    plain = _fast.subset_decisions(x, subsets, rtol, x @ x.T, exact_dependent=0, workers=2)
+    assert plain.ceiling is None and torch.equal(plain.rank, dec.rank)
+
+
+def test_stage_1b_ceilings_are_never_below_the_svd_ratio():
+    x, subsets = blocks_pool([with_singular_values([1.0, 0.4, 0.1, f], 4, 9, seed=i)
+                              for i, f in enumerate([1e-3, 3e-4, 1e-6, 1e-9, 0.0, 5e-5])])
+    gram = (x @ x.T)[subsets[:, :, None], subsets[:, None, :]]
+    lam_hi = _fast._lam_hi(gram, None)
+    dep, ceiling = _fast._prove_dependent(gram, lam_hi, 1e-3, 9, ceilings=True)
+    sv = torch.linalg.svdvals(x[subsets])
+    ratio = sv[:, -1] / sv[:, 0]
+    assert dep.tolist() == [False, True, True, True, True, True]
+    assert torch.all(ceiling[dep] >= ratio[dep] * (1 - 1e-9)) and torch.all(ceiling[dep] < 1e-3)
+    assert _fast._prove_dependent(gram, lam_hi, 1e-3, 9)[1] is None
+
+
+def test_reach_credits_proven_margins_and_leaves_ranks_unchanged(small_chunks):
+    """Certifying at a larger margin first (the robustness grid's top) changes no rank, and every
+    credited margin stays at or below the exact margin of the float64 SVD."""
+    x = cluster_pool(60, 24, 6, seed=21)
+    k, rtol = 10, 1e-3
+    subsets = probes.sample_subsets(60, k, 600, seed=22)
+    plain = _fast.subset_decisions(x, subsets, rtol, x @ x.T, exact_dependent=5, workers=2)
+    reach = _fast.subset_decisions(x, subsets, rtol, x @ x.T, exact_dependent=5, workers=2, reach=1.0)
+    assert torch.equal(plain.rank, reach.rank)
+    sv = torch.linalg.svdvals(x[subsets])
+    exact = torch.log10(sv[:, -1] / sv[:, 0] / rtol)
+    full = reach.rank == k
+    assert torch.all(reach.margin[full] <= exact[full] + 1e-9)
+    assert (reach.margin[full] >= 1.0).double().mean() > 0.5  # the reach was used

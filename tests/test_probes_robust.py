@@ -15,6 +15,10 @@ import probes
 F64 = np.finfo(np.float64).eps
 
 
+def test_grid_order_takes_the_extremes_first_then_bisects():
+    order = probes.robust._grid_order((0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0))
+    assert order == [0.1, 10.0, 0.3, 0.2, 0.5, 3.0, 2.0, 5.0]
+    assert probes.robust._grid_order((0.25, 4.0)) == [0.25, 4.0]
 
 
 def ratios(x: torch.Tensor, subsets: torch.Tensor) -> np.ndarray:
@@ -76,13 +80,23 @@ def test_critical_bracket_contains_the_svd_quantile(threshold):
     assert res.verdict_margin == pytest.approx(abs(math.log10(res.critical_rtol / rtol)))
 
 
-def test_grid_fractions_equal_numpy_matrix_rank_at_every_grid_tolerance():
+@pytest.mark.parametrize("chunks", ["one", "many"])
+def test_grid_fractions_equal_numpy_matrix_rank_at_every_grid_tolerance(chunks, monkeypatch):
+    """Also with the grid decided in many small chunks on two worker threads (``many``)."""
+    if chunks == "many":
+        monkeypatch.setattr(probes._fast, "_CACHE_BYTES", 8 * 10 * 10 * 7)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(2)
     x = spread_pool(60, 10, seed=4)
     k, count, seed = 10, 500, 7
     subsets = probes.sample_subsets(60, k, count, seed)
     r = ratios(x, subsets)
     rtol = float(np.quantile(r, 0.5))  # ratios on both sides of every grid point
-    res = probes.kruskal_test(x, k, subsets=count, seed=seed, rtol=rtol)
+    try:
+        res = probes.kruskal_test(x, k, subsets=count, seed=seed, rtol=rtol)
+    finally:
+        if chunks == "many":
+            torch.set_num_threads(threads)
     assert set(res.rtol_grid) == set(probes.robust.DEFAULT_RTOL_GRID)
     mats = x.numpy()[subsets.numpy()]
     for m, fraction in res.rtol_grid.items():
