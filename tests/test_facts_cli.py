@@ -158,3 +158,36 @@ def test_unknown_experiment_is_a_usage_error(capsys):
     assert "widht" in capsys.readouterr().err
     assert main(["facts", "sweep", "widht"]) == 2  # the old spelling of the room's experiments
     assert "did you mean 'width'" in capsys.readouterr().err
+
+
+def test_tau_command_takes_its_database_widths_taus_and_steps(tmp_path, capsys):
+    db = tmp_path / "db.csv"
+    assert main(["facts", "generate", "--keys", "6", "--queries", "3", "--values-per-query", "2", "-o", str(db)]) == 0
+    out = tmp_path / "csv"
+    args = ["--d-model", "2,3", "--tau", "0.5,0.9", "--steps", "30", "--lr", "1e-2", "--seeds", "0", "--no-plots"]
+    assert main(["facts", "tau", str(db), *args, "--threads", "1", "--out", str(out)]) == 0
+    frame = pd.read_csv(out / "results.csv")
+    assert sorted(set(frame["d_model"])) == [2, 3] and (frame["d_vo"] == frame["d_model"]).all()
+    assert sorted(set(frame["tau"])) == [0.5, 0.9] and len(frame) == 4
+    assert set(frame["triples"]) == {18} and set(frame["db"]) == {"db"}  # the CSV, not the generated default
+    assert json.loads(frame["train_config"].iloc[0])["steps"] == 30
+    assert json.loads(frame["db_spec"].iloc[0]) == {"csv": str(db.resolve())}
+
+    out = tmp_path / "generated"
+    generated = ["--kind", "random", "--keys", "5", "--queries", "3", "--values-per-query", "2", "--no-shared-values",
+                 "--db-seeds", "1", "--d-model", "2", "--d-vo", "1,2", "--tau", "0.9", "--steps", "20", "--seeds", "0"]
+    assert main(["facts", "tau", *generated, "--no-plots", "--threads", "1", "--out", str(out)]) == 0
+    frame = pd.read_csv(out / "results.csv")
+    assert list(frame["d_vo"]) == [1, 2] and set(frame["d_qk"]) == {2}
+    assert (frame[["keys", "queries", "values", "triples"]].iloc[0] == [5, 3, 6, 15]).all()
+    assert set(frame["db"]) == {"random-5x3-v2block-s1"}
+    capsys.readouterr()
+
+    for bad, says in [(["--tau", "1.5"], "--tau takes thresholds in (0, 1)"),
+                      ([str(db), "--keys", "4"], "replaces the generated database; leave out --keys"),
+                      (["--keys", "0"], "keys must be >= 1"),
+                      (["--density", "2"], "density must be in (0, 1]")]:
+        assert main(["facts", "tau", *bad, "--out", str(tmp_path / "refused")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and says in err and err.count("\n") == 1, err
+        assert not (tmp_path / "refused").exists()
