@@ -26,6 +26,12 @@ lambda_min(G) and sigma_max^2 = lambda_max(G). Each stage below decides only wha
    exposes (the null vector of the first j + 1 rows, when they are dependent) often shows in O(k^2)
    that the stage 1b factorisation would fail too (:func:`_quick_dependent`); such subsets get exactly
    the outcome stage 1b would give them, without its power iteration and factorisation.
+1c. Tight lambda_max. A matrix neither certified nor proven dependent has its ratio in the band that
+   the gap between lam_lo and lam_hi leaves around the tolerance (e.g. tokens with a dominant
+   direction whose Gershgorin bound is loose). A dozen power steps give theta <= lambda_max, and a
+   successful Cholesky factorisation of theta (1 + 1e-3) I - G proves lambda_max below it
+   (:func:`_tight_lambda_max`); stages 1 and 1b run again with these bounds. About three
+   factorisations, against an ``eigvalsh`` that costs several times more.
 2. Eigenvalues of G (``eigvalsh``) for the rest: exact ranks and margins, except where an eigenvalue
    lies within the float64 error band around tol^2.
 3. float64 SVD of X_S itself for those few (and for data whose tolerance is below the Gram's resolution,
@@ -119,7 +125,7 @@ class Decisions:
     stages: dict[str, int]
     shortcut: int = 0  # of the ``cholesky_dependent`` ones, how many the stage 1b shortcut settled
     bound: torch.Tensor | None = None
-    ceiling: torch.Tensor | None = None  # (S,) proven r_S >= sigma_k / sigma_1 where rank -1, else inf
+    ceiling: torch.Tensor | None = None  # (S,) proven ceiling >= sigma_k / sigma_1 (inf: none known)
 
 
 def _new_stages() -> dict[str, int]:
@@ -194,9 +200,10 @@ def decide(
         reach: with a floor, certify at this larger margin first (matrices that pass are credited with
             it; the others go on at the floor). Ranks do not depend on it; it spares later proofs that a
             matrix stays full rank at a larger tolerance (:mod:`probes.robust`).
-        ceilings: also give every matrix proven dependent without an exact rank a proven ceiling on
-            sigma_k / sigma_1 (``Decisions.ceiling``; free after the shortcut, a few triangular solves
-            after stage 1b).
+        ceilings: also give the matrices that the stage 1b shortcut proves dependent a proven ceiling
+            on sigma_k / sigma_1 (``Decisions.ceiling``, inf elsewhere): a refinement step and two power
+            steps on the vector the shortcut already has. (Stage 1b proper gives none: where it is
+            needed, the dependence is rarely far below the tolerance.)
     """
     c, k, _ = gram.shape
     device = gram.device
@@ -229,11 +236,11 @@ def decide(
 
     def stage_dependent(todo: torch.Tensor) -> torch.Tensor:
         # Stage 1b: prove rank deficiency by a failing Cholesky factorisation.
-        dep, ceil = _prove_dependent(part(gram, todo), part(lam_hi, todo), rtol, width, ceilings=ceilings)
-        dependent(todo[dep], None if ceil is None else ceil[dep])
+        dep, _ = _prove_dependent(part(gram, todo), part(lam_hi, todo), rtol, width)
+        dependent(todo[dep], None)  # (no ceiling: it would cost more than it saves where 1b is needed)
         return todo[~dep]
 
-    def certify(stage, todo: torch.Tensor, *args) -> torch.Tensor:
+    def certify(stage, todo: torch.Tensor, *args, quick: bool = True) -> torch.Tensor:
         # a stage 1 variant; where its factorisation failed, the shortcut of stage 1b may settle it
         nonlocal floor_first
         g = part(gram, todo)
@@ -243,31 +250,49 @@ def decide(
             floor_first = False
             rest = slice(None) if not bool(ok.any()) else ~ok
             lam_hi[todo[rest]] = _lam_hi(g[rest], lam_cap)
-        if prove and not bool(ok.all()):
+        if prove and quick and not bool(ok.all()):
             nonlocal shortcut
-            quick, ceil = _quick_dependent(g, chol, info, part(lam_hi, todo), rtol, width, ~ok, ceilings)
-            dependent(todo[quick], ceil[quick])
-            shortcut += int(quick.sum())
-            ok = ok | quick
+            settled, ceil = _quick_dependent(g, chol, info, part(lam_hi, todo), rtol, width, ~ok, ceilings)
+            dependent(todo[settled], ceil[settled])
+            shortcut += int(settled.sum())
+            ok = ok | settled
         return todo[~ok]
+
+    def stage_tight(todo: torch.Tensor) -> torch.Tensor:
+        # Stage 1c: what neither the certificate nor the proof decided lies in the band that the gap
+        # between lam_lo and lam_hi leaves; bracket lambda_max to about 0.1% and try both again.
+        lo, hi = _tight_lambda_max(part(gram, todo))
+        ok = hi < part(lam_hi, todo)
+        if not bool(ok.any()):
+            return todo
+        lam_hi[todo[ok]] = hi[ok]
+        cand, lo = todo[ok], lo[ok]
+        rest = certify(_stage_certify, cand)
+        if prove and rest.numel():
+            dep, _ = _prove_dependent(gram[rest], lam_hi[rest], rtol, width, lam_lo=lo[torch.isin(cand, rest)])
+            dependent(rest[dep], None)
+            rest = rest[~dep]
+        return torch.cat([todo[~ok], rest]).sort().values
 
     if prove and dependent_first:
         todo = stage_dependent(todo)
     if _usable_floor(floor) and todo.numel():
         # certify at the floor first; what fails there is mostly dependent, so stage 1b comes next
-        if reach is not None and reach > floor:
-            todo = certify(_stage_floor, todo, reach)
+        if reach is not None and reach > floor:  # (what fails here is tried again at the floor)
+            todo = certify(_stage_floor, todo, reach, quick=False)
         if todo.numel():
             todo = certify(_stage_floor, todo, floor)
         if prove and not dependent_first and todo.numel():
             todo = stage_dependent(todo)
-        if prove and todo.numel():  # (without proofs, stage 2 settles the rest exactly anyway)
-            todo = certify(_stage_certify, todo)
+        if prove and todo.numel() and floor > 0:  # (without proofs, stage 2 settles the rest exactly
+            todo = certify(_stage_certify, todo)  # anyway; at floor 0 it would repeat the floor stage)
     else:
         if todo.numel():
             todo = certify(_stage_certify, todo)
         if prove and not dependent_first and todo.numel():
             todo = stage_dependent(todo)
+    if todo.numel() and k > 1:
+        todo = stage_tight(todo)
     if todo.numel():
         _stage_exact(part(gram, todo), todo, rows, part(lam_hi, todo), rtol, width, rank, margin, stages)
     if prove and exact_dependent and proven:
@@ -364,13 +389,18 @@ def _pivot_vectors(gram: torch.Tensor, chol: torch.Tensor, pivot: torch.Tensor,
 
 
 def _refine(gram: torch.Tensor, chol: torch.Tensor, pivot: torch.Tensor, v: torch.Tensor,
-            rest: torch.Tensor) -> None:
-    """One step of iterative refinement of z = G_11^-1 g_j (in place, at positions ``rest``): the error
-    of z shrinks by about s / lambda_min(G_11) per step."""
-    for j in pivot[rest].unique().tolist():
+            rest: torch.Tensor | None) -> None:
+    """One step of iterative refinement of z = G_11^-1 g_j (in place, at positions ``rest``, None: all):
+    the error of z shrinks by about s / lambda_min(G_11) per step."""
+    piv = pivot if rest is None else pivot[rest]
+    groups = piv.unique().tolist()
+    for j in groups:
         if j == 0:
             continue
-        pos = rest[pivot[rest] == j]
+        if rest is None:
+            pos = slice(None) if len(groups) == 1 else (pivot == j).nonzero().flatten()
+        else:
+            pos = rest[piv == j]
         l11, z = chol[pos, :j, :j], -v[pos, :j]
         resid = gram[pos, :j, j : j + 1] - gram[pos, :j, :j] @ z
         y = torch.linalg.solve_triangular(l11, resid, upper=False)
@@ -403,18 +433,17 @@ def _power_lower(gram: torch.Tensor, steps: int = 4) -> torch.Tensor:
 
 def _ceilings(gram: torch.Tensor, chol: torch.Tensor, pivot: torch.Tensor, v: torch.Tensor, r_up: torch.Tensor,
               pos: torch.Tensor, trace: torch.Tensor, width: int, lam_lo: torch.Tensor | None = None) -> torch.Tensor:
-    """Proven ceilings on sigma_k / sigma_1 of the rows at ``pos``: sqrt(R / lam_lo) with R the smallest
-    Rayleigh bound of the pivot vector v over two more refinement steps (R >= lambda_min), lam_lo
-    <= lambda_max (:func:`_power_lower` unless given), and the error of forming G (|G - X X^T|_2 <=
-    gamma_d trace) on both sides. ``r_up``: the bound of v as it is, at ``pos``."""
+    """Proven ceilings on sigma_k / sigma_1 of the rows at ``pos``: sqrt(R / lam_lo) with R the smaller
+    Rayleigh bound of the pivot vector v before and after one more refinement step (R >= lambda_min),
+    lam_lo <= lambda_max (:func:`_power_lower`, two steps, unless given), and the error of forming G
+    (|G - X X^T|_2 <= gamma_d trace) on both sides. ``r_up``: the bound of v as it is, at ``pos``."""
     k = gram.shape[-1]
-    best = r_up.clone()
-    for _ in range(2):
-        _refine(gram, chol, pivot, v, pos)
-        best = torch.minimum(best, _rayleigh_up(gram, v, trace, width, pos))
+    gram, chol, pivot, v, trace = gram[pos], chol[pos], pivot[pos], v[pos], trace[pos]  # one copy each
+    _refine(gram, chol, pivot, v, None)
+    best = torch.minimum(r_up, _rayleigh_up(gram, v, trace, width, slice(None)))
     if lam_lo is None:
-        lam_lo = _power_lower(gram[pos])
-    err = 2.02 * width * _F64_EPS * trace[pos]
+        lam_lo = _power_lower(gram, steps=2)
+    err = 2.02 * width * _F64_EPS * trace
     top = (best + err).clamp(min=0)
     bottom = lam_lo * (1 - 4 * k * _F64_EPS) - err
     out = torch.sqrt(top / bottom.clamp(min=torch.finfo(torch.float64).tiny)) * (1 + 1e-12)
@@ -475,20 +504,41 @@ def _quick_dependent(gram: torch.Tensor, chol: torch.Tensor, info: torch.Tensor,
     return ok, ceiling
 
 
+def _tight_lambda_max(gram: torch.Tensor, steps: int = 12, gap: float = 1e-3) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lo, hi) with lo <= lambda_max(G as stored) <= hi, hi = inf where not proven.
+
+    lo: :func:`_power_lower` after ``steps`` power steps (theta). hi: mu = theta (1 + gap), proven when
+    the Cholesky factorisation of mu I - G succeeds: then L L^T = mu I - G + E with |E|_2 <=
+    gamma_{k+1} / (1 - gamma_{k+1}) trace(mu I - G) <= 1.01 (k + 1) u k mu (Higham, Thm 10.3), plus
+    u mu for rounding the diagonal, so lambda_max(G) <= mu (1 + 1.01 (k + 1) u k + 2 u)."""
+    t, k, _ = gram.shape
+    u = _F64_EPS / 2
+    lo = _power_lower(gram, steps)
+    theta = lo / (1 - 4 * k * _F64_EPS)
+    mu = theta * (1 + gap)
+    a = gram.neg()
+    a.diagonal(dim1=-2, dim2=-1).add_(mu[:, None])
+    _, info = torch.linalg.cholesky_ex(a)
+    hi = mu * (1 + 1.01 * (k + 1) * u * k + 2 * u) * (1 + 1e-12)
+    return lo, torch.where((info == 0) & (mu > 0) & torch.isfinite(mu), hi, math.inf)
+
+
 def _prove_dependent(gram: torch.Tensor, lam_hi: torch.Tensor, rtol: float, width: int, *,
-                     ceilings: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                     ceilings: bool = False,
+                     lam_lo: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(t,) bool: True where lambda_min(G) < (rtol sigma_max)^2 is proven by a failing Cholesky; and,
     with ``ceilings``, (t,) proven ceilings on sigma_k / sigma_1 of those matrices (1 elsewhere) from
     the vector the failed factorisation exposes (:func:`_ceilings`), else None.
 
     lam_lo: the largest of the diagonal and a Rayleigh quotient after a few power steps (both
-    <= lambda_max, so tol_lo <= tol). Cholesky of A = G - s I fails in floating point only when
+    <= lambda_max, so tol_lo <= tol), unless given (stage 1c gives a tighter one). Cholesky of A = G - s I fails in floating point only when
     lambda_min(A) <= k (k + 1) u max_i a_ii (Demmel); the shift s leaves that much room, plus the error
     of forming G, below tol_lo^2.
     """
     t, k, _ = gram.shape
     diag = gram.diagonal(dim1=-2, dim2=-1)  # (t, k)
-    lam_lo = _power_lower(gram)
+    if lam_lo is None:
+        lam_lo = _power_lower(gram)
     gamma = 2 * k * (k + 1) * _F64_EPS * diag.amax(-1) + 2 * _gram_error(gram, lam_hi, width)
     shift = rtol**2 * lam_lo - gamma  # (t,)
     chol, info = _shifted_cholesky(gram, shift.clamp(min=0))
@@ -667,10 +717,10 @@ class _Planner:
         settled = last.shortcut / max(1, last.stages["cholesky_dependent"])
         dependent_first = self.prove and last.dependent_share > share and settled < 0.5
         # the reach while few subsets (at most 1 in 8) need the second factorisation at the floor,
-        # otherwise on every ``probe``-th chunk only, and while at most 1 in 4 subsets are dependent
-        # (a dependent subset fails at the reach and again at the floor: not where many are dependent)
+        # otherwise on every ``probe``-th chunk only, and while at most 3 in 4 subsets are dependent
+        # (a dependent subset fails at the reach and again at the floor: not where most are dependent)
         reach = None
-        if self.reach is not None and floor is not None and self.reach > floor and last.dependent_share < 0.25:
+        if self.reach is not None and floor is not None and self.reach > floor and last.dependent_share < 0.75:
             reached = self.reached[top]
             if reached is None or reached.reach_miss <= 0.125 or (j - self.n_pilot) % self.probe == 0:
                 reach = self.reach
@@ -823,7 +873,7 @@ def subset_decisions(
             large enough. Results do not depend on it.
         reach, ceilings: see :func:`decide` (for :mod:`probes.robust`; ranks do not depend on them).
             The reach is given up while more than 1 in 8 subsets of a chunk fall short of it or more
-            than 1 in 4 are dependent.
+            than 3 in 4 are dependent.
 
     Returns:
         :class:`Decisions`; certified margins are lower bounds (the margin floor, see the module

@@ -19,11 +19,14 @@ dependent matrix has r <= rtol), then narrowed only where needed:
   dependent matrix, e.g. duplicated vectors) counts as 0, so such verdicts have critical tolerance 0.0;
   it is bracketed by the m-th largest lower and upper ends, and narrowed by shifted
   Cholesky certificates and dependence proofs at test tolerances, or exact spectra, on the matrices
-  that can still be the m-th, within fixed work caps;
+  that can still be the m-th, within fixed work caps; a bracket that lies entirely beyond 30x rtol (or
+  below rtol / 30) is narrowed only where the exact spectra left settle it at once: the verdict is far
+  from flipping, and the bracket says how far;
 - the smallest margin: branch and bound. Matrices are visited in increasing order of their margin
   bound and given exact float64 spectra (eigenvalues of the Gram matrix, float64 SVD where those are
-  not accurate enough) until no bound is below the best exact margin; more than ``max_spectra``
-  spectra leave the proven bound, flagged ``margin_bound``.
+  not accurate enough) until no bound is below the best exact margin; when that would take more than
+  ``max_spectra`` spectra (known after the first batch), the proven bound is reported, flagged
+  ``margin_bound``.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ _MIN_SPECTRA = 64
 _FACTOR_SHARE = 4  # bracket narrowing: at most 1 / this of the matrices factorised again in all ...
 _MIN_FACTOR = 1024  # ... or this many, if more
 _BATCH = 32
+_FAR = 30.0  # a bracket beyond 30x either side of rtol is narrowed only where exact spectra settle it
 _F64_EPS = torch.finfo(torch.float64).eps
 
 
@@ -299,6 +303,9 @@ class _Refiner:
             open_ = ((self.hi > a) & (self.lo < b) & self.ratio.isnan()).nonzero().flatten()
             if not open_.numel():
                 break
+            far = a >= self.rtol * _FAR or b <= self.rtol / _FAR
+            if far and self.spectra + open_.numel() > max_spectra:
+                break  # far from flipping and not settled by the spectra left: the proven bracket
             if self.spectra + open_.numel() <= max_spectra:
                 self.exact(open_)
                 continue
@@ -360,7 +367,9 @@ class _Refiner:
             candidates = (lb < best).nonzero().flatten()
             if not candidates.numel():
                 return best, False
-            if self.spectra >= max_spectra:
+            if self.spectra >= max_spectra or (math.isfinite(best) and
+                                               self.spectra + candidates.numel() > max_spectra):
+                # (once one exact margin is known, more candidates than spectra left: not worth trying)
                 return min(best, float(lb[candidates].min())), True
             order = candidates[lb[candidates].argsort(stable=True)]
             self.exact(order[: min(_BATCH, max_spectra - self.spectra)])

@@ -243,9 +243,11 @@ def test_ceilings_of_dependent_subsets_are_never_below_the_svd_ratio(noise, smal
     proven = dec.rank == -1
     assert proven.sum() > 20
     assert torch.all(dec.ceiling[proven] >= ratio[proven] * (1 - 1e-9))
-    assert torch.all(dec.ceiling[proven] <= 1.0) and torch.all(torch.isinf(dec.ceiling[~proven]))
-    if noise == 0.0:
-        assert (dec.ceiling[proven] < 0.1 * rtol).double().mean() > 0.9
+    assert torch.all(torch.isinf(dec.ceiling[~proven]))
+    known = proven & torch.isfinite(dec.ceiling)
+    assert torch.all(dec.ceiling[known] <= 1.0)
+    if noise == 0.0:  # exact dependence: the stage 1b shortcut settles most, with ceilings
+        assert (dec.ceiling[proven] < 0.1 * rtol).double().mean() > 0.75  # (the shortcut settles most)
     plain = _fast.subset_decisions(x, subsets, rtol, x @ x.T, exact_dependent=0, workers=2)
     assert plain.ceiling is None and torch.equal(plain.rank, dec.rank)
 
