@@ -279,3 +279,24 @@ def test_reach_credits_proven_margins_and_leaves_ranks_unchanged(small_chunks):
     full = reach.rank == k
     assert torch.all(reach.margin[full] <= exact[full] + 1e-9)
     assert (reach.margin[full] >= 1.0).double().mean() > 0.5  # the reach was used
+
+
+def test_tight_lambda_max_brackets_the_largest_eigenvalue_and_decides_the_band():
+    """Rows with a dominant common direction (Gershgorin and trace bounds loose by ~k) and ratios
+    within 10% of the tolerance on either side: stage 1c brackets lambda_max to 0.1% and decides them
+    as the float64 SVD does, leaving the exact stage almost nothing."""
+    g = torch.Generator().manual_seed(31)
+    blocks = []
+    for i in range(60):
+        x = with_singular_values([1.0, 0.5, 0.3, 0.1, 1e-3 * (0.9 if i % 2 else 1.1)], 5, 12, seed=100 + i)
+        blocks.append(x + 0.0 * torch.randn(5, 12, generator=g, dtype=torch.float64))
+    x, subsets = blocks_pool(blocks)
+    gram = (x @ x.T)[subsets[:, :, None], subsets[:, None, :]]
+    lam = torch.linalg.eigvalsh(gram)[:, -1]
+    lo, hi = _fast._tight_lambda_max(gram.clone())
+    assert torch.all(lo <= lam) and torch.all(lam <= hi) and torch.all(hi <= lam * 1.0011)
+    rtol = 1e-3
+    dec = _fast.decide(gram, lambda pos: x[subsets[pos]], rtol, 12, exact_dependent=0)
+    svd = reference(x, subsets, rtol).rank
+    assert torch.equal(dec.rank == 5, svd == 5)
+    assert dec.stages["eigvalsh"] + dec.stages["svd"] <= 3
