@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from click.testing import CliRunner
 
+from auditor.cli import main
 from auditor.errors import AuditError
 from auditor.lab.bits import COLUMNS, REAL_BITS, bits_command, bits_table, memorize_bits
 from auditor.lab.memorize.model import MHAConfig
@@ -79,3 +82,60 @@ def test_missing_or_empty_report_folders_are_one_line_errors(tmp_path):
         bits_table([tmp_path / "nope"])
     with pytest.raises(AuditError, match="no result CSV"):
         bits_table([tmp_path])
+
+
+REPORTS = Path(__file__).resolve().parent.parent / "reports"
+OLD_TRADEOFF = REPORTS / "assoc" / "tradeoff.csv"  # written before 0.2: steps = trained, max_steps = budget, D, T
+
+
+def test_every_committed_report_is_read_with_its_own_convergence():
+    """Regression: ``audit bits`` on the committed reports raised KeyError 'max_steps' on the trade-off CSV
+    written in the current names (steps = budget, steps_trained, converged, answers_per_relation)."""
+    table = bits_table([REPORTS / "memorize", REPORTS / "facts", REPORTS / "assoc"], root=REPORTS.parent)
+    assert table["bits_per_parameter"].notna().all() and (table["parameters"] > 0).all()
+    new = pd.read_csv(REPORTS / "assoc" / "tradeoff-13x13" / "tradeoff.csv")
+    rows = table[table["source"] == "reports/assoc/tradeoff-13x13/tradeoff.csv"]
+    assert len(rows) == len(new) and (rows["experiment"] == "recall tradeoff").all()
+    assert rows["converged"].tolist() == new["converged"].tolist()  # the run's own flag (plateaus included)
+    assert rows["stored_bits"].to_numpy() == pytest.approx(
+        ((new["fact_recall"] * new["facts"]).round() * np.log2(new["answers_per_relation"])).to_numpy())
+    old = pd.read_csv(OLD_TRADEOFF)
+    rows = table[table["source"] == "reports/assoc/tradeoff.csv"]
+    assert rows["converged"].tolist() == (old["steps"] < old["max_steps"]).tolist()  # early stop, or the budget ran out
+    assert rows["stored_bits"].to_numpy() == pytest.approx(((old["fact_recall"] * old["facts"]).round() * 3).to_numpy())
+    scaling = pd.read_csv(REPORTS / "assoc" / "budget-d8" / "facts.csv")  # current names: read, not skipped
+    rows = table[table["source"] == "reports/assoc/budget-d8/facts.csv"]
+    assert rows["stored_bits"].tolist() == pytest.approx(scaling["bits"].tolist())
+    assert rows["converged"].tolist() == scaling["converged"].tolist()
+
+
+def test_a_csv_without_the_step_budget_is_flagged_unknown_not_invented(tmp_path):
+    old = pd.read_csv(OLD_TRADEOFF)
+    folder = tmp_path / "assoc"
+    folder.mkdir()
+    old.drop(columns=["max_steps"]).to_csv(folder / "tradeoff.csv", index=False)
+    table = bits_table([folder])
+    assert table["converged"].isna().all()  # steps trained without the budget says nothing about convergence
+    full = bits_table([OLD_TRADEOFF])
+    assert table["stored_bits"].tolist() == pytest.approx(full["stored_bits"].tolist())
+    result = CliRunner().invoke(bits_command, [str(folder), "--out", str(tmp_path / "bits"), "--no-plots"])
+    assert result.exit_code == 0, result.output
+    assert "convergence unknown" in result.output and f"({len(old)} rows)" in result.output
+    written = pd.read_csv(tmp_path / "bits" / "bits.csv")
+    assert written["converged"].isna().all()
+
+
+def test_an_unreadable_or_incomplete_report_is_a_one_line_error_naming_the_file(tmp_path, capsys):
+    folder = tmp_path / "assoc"
+    folder.mkdir()
+    bad = folder / "facts.csv"
+    pd.DataFrame({"d": [8], "heads": [2], "seed": [0], "facts": [16], "bits": [48.0],
+                  "params": [64]}).to_csv(bad, index=False)  # no D: bits per fact unknown
+    with pytest.raises(AuditError, match=r"facts\.csv: a recall result CSV without the column D"):
+        bits_table([folder])
+    bad.write_text("")
+    with pytest.raises(AuditError, match=r"facts\.csv: not a readable result CSV"):
+        bits_table([folder])
+    assert main(["bits", str(folder), "--out", str(tmp_path / "bits")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: ") and str(bad) in err

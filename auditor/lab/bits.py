@@ -54,13 +54,23 @@ def _layer_parameters(row: pd.Series, d_v: int | None = None, outputs: int | Non
                      outputs=int(outputs if outputs is not None else row["classes"])).num_parameters
 
 
+def _unknown(frame: pd.DataFrame) -> pd.Series:
+    """``converged`` of rows whose CSV cannot tell: empty (None), never a guess."""
+    return pd.Series([None] * len(frame), index=frame.index, dtype=object)
+
+
+def _flags(column: pd.Series) -> pd.Series:
+    """A recorded ``converged`` column as True/False, an empty cell as None (unknown, not True)."""
+    return column.map(lambda v: None if pd.isna(v) else str(v).strip().lower() in ("true", "1", "1.0")).astype(object)
+
+
 def _attention_converged(frame: pd.DataFrame) -> pd.Series:
     """The ``converged`` column, or for older CSVs: all memorized or stopped early (steps_trained < steps)."""
     if "converged" in frame:
-        return frame["converged"].astype(bool)
+        return _flags(frame["converged"])
     if {"steps_trained", "steps"} <= set(frame):
         return (frame["memorized"] >= frame["N"]) | (frame["steps_trained"] < frame["steps"])
-    return pd.Series([None] * len(frame), index=frame.index, dtype=object)
+    return _unknown(frame)
 
 
 def _paper_a_bounds(frame: pd.DataFrame, label_bits: pd.Series) -> tuple[pd.Series, pd.Series]:
@@ -125,16 +135,44 @@ def facts_bits(frame: pd.DataFrame, experiment: str = "facts") -> pd.DataFrame:
                          "converged": frame["early_stopped"].astype(bool) if "early_stopped" in frame else None})
 
 
+def _recall_current(frame: pd.DataFrame) -> pd.DataFrame:
+    """A recall CSV in the current column names (``recall_sweep.RENAMED``). Releases before 0.2 wrote
+    ``steps`` = steps trained, ``max_steps`` = the budget, ``T``, ``D``, ``params``; since then ``steps`` is
+    the budget, ``steps_trained`` what was trained, ``prompt_length``, ``answers_per_relation``, ``parameters``.
+    The two meanings of ``steps`` are told apart by the other columns, never guessed: an old CSV is renamed
+    all at once (as the sweep renames old unit files), a current one only where a name is missing."""
+    from auditor.lab.assoc.recall_sweep import RENAMED
+
+    current = {"steps_trained", "prompt_length", "answers_per_relation"}
+    old = {"max_steps", "T", "D"}
+    if set(frame) & old and not set(frame) & current:
+        return frame.rename(columns={o: n for o, n in RENAMED.items() if o in frame})
+    return frame.rename(columns={o: n for o, n in RENAMED.items()
+                                 if o in frame and n not in frame and o != "steps" and n != "steps"})
+
+
 def recall_bits(frame: pd.DataFrame) -> pd.DataFrame:
-    """Rows of ``audit recall scaling`` (facts stored) or ``recall tradeoff`` (fact_recall of all facts)."""
-    frame = _current(frame)
+    """Rows of ``audit recall scaling`` (facts stored) or ``recall tradeoff`` (fact_recall of all facts).
+
+    ``converged``: the CSV's own column where it has one (current releases: the threshold was reached or the
+    accuracy plateaued); for an older trade-off CSV, an early stop (steps_trained < the budget ``steps``:
+    every fact recalled) or False (it ran its whole budget); empty (unknown) where the CSV records neither,
+    e.g. an old trade-off CSV without ``max_steps``, or an old scaling CSV."""
+    frame = _current(_recall_current(frame))
+    if "answers_per_relation" not in frame:
+        raise KeyError("D (answers_per_relation: log2 D bits per fact)")
     tradeoff = "fact_recall" in frame
     facts = (frame["fact_recall"] * frame["facts"]).round() if tradeoff else frame["facts"]
-    keys = ("subjects", "relations", "d", "heads", "head_dim", "width", "seed")
+    keys = ("subjects", "relations", "d", "heads", "head_dim", "width", "seed", "budget")
     config = frame.apply(lambda r: ", ".join(f"{k}={r[k]}" for k in keys if k in r), axis=1)
-    converged = frame["steps"] < frame["max_steps"] if tradeoff else None  # early stop = every fact recalled
+    if "converged" in frame:
+        converged = _flags(frame["converged"])
+    elif tradeoff and {"steps_trained", "steps"} <= set(frame):  # early stop = every fact recalled
+        converged = (frame["steps_trained"] < frame["steps"]).astype(object)
+    else:
+        converged = _unknown(frame)
     return pd.DataFrame({"room": "recall", "experiment": "recall tradeoff" if tradeoff else "recall scaling",
-                         "config": config, "stored_bits": facts * np.log2(frame["D"].astype(float)),
+                         "config": config, "stored_bits": facts * np.log2(frame["answers_per_relation"].astype(float)),
                          "parameters": frame["parameters"],
                          "formula": "fact_recall x facts x log2(D)" if tradeoff else "facts x log2(D)",
                          "converged": converged})
@@ -159,11 +197,16 @@ def _reader(columns: set[str]) -> tuple[Callable[[pd.DataFrame], pd.DataFrame], 
         return memorize_bits, "memorize"
     if "facts_stored" in columns:
         return facts_bits, "facts"
-    if "fact_recall" in columns or ({"facts", "D"} <= columns and "bits" in columns):
+    if "fact_recall" in columns or {"facts", "bits"} <= columns:  # D or answers_per_relation: checked on reading
         return recall_bits, "recall"
     if {"capacity", "kind"} <= columns:
         return assoc_bits, "assoc"
     return None
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
 
 
 def bits_table(paths: Sequence[str | Path], root: str | Path | None = None) -> pd.DataFrame:
@@ -177,12 +220,22 @@ def bits_table(paths: Sequence[str | Path], root: str | Path | None = None) -> p
         files += [path] if path.is_file() else sorted(path.rglob("*.csv"))
     frames = []
     for file in files:
-        head = pd.read_csv(file, nrows=0)
+        try:
+            head = pd.read_csv(file, nrows=0)
+        except (ValueError, UnicodeDecodeError) as err:  # empty, binary or malformed: name the file, one line
+            raise AuditError(f"{file}: not a readable result CSV ({_first_line(err)})") from None
         found = _reader(set(_current(head).columns) | set(head.columns))
         if found is None:
             continue
         reader, room = found
-        rows = reader(pd.read_csv(file))
+        try:
+            rows = reader(pd.read_csv(file))
+        except KeyError as err:
+            missing = err.args[0] if err.args else "?"
+            raise AuditError(f"{file}: a {room} result CSV without the column {missing}; "
+                             f"columns: {', '.join(map(str, head.columns))}") from None
+        except (ValueError, TypeError, UnicodeDecodeError) as err:
+            raise AuditError(f"{file}: cannot count the bits of this {room} result CSV ({_first_line(err)})") from None
         if room == "facts":  # the facts experiments keep one folder each (reports/facts/width, ...)
             parts = file.parent.parts
             rows["experiment"] = " ".join(["facts", *parts[parts.index("facts") + 1:]] if "facts" in parts
@@ -251,7 +304,12 @@ def bits_command(report_dirs: tuple[str, ...], out: str, plots: bool) -> None:
         plot_bits(table, folder / "bits.png")
     summary = table.groupby(["room", "experiment"]).agg(rows=("bits_per_parameter", "size"),
                                                           converged=("converged", lambda c: int((c == True).sum())),  # noqa: E712
+                                                          unknown=("converged", lambda c: int(c.isna().sum())),
                                                           median=("bits_per_parameter", "median"),
                                                           max=("bits_per_parameter", "max")).reset_index()
     click.echo(summary.to_markdown(index=False, floatfmt=".3g"))
+    unknown = table.loc[table["converged"].isna(), "source"].value_counts(sort=False)
+    if len(unknown):
+        click.echo("\nconvergence unknown (empty `converged`: the CSV records neither a convergence flag nor a step "
+                   "budget to compare with): " + "; ".join(f"{source} ({n} rows)" for source, n in unknown.items()))
     click.echo(f"\nbits per parameter: {folder / 'bits.csv'}" + (f"; plot: {folder / 'bits.png'}" if plots else ""))
