@@ -19,8 +19,8 @@ dependent matrix has r <= rtol), then narrowed only where needed:
   dependent matrix, e.g. duplicated vectors) counts as 0, so such verdicts have critical tolerance 0.0;
   it is bracketed by the m-th largest lower and upper ends, and narrowed by shifted
   Cholesky certificates and dependence proofs at test tolerances, or exact spectra, on the matrices
-  that can still be the m-th, within fixed work caps; a bracket that lies entirely beyond 30x rtol (or
-  below rtol / 30) is narrowed only where the exact spectra left settle it at once: the verdict is far
+  that can still be the m-th, within fixed work caps; a bracket that lies entirely beyond 10x rtol (or
+  below rtol / 10, the default grid's ends) is narrowed only where the exact spectra left settle it at once: the verdict is far
   from flipping, and the bracket says how far;
 - the smallest margin: branch and bound. Matrices are visited in increasing order of their margin
   bound and given exact float64 spectra (eigenvalues of the Gram matrix, float64 SVD where those are
@@ -51,7 +51,8 @@ _MIN_SPECTRA = 64
 _FACTOR_SHARE = 4  # bracket narrowing: at most 1 / this of the matrices factorised again in all ...
 _MIN_FACTOR = 1024  # ... or this many, if more
 _BATCH = 32
-_FAR = 30.0  # a bracket beyond 30x either side of rtol is narrowed only where exact spectra settle it
+_FAR = 10.0  # a bracket beyond 10x either side of rtol (the default grid's ends) is narrowed only where
+# exact spectra settle it
 _F64_EPS = torch.finfo(torch.float64).eps
 
 
