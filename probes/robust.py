@@ -7,10 +7,13 @@ with m the number of full-rank matrices the threshold needs, it is the m-th larg
 holds at every t below it and fails at every t at or above it.
 
 Nothing here needs a spectrum per matrix. Each matrix carries a proven interval lo_S < r_S <= hi_S,
-first from the decisions the verdict itself made (a certified margin m proves r > rtol 10^m; a
-dependent matrix has r <= rtol), then narrowed only where needed:
+first from the decisions the verdict itself made (a certified margin m proves r > rtol 10^m, and the
+test certifies at the grid's top multiplier where that is free, see ``reach`` in
+:func:`probes._fast.decide`; a dependent matrix has r <= rtol, or below the proven ceiling that the
+stage 1b shortcut gives it), then narrowed only where needed:
 
-- the tolerance grid: at each multiplier (the extremes first) the matrices whose interval still
+- the tolerance grid: at each multiplier (on each side of 1 the extreme first, then the inner points
+  by bisection; chunks in parallel on the CPU) the matrices whose interval still
   contains the grid tolerance are decided again by the fast path (:func:`probes._fast.decide`, whose
   verdicts equal a float64 SVD at that tolerance); every other matrix is settled by monotonicity. A
   bound that lies within 1e-9 (relative) of a grid tolerance is not trusted: such a matrix is decided
