@@ -139,3 +139,66 @@ def test_an_unreadable_or_incomplete_report_is_a_one_line_error_naming_the_file(
     assert main(["bits", str(folder), "--out", str(tmp_path / "bits")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("error: ") and str(bad) in err
+
+
+def _three_states(tmp_path):
+    """A recall scaling CSV with two converged rows, one step-limited row and one without a recorded flag."""
+    folder = tmp_path / "assoc"
+    folder.mkdir()
+    pd.DataFrame({"d": [8] * 4, "heads": [2] * 4, "seed": [0, 1, 2, 3], "facts": [16, 32, 80, 72],
+                  "bits": [48.0, 96.0, 240.0, 216.0], "D": [8] * 4, "params": [64, 65, 66, 67],
+                  "converged": [True, True, False, None]}).to_csv(folder / "facts.csv", index=False)
+    return folder
+
+
+def test_the_plot_and_summary_tell_converged_step_limited_and_unrecorded_rows_apart(tmp_path, monkeypatch):
+    """Regression: bits.png drew rows whose convergence is not recorded exactly like converged rows, and the
+    printed median and max counted step-limited and unrecorded rows as if they were headline numbers."""
+    import auditor.lab.figures as figures
+    from auditor.lab import bits
+
+    folder = _three_states(tmp_path)
+    table = bits_table([folder])
+    assert [table["converged"].iloc[i] for i in range(3)] == [True, True, False] and pd.isna(table["converged"].iloc[3])
+    drawn = []
+
+    def keep(fig, path, *, title=None, ax=None):  # save() without writing: keep the figure to inspect
+        if ax is not None:
+            ax.legend()
+        drawn.append(fig)
+        return Path(path)
+
+    monkeypatch.setattr(figures, "save", keep)
+    bits.plot_bits(table, tmp_path / "bits.png")
+    ax = drawn[0].axes[0]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert any(label.startswith("convergence not recorded") for label in labels), labels
+    assert any("step-limited" in label and "excluded" in label for label in labels), labels
+
+    def holding(row):  # the data collection that draws this row's point (bounds excluded)
+        point = (table["parameters"].iloc[row], table["bits_per_parameter"].iloc[row])
+        found = [c for c in ax.collections if c.get_gid() != "bound" and len(c.get_offsets())
+                 and np.isclose(np.asarray(c.get_offsets(), float), point).all(axis=1).any()]
+        assert len(found) == 1, found
+        return found[0]
+
+    def filled(collection):
+        face = collection.get_facecolor()
+        return len(face) > 0 and (face[:, 3] > 0).all()
+
+    converged, step_limited, unknown = holding(0), holding(2), holding(3)
+    assert holding(1) is converged and filled(converged)
+    assert unknown is not converged and not filled(unknown)
+    assert step_limited is not converged and not filled(step_limited)
+    shape = [c.get_paths()[0].vertices.round(6).tolist() for c in (converged, step_limited, unknown)]
+    assert shape[0] != shape[2] and shape[1] != shape[2]  # the unrecorded rows' marker is its own
+
+    summary = bits.bits_summary(table).iloc[0]
+    bpp = table["bits_per_parameter"]
+    assert (summary["rows"], summary["converged"], summary["step-limited"], summary["not recorded"]) == (4, 2, 1, 1)
+    assert summary["median (converged)"] == pytest.approx(bpp.iloc[:2].median())
+    assert summary["max (converged)"] == pytest.approx(bpp.iloc[:2].max())
+    assert summary["max (all rows)"] == pytest.approx(bpp.max())
+    result = CliRunner().invoke(bits_command, [str(folder), "--out", str(tmp_path / "bits"), "--no-plots"])
+    assert result.exit_code == 0, result.output
+    assert "median (converged)" in result.output and "over the converged rows only" in result.output

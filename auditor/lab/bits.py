@@ -20,13 +20,16 @@ stop at full accuracy, or no training at all), False when it stopped at its step
 cannot tell. ``audit bits [REPORT_DIRS...]`` finds the result CSVs under the folders, writes ``bits.csv``
 and ``bits.png`` (bits per parameter against parameters, with 2 bits/param (Allen-Zhu and Li, 2024),
 3.6 bits/param (Morris et al., 2025) and, for the attention layers of paper A, the bounds H(n-1)+1 and
-H d_h + d in the same unit).
+H d_h + d in the same unit). The plot draws the three convergence classes apart (filled: converged; faint
+hollow triangle: step-limited; hollow diamond: convergence not recorded) and the printed summary's headline
+median, min and max use the converged rows only; its "(all rows)" columns say so when they count the others.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import click
 import numpy as np
@@ -253,36 +256,96 @@ def bits_table(paths: Sequence[str | Path], root: str | Path | None = None) -> p
     return out[list(COLUMNS)]
 
 
-def plot_bits(table: pd.DataFrame, path: str | Path) -> Path:
-    """Bits per parameter against parameters, every room side by side, with the reference lines and the
-    paper-A bounds at the same configurations (hollow: H(n-1)+1, plus: H d_h + d)."""
-    from auditor.lab.figures import plt, save
+CONVERGED, STEP_LIMITED, NOT_RECORDED = "converged", "step-limited", "convergence not recorded"
+# how each class is drawn in bits.png: filled, hollow and faint, hollow in another shape
+_STYLE = {CONVERGED: {"marker": "o", "alpha": 1.0, "filled": True},
+          STEP_LIMITED: {"marker": "v", "alpha": 0.35, "filled": False},
+          NOT_RECORDED: {"marker": "D", "alpha": 0.9, "filled": False}}
+_KEY = {CONVERGED: "converged (filled): the headline medians and ranges use only these",
+        STEP_LIMITED: "step-limited, not converged (faint hollow triangle): excluded from medians and ranges",
+        NOT_RECORDED: "convergence not recorded (hollow diamond): excluded from medians and ranges"}
 
-    fig, ax = plt.subplots(figsize=(7.6, 5.0))
+
+def convergence_class(value: object) -> str:
+    """CONVERGED for True, STEP_LIMITED for False, NOT_RECORDED for an empty cell (None, NaN, '')."""
+    empty = value is None or (pd.api.types.is_scalar(value) and pd.isna(value))
+    if empty or str(value).strip().lower() in ("", "nan", "none"):
+        return NOT_RECORDED
+    if isinstance(value, (bool, np.bool_)):
+        return CONVERGED if value else STEP_LIMITED
+    return CONVERGED if str(value).strip().lower() in ("true", "1", "1.0") else STEP_LIMITED
+
+
+def bits_summary(table: pd.DataFrame) -> pd.DataFrame:
+    """Per room and experiment: row counts per convergence class; median, min and max bits per parameter over
+    the converged rows only (the headline numbers, empty where no row converged); median and max over all
+    rows (step-limited rows and rows whose convergence is not recorded included), named as such."""
+    classes = table["converged"].map(convergence_class)
+    out = []
+    for (room, experiment), part in table.groupby(["room", "experiment"], sort=True):
+        kind = classes.loc[part.index]
+        bpp = pd.to_numeric(part["bits_per_parameter"], errors="coerce")
+        done = bpp[kind == CONVERGED]
+        out.append({"room": room, "experiment": experiment, "rows": len(part),
+                    "converged": int((kind == CONVERGED).sum()), "step-limited": int((kind == STEP_LIMITED).sum()),
+                    "not recorded": int((kind == NOT_RECORDED).sum()),
+                    "median (converged)": done.median(), "min (converged)": done.min(),
+                    "max (converged)": done.max(), "median (all rows)": bpp.median(), "max (all rows)": bpp.max()})
+    return pd.DataFrame(out)
+
+
+def draw_bits(table: pd.DataFrame, ax: Any) -> Any:
+    """Bits per parameter against parameters on ``ax``, one color per room and experiment, one marker per
+    convergence class (filled: converged; faint hollow triangle: step-limited; hollow diamond: convergence not
+    recorded), with the reference lines and the paper-A bounds at the same configurations (small hollow circle:
+    H(n-1)+1, plus: H d_h + d). Every artist that stands for a class is labelled in the legend."""
+    from auditor.lab.figures import plt
+
     groups = list(table.groupby(["room", "experiment"], sort=True))
     colors = plt.cm.tab10(np.linspace(0, 1, 10))
+    classes = table["converged"].map(convergence_class)
     for color, ((room, experiment), part) in zip(colors, groups):
-        done = part["converged"].map(lambda v: v is not False and v is not np.False_)
-        ax.scatter(part.loc[done, "parameters"], part.loc[done, "bits_per_parameter"], s=14, color=color,
-                   label=f"{room}: {experiment} ({len(part)} rows)")
-        if (~done).any():
-            ax.scatter(part.loc[~done, "parameters"], part.loc[~done, "bits_per_parameter"], s=14, color=color,
-                       alpha=0.25, marker="v")
+        kind = classes.loc[part.index]
+        counts = [f"{int((kind == c).sum())} {name}" for c, name in ((CONVERGED, "converged"),
+                                                                      (STEP_LIMITED, "step-limited"),
+                                                                      (NOT_RECORDED, "not recorded"))
+                  if (kind == c).any()]
+        ax.plot([], [], color=color, lw=5, label=f"{room}: {experiment} ({len(part)} rows: {', '.join(counts)})")
+        for name, style in _STYLE.items():
+            rows = part[kind == name]
+            if len(rows):
+                ax.scatter(rows["parameters"], rows["bits_per_parameter"], s=16, marker=style["marker"],
+                           color=color, facecolors=color if style["filled"] else "none", alpha=style["alpha"],
+                           lw=0.8, gid=name)
         for column, marker in (("bound_bits_paper_a", "o"), ("bound_bits_dana", "+")):
             bound = pd.to_numeric(part[column], errors="coerce")
             if bound.notna().any():
-                ax.scatter(part["parameters"], bound / part["parameters"], s=22, marker=marker, color=color,
-                           facecolors="none" if marker == "o" else color, lw=0.6, alpha=0.6)
-    ax.scatter([], [], marker="o", facecolors="none", color="k", label="paper A: H(n-1)+1 examples, same unit")
-    ax.scatter([], [], marker="+", color="k", label="Dana et al.: H d_h + d examples, same unit")
-    ax.scatter([], [], marker="v", color="k", alpha=0.25, label="stopped at the step limit")
+                ax.scatter(part["parameters"], bound / part["parameters"], s=9, marker=marker, color=color,
+                           facecolors="none" if marker == "o" else color, lw=0.5, alpha=0.5, gid="bound")
+    for name, style in _STYLE.items():
+        ax.scatter([], [], s=16, marker=style["marker"], color="k", facecolors="k" if style["filled"] else "none",
+                   alpha=max(style["alpha"], 0.5), lw=0.8, label=_KEY[name])
+    ax.scatter([], [], s=9, marker="o", facecolors="none", color="k", lw=0.5,
+               label="paper A: H(n-1)+1 examples, same unit (small hollow circle)")
+    ax.scatter([], [], s=9, marker="+", color="k", lw=0.5, label="Dana et al.: H d_h + d examples, same unit")
     for label, value in REFERENCES.items():
         ax.axhline(value, color="gray", ls="--" if value == 2.0 else ":", lw=1, label=label)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("trainable parameters")
     ax.set_ylabel("bits_per_parameter (stored bits / parameters)")
-    return save(fig, path, ax=ax, title="stored bits per parameter, every room")
+    return ax
+
+
+def plot_bits(table: pd.DataFrame, path: str | Path) -> Path:
+    """``draw_bits`` saved as a PNG, the legend beside the axes."""
+    from auditor.lab.figures import plt, save
+
+    fig, ax = plt.subplots(figsize=(11.5, 5.6))
+    draw_bits(table, ax)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    return save(fig, path, title="stored bits per parameter, every room")
 
 
 @click.command("bits", context_settings={"help_option_names": ["-h", "--help"]})
@@ -302,14 +365,13 @@ def bits_command(report_dirs: tuple[str, ...], out: str, plots: bool) -> None:
     write_table(table, folder / "bits.csv", device="cpu", seed="")
     if plots:
         plot_bits(table, folder / "bits.png")
-    summary = table.groupby(["room", "experiment"]).agg(rows=("bits_per_parameter", "size"),
-                                                          converged=("converged", lambda c: int((c == True).sum())),  # noqa: E712
-                                                          unknown=("converged", lambda c: int(c.isna().sum())),
-                                                          median=("bits_per_parameter", "median"),
-                                                          max=("bits_per_parameter", "max")).reset_index()
-    click.echo(summary.to_markdown(index=False, floatfmt=".3g"))
+    summary = bits_summary(table)
+    summary = summary.astype(object).where(summary.notna(), None)  # no converged row: an empty cell, not nan
+    click.echo(summary.to_markdown(index=False, floatfmt=".3g", missingval=""))
+    click.echo("\nmedian, min and max (converged): over the converged rows only (empty where none converged); "
+               "(all rows): step-limited rows and rows whose convergence is not recorded included.")
     unknown = table.loc[table["converged"].isna(), "source"].value_counts(sort=False)
     if len(unknown):
-        click.echo("\nconvergence unknown (empty `converged`: the CSV records neither a convergence flag nor a step "
-                   "budget to compare with): " + "; ".join(f"{source} ({n} rows)" for source, n in unknown.items()))
+        click.echo("\nconvergence not recorded (convergence unknown, empty `converged`: the CSV records neither a "
+                   "convergence flag nor a step budget to compare with): " + "; ".join(f"{source} ({n} rows)" for source, n in unknown.items()))
     click.echo(f"\nbits per parameter: {folder / 'bits.csv'}" + (f"; plot: {folder / 'bits.png'}" if plots else ""))
