@@ -125,7 +125,8 @@ class Decisions:
     stages: dict[str, int]
     shortcut: int = 0  # of the ``cholesky_dependent`` ones, how many the stage 1b shortcut settled
     bound: torch.Tensor | None = None
-    ceiling: torch.Tensor | None = None  # (S,) proven ceiling >= sigma_k / sigma_1 (inf: none known)
+    ceiling: torch.Tensor | None = None  # (S,) proven ceiling >= sigma_k / sigma_1 (inf: none known);
+    # from the stage 1b shortcut and from the exact spectra (stages 2 and 3), only where asked for
 
 
 def _new_stages() -> dict[str, int]:
@@ -202,8 +203,9 @@ def decide(
             matrix stays full rank at a larger tolerance (:mod:`probes.robust`).
         ceilings: also give the matrices that the stage 1b shortcut proves dependent a proven ceiling
             on sigma_k / sigma_1 (``Decisions.ceiling``, inf elsewhere): a refinement step and two power
-            steps on the vector the shortcut already has. (Stage 1b proper gives none: where it is
-            needed, the dependence is rarely far below the tolerance.)
+            steps on the vector the shortcut already has; matrices decided from exact spectra (stages 2
+            and 3) get one from those spectra. (Stage 1b proper gives none: where it is needed, the
+            dependence is rarely far below the tolerance.)
     """
     c, k, _ = gram.shape
     device = gram.device
@@ -294,14 +296,12 @@ def decide(
     if todo.numel() and k > 1:
         todo = stage_tight(todo)
     if todo.numel():
-        _stage_exact(part(gram, todo), todo, rows, part(lam_hi, todo), rtol, width, rank, margin, stages)
+        _stage_exact(part(gram, todo), todo, rows, part(lam_hi, todo), rtol, width, rank, margin, stages, ceiling)
     if prove and exact_dependent and proven:
         # exact ranks for the histogram, for the first ``exact_dependent`` proven matrices in order:
         # eigenvalues (SVD inside the error band)
         exact = torch.cat(proven).sort().values[:exact_dependent]
-        _stage_exact(gram[exact], exact, rows, lam_hi[exact], rtol, width, rank, margin, stages)
-        if ceiling is not None:
-            ceiling[exact] = math.inf
+        _stage_exact(gram[exact], exact, rows, lam_hi[exact], rtol, width, rank, margin, stages, ceiling)
     return Decisions(rank, margin, stages, shortcut, bound, ceiling)
 
 
@@ -351,8 +351,13 @@ def _stage_certify(gram, todo, lam_hi, rtol, width, rank, margin, stages) -> tor
     return certified, chol, info
 
 
-def _stage_exact(gram, todo, rows, lam_hi, rtol, width, rank, margin, stages) -> None:
-    """Stage 2 (eigenvalues of G) and stage 3 (float64 SVD of X_S where stage 2 is ambiguous)."""
+def _stage_exact(gram, todo, rows, lam_hi, rtol, width, rank, margin, stages, ceiling=None) -> None:
+    """Stage 2 (eigenvalues of G) and stage 3 (float64 SVD of X_S where stage 2 is ambiguous).
+
+    ``ceiling``: if given, receives at ``todo`` a proven upper bound on sigma_k / sigma_1 from the same
+    spectra: sqrt((lambda_k + 2 delta) / (lambda_1 - 2 delta)) with delta the error bound of the Gram
+    route (stage 2), (s_k + e) / (s_1 - e) with e = (k + d) eps s_1 for the SVD (stage 3)."""
+    k = gram.shape[-1]
     lam = torch.linalg.eigvalsh(gram).flip(-1).clamp(min=0)  # (t, k) descending
     lam_max = lam[:, 0]
     tol2 = rtol**2 * lam_max
@@ -364,11 +369,20 @@ def _stage_exact(gram, todo, rows, lam_hi, rtol, width, rank, margin, stages) ->
     rank[todo[ok]] = r2[ok]
     margin[todo[ok]] = m2[ok]
     stages["eigvalsh"] += int(ok.sum())
+    if ceiling is not None:
+        bottom = lam_max - 2 * err
+        up = torch.sqrt((lam[:, -1] + 2 * err) / bottom.clamp(min=torch.finfo(gram.dtype).tiny)) * (1 + 1e-12)
+        ceiling[todo] = torch.where((bottom > 0) & torch.isfinite(up), up.clamp(max=1.0), 1.0)
     hard = todo[ambiguous]
     if hard.numel():
         sv3 = torch.linalg.svdvals(rows(hard))  # (h, k)
         rank[hard], margin[hard] = margins_from_singular_values(sv3, rtol * sv3[:, 0])
         stages["svd"] += int(hard.numel())
+        if ceiling is not None:
+            e = (k + width) * _F64_EPS * sv3[:, 0]
+            bottom = sv3[:, 0] - e
+            up = (sv3[:, k - 1] + e) / bottom.clamp(min=torch.finfo(gram.dtype).tiny) * (1 + 1e-12)
+            ceiling[hard] = torch.where((bottom > 0) & torch.isfinite(up), up.clamp(max=1.0), 1.0)
 
 
 def _pivot_vectors(gram: torch.Tensor, chol: torch.Tensor, pivot: torch.Tensor,
@@ -934,9 +948,10 @@ def subset_decisions(
             sub = subsets[chosen[pieces[j][0] : pieces[j][1]]]
             gram = pool.gram64(sub)
             out = Decisions(torch.empty(sub.shape[0], dtype=torch.int64, device=device),
-                            torch.empty(sub.shape[0], dtype=torch.float64, device=device), _new_stages())
+                            torch.empty(sub.shape[0], dtype=torch.float64, device=device), _new_stages(),
+                            ceiling=torch.empty(sub.shape[0], dtype=torch.float64, device=device))
             _stage_exact(gram, torch.arange(sub.shape[0], device=device), lambda p: vectors64[sub[p]],
-                         _lam_hi(gram, lam_cap), rtol, d, out.rank, out.margin, out.stages)
+                         _lam_hi(gram, lam_cap), rtol, d, out.rank, out.margin, out.stages, out.ceiling)
             return out
 
         parts: list = []
@@ -949,7 +964,7 @@ def subset_decisions(
             rank[chosen[a:b]], margin[chosen[a:b]] = part.rank, part.margin
             bound[chosen[a:b]] = False
             if ceiling is not None:
-                ceiling[chosen[a:b]] = math.inf
+                ceiling[chosen[a:b]] = part.ceiling
             for key, value in part.stages.items():
                 stages[key] += value
     return Decisions(rank, margin, stages, shortcut, bound, ceiling)

@@ -10,12 +10,14 @@ Nothing here needs a spectrum per matrix. Each matrix carries a proven interval 
 first from the decisions the verdict itself made (a certified margin m proves r > rtol 10^m, and the
 test certifies at the grid's top multiplier where that is free, see ``reach`` in
 :func:`probes._fast.decide`; a dependent matrix has r <= rtol, or below the proven ceiling that the
-stage 1b shortcut gives it), then narrowed only where needed:
+stage 1b shortcut or its exact spectrum gives it), then narrowed only where needed:
 
 - the tolerance grid: at each multiplier (on each side of 1 the extreme first, then the inner points
   by bisection; chunks in parallel on the CPU) the matrices whose interval still
   contains the grid tolerance are decided again by the fast path (:func:`probes._fast.decide`, whose
-  verdicts equal a float64 SVD at that tolerance); every other matrix is settled by monotonicity. A
+  verdicts equal a float64 SVD at that tolerance; above rtol, for k <= 256, the eigenvalues of the
+  matrices left instead, whose proven brackets settle every point above rtol at once); every other
+  matrix is settled by monotonicity. A
   bound that lies within 1e-9 (relative) of a grid tolerance is not trusted: such a matrix is decided
   again, so float rounding of margins never decides a grid point;
 - the critical tolerance: a ratio below k x eps(float64) (the float64 rounding of an exactly
@@ -56,6 +58,10 @@ _MIN_FACTOR = 1024  # ... or this many, if more
 _BATCH = 32
 _FAR = 10.0  # a bracket beyond 10x either side of rtol (the default grid's ends) is narrowed only where
 # exact spectra settle it
+_EXACT_ABOVE_K = 256  # up to this k, full-rank matrices undecided above rtol get eigenvalues at once:
+# one eigvalsh costs about 3 Cholesky factorisations at k = 197 (5-6 at k = 512-1024, 2-core CPU), and
+# a matrix that the test could not certify at the grid's top usually takes 3 or more there (certificate,
+# dependence proof, lambda_max bracket, certificate again), with more at the next points
 _F64_EPS = torch.finfo(torch.float64).eps
 
 
@@ -163,9 +169,10 @@ class _Refiner:
         self.lo[full] = rtol
         self.lo[certified] = torch.maximum(self.lo[certified], rtol * 10.0 ** margin[certified] * (1 - _PAD))
         self.hi[~full] = rtol
-        if dec.ceiling is not None:  # proven ceilings of the subsets proven dependent without a rank
+        if dec.ceiling is not None:  # proven ceilings (shortcut proofs, exact spectra)
             ceiling = dec.ceiling.cpu().to(torch.float64) * (1 + _PAD)
-            self.hi = torch.where(~full & (ceiling < self.hi), ceiling, self.hi)
+            usable = (ceiling < self.hi) & (~full | (ceiling > self.lo))
+            self.hi = torch.where(usable, ceiling, self.hi)
         self.fraction = float(full.double().mean())
         self.ratio = torch.full((src.count,), math.nan, dtype=torch.float64)  # exact where computed
         self.spectra = 0
@@ -196,6 +203,16 @@ class _Refiner:
         parts = list(self._chunks(pos))
         if not parts:
             return
+        if t > self.rtol and self.src.k <= _EXACT_ABOVE_K:
+            # every matrix left is full rank at rtol (hi <= rtol for the others): eigenvalue brackets
+            # (no SVD) settle this point and the other points above rtol, except for the rare matrix
+            # whose bracket contains t
+            self.exact(pos, count=False, svd=False)
+            self.factorised += pos.numel()
+            pos = pos[(self.lo[pos] < t * (1 + _PAD)) & (self.hi[pos] > t * (1 - _PAD))]
+            parts = list(self._chunks(pos))
+            if not parts:
+                return
         first = self._decide_part(parts[0], t, dependent_first=False)
         dec = first[0]
         dependent = dec.stages["cholesky_dependent"]
@@ -254,30 +271,51 @@ class _Refiner:
                 self.hi[hit] = torch.minimum(self.hi[hit], ceil[dep])
             self.factorised += c
 
-    def exact(self, pos: torch.Tensor) -> None:
+    def exact(self, pos: torch.Tensor, *, count: bool = True, svd: bool = True) -> None:
         """Exact ratios: eigenvalues of the Gram matrix with a proven error band, float64 SVD of the
-        rows where the band is wider than 1e-6 (relative)."""
-        k, tiny = self.src.k, torch.finfo(torch.float64).tiny
-        for part in self._chunks(pos):
-            dev = part.to(_device(self.src))
-            gram = self.src.gram(dev)
-            lam_hi = _fast._lam_hi(gram, self.src.lam_cap)
-            err = 2 * _fast._gram_error(gram, lam_hi, self.src.width)
-            lam = torch.linalg.eigvalsh(gram)  # (c, k) ascending
-            lmin, lmax = lam[:, 0].clamp(min=0), lam[:, -1]
-            r = (lmin / lmax.clamp(min=tiny)).sqrt()
-            r_lo = ((lmin - err).clamp(min=0) / (lmax + err)).sqrt()
-            r_hi = ((lmin + err) / (lmax - err).clamp(min=tiny)).sqrt()
-            loose = ~(r_hi <= r_lo * (1 + 1e-6)) | (lmax <= 0)
-            if bool(loose.any()):
-                sv = torch.linalg.svdvals(self.src.rows(dev[loose]))  # (h, k)
-                sr = torch.where(sv[:, 0] > 0, sv[:, k - 1] / sv[:, 0].clamp(min=tiny), 0.0)
-                r[loose], r_lo[loose], r_hi[loose] = sr, sr, sr
-            r, r_lo, r_hi = r.cpu(), r_lo.cpu(), r_hi.cpu()
-            self.ratio[part] = r
+        rows where the band is wider than 1e-6 (relative). Chunks run on the fast path's worker threads
+        on the CPU. ``count``: charge them to the spectra budget of the bracket and the margin;
+        ``svd`` False: no SVD, the eigenvalues' proven bracket only (the ratio stays unknown where the
+        bracket is wider)."""
+        parts = list(self._chunks(pos))
+        results: list = []
+        workers = 1
+        if _device(self.src).type == "cpu" and len(parts) > 1:
+            workers = min(_fast._MAX_WORKERS, torch.get_num_threads(), len(parts))
+        if workers > 1:
+            _fast._run_chunks([(j, j + 1) for j in range(len(parts))], results,
+                              lambda j, _plan: self._spectra(parts[j], svd), lambda j, done: None, workers, None,
+                              lag=len(parts))
+        else:
+            results = [self._spectra(part, svd) for part in parts]
+        for part, (r, r_lo, r_hi) in zip(parts, results, strict=True):
+            self.ratio[part] = torch.where(r.isnan(), self.ratio[part], r)
             self.lo[part] = torch.maximum(self.lo[part], r_lo * (1 - _PAD))
             self.hi[part] = torch.minimum(self.hi[part], torch.maximum(r_hi * (1 + _PAD), self.lo[part]))
-            self.spectra += part.numel()
+        if count:
+            self.spectra += pos.numel()
+
+    def _spectra(self, part: torch.Tensor, svd: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(r, r_lo, r_hi) on the CPU for the matrices at ``part``, r NaN where not known (see
+        :meth:`exact`)."""
+        k, tiny = self.src.k, torch.finfo(torch.float64).tiny
+        dev = part.to(_device(self.src))
+        gram = self.src.gram(dev)
+        lam_hi = _fast._lam_hi(gram, self.src.lam_cap)
+        err = 2 * _fast._gram_error(gram, lam_hi, self.src.width)
+        lam = torch.linalg.eigvalsh(gram)  # (c, k) ascending
+        lmin, lmax = lam[:, 0].clamp(min=0), lam[:, -1]
+        r = (lmin / lmax.clamp(min=tiny)).sqrt()
+        r_lo = ((lmin - err).clamp(min=0) / (lmax + err)).sqrt()
+        r_hi = ((lmin + err) / (lmax - err).clamp(min=tiny)).sqrt()
+        loose = ~(r_hi <= r_lo * (1 + 1e-6)) | (lmax <= 0)
+        if not svd:
+            r[loose] = math.nan
+        elif bool(loose.any()):
+            sv = torch.linalg.svdvals(self.src.rows(dev[loose]))  # (h, k)
+            sr = torch.where(sv[:, 0] > 0, sv[:, k - 1] / sv[:, 0].clamp(min=tiny), 0.0)
+            r[loose], r_lo[loose], r_hi[loose] = sr, sr, sr
+        return r.cpu(), r_lo.cpu(), r_hi.cpu()
 
     # ------------------------------------------------------------------ the answers
     def grid(self, multipliers: tuple[float, ...]) -> dict[float, float]:

@@ -243,13 +243,32 @@ def test_ceilings_of_dependent_subsets_are_never_below_the_svd_ratio(noise, smal
     proven = dec.rank == -1
     assert proven.sum() > 20
     assert torch.all(dec.ceiling[proven] >= ratio[proven] * (1 - 1e-9))
-    assert torch.all(torch.isinf(dec.ceiling[~proven]))
+    # elsewhere: none, except for subsets decided from exact spectra (a ceiling from those)
+    exact = (dec.rank >= 0) & ~dec.bound
+    assert torch.all(torch.isinf(dec.ceiling[~proven & ~exact]))
+    assert torch.all(dec.ceiling[exact] >= ratio[exact] * (1 - 1e-9))
     known = proven & torch.isfinite(dec.ceiling)
     assert torch.all(dec.ceiling[known] <= 1.0)
     if noise == 0.0:  # exact dependence: the stage 1b shortcut settles most, with ceilings
         assert (dec.ceiling[proven] < 0.1 * rtol).double().mean() > 0.75  # (the shortcut settles most)
     plain = _fast.subset_decisions(x, subsets, rtol, x @ x.T, exact_dependent=0, workers=2)
     assert plain.ceiling is None and torch.equal(plain.rank, dec.rank)
+
+
+def test_histogram_subsets_get_ceilings_from_their_exact_spectra(small_chunks):
+    """The dependent subsets given exact ranks for the histogram keep a proven ceiling (from their
+    spectra) instead of losing it: never below the float64 SVD ratio, and far below rtol where the
+    dependence is exact."""
+    x = cluster_pool(60, 24, 6, seed=11)
+    k, rtol = 12, 1e-4
+    subsets = probes.sample_subsets(60, k, 400, seed=13)
+    dec = _fast.subset_decisions(x, subsets, rtol, x @ x.T, exact_dependent=8, ceilings=True, workers=2)
+    sv = torch.linalg.svdvals(x[subsets])
+    ratio = sv[:, -1] / sv[:, 0]
+    histogram = (dec.rank >= 0) & (dec.rank < k) & ~dec.bound
+    assert histogram.sum() >= 8
+    assert torch.all(dec.ceiling[histogram] >= ratio[histogram] * (1 - 1e-9))
+    assert torch.all(dec.ceiling[histogram] < 0.1 * rtol)
 
 
 def test_stage_1b_ceilings_are_never_below_the_svd_ratio():
