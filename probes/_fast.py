@@ -181,6 +181,7 @@ def decide(
     floor: float | None = None,
     reach: float | None = None,
     ceilings: bool = False,
+    exact_first: torch.Tensor | None = None,
 ) -> Decisions:
     """Ranks and margins of c matrices given their Gram matrices (stages 1 to 3).
 
@@ -193,7 +194,8 @@ def decide(
         lam_cap: a known upper bound on every lambda_max, e.g. sigma_1^2 of the pool the rows come
             from (interlacing); tightens stage 1.
         exact_dependent: None to compute the exact rank of every matrix; an integer to prove rank
-            deficiency by stage 1b and compute exact ranks for at most this many of those matrices.
+            deficiency by stage 1b and compute exact ranks for the first this many dependent matrices
+            (in order; besides those the exact stages decide anyway).
         dependent_first: run stage 1b before stage 1 (pays off when most matrices are dependent).
         floor: a margin (decades) to certify at: matrices whose factorisation succeeds with the shift
             raised to it are credited with this margin, without a margin bound of their own (see the
@@ -206,6 +208,9 @@ def decide(
             steps on the vector the shortcut already has; matrices decided from exact spectra (stages 2
             and 3) get one from those spectra. (Stage 1b proper gives none: where it is needed, the
             dependence is rarely far below the tolerance.)
+        exact_first: (c,) bool, or None: matrices that get an exact rank if they are dependent (the
+            first of the rank histogram): the certificates are tried as usual, but where they fail the
+            matrix goes straight to the exact stages, without a dependence proof first.
     """
     c, k, _ = gram.shape
     device = gram.device
@@ -227,6 +232,10 @@ def decide(
 
     proven: list[torch.Tensor] = []  # positions proven dependent (stage 1b or its shortcut)
     shortcut = 0
+    early = exact_first if prove and exact_first is not None and bool(exact_first.any()) else None
+
+    def provable(pos: torch.Tensor) -> torch.Tensor:  # (bool over pos) matrices a proof may settle
+        return torch.ones_like(pos, dtype=torch.bool) if early is None else ~early[pos]
 
     def dependent(pos: torch.Tensor, ceil: torch.Tensor | None) -> None:
         stages["cholesky_dependent"] += int(pos.numel())
@@ -235,6 +244,18 @@ def decide(
         if ceiling is not None and ceil is not None:
             ceiling[pos] = ceil
         proven.append(pos)
+
+    held = todo[:0]  # matrices of ``exact_first`` kept for the exact stages
+
+    def hold(todo: torch.Tensor) -> torch.Tensor:
+        nonlocal held
+        if early is None or not todo.numel():
+            return todo
+        mine = early[todo]
+        if not bool(mine.any()):
+            return todo
+        held = torch.cat([held, todo[mine]])
+        return todo[~mine]
 
     def stage_dependent(todo: torch.Tensor) -> torch.Tensor:
         # Stage 1b: prove rank deficiency by a failing Cholesky factorisation.
@@ -254,7 +275,8 @@ def decide(
             lam_hi[todo[rest]] = _lam_hi(g[rest], lam_cap)
         if prove and quick and not bool(ok.all()):
             nonlocal shortcut
-            settled, ceil = _quick_dependent(g, chol, info, part(lam_hi, todo), rtol, width, ~ok, ceilings)
+            settled, ceil = _quick_dependent(g, chol, info, part(lam_hi, todo), rtol, width, ~ok & provable(todo),
+                                             ceilings)
             dependent(todo[settled], ceil[settled])
             shortcut += int(settled.sum())
             ok = ok | settled
@@ -277,30 +299,33 @@ def decide(
         return torch.cat([todo[~ok], rest]).sort().values
 
     if prove and dependent_first:
-        todo = stage_dependent(todo)
+        todo = stage_dependent(hold(todo))
     if _usable_floor(floor) and todo.numel():
         # certify at the floor first; what fails there is mostly dependent, so stage 1b comes next
         if reach is not None and reach > floor:  # (what fails here is tried again at the floor)
             todo = certify(_stage_floor, todo, reach, quick=False)
         if todo.numel():
-            todo = certify(_stage_floor, todo, floor)
+            todo = hold(certify(_stage_floor, todo, floor))
         if prove and not dependent_first and todo.numel():
             todo = stage_dependent(todo)
         if prove and todo.numel() and floor > 0:  # (without proofs, stage 2 settles the rest exactly
             todo = certify(_stage_certify, todo)  # anyway; at floor 0 it would repeat the floor stage)
     else:
         if todo.numel():
-            todo = certify(_stage_certify, todo)
+            todo = hold(certify(_stage_certify, todo))
         if prove and not dependent_first and todo.numel():
             todo = stage_dependent(todo)
     if todo.numel() and k > 1:
         todo = stage_tight(todo)
+    if held.numel():
+        todo = torch.cat([todo, held]).sort().values
     if todo.numel():
         _stage_exact(part(gram, todo), todo, rows, part(lam_hi, todo), rtol, width, rank, margin, stages, ceiling)
     if prove and exact_dependent and proven:
-        # exact ranks for the histogram, for the first ``exact_dependent`` proven matrices in order:
-        # eigenvalues (SVD inside the error band)
-        exact = torch.cat(proven).sort().values[:exact_dependent]
+        # exact ranks for the histogram, for the first ``exact_dependent`` dependent matrices in order
+        # (those of ``exact_first`` have them already): eigenvalues (SVD inside the error band)
+        order = (rank != k).nonzero().flatten()[:exact_dependent]
+        exact = order[rank[order] == -1]
         _stage_exact(gram[exact], exact, rows, lam_hi[exact], rtol, width, rank, margin, stages, ceiling)
     return Decisions(rank, margin, stages, shortcut, bound, ceiling)
 
@@ -602,7 +627,7 @@ class _Chunk:
     bound: torch.Tensor  # (c,) bool: the margin is a certified lower bound
     tried32: bool
     rate32: float  # share certified by stage 0 (when tried)
-    dependent_share: float  # share proven dependent by stage 1b
+    dependent_share: float  # share dependent (proven by stage 1b, or of exact rank < k)
     shortcut: int  # how many of those the stage 1b shortcut settled
     ceiling: torch.Tensor | None = None  # (c,) see :class:`Decisions`
     reach_miss: float | None = None  # with a reach: share certified at the floor but not at the reach
@@ -742,8 +767,10 @@ class _Planner:
 
 
 def _decide_chunk(pool: _Pool, idx: torch.Tensor, plan: _Plan, rtol: float, prove: bool,
-                  ceilings: bool = False) -> _Chunk:
-    """Stages 0, 1, 1b, 2, 3 for one chunk of subsets ``idx`` (c, k); stage 1b leaves rank -1."""
+                  ceilings: bool = False, first: int = 0) -> _Chunk:
+    """Stages 0, 1, 1b, 2, 3 for one chunk of subsets ``idx`` (c, k); stage 1b leaves rank -1. The
+    ``first`` subsets of the chunk get exact ranks where they are dependent (``exact_first`` of
+    :func:`decide`)."""
     c, k = idx.shape
     device = pool.x.device
     rank = torch.full((c,), k, dtype=torch.int64, device=device)
@@ -765,9 +792,13 @@ def _decide_chunk(pool: _Pool, idx: torch.Tensor, plan: _Plan, rtol: float, prov
     if todo is None or todo.numel():
         sub = idx if todo is None else idx[todo]
         gram = pool.gram64(sub)
+        early = None
+        if prove and first > 0:
+            early = torch.arange(c, device=device) < first
+            early = early if todo is None else early[todo]
         dec = decide(gram, lambda pos, sub=sub: pool.x[sub[pos]], rtol, pool.d, lam_cap=pool.lam_cap,
                      exact_dependent=0 if prove else None, dependent_first=plan.dependent_first,
-                     floor=plan.floor, reach=plan.reach, ceilings=ceilings)
+                     floor=plan.floor, reach=plan.reach, ceilings=ceilings, exact_first=early)
         if todo is None:
             rank, margin, bound, ceiling = dec.rank, dec.margin, dec.bound, dec.ceiling
         else:
@@ -783,7 +814,7 @@ def _decide_chunk(pool: _Pool, idx: torch.Tensor, plan: _Plan, rtol: float, prov
         reach_miss = float((bound & (rank == k) & (margin < plan.reach)).sum()) / c
     return _Chunk(rank=rank, margin=margin, stages=stages, bound=bound,
                   min_margin=float(known.min()) if known.numel() else math.inf, tried32=plan.use32,
-                  rate32=rate32, dependent_share=stages["cholesky_dependent"] / c, shortcut=shortcut,
+                  rate32=rate32, dependent_share=float((rank != k).sum()) / c, shortcut=shortcut,
                   ceiling=ceiling, reach_miss=reach_miss)
 
 
@@ -880,8 +911,10 @@ def subset_decisions(
         subsets: (S, k) int64 row indices (on the pool's device).
         pool_gram: (N, N) float64 Gram of the whole pool, or None to form each subset's Gram by bmm.
         lam_cap: sigma_1^2 of the pool (bounds every subset's lambda_max), or None.
-        exact_dependent: see :func:`decide`; a budget shared by all subsets, spent on the first
-            subsets (in order) that stage 1b proves dependent.
+        exact_dependent: see :func:`decide`; the first this many dependent subsets (in subset
+            order) get exact ranks, beside those the fast path decides exactly anyway. Subsets among the
+            first this many that fail their certificate go straight to the exact stages (they would get
+            an exact rank after their proof in any case).
         on_chunk: called with the number of subsets after each chunk is decided (progress), or None.
         workers: threads for the chunks (CPU); None: up to ``torch.get_num_threads()`` when the work is
             large enough. Results do not depend on it.
@@ -911,9 +944,11 @@ def subset_decisions(
     bounds += [(a, min(a + step, s)) for a in range(pilot, s, step)]
     probe = max(1, _PROBE_SUBSETS // step)
 
+    first = exact_dependent if prove and exact_dependent else 0  # subsets 0 .. first - 1: see below
+
     def work(j: int, plan: _Plan) -> _Chunk:
         a, b = bounds[j]
-        return _decide_chunk(pool, subsets[a:b], plan, rtol, prove, ceilings)
+        return _decide_chunk(pool, subsets[a:b], plan, rtol, prove, ceilings, max(0, min(b, first) - a))
 
     plan_of = _Planner(n_pilot, pool.can32, prove, probe, reach)
 
@@ -940,8 +975,11 @@ def subset_decisions(
     stages = {key: sum(ch.stages[key] for ch in chunks) for key in STAGE_KEYS}
     shortcut = sum(ch.shortcut for ch in chunks)
     if prove and exact_dependent:
-        # exact ranks for the first ``exact_dependent`` subsets proven dependent, in subset order
-        chosen = (rank == -1).nonzero().flatten()[:exact_dependent]
+        # exact ranks for the first ``exact_dependent`` dependent subsets, in subset order: those among
+        # subsets 0 .. exact_dependent - 1 got them without a dependence proof (they cannot fall
+        # beyond that budget); the others proven dependent get them now
+        order = (rank != k).nonzero().flatten()[:exact_dependent]
+        chosen = order[rank[order] == -1]
         pieces = [(a, min(a + step, chosen.numel())) for a in range(0, chosen.numel(), step)]
 
         def exact(j: int, _plan) -> Decisions:

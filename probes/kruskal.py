@@ -319,7 +319,8 @@ def kruskal_test(
             The subsets actually tested must fit in memory (:func:`max_subsets_in_memory`).
         seed: sampling seed, an integer in [-2**63, 2**63 - 1] (same seed, same subsets, on any device).
         rtol: relative tolerance; default ``max(k, d) * eps`` of the vectors' dtype.
-        rank_sample: how many dependent subsets get an exact rank for the histogram. Dependent
+        rank_sample: how many dependent subsets (the first ones, in subset order) get an exact rank
+            for the histogram, beside any the fast path decides exactly anyway. Dependent
             subsets beyond these are proven dependent by a shifted Cholesky factorisation (see
             :mod:`probes._fast`) without computing their rank: they count in ``fraction`` but not in
             ``rank_counts`` or ``min_margin`` (the ``note`` says how many). None: exact ranks for all.

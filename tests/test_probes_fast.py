@@ -125,8 +125,9 @@ def single_chunk(x, subsets, rtol, cap, exact_dependent, monkeypatch):
     with monkeypatch.context() as m:
         m.setattr(_fast, "_quick_dependent",
                   lambda *args: (torch.zeros_like(args[6]), torch.ones(args[6].shape, dtype=torch.float64)))
+        first = torch.arange(subsets.shape[0]) < (exact_dependent or 0)
         return _fast.decide(gram, lambda pos: x[subsets[pos]], rtol, x.shape[1], lam_cap=cap,
-                            exact_dependent=exact_dependent)
+                            exact_dependent=exact_dependent, exact_first=first)
 
 
 @pytest.fixture
@@ -179,6 +180,21 @@ def test_threads_and_chunking_do_not_change_anything(small_chunks):
         assert runs[0].stages == other.stages
 
 
+def test_the_histogram_holds_the_first_dependent_subsets_with_their_svd_ranks(small_chunks):
+    """exact_dependent = m: the first m dependent subsets in subset order carry exact ranks (those in
+    subsets 0 .. m-1 without a dependence proof first), equal to the float64 SVD's."""
+    n, d, k, m = 60, 16, 12, 20
+    x = cluster_pool(n, d, 6, seed=4)
+    rtol = probes.default_rtol(k, d, torch.float32)
+    subsets = probes.sample_subsets(n, k, 500, seed=5)
+    dec = _fast.subset_decisions(x, subsets, rtol, x @ x.T, exact_dependent=m, workers=2)
+    ref = reference(x, subsets, rtol)
+    first = (ref.rank < k).nonzero().flatten()[:m]
+    assert first.numel() == m and (dec.rank[first] >= 0).all()
+    assert torch.equal(dec.rank[first], ref.rank[first])
+    assert dec.stages["cholesky_dependent"] < int((ref.rank < k).sum())  # the first ones were not proven
+
+
 def test_progress_counts_every_subset_once(small_chunks):
     x = generic(40, 16, seed=6)
     subsets = probes.sample_subsets(40, 12, 300, seed=7)
@@ -193,11 +209,11 @@ def test_an_error_in_a_worker_reaches_the_caller(small_chunks, monkeypatch):
     real = _fast._decide_chunk
     calls = []
 
-    def failing(pool, idx, plan, rtol, prove, ceilings=False):
+    def failing(*args):
         calls.append(1)
         if len(calls) == 30:
             raise RuntimeError("boom")
-        return real(pool, idx, plan, rtol, prove, ceilings)
+        return real(*args)
 
     monkeypatch.setattr(_fast, "_decide_chunk", failing)
     threads = torch.get_num_threads()
