@@ -108,6 +108,7 @@ _PROBE_SUBSETS = 256  # after float32 stopped paying, try it again about every t
 _CACHE_BYTES = 4 * 2**20  # one chunk's float64 blocks
 _MAX_CHUNK = 4096
 _MAX_WORKERS = 4
+_CEIL_1B_K = 384  # from this k on, stage 1b proper also gives its matrices ceilings (see decide)
 _MIN_PARALLEL_FLOP = 2e8  # below this much Cholesky work the chunks run in the calling thread
 
 STAGE_KEYS = ("cholesky", "cholesky_dependent", "eigvalsh", "svd", "cholesky32")
@@ -259,8 +260,11 @@ def decide(
 
     def stage_dependent(todo: torch.Tensor) -> torch.Tensor:
         # Stage 1b: prove rank deficiency by a failing Cholesky factorisation.
-        dep, _ = _prove_dependent(part(gram, todo), part(lam_hi, todo), rtol, width)
-        dependent(todo[dep], None)  # (no ceiling: it would cost more than it saves where 1b is needed)
+        # (a ceiling costs a few matrix-vector products: only where k is large enough for that to be
+        # small beside the factorisation)
+        want = ceiling is not None and k >= _CEIL_1B_K
+        dep, ceil = _prove_dependent(part(gram, todo), part(lam_hi, todo), rtol, width, ceilings=want)
+        dependent(todo[dep], ceil[dep] if want else None)
         return todo[~dep]
 
     def certify(stage, todo: torch.Tensor, *args, quick: bool = True) -> torch.Tensor:

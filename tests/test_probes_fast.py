@@ -243,11 +243,15 @@ def test_without_pool_gram_and_kruskal_test_keep_the_verdicts(small_chunks, monk
 # ------------------------------------------------------------------ ceilings and reach (for probes.robust)
 
 
+@pytest.mark.parametrize("stage_1b", [False, True])
 @pytest.mark.parametrize("noise", [0.0, 1e-9, 1e-6, 1e-4])
-def test_ceilings_of_dependent_subsets_are_never_below_the_svd_ratio(noise, small_chunks):
+def test_ceilings_of_dependent_subsets_are_never_below_the_svd_ratio(noise, stage_1b, small_chunks, monkeypatch):
     """Every ceiling is a proven upper bound on sigma_k / sigma_1 (float64 SVD), for subsets dependent
     exactly (float32-rounded subspace) or only near the tolerance; exact dependence gets ceilings far
-    below rtol, which is what spares the robustness grid its smallest tolerances."""
+    below rtol, which is what spares the robustness grid its smallest tolerances. ``stage_1b``: stage
+    1b proper gives ceilings too (as it does from k = 384 on)."""
+    if stage_1b:
+        monkeypatch.setattr(_fast, "_CEIL_1B_K", 1)
     x = cluster_pool(60, 24, 6, seed=11)
     g = torch.Generator().manual_seed(12)
     x[:30] += noise * torch.randn(30, 24, generator=g, dtype=torch.float64) * x[:30].norm(dim=1, keepdim=True)
@@ -262,6 +266,8 @@ def test_ceilings_of_dependent_subsets_are_never_below_the_svd_ratio(noise, smal
     # elsewhere: none, except for subsets decided from exact spectra (a ceiling from those)
     exact = (dec.rank >= 0) & ~dec.bound
     assert torch.all(torch.isinf(dec.ceiling[~proven & ~exact]))
+    if stage_1b:
+        assert torch.isfinite(dec.ceiling[proven]).all()
     assert torch.all(dec.ceiling[exact] >= ratio[exact] * (1 - 1e-9))
     known = proven & torch.isfinite(dec.ceiling)
     assert torch.all(dec.ceiling[known] <= 1.0)

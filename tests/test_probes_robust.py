@@ -80,9 +80,14 @@ def test_critical_bracket_contains_the_svd_quantile(threshold):
     assert res.verdict_margin == pytest.approx(abs(math.log10(res.critical_rtol / rtol)))
 
 
-@pytest.mark.parametrize("chunks", ["one", "many"])
+@pytest.mark.parametrize("chunks", ["one", "many", "large-k"])
 def test_grid_fractions_equal_numpy_matrix_rank_at_every_grid_tolerance(chunks, monkeypatch):
-    """Also with the grid decided in many small chunks on two worker threads (``many``)."""
+    """Also with the grid decided in many small chunks on two worker threads (``many``), and by the
+    routes taken for large k (``large-k``: factorisations above rtol instead of eigenvalues, stage 1b
+    ceilings)."""
+    if chunks == "large-k":
+        monkeypatch.setattr(probes.robust, "_EXACT_ABOVE_K", 0)
+        monkeypatch.setattr(probes._fast, "_CEIL_1B_K", 1)
     if chunks == "many":
         monkeypatch.setattr(probes._fast, "_CACHE_BYTES", 8 * 10 * 10 * 7)
         threads = torch.get_num_threads()
