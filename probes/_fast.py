@@ -183,6 +183,7 @@ def decide(
     reach: float | None = None,
     ceilings: bool = False,
     exact_first: torch.Tensor | None = None,
+    lam_bounds: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> Decisions:
     """Ranks and margins of c matrices given their Gram matrices (stages 1 to 3).
 
@@ -212,6 +213,9 @@ def decide(
         exact_first: (c,) bool, or None: matrices that get an exact rank if they are dependent (the
             first of the rank histogram): the certificates are tried as usual, but where they fail the
             matrix goes straight to the exact stages, without a dependence proof first.
+        lam_bounds: (lo, hi), each (c,): proven bounds lo <= lambda_max <= hi of each matrix (hi inf
+            where unknown), e.g. from :func:`_tight_lambda_max`; they replace the usual bounds where
+            tighter, and stage 1c is skipped.
     """
     c, k, _ = gram.shape
     device = gram.device
@@ -226,6 +230,11 @@ def decide(
     prove = exact_dependent is not None and k > 1
     floor_first = _usable_floor(floor) and not (prove and dependent_first)
     lam_hi = _lam_hi(gram, lam_cap, quick=floor_first)  # exact bound recomputed after the floor stage
+    lam_lo = None
+    if lam_bounds is not None:
+        floor_first = False
+        lam_lo, known = lam_bounds
+        lam_hi = torch.minimum(_lam_hi(gram, lam_cap), known)
     todo = torch.arange(c, device=device)
 
     def part(a: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:  # no copy while nothing is decided
@@ -263,7 +272,8 @@ def decide(
         # (a ceiling costs a few matrix-vector products: only where k is large enough for that to be
         # small beside the factorisation)
         want = ceiling is not None and k >= _CEIL_1B_K
-        dep, ceil = _prove_dependent(part(gram, todo), part(lam_hi, todo), rtol, width, ceilings=want)
+        dep, ceil = _prove_dependent(part(gram, todo), part(lam_hi, todo), rtol, width, ceilings=want,
+                                     lam_lo=None if lam_lo is None else part(lam_lo, todo))
         dependent(todo[dep], ceil[dep] if want else None)
         return todo[~dep]
 
@@ -319,7 +329,7 @@ def decide(
             todo = hold(certify(_stage_certify, todo))
         if prove and not dependent_first and todo.numel():
             todo = stage_dependent(todo)
-    if todo.numel() and k > 1:
+    if todo.numel() and k > 1 and lam_bounds is None:
         todo = stage_tight(todo)
     if held.numel():
         todo = torch.cat([todo, held]).sort().values
@@ -461,17 +471,18 @@ def _rayleigh_up(gram: torch.Tensor, v: torch.Tensor, trace: torch.Tensor, width
     return torch.where(torch.isfinite(r_up), r_up, math.inf)
 
 
-def _power_lower(gram: torch.Tensor, steps: int = 4) -> torch.Tensor:
+def _power_lower(gram: torch.Tensor, steps: int = 4, *, vector: bool = False):
     """(t,) lower bounds on lambda_max(G as stored): the largest diagonal entry and the Rayleigh quotient
     after ``steps`` power steps from the all-ones vector (unit v: <= lambda_max up to rounding, which
-    the factor 1 - 4 k eps covers)."""
+    the factor 1 - 4 k eps covers). ``vector``: also return the unit vectors v (t, k, 1)."""
     k = gram.shape[-1]
     v = torch.ones(gram.shape[0], k, 1, dtype=gram.dtype, device=gram.device)
-    for _ in range(steps):
+    for _ in range(max(1, steps)):  # (at least one step: v unit)
         v = gram @ v
         v = v / v.norm(dim=1, keepdim=True).clamp(min=torch.finfo(gram.dtype).tiny)
     rayleigh = (v.transpose(1, 2) @ gram @ v)[:, 0, 0]
-    return torch.maximum(gram.diagonal(dim1=-2, dim2=-1).amax(-1), rayleigh) * (1 - 4 * k * _F64_EPS)
+    lo = torch.maximum(gram.diagonal(dim1=-2, dim2=-1).amax(-1), rayleigh) * (1 - 4 * k * _F64_EPS)
+    return (lo, v) if vector else lo
 
 
 def _ceilings(gram: torch.Tensor, chol: torch.Tensor, pivot: torch.Tensor, v: torch.Tensor, r_up: torch.Tensor,
@@ -547,18 +558,28 @@ def _quick_dependent(gram: torch.Tensor, chol: torch.Tensor, info: torch.Tensor,
     return ok, ceiling
 
 
-def _tight_lambda_max(gram: torch.Tensor, steps: int = 12, gap: float = 1e-3) -> tuple[torch.Tensor, torch.Tensor]:
+def _tight_lambda_max(gram: torch.Tensor, steps: int = 12, gap: float = 1e-3,
+                      residual: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(lo, hi) with lo <= lambda_max(G as stored) <= hi, hi = inf where not proven.
 
-    lo: :func:`_power_lower` after ``steps`` power steps (theta). hi: mu = theta (1 + gap), proven when
+    lo: :func:`_power_lower` after ``steps`` power steps (theta). hi: mu = theta (1 + gap), or with
+    ``residual`` mu = max(theta (1 + gap), theta + 2 |G v - theta v|) for the unit power vector v (where
+    the power steps have not converged, theta (1 + gap) is often below lambda_max and proves nothing;
+    the residual says by about how much), proven when
     the Cholesky factorisation of mu I - G succeeds: then L L^T = mu I - G + E with |E|_2 <=
     gamma_{k+1} / (1 - gamma_{k+1}) trace(mu I - G) <= 1.01 (k + 1) u k mu (Higham, Thm 10.3), plus
     u mu for rounding the diagonal, so lambda_max(G) <= mu (1 + 1.01 (k + 1) u k + 2 u)."""
     t, k, _ = gram.shape
     u = _F64_EPS / 2
-    lo = _power_lower(gram, steps)
+    if residual:
+        lo, v = _power_lower(gram, steps, vector=True)
+    else:
+        lo = _power_lower(gram, steps)
     theta = lo / (1 - 4 * k * _F64_EPS)
     mu = theta * (1 + gap)
+    if residual:
+        rho = torch.linalg.vector_norm(gram @ v - theta[:, None, None] * v, dim=(1, 2))
+        mu = torch.maximum(mu, theta + 2 * rho)
     a = gram.neg()
     a.diagonal(dim1=-2, dim2=-1).add_(mu[:, None])
     _, info = torch.linalg.cholesky_ex(a)

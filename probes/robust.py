@@ -175,6 +175,9 @@ class _Refiner:
             self.hi = torch.where(usable, ceiling, self.hi)
         self.fraction = float(full.double().mean())
         self.ratio = torch.full((src.count,), math.nan, dtype=torch.float64)  # exact where computed
+        # proven brackets of lambda_max (NaN: not computed), kept between the grid points above rtol
+        self.lam_lo = torch.full((src.count,), math.nan, dtype=torch.float64)
+        self.lam_hi = torch.full((src.count,), math.nan, dtype=torch.float64)
         self.spectra = 0
         self.factorised = 0
 
@@ -227,24 +230,42 @@ class _Refiner:
                               lambda j, done: None, min(workers, len(parts) - 1), None, lag=len(parts))
         else:
             results += [self._decide_part(parts[j], t, dependent_first) for j in range(1, len(parts))]
-        for part, (dec, lo) in zip(parts, results, strict=True):
+        for part, (dec, lo, lam) in zip(parts, results, strict=True):
+            if lam is not None:
+                self.lam_lo[part], self.lam_hi[part] = lam
             full = dec.rank.cpu() == self.src.k
             self.lo[part[full]] = torch.maximum(self.lo[part[full]], lo[full])
             self.hi[part[~full]] = torch.minimum(self.hi[part[~full]], torch.tensor(t, dtype=torch.float64))
         self.factorised += pos.numel()
 
     def _decide_part(self, part: torch.Tensor, t: float, dependent_first: bool):
+        """(decisions at t, proven lower ends, lambda_max brackets or None) for the matrices at ``part``.
+        Above rtol for k > 256 (where the eigenvalues would cost more), lambda_max is bracketed once per
+        matrix (power steps, then one factorisation of mu I - G proving the upper end, see
+        :func:`probes._fast._tight_lambda_max`) and the bracket serves every later point above rtol:
+        with the loose usual bounds a matrix whose ratio lies a few times above t fails the certificate,
+        and is then proven, bracketed and certified again at each point."""
         dev = part.to(_device(self.src))
         gram = self.src.gram(dev)
+        lam = None
+        if t > self.rtol and self.src.k > _EXACT_ABOVE_K:
+            lam_lo, lam_hi = self.lam_lo[part], self.lam_hi[part]
+            new = lam_lo.isnan()
+            if bool(new.any()):
+                pos = new.nonzero().flatten().to(gram.device)
+                lo, hi = _fast._tight_lambda_max(gram if bool(new.all()) else gram[pos], residual=True)
+                lam_lo[new], lam_hi[new] = lo.cpu(), hi.cpu()
+            lam = (lam_lo, lam_hi)
         dec = _fast.decide(gram, lambda p, dev=dev: self.src.rows(dev[p]), t, self.src.width,
                            lam_cap=self.src.lam_cap, exact_dependent=0 if self.src.k > 1 else None,
-                           dependent_first=dependent_first, floor=0.0)
+                           dependent_first=dependent_first, floor=0.0,
+                           lam_bounds=None if lam is None else (lam[0].to(gram.device), lam[1].to(gram.device)))
         full = dec.rank.cpu() == self.src.k
         margin = dec.margin.cpu().to(torch.float64)
         lo = torch.full((part.numel(),), t, dtype=torch.float64)
         cert = full & dec.bound.cpu() & torch.isfinite(margin)
         lo[cert] = torch.maximum(lo[cert], t * 10.0 ** margin[cert] * (1 - _PAD))
-        return dec, lo
+        return dec, lo, lam
 
     def test_at(self, pos: torch.Tensor, t: float) -> None:
         """Proofs only (no spectra): a shifted Cholesky factorisation proves r > t, a failing one at the

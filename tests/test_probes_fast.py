@@ -322,6 +322,27 @@ def test_reach_credits_proven_margins_and_leaves_ranks_unchanged(small_chunks):
     assert (reach.margin[full] >= 1.0).double().mean() > 0.5  # the reach was used
 
 
+def test_tight_lambda_max_with_the_residual_brackets_slow_power_iterations():
+    """Top eigenvalues close together (power steps far from converged): theta (1 + 1e-3) proves
+    little, theta + 2 |G v - theta v| proves an upper end for every matrix; both ends always hold,
+    and lambda_max brackets passed to decide() give the SVD's ranks without stage 1c."""
+    blocks = [with_singular_values([1.0, 0.92, 0.85, 0.3, 0.1, 1e-3 * (0.9 if i % 2 else 1.1)], 6, 14,
+                                   seed=200 + i) for i in range(40)]
+    x, subsets = blocks_pool(blocks)
+    gram = (x @ x.T)[subsets[:, :, None], subsets[:, None, :]]
+    lam = torch.linalg.eigvalsh(gram)[:, -1]
+    plain_lo, plain_hi = _fast._tight_lambda_max(gram.clone())
+    lo, hi = _fast._tight_lambda_max(gram.clone(), residual=True)
+    for a, b in ((plain_lo, plain_hi), (lo, hi)):
+        assert torch.all(a <= lam) and torch.all(lam <= b)
+    share, plain_share = torch.isfinite(hi).double().mean(), torch.isfinite(plain_hi).double().mean()
+    assert share >= 0.9 and plain_share < share
+    for rtol in (1e-3 * 0.95, 1e-3 * 1.05, 3e-3):
+        dec = _fast.decide(gram.clone(), lambda pos: x[subsets[pos]], rtol, 14, exact_dependent=0, floor=0.0,
+                           lam_bounds=(lo, hi))
+        assert torch.equal(dec.rank == 6, reference(x, subsets, rtol).rank == 6)
+
+
 def test_tight_lambda_max_brackets_the_largest_eigenvalue_and_decides_the_band():
     """Rows with a dominant common direction (Gershgorin and trace bounds loose by ~k) and ratios
     within 10% of the tolerance on either side: stage 1c brackets lambda_max to 0.1% and decides them
