@@ -16,7 +16,8 @@ stage 1b shortcut or its exact spectrum gives it), then narrowed only where need
   by bisection; chunks in parallel on the CPU) the matrices whose interval still
   contains the grid tolerance are decided again by the fast path (:func:`probes._fast.decide`, whose
   verdicts equal a float64 SVD at that tolerance; above rtol, for k <= 256, the eigenvalues of the
-  matrices left instead, whose proven brackets settle every point above rtol at once); every other
+  matrices left instead, whose proven brackets settle every point above rtol at once, and for larger k
+  a proven bracket of lambda_max computed once per matrix and kept for the later points); every other
   matrix is settled by monotonicity. A
   bound that lies within 1e-9 (relative) of a grid tolerance is not trusted: such a matrix is decided
   again, so float rounding of margins never decides a grid point;
