@@ -28,8 +28,17 @@ from auditor.lab.assoc.memories import (
     memory_parameters,
     unit_sphere,
 )
-from auditor.lab.assoc.memory_sweep import AssocConfig, guide_capacity, run_bucket
-from auditor.lab.assoc.summary import capacity_fits, capacity_markdown
+from auditor.lab.assoc.memory_sweep import (
+    AssocConfig,
+    AssocSweep,
+    capacity_converged,
+    guide_capacity,
+    plateau_gain,
+    probe_converged,
+    run_bucket,
+)
+from auditor.lab.assoc.recall_sweep import PLATEAU_GAIN, SCALING_PRESETS
+from auditor.lab.assoc.summary import capacity_fits, capacity_markdown, facts_fits
 from auditor.lab.engine import TrainConfig, train
 from auditor.lab.sweep import run_unit
 
@@ -212,6 +221,57 @@ def test_capacity_fits_ignore_censored_points():
     assert 0.7 < fits["power"].exponent < 1.0
 
 
+def _history(accuracy_at_step) -> pd.DataFrame:
+    """One member's evaluations every 16 steps of a 1024-step budget."""
+    steps = np.arange(0, 1025, 16)
+    return pd.DataFrame({"step": steps, "accuracy": [accuracy_at_step(s) for s in steps]})
+
+
+def test_a_probe_still_rising_at_the_step_limit_is_not_converged_and_a_plateaued_one_is():
+    rising = _history(lambda s: 0.5 + 0.45 * s / 1024)  # +0.11 over the last quarter
+    plateau = _history(lambda s: min(0.9, 0.5 + 0.8 * s / 1024))  # flat at 0.9 from step 512 on
+    slow = _history(lambda s: 0.9 + (PLATEAU_GAIN / 2) * s / 1024)  # rises, but by less than PLATEAU_GAIN
+    assert plateau_gain(rising, 1024) == pytest.approx(0.45 * 0.25, abs=1e-9)
+    assert not probe_converged(rising, 1024, passed=False)
+    assert probe_converged(plateau, 1024, passed=False)
+    assert probe_converged(slow, 1024, passed=False)
+    assert probe_converged(rising, 1024, passed=True)  # a pass reached the threshold
+    # the row's flag is its first failing probe's; a search that never failed is not converged
+    probes = [{"n_items": 20, "passed": True, "converged": True},
+              {"n_items": 22, "passed": False, "converged": probe_converged(rising, 1024, False)},
+              {"n_items": 21, "passed": False, "converged": probe_converged(plateau, 1024, False)}]
+    assert capacity_converged(probes, 21) is True
+    assert capacity_converged(probes, 22) is False
+    assert capacity_converged(probes[:1], None) is False
+
+
+def test_capacity_and_facts_fits_leave_out_step_limited_rows():
+    n = np.array([20, 60, 190, 400])
+    rows = pd.DataFrame({"kind": ["linear"] * 5, "d": [8, 16, 32, 45, 45], "width": 0, "seed": [0, 0, 0, 0, 1],
+                         "parameters": [64, 256, 1024, 2048, 2048],
+                         "capacity": [*n, 100], "first_fail": [*(n + 1), 101],
+                         "converged": [True, True, True, True, False]})  # the last row: budget-limited
+    fits = capacity_fits(rows)["linear"]
+    assert fits["points"] == 4 and fits["step_limited"] == 1 and fits["censored"] == 0 and fits["left_out"] == 1
+    expected = fit_guide_constant(rows["parameters"][:4], n_log_n(n))
+    assert fits["constant"].constant == pytest.approx(expected.constant, rel=1e-12)
+    assert fits["seeds"] == [0, 1]
+    text = capacity_markdown(rows)
+    assert "| 4 | 0 / 1 |" in text and "1/2" in text  # rows fitted, left out; converged seeds at P = 2048
+    facts = pd.DataFrame({"parameters": [100, 200, 400, 400], "facts": [10, 20, 40, 5], "seed": [0, 0, 0, 1],
+                          "first_fail_facts": [12, 25, 48, 6], "answers_per_relation": 8,
+                          "converged": ["True", "True", "True", "False"]})  # as read back from a CSV
+    ffit = facts_fits(facts)
+    assert ffit["points"] == 3 and ffit["step_limited"] == 1
+    assert ffit["slope"].constant == pytest.approx(0.1, rel=1e-12)
+
+
+def test_reference_scales_run_three_seeds():
+    for config in AssocSweep(scale="reference").configs():
+        assert len(config.seeds) >= 3, config.kind
+    assert SCALING_PRESETS["reference"]["seeds"] == (0, 1, 2)
+
+
 # ---------------------------------------------------------------- sweep unit and CLI
 
 
@@ -228,6 +288,9 @@ def test_sweep_unit_reports_a_bracketed_capacity_with_provenance():
         assert 10 <= row["capacity"] < row["first_fail"] <= 2 * 64
         assert row["git_commit"] and "torch=" in row["versions"]
         assert row["parameters"] == 64 and row["d"] == 8 and row["dtype"] == "float32"
+        first = [p for p in probes if p["n_items"] == row["first_fail"]]
+        assert len(first) == 1 and row["converged"] == first[0]["converged"]
+        assert all(p["converged"] == (p["passed"] or p["plateau_gain"] < PLATEAU_GAIN) for p in probes)
 
 
 def test_cli_assoc_writes_csv_summary_and_plot(tmp_path):
@@ -239,6 +302,7 @@ def test_cli_assoc_writes_csv_summary_and_plot(tmp_path):
     assert sorted(rows["d"]) == [6, 8, 10] and (rows["capacity"] > 0).all()
     assert (out / "capacity.png").stat().st_size > 0
     assert "fitted c" in (out / "summary.md").read_text()
+    assert rows["converged"].isin([True, False]).all()
     assert capacity_markdown(rows).count("linear") >= 2
 
 

@@ -109,6 +109,15 @@ def test_every_committed_report_is_read_with_its_own_convergence():
     assert rows["converged"].tolist() == scaling["converged"].tolist()
 
 
+def test_assoc_rows_carry_their_recorded_convergence_and_width():
+    """The associative-memory capacity CSV (width, converged columns) is read with its flags."""
+    assoc = pd.read_csv(REPORTS / "assoc" / "capacity.csv")
+    rows = bits_table([REPORTS / "assoc" / "capacity.csv"])
+    assert len(rows) == len(assoc)
+    assert rows["converged"].tolist() == assoc["converged"].tolist()
+    assert rows["config"].str.contains("width=").all()
+
+
 def test_a_csv_without_the_step_budget_is_flagged_unknown_not_invented(tmp_path):
     old = pd.read_csv(OLD_TRADEOFF)
     folder = tmp_path / "assoc"

@@ -184,10 +184,13 @@ def recall_bits(frame: pd.DataFrame) -> pd.DataFrame:
 def assoc_bits(frame: pd.DataFrame) -> pd.DataFrame:
     """Rows of ``audit assoc``: N associations x -> x over N outputs store log2(N) bits each."""
     frame = _current(frame)
-    config = frame.apply(lambda r: f"kind={r['kind']}, d={r['d']}, m={r['m']}, seed={r['seed']}", axis=1)
+    width = "width" if "width" in frame else "m"  # (the column was m in older CSVs)
+    config = frame.apply(lambda r: f"kind={r['kind']}, d={r['d']}, width={r[width]}, seed={r['seed']}", axis=1)
+    converged = _flags(frame["converged"]) if "converged" in frame else _unknown(frame)
     return pd.DataFrame({"room": "assoc", "experiment": "assoc", "config": config,
                          "stored_bits": frame["capacity"] * np.log2(frame["capacity"].clip(lower=1).astype(float)),
-                         "parameters": frame["parameters"], "formula": "capacity x log2(capacity)", "converged": None})
+                         "parameters": frame["parameters"], "formula": "capacity x log2(capacity)",
+                         "converged": converged})
 
 
 def _reader(columns: set[str]) -> tuple[Callable[[pd.DataFrame], pd.DataFrame], str] | None:

@@ -6,6 +6,15 @@ engine, recalls at least ``threshold`` (99%) of ALL its N items. One unit of the
 one ensemble (one :func:`~auditor.lab.engine.train` call per round). This is ``audit assoc``: each
 memory kind sweeps into its own folder (``linear/``, ``mlp/``), resumable, and ``capacity.csv``,
 ``summary.md`` and ``capacity.png`` gather both.
+
+Every row says whether its capacity is ``converged``, by the rule of the factual-recall sweep
+(:data:`~auditor.lab.assoc.recall_sweep.PLATEAU_GAIN` over the last
+:data:`~auditor.lab.assoc.recall_sweep.PLATEAU_WINDOW` of the step budget): the probes that pass reached
+the threshold, so the capacity rests on the first failing probe (N = ``first_fail``), which is converged
+when its accuracy had stopped rising (a plateau) and step-limited when it was still climbing at the step
+limit. A search that never failed (capacity at the top of the searched range, ``first_fail`` empty) is
+not converged either: nothing bracketed it. Fits use converged rows only. Each probe of the ``probes``
+log carries its own ``plateau_gain`` and ``converged``.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ import pandas as pd
 from auditor.errors import AuditError, did_you_mean
 from auditor.lab.assoc.capacity import GUIDE_CONSTANT, Bisection, invert_n_log_n, search_all
 from auditor.lab.assoc.memories import MEMORY_KINDS, MemoryMember, build_memory, memory_parameters
+from auditor.lab.assoc.recall_sweep import PLATEAU_GAIN, PLATEAU_WINDOW, accuracy_at
 from auditor.lab.engine import TrainConfig, train
 from auditor.lab.experiment import Experiment, option
 from auditor.lab.sweep import run_sweep, write_csv
@@ -93,16 +103,44 @@ def guide_capacity(kind: str, d: int, m: int = 0) -> float:
     return invert_n_log_n(memory_parameters(kind, d, m) / GUIDE_CONSTANT[kind])
 
 
+def plateau_gain(history: pd.DataFrame, budget: int) -> float:
+    """How much one member's accuracy rose over the last ``PLATEAU_WINDOW`` of a ``budget``-step run
+    (its evaluations at or before ``budget`` and ``budget (1 - PLATEAU_WINDOW)``). ``history``: that
+    member's rows (``step``, ``accuracy``) of :attr:`~auditor.lab.engine.TrainResult.history`."""
+    return accuracy_at(history, budget) - accuracy_at(history, int(budget * (1 - PLATEAU_WINDOW)))
+
+
+def probe_converged(history: pd.DataFrame, budget: int, passed: bool) -> bool:
+    """A probe is converged when it passed (it reached the threshold) or when it failed on a plateau: its
+    accuracy rose by less than ``PLATEAU_GAIN`` over the last ``PLATEAU_WINDOW`` of its budget. A failure
+    still rising at the step limit is the budget's, not the memory's."""
+    return bool(passed) or plateau_gain(history, budget) < PLATEAU_GAIN
+
+
 def _probe_bucket(unit: dict[str, Any], tcfg: TrainConfig, pending: list[tuple[int, int]], log_rows: list) -> list[bool]:
-    """Train one ensemble holding every pending (seed index, N) probe; return pass/fail per probe."""
+    """Train one ensemble holding every pending (seed index, N) probe; return pass/fail per probe.
+    Each probe is logged with its accuracy, steps, pass, ``plateau_gain`` and ``converged``."""
     seeds = unit["seeds"]
     members = [MemoryMember(n_items=n, seed=seeds[i]) for i, n in pending]
     model, task = build_memory(unit["kind"], unit["d"], members, m=unit["m"])
     result = train(model, task, tcfg, progress=False)
     passed = (result.accuracy >= unit["threshold"] - 1e-9).tolist()
-    for (i, n), acc, steps, ok in zip(pending, result.accuracy.tolist(), result.steps_trained.tolist(), passed):
-        log_rows.append({"seed": seeds[i], "n_items": n, "accuracy": acc, "steps_trained": steps, "passed": ok})
+    runs = dict(tuple(result.history.groupby("member")))
+    for j, ((i, n), acc, steps, ok) in enumerate(zip(pending, result.accuracy.tolist(), result.steps_trained.tolist(),
+                                                      passed)):
+        gain = plateau_gain(runs[j], tcfg.steps)
+        log_rows.append({"seed": seeds[i], "n_items": n, "accuracy": acc, "steps_trained": steps, "passed": ok,
+                         "plateau_gain": round(gain, 6), "converged": probe_converged(runs[j], tcfg.steps, ok)})
     return passed
+
+
+def capacity_converged(probes: list[dict[str, Any]], first_fail: int | None) -> bool:
+    """Whether a search's capacity is converged: its first failing probe (N = ``first_fail``) exists and
+    plateaued. None (the search never failed up to its largest size) is not converged."""
+    if first_fail is None:
+        return False
+    fails = [p for p in probes if p["n_items"] == first_fail and not p["passed"]]
+    return bool(fails) and all(p["converged"] for p in fails)
 
 
 def run_bucket(unit: dict[str, Any]) -> list[dict[str, Any]]:
@@ -122,20 +160,22 @@ def run_bucket(unit: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for seed, search in zip(unit["seeds"], searches):
         cap = search.capacity
+        first_fail = search.hi if search.hi <= max_size else None
+        mine = [p for p in probes if p["seed"] == seed]
         rows.append({
             "kind": kind, "d": d, "width": m, "parameters": params, "seed": seed, "capacity": cap,
-            "first_fail": search.hi if search.hi <= max_size else None,
+            "first_fail": first_fail, "converged": capacity_converged(mine, first_fail),
             "n_log_n": cap * math.log(cap) if cap > 1 else 0.0, "guide_capacity": round(guess, 2), "rounds": rounds,
-            "probes": [p for p in probes if p["seed"] == seed], "steps": unit["steps"], "lr": unit["lr"],
+            "probes": mine, "steps": unit["steps"], "lr": unit["lr"],
             **{k: unit[k] for k in ("optimizer", "schedule", "warmup_frac", "eval_every", "threshold", "rel_tol")},
             "dtype": "float32", "seconds": round(seconds, 3),
         })
     return rows
 
 
-COLUMNS = ("kind", "d", "width", "parameters", "seed", "capacity", "first_fail", "n_log_n", "guide_capacity", "rounds",
-           "probes", "steps", "lr", "optimizer", "schedule", "warmup_frac", "eval_every", "threshold", "rel_tol",
-           "dtype", "seconds")
+COLUMNS = ("kind", "d", "width", "parameters", "seed", "capacity", "first_fail", "converged", "n_log_n",
+           "guide_capacity", "rounds", "probes", "steps", "lr", "optimizer", "schedule", "warmup_frac", "eval_every",
+           "threshold", "rel_tol", "dtype", "seconds")
 RENAMED = {"m": "width", "params": "parameters", "max_steps": "steps", "seconds_bucket": "seconds"}
 
 
@@ -157,7 +197,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     },
     "mlp": {
         "quick": {"dims": (8,), "width_ratios": (1,), "seeds": (0,), "steps": 150, "lr": 3e-2, "rel_tol": 0.2},
-        "reference": {"dims": (8, 16), "width_ratios": (1, 2, 4), "seeds": (0, 1), "steps": 1024, "lr": 3e-2,
+        "reference": {"dims": (8, 16), "width_ratios": (1, 2, 4), "seeds": (0, 1, 2), "steps": 1024, "lr": 3e-2,
                       "rel_tol": 0.03},
         "paper": {"dims": PAPER_DIMS[:8], "width_ratios": (1, 2, 4, 8), "seeds": (0, 1, 2, 3, 4), "steps": 2**15,
                   "lr": 3e-2, "rel_tol": 0.01},

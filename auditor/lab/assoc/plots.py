@@ -10,56 +10,100 @@ import matplotlib.ticker
 import numpy as np
 import pandas as pd
 
-from auditor.lab.assoc.summary import budget_fit, capacity_fits, facts_fits, final_budget
+from auditor.lab.assoc.summary import (
+    budget_fit,
+    capacity_fits,
+    converged_mask,
+    convergence_recorded,
+    facts_fits,
+    final_budget,
+    seed_interval,
+)
 from auditor.lab.figures import heatmap, plt, save
 
 _KIND_AXIS = {"linear": "$d^2$ (parameters)", "mlp": "$m d$ (parameters)"}
 
 
+def _seeds_and_means(ax, rows: pd.DataFrame, value: str, fail: str, color: str, name: str = "") -> None:
+    """Every seed (filled: converged; hollow circle: step-limited; hollow triangle: search never failed)
+    and the mean over converged seeds per size with its 95% interval over seeds as an error bar."""
+    prefix = f"{name}: " if name else ""
+    recorded = convergence_recorded(rows)
+    done = converged_mask(rows)
+    bracketed = rows[fail].notna()
+    classes = [
+        (done & bracketed, dict(color=color), "seed, converged (fitted)" if recorded else "seed (convergence not recorded)"),
+        (~done & bracketed, dict(facecolors="none", edgecolors=color),
+         "seed, step-limited: first failing size still improving (not fitted)"),
+        (~bracketed, dict(facecolors="none", edgecolors=color, marker="^"),
+         "seed, search never failed: lower bound (not fitted)"),
+    ]
+    for mask, style, label in classes:
+        part = rows[mask & (rows[value] > 0)]
+        if len(part):
+            ax.scatter(part["parameters"], part[value], s=16, alpha=0.6, lw=0.9, label=prefix + label, **style)
+    ok = rows[done & bracketed & (rows[value] > 0)]
+    keys = [k for k in ("d", "width", "parameters") if k in ok]  # one size (two sizes may share P)
+    stats_ = [(part["parameters"].iloc[0], part[value].mean(), *seed_interval(part[value]), len(part))
+              for _, part in ok.groupby(keys)]
+    if stats_:
+        p, mean, lo, hi, n = (np.array(v, dtype=float) for v in zip(*stats_))
+        err = np.vstack([mean - np.where(np.isnan(lo), mean, lo), np.where(np.isnan(hi), mean, hi) - mean])
+        ax.errorbar(p, mean, yerr=err, fmt="o", color=color, ms=5, capsize=3, lw=1.2,
+                    label=prefix + f"mean of converged seeds, 95% interval (n = {int(n.min())}-{int(n.max())} per size)")
+
+
 def plot_capacity(rows: pd.DataFrame, path: str | Path) -> Path:
     """Capacity N against parameters (d^2 or m d), one panel per memory kind, log-log.
 
-    Dots are seeds, the line through the per-size means is the power-law fit, the dashed line the
-    paper's guide parameters = c N ln N and the dotted one the same law with our fitted c.
+    Dots are seeds (hollow: step-limited or never failed, left out of the fits), the error bars the mean
+    over converged seeds with its 95% interval, the solid line the power-law fit, the dashed line the
+    paper's guide parameters = c N ln N, the dotted one the same law with our fitted c and the band its
+    95% interval.
     """
     kinds = [k for k in ("linear", "mlp") if k in set(rows["kind"])]
-    fig, axes = plt.subplots(1, len(kinds), figsize=(5.2 * len(kinds), 4.2), squeeze=False)
+    fig, axes = plt.subplots(1, len(kinds), figsize=(5.8 * len(kinds), 4.6), squeeze=False)
     fits = capacity_fits(rows)
     for ax, kind in zip(axes[0], kinds):
         sub = rows[(rows["kind"] == kind) & (rows["capacity"] > 1)]
         fit = fits[kind]
-        ax.scatter(sub["parameters"], sub["capacity"], s=14, alpha=0.5, color="tab:blue", label="seeds")
-        means = sub.groupby("parameters")["capacity"].mean()
-        ax.plot(means.index, means.values, "o", color="tab:blue", ms=6, label="mean over seeds")
+        _seeds_and_means(ax, sub, "capacity", "first_fail", "tab:blue")
         grid_p = np.geomspace(sub["parameters"].min() * 0.8, sub["parameters"].max() * 1.25, 100)
         if fit["power"] is not None:
             p = fit["power"]
-            ax.plot(grid_p, p.predict(grid_p), "-", color="tab:red",
+            ax.plot(grid_p, p.predict(grid_p), "-", color="tab:red", lw=1,
                     label=f"fit N = {p.constant:.2g} P^{p.exponent:.2f}±{p.exponent_se:.2f}")
         n_grid = np.geomspace(max(sub["capacity"].min() * 0.6, 2), sub["capacity"].max() * 1.6, 100)
         ax.plot(fit["guide"] * n_grid * np.log(n_grid), n_grid, "--", color="gray",
                 label=f"paper: P = {fit['guide']} N ln N")
         if fit["constant"] is not None:
             c = fit["constant"]
+            lo, hi = c.ci95()
             ax.plot(c.constant * n_grid * np.log(n_grid), n_grid, ":", color="black",
-                    label=f"ours: P = {c.constant:.2f} N ln N")
+                    label=f"ours: P = {c.constant:.2f} N ln N (95% {lo:.2f}-{hi:.2f})")
+            ax.fill_betweenx(n_grid, lo * n_grid * np.log(n_grid), hi * n_grid * np.log(n_grid), color="black",
+                             alpha=0.08, lw=0)
+        seeds = ",".join(map(str, fit["seeds"]))
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel(_KIND_AXIS[kind])
         ax.set_ylabel("capacity N (99% of all items)")
-        ax.set_title(f"{kind} associative memory")
-        ax.legend(fontsize=7)
+        ax.set_title(f"{kind} associative memory, seeds {seeds}\n{fit['points']} rows fitted, left out: "
+                     f"{fit['step_limited']} step-limited, {fit['censored']} never failed", fontsize=9)
+        ax.legend(fontsize=6.5)
         ax.grid(alpha=0.3, which="both")
     return save(fig, path)
 
 
 def plot_facts(rows: pd.DataFrame, path: str | Path) -> Path:
-    """Facts stored (S R at 99% accuracy) against trainable parameters, log-log, with the fitted slope."""
+    """Facts stored (S R at 99% accuracy) against trainable parameters, log-log: every seed (hollow:
+    step-limited or never failed, not fitted), the mean over converged seeds with its 95% interval, and
+    the fitted slope with its 95% band."""
     rows = final_budget(rows)
-    fig, ax = plt.subplots(figsize=(5.6, 4.4))
+    fig, ax = plt.subplots(figsize=(6.4, 4.8))
     fits = facts_fits(rows)
     for (architecture, sub), color in zip(rows[rows["facts"] > 0].groupby("architecture"), ("tab:blue", "tab:orange", "tab:green")):
-        ax.scatter(sub["parameters"], sub["facts"], s=22, alpha=0.7, color=color, label=architecture)
+        _seeds_and_means(ax, sub, "facts", "first_fail_facts", color, architecture)
     ok = rows[rows["facts"] > 0]
     if len(ok):
         grid = np.geomspace(ok["parameters"].min() * 0.8, ok["parameters"].max() * 1.25, 100)
@@ -68,6 +112,7 @@ def plot_facts(rows: pd.DataFrame, path: str | Path) -> Path:
             lo, hi = c.ci95()
             ax.plot(grid, c.constant * grid, "-", color="tab:red",
                     label=f"fit: facts = {c.constant:.3f} P  (95% {lo:.3f}-{hi:.3f})")
+            ax.fill_between(grid, lo * grid, hi * grid, color="tab:red", alpha=0.1, lw=0)
         ax.plot(grid, 0.15 * grid, "--", color="gray", label="paper: facts = 0.15 P")
     ax.set_xscale("log")
     ax.set_yscale("log")
@@ -77,8 +122,10 @@ def plot_facts(rows: pd.DataFrame, path: str | Path) -> Path:
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("trainable parameters P = 4 H d_h d + 2 m d")
     ax.set_ylabel("facts stored (S R at 99%)")
-    ax.set_title("factual recall: facts against parameters")
-    ax.legend(fontsize=7)
+    seeds = ",".join(map(str, fits["seeds"]))
+    ax.set_title(f"factual recall: facts against parameters, seeds {seeds}\n{fits['points']} rows fitted, left out: "
+                 f"{fits['step_limited']} step-limited, {fits['censored']} never failed", fontsize=9)
+    ax.legend(fontsize=6)
     ax.grid(alpha=0.3, which="both")
     return save(fig, path)
 

@@ -426,7 +426,7 @@ _PAPER_DIMS = (8, 11, 16, 22, 32, 45, 64, 90, 128, 181)
 _SCALING = {"head_dim": 2, "attn_ratio": 1.0, "width_ratios": (0.0, 1.0)}
 SCALING_PRESETS = {
     "quick": {**_SCALING, "dims": (8,), "seeds": (0,), "training": {"steps": 100, "batch_size": 256, "lrs": (1e-2, 3e-2)}},
-    "reference": {**_SCALING, "dims": (8, 11, 16, 23), "seeds": (0, 1),
+    "reference": {**_SCALING, "dims": (8, 11, 16, 23), "seeds": (0, 1, 2),
                   "training": {"steps": 1000, "batch_size": 256, "lrs": (1e-2, 3e-2)}},
     "paper": {**_SCALING, "dims": _PAPER_DIMS, "seeds": (0, 1, 2),
               "training": {"steps": 16384, "batch_size": 1024, "lrs": (1e-3, 3e-3, 1e-2)}},

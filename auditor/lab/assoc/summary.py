@@ -1,9 +1,12 @@
 """Fits and Markdown summaries of the capacity-lab-III results (what the report and the CLI print).
 
 Points whose search never failed (the capacity reached the search's upper end, so it is only a lower
-bound) are left out of every fit and counted as ``censored``; so are factual-recall points whose first
-failing table was still improving when its budget ran out (``converged`` False: the budget, not the
-model, set the capacity). With several step budgets the facts-per-parameter fit uses the largest, and
+bound) are left out of every fit and counted as ``censored``; so are points whose first failing probe
+(memory) or table (factual recall) was still improving when its step budget ran out (``converged``
+False: the budget, not the model, set the capacity), counted as ``step_limited``. A CSV written before
+the ``converged`` column existed has its uncensored rows fitted as before (convergence not recorded).
+Every per-size capacity is given as the mean over converged seeds with a 95% Student-t interval over
+those seeds. With several step budgets the facts-per-parameter fit uses the largest, and
 :func:`budget_fit` fits the saturating curve facts/P = f_inf B / (B + B_half) over the budgets B.
 """
 
@@ -27,6 +30,7 @@ from auditor.lab.assoc.capacity import (
     fit_power_law,
     n_log_n,
 )
+from auditor.lab.assoc.recall_sweep import PLATEAU_GAIN, PLATEAU_WINDOW
 
 
 def _uncensored(rows: pd.DataFrame, value: str, fail: str) -> pd.DataFrame:
@@ -34,12 +38,52 @@ def _uncensored(rows: pd.DataFrame, value: str, fail: str) -> pd.DataFrame:
     return rows[rows[fail].notna() & (rows[value] > 1)]
 
 
+def _flag(value: object) -> bool:
+    """A ``converged`` cell as written to a CSV (bool, 'True', 1, ...) as a bool; empty is False."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    return str(value).strip().lower() in ("true", "1", "1.0")
+
+
+def converged_mask(rows: pd.DataFrame) -> pd.Series:
+    """Per row: converged (True) or step-limited / unbracketed (False). All True when the CSV predates the
+    ``converged`` column (convergence not recorded: see :func:`convergence_recorded`)."""
+    if "converged" not in rows:
+        return pd.Series(True, index=rows.index)
+    return rows["converged"].map(_flag).astype(bool)
+
+
+def convergence_recorded(rows: pd.DataFrame) -> bool:
+    return "converged" in rows
+
+
+def seed_interval(values: Any) -> tuple[float, float]:
+    """95% Student-t interval of the mean over seeds (NaN with fewer than 2 values; a point when all agree)."""
+    x = np.asarray(values, dtype=float)
+    if len(x) < 2:
+        return math.nan, math.nan
+    if np.std(x) == 0:
+        return float(x.mean()), float(x.mean())
+    lo, hi = stats.t.interval(0.95, len(x) - 1, loc=x.mean(), scale=stats.sem(x))
+    return float(lo), float(hi)
+
+
+def _split(rows: pd.DataFrame, value: str, fail: str) -> tuple[pd.DataFrame, int, int]:
+    """(rows fitted: uncensored and converged, censored count, step-limited count)."""
+    uncensored = _uncensored(rows, value, fail)
+    fitted = uncensored[converged_mask(uncensored)]
+    return fitted, len(rows) - len(uncensored), len(uncensored) - len(fitted)
+
+
 def capacity_fits(rows: pd.DataFrame) -> dict[str, dict[str, Any]]:
     """Per memory kind: ``power`` (N = k P^b), ``law`` (P = c (N ln N)^b, b = 1 under the paper's law),
-    ``constant`` (c of P = c N ln N) and the paper's ``guide`` c. Fits need >= 3 points (else None)."""
+    ``constant`` (c of P = c N ln N) and the paper's ``guide`` c, over the converged, uncensored rows
+    (``points``); ``censored`` (the search never failed, or capacity <= 1) and ``step_limited`` (the first
+    failing probe was still improving at the step limit) count the rows left out (``left_out``). Fits need
+    >= 3 points (else None)."""
     out: dict[str, dict[str, Any]] = {}
     for kind in sorted(set(rows["kind"])):
-        sub = _uncensored(rows[rows["kind"] == kind], "capacity", "first_fail")
+        sub, censored, step_limited = _split(rows[rows["kind"] == kind], "capacity", "first_fail")
         enough = len(sub) >= 3 and sub["parameters"].nunique() >= 2
         out[kind] = {
             "power": fit_power_law(sub["parameters"], sub["capacity"]) if enough else None,
@@ -47,7 +91,10 @@ def capacity_fits(rows: pd.DataFrame) -> dict[str, dict[str, Any]]:
             "constant": fit_guide_constant(sub["parameters"], n_log_n(sub["capacity"])) if len(sub) else None,
             "guide": GUIDE_CONSTANT[kind],
             "points": len(sub),
-            "censored": int((rows["kind"] == kind).sum() - len(sub)),
+            "censored": censored,
+            "step_limited": step_limited,
+            "left_out": censored + step_limited,
+            "seeds": sorted(int(s) for s in rows.loc[rows["kind"] == kind, "seed"].unique()) if "seed" in rows else [],
         }
     return out
 
@@ -59,11 +106,10 @@ def final_budget(rows: pd.DataFrame) -> pd.DataFrame:
 
 def facts_fits(rows: pd.DataFrame) -> dict[str, Any]:
     """``slope`` (facts = c P), ``power`` (facts = k P^b), bits per parameter, over every uncensored and
-    converged row of the largest budget."""
+    converged row of the largest budget (``points``); ``censored`` and ``step_limited`` count the rows left
+    out (``left_out``), as in :func:`capacity_fits`."""
     rows = final_budget(rows)
-    sub = _uncensored(rows, "facts", "first_fail_facts")
-    if "converged" in sub:
-        sub = sub[sub["converged"].astype(bool)]
+    sub, censored, step_limited = _split(rows, "facts", "first_fail_facts")
     enough = len(sub) >= 3 and sub["parameters"].nunique() >= 2
     slope = fit_guide_constant(sub["facts"], sub["parameters"]) if len(sub) else None
     bits_per_fact = float(np.log2(rows["answers_per_relation"].iloc[0])) if len(rows) else float("nan")
@@ -73,7 +119,10 @@ def facts_fits(rows: pd.DataFrame) -> dict[str, Any]:
         "bits_per_parameter": slope.constant * bits_per_fact if slope else None,
         "bits_per_fact": bits_per_fact,
         "points": len(sub),
-        "censored": len(rows) - len(sub),
+        "censored": censored,
+        "step_limited": step_limited,
+        "left_out": censored + step_limited,
+        "seeds": sorted(int(x) for x in rows["seed"].unique()) if "seed" in rows else [],
     }
 
 
@@ -91,43 +140,69 @@ def _fmt_const(c: ConstantFit | None) -> str:
     return f"{c.constant:.3f} (95% {lo:.3f} to {hi:.3f}, n = {c.n})"
 
 
+def _per_size(rows: pd.DataFrame, keys: list[str], value: str) -> pd.DataFrame:
+    """Per size: seeds, converged k/n, and ``value`` over the converged seeds (mean, 95% interval, min, max),
+    with the mean over all seeds beside it."""
+    done = converged_mask(rows)
+    out = []
+    for key, part in rows.groupby(keys, sort=True):
+        ok = part.loc[done.loc[part.index], value].astype(float)
+        lo, hi = seed_interval(ok)
+        out.append({**dict(zip(keys, key)), "seeds": len(part), "converged": f"{len(ok)}/{len(part)}",
+                    f"{value} mean": ok.mean() if len(ok) else math.nan,
+                    "95% over seeds": f"{lo:.4g} to {hi:.4g}" if len(ok) > 1 else "n/a",
+                    "min": ok.min() if len(ok) else math.nan, "max": ok.max() if len(ok) else math.nan,
+                    "mean, all seeds": part[value].astype(float).mean()})
+    return pd.DataFrame(out)
+
+
+def _criterion(rows: pd.DataFrame) -> str:
+    if not convergence_recorded(rows):
+        return ("- convergence not recorded in these rows (written before the `converged` column): every "
+                "uncensored row is fitted")
+    return ("- `converged`: the capacity's first failing probe had plateaued (accuracy rose by less than "
+            f"{PLATEAU_GAIN:g} over the last {PLATEAU_WINDOW:.0%} of its step budget); probes that pass reached "
+            "the threshold. Means, intervals, min and max are over converged seeds; fits use converged rows only.")
+
+
 def capacity_markdown(rows: pd.DataFrame) -> str:
-    """Capacity table (mean and range over seeds per size) and the fits against the paper's guides."""
-    table = (
-        rows.groupby(["kind", "d", "width", "parameters"])["capacity"]
-        .agg(["mean", "min", "max", "count"])
-        .reset_index()
-        .rename(columns={"mean": "capacity mean", "min": "min", "max": "max", "count": "seeds"})
-    )
+    """Capacity per size (mean, 95% interval, range over converged seeds) and the fits against the
+    paper's guides, with the rows each fit left out."""
+    table = _per_size(rows, ["kind", "d", "width", "parameters"], "capacity")
     table["parameters / (N ln N)"] = table["parameters"] / n_log_n(table["capacity mean"].clip(lower=2))
-    lines = [table.to_markdown(index=False, floatfmt=".3g"), ""]
-    lines += ["| memory | paper's c in P = c N ln N | fitted c | exponent b in P ∝ (N ln N)^b | exponent in N ∝ P^b | censored |",
-              "|---|---|---|---|---|---|"]
+    lines = [table.to_markdown(index=False, floatfmt=".4g"), "", _criterion(rows), ""]
+    lines += ["| memory | seeds | paper's c in P = c N ln N | fitted c | exponent b in P ∝ (N ln N)^b | "
+              "exponent in N ∝ P^b | rows fitted | left out: never failed / step-limited |",
+              "|---|---|---|---|---|---|---|---|"]
     for kind, fit in capacity_fits(rows).items():
-        lines.append(f"| {kind} | {fit['guide']} | {_fmt_const(fit['constant'])} | {_fmt_power(fit['law'])} | "
-                     f"{_fmt_power(fit['power'])} | {fit['censored']} |")
+        lines.append(f"| {kind} | {','.join(map(str, fit['seeds']))} | {fit['guide']} | {_fmt_const(fit['constant'])} "
+                     f"| {_fmt_power(fit['law'])} | {_fmt_power(fit['power'])} | {fit['points']} | "
+                     f"{fit['censored']} / {fit['step_limited']} |")
     return "\n".join(lines)
 
 
 def facts_markdown(rows: pd.DataFrame) -> str:
-    """Facts-per-parameter table and fit (largest budget), compared with 0.15 facts and 2 bits per parameter."""
+    """Facts-per-parameter table (mean, 95% interval over converged seeds) and fit (largest budget),
+    compared with 0.15 facts and 2 bits per parameter."""
     rows = final_budget(rows)
-    table = (
-        rows.groupby(["architecture", "d", "heads", "head_dim", "width", "parameters"])
-        .agg(subjects=("subjects", "mean"), relations=("relations", "mean"), facts=("facts", "mean"),
-             facts_min=("facts", "min"), facts_max=("facts", "max"),
-             facts_per_parameter=("facts_per_parameter", "mean"), bits_per_parameter=("bits_per_parameter", "mean"))
-        .reset_index()
-    )
+    keys = ["architecture", "d", "heads", "head_dim", "width", "parameters"]
+    table = _per_size(rows, keys, "facts_per_parameter").rename(columns={"min": "fpp min", "max": "fpp max"})
+    facts = rows[converged_mask(rows)].groupby(keys)["facts"].mean().rename("facts mean (converged)").reset_index()
+    table = table.merge(facts, on=keys, how="left")
     fit = facts_fits(rows)
     slope = fit["slope"]
-    lines = [table.to_markdown(index=False, floatfmt=".3g"), ""]
-    lines.append(f"- fitted facts per parameter: {_fmt_const(slope)}; paper's guide {FACTS_PER_PARAMETER_GUIDE}")
+    lines = [table.to_markdown(index=False, floatfmt=".4g"), "", _criterion(rows).replace("probe", "table"), ""]
+    lines.append(f"- fitted facts per parameter: {_fmt_const(slope)}; paper's guide {FACTS_PER_PARAMETER_GUIDE}; "
+                 f"seeds {','.join(map(str, fit['seeds']))}")
     if fit["bits_per_parameter"] is not None:
-        lines.append(f"- bits per parameter: {fit['bits_per_parameter']:.3f} (log2 D = {fit['bits_per_fact']:.0f} bits per fact); "
+        lo, hi = slope.ci95()
+        lines.append(f"- bits per parameter: {fit['bits_per_parameter']:.3f} (95% {lo * fit['bits_per_fact']:.3f} to "
+                     f"{hi * fit['bits_per_fact']:.3f}; log2 D = {fit['bits_per_fact']:.0f} bits per fact); "
                      f"paper's guide {FACTS_PER_PARAMETER_GUIDE * fit['bits_per_fact']:.2f}; real language models "
                      f"~{LM_BITS_PER_PARAMETER:g}")
-    lines.append(f"- exponent of facts ∝ P^b: {_fmt_power(fit['power'])} (1 = linear); censored points: {fit['censored']}")
+    lines.append(f"- exponent of facts ∝ P^b: {_fmt_power(fit['power'])} (1 = linear)")
+    lines.append(f"- rows fitted: {fit['points']} of {len(rows)}; left out: {fit['censored']} whose search never "
+                 f"failed, {fit['step_limited']} step-limited")
     return "\n".join(lines)
 
 
