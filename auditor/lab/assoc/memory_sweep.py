@@ -8,8 +8,8 @@ memory kind sweeps into its own folder (``linear/``, ``mlp/``), resumable, and `
 ``summary.md`` and ``capacity.png`` gather both.
 
 Every row says whether its capacity is ``converged``, by the rule of the factual-recall sweep
-(:data:`~auditor.lab.assoc.recall_sweep.PLATEAU_GAIN` over the last
-:data:`~auditor.lab.assoc.recall_sweep.PLATEAU_WINDOW` of the step budget): the probes that pass reached
+(:data:`~auditor.lab.assoc.convergence.PLATEAU_GAIN` over the last
+:data:`~auditor.lab.assoc.convergence.PLATEAU_WINDOW` of the step budget): the probes that pass reached
 the threshold, so the capacity rests on the first failing probe (N = ``first_fail``), which is converged
 when its accuracy had stopped rising (a plateau) and step-limited when it was still climbing at the step
 limit. A search that never failed (capacity at the top of the searched range, ``first_fail`` empty) is
@@ -31,8 +31,8 @@ import pandas as pd
 
 from auditor.errors import AuditError, did_you_mean
 from auditor.lab.assoc.capacity import GUIDE_CONSTANT, Bisection, invert_n_log_n, search_all
+from auditor.lab.assoc.convergence import PLATEAU_GAIN, PLATEAU_WINDOW, accuracy_at
 from auditor.lab.assoc.memories import MEMORY_KINDS, MemoryMember, build_memory, memory_parameters
-from auditor.lab.assoc.recall_sweep import PLATEAU_GAIN, PLATEAU_WINDOW, accuracy_at
 from auditor.lab.engine import TrainConfig, train
 from auditor.lab.experiment import Experiment, option
 from auditor.lab.sweep import run_sweep, write_csv

@@ -34,6 +34,7 @@ import pandas as pd
 
 from auditor.errors import AuditError
 from auditor.lab.assoc.capacity import FACTS_PER_PARAMETER_GUIDE, Bisection, search_all
+from auditor.lab.assoc.convergence import PLATEAU_GAIN, PLATEAU_WINDOW, accuracy_at
 from auditor.lab.assoc.facts import DEFAULT_PROMPT_LENGTH, FactTable
 from auditor.lab.assoc.recall import RecallMember, build_recall, recall_parameters
 from auditor.lab.engine import TrainConfig, train
@@ -84,23 +85,6 @@ class RecallTraining:
             target_accuracy=self.threshold,
             eval_every=self.eval_every,
         )
-
-
-# A run that ends below the threshold counts as converged when its accuracy rose by less than
-# PLATEAU_GAIN over the last PLATEAU_WINDOW of its budget (it had stopped improving); otherwise its
-# failure is the budget's, and the row that depends on it is flagged ``converged`` = False.
-PLATEAU_GAIN = 0.01
-PLATEAU_WINDOW = 0.25
-
-
-def accuracy_at(history: pd.DataFrame, budget: int) -> float:
-    """Accuracy of one member's run after ``budget`` steps: its last evaluation at or before ``budget``
-    (a member frozen earlier keeps the accuracy it froze at). ``history``: that member's rows
-    (``step``, ``accuracy``) of :attr:`~auditor.lab.engine.TrainResult.history`."""
-    seen = history[history["step"] <= budget]
-    if seen.empty:
-        raise AuditError(f"no evaluation at or before step {budget}")
-    return float(seen["accuracy"].iloc[-1])
 
 
 def outcome_at(history: pd.DataFrame, budget: int, threshold: float) -> dict[str, Any]:

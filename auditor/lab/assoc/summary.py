@@ -30,7 +30,7 @@ from auditor.lab.assoc.capacity import (
     fit_power_law,
     n_log_n,
 )
-from auditor.lab.assoc.recall_sweep import PLATEAU_GAIN, PLATEAU_WINDOW
+from auditor.lab.assoc.convergence import PLATEAU_GAIN, PLATEAU_WINDOW
 
 
 def _uncensored(rows: pd.DataFrame, value: str, fail: str) -> pd.DataFrame:
