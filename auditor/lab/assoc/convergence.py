@@ -22,3 +22,10 @@ def accuracy_at(history: pd.DataFrame, budget: int) -> float:
     if seen.empty:
         raise AuditError(f"no evaluation at or before step {budget}")
     return float(seen["accuracy"].iloc[-1])
+
+
+def plateau_gain(history: pd.DataFrame, budget: int) -> float:
+    """How much one member's accuracy rose over the last ``PLATEAU_WINDOW`` of a ``budget``-step run
+    (its evaluations at or before ``budget`` and ``budget (1 - PLATEAU_WINDOW)``). ``history``: that
+    member's rows (``step``, ``accuracy``) of :attr:`~auditor.lab.engine.TrainResult.history`."""
+    return accuracy_at(history, budget) - accuracy_at(history, int(budget * (1 - PLATEAU_WINDOW)))

@@ -31,7 +31,7 @@ import pandas as pd
 
 from auditor.errors import AuditError, did_you_mean
 from auditor.lab.assoc.capacity import GUIDE_CONSTANT, Bisection, invert_n_log_n, search_all
-from auditor.lab.assoc.convergence import PLATEAU_GAIN, PLATEAU_WINDOW, accuracy_at
+from auditor.lab.assoc.convergence import PLATEAU_GAIN, plateau_gain
 from auditor.lab.assoc.memories import MEMORY_KINDS, MemoryMember, build_memory, memory_parameters
 from auditor.lab.engine import TrainConfig, train
 from auditor.lab.experiment import Experiment, option
@@ -103,13 +103,6 @@ def guide_capacity(kind: str, d: int, m: int = 0) -> float:
     return invert_n_log_n(memory_parameters(kind, d, m) / GUIDE_CONSTANT[kind])
 
 
-def plateau_gain(history: pd.DataFrame, budget: int) -> float:
-    """How much one member's accuracy rose over the last ``PLATEAU_WINDOW`` of a ``budget``-step run
-    (its evaluations at or before ``budget`` and ``budget (1 - PLATEAU_WINDOW)``). ``history``: that
-    member's rows (``step``, ``accuracy``) of :attr:`~auditor.lab.engine.TrainResult.history`."""
-    return accuracy_at(history, budget) - accuracy_at(history, int(budget * (1 - PLATEAU_WINDOW)))
-
-
 def probe_converged(history: pd.DataFrame, budget: int, passed: bool) -> bool:
     """A probe is converged when it passed (it reached the threshold) or when it failed on a plateau: its
     accuracy rose by less than ``PLATEAU_GAIN`` over the last ``PLATEAU_WINDOW`` of its budget. A failure
@@ -130,7 +123,7 @@ def _probe_bucket(unit: dict[str, Any], tcfg: TrainConfig, pending: list[tuple[i
                                                       passed)):
         gain = plateau_gain(runs[j], tcfg.steps)
         log_rows.append({"seed": seeds[i], "n_items": n, "accuracy": acc, "steps_trained": steps, "passed": ok,
-                         "plateau_gain": round(gain, 6), "converged": probe_converged(runs[j], tcfg.steps, ok)})
+                         "plateau_gain": round(gain, 6), "converged": bool(ok) or gain < PLATEAU_GAIN})
     return passed
 
 

@@ -34,7 +34,7 @@ import pandas as pd
 
 from auditor.errors import AuditError
 from auditor.lab.assoc.capacity import FACTS_PER_PARAMETER_GUIDE, Bisection, search_all
-from auditor.lab.assoc.convergence import PLATEAU_GAIN, PLATEAU_WINDOW, accuracy_at
+from auditor.lab.assoc.convergence import PLATEAU_GAIN, accuracy_at, plateau_gain
 from auditor.lab.assoc.facts import DEFAULT_PROMPT_LENGTH, FactTable
 from auditor.lab.assoc.recall import RecallMember, build_recall, recall_parameters
 from auditor.lab.engine import TrainConfig, train
@@ -94,7 +94,7 @@ def outcome_at(history: pd.DataFrame, budget: int, threshold: float) -> dict[str
     seen = history[history["step"] <= budget]
     hits = seen.loc[seen["accuracy"] >= threshold - 1e-12, "step"]
     accuracy = accuracy_at(history, budget)
-    gain = accuracy - accuracy_at(history, int(budget * (1 - PLATEAU_WINDOW)))
+    gain = plateau_gain(history, budget)
     return {"accuracy": accuracy, "passed": not hits.empty, "converged": not hits.empty or gain < PLATEAU_GAIN,
             "steps_trained": int(hits.iloc[0] if not hits.empty else seen["step"].iloc[-1])}
 
