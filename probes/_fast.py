@@ -89,6 +89,7 @@ import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -229,12 +230,13 @@ def decide(
 
     prove = exact_dependent is not None and k > 1
     floor_first = _usable_floor(floor) and not (prove and dependent_first)
-    lam_hi = _lam_hi(gram, lam_cap, quick=floor_first)  # exact bound recomputed after the floor stage
     lam_lo = None
     if lam_bounds is not None:
         floor_first = False
         lam_lo, known = lam_bounds
         lam_hi = torch.minimum(_lam_hi(gram, lam_cap), known)
+    else:
+        lam_hi = _lam_hi(gram, lam_cap, quick=floor_first)  # exact bound recomputed after the floor stage
     todo = torch.arange(c, device=device)
 
     def part(a: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:  # no copy while nothing is decided
@@ -243,9 +245,6 @@ def decide(
     proven: list[torch.Tensor] = []  # positions proven dependent (stage 1b or its shortcut)
     shortcut = 0
     early = exact_first if prove and exact_first is not None and bool(exact_first.any()) else None
-
-    def provable(pos: torch.Tensor) -> torch.Tensor:  # (bool over pos) matrices a proof may settle
-        return torch.ones_like(pos, dtype=torch.bool) if early is None else ~early[pos]
 
     def dependent(pos: torch.Tensor, ceil: torch.Tensor | None) -> None:
         stages["cholesky_dependent"] += int(pos.numel())
@@ -289,8 +288,8 @@ def decide(
             lam_hi[todo[rest]] = _lam_hi(g[rest], lam_cap)
         if prove and quick and not bool(ok.all()):
             nonlocal shortcut
-            settled, ceil = _quick_dependent(g, chol, info, part(lam_hi, todo), rtol, width, ~ok & provable(todo),
-                                             ceilings)
+            candidates = ~ok if early is None else ~ok & ~early[todo]  # (early ones: exact ranks instead)
+            settled, ceil = _quick_dependent(g, chol, info, part(lam_hi, todo), rtol, width, candidates, ceilings)
             dependent(todo[settled], ceil[settled])
             shortcut += int(settled.sum())
             ok = ok | settled
@@ -474,15 +473,16 @@ def _rayleigh_up(gram: torch.Tensor, v: torch.Tensor, trace: torch.Tensor, width
 def _power_lower(gram: torch.Tensor, steps: int = 4, *, vector: bool = False):
     """(t,) lower bounds on lambda_max(G as stored): the largest diagonal entry and the Rayleigh quotient
     after ``steps`` power steps from the all-ones vector (unit v: <= lambda_max up to rounding, which
-    the factor 1 - 4 k eps covers). ``vector``: also return the unit vectors v (t, k, 1)."""
+    the factor 1 - 4 k eps covers). ``vector``: also return the unit vectors v and G v, each (t, k, 1)."""
     k = gram.shape[-1]
     v = torch.ones(gram.shape[0], k, 1, dtype=gram.dtype, device=gram.device)
     for _ in range(max(1, steps)):  # (at least one step: v unit)
         v = gram @ v
         v = v / v.norm(dim=1, keepdim=True).clamp(min=torch.finfo(gram.dtype).tiny)
-    rayleigh = (v.transpose(1, 2) @ gram @ v)[:, 0, 0]
+    gv = gram @ v
+    rayleigh = (v.transpose(1, 2) @ gv)[:, 0, 0]
     lo = torch.maximum(gram.diagonal(dim1=-2, dim2=-1).amax(-1), rayleigh) * (1 - 4 * k * _F64_EPS)
-    return (lo, v) if vector else lo
+    return (lo, v, gv) if vector else lo
 
 
 def _ceilings(gram: torch.Tensor, chol: torch.Tensor, pivot: torch.Tensor, v: torch.Tensor, r_up: torch.Tensor,
@@ -572,13 +572,13 @@ def _tight_lambda_max(gram: torch.Tensor, steps: int = 12, gap: float = 1e-3,
     t, k, _ = gram.shape
     u = _F64_EPS / 2
     if residual:
-        lo, v = _power_lower(gram, steps, vector=True)
+        lo, v, gv = _power_lower(gram, steps, vector=True)
     else:
         lo = _power_lower(gram, steps)
     theta = lo / (1 - 4 * k * _F64_EPS)
     mu = theta * (1 + gap)
     if residual:
-        rho = torch.linalg.vector_norm(gram @ v - theta[:, None, None] * v, dim=(1, 2))
+        rho = torch.linalg.vector_norm(gv - theta[:, None, None] * v, dim=(1, 2))
         mu = torch.maximum(mu, theta + 2 * rho)
     a = gram.neg()
     a.diagonal(dim1=-2, dim2=-1).add_(mu[:, None])
@@ -916,6 +916,17 @@ def _run_chunks(bounds, done: list, work: Callable, plan_of, workers: int,
         raise state["error"]
 
 
+def map_chunks(work: Callable[[int], Any], count: int, workers: int) -> list:
+    """[work(0), ..., work(count - 1)], on ``workers`` threads with one torch thread each (in the
+    calling thread when that is 1 or there is a single item); the order of the results is fixed."""
+    if min(workers, count) <= 1:
+        return [work(j) for j in range(count)]
+    out: list = []
+    _run_chunks([(j, j + 1) for j in range(count)], out, lambda j, _plan: work(j), lambda j, done: None,
+                min(workers, count), None, lag=count)
+    return out
+
+
 def subset_decisions(
     vectors64: torch.Tensor,
     subsets: torch.Tensor,
@@ -1007,7 +1018,7 @@ def subset_decisions(
         chosen = order[rank[order] == -1]
         pieces = [(a, min(a + step, chosen.numel())) for a in range(0, chosen.numel(), step)]
 
-        def exact(j: int, _plan) -> Decisions:
+        def exact(j: int) -> Decisions:
             sub = subsets[chosen[pieces[j][0] : pieces[j][1]]]
             gram = pool.gram64(sub)
             out = Decisions(torch.empty(sub.shape[0], dtype=torch.int64, device=device),
@@ -1017,12 +1028,7 @@ def subset_decisions(
                          _lam_hi(gram, lam_cap), rtol, d, out.rank, out.margin, out.stages, out.ceiling)
             return out
 
-        parts: list = []
-        if min(workers, len(pieces)) > 1:
-            _run_chunks(pieces, parts, exact, lambda j, done: None, min(workers, len(pieces)), None,
-                        lag=len(pieces))
-        else:
-            parts = [exact(j, None) for j in range(len(pieces))]
+        parts = map_chunks(exact, len(pieces), workers)
         for (a, b), part in zip(pieces, parts, strict=True):
             rank[chosen[a:b]], margin[chosen[a:b]] = part.rank, part.margin
             bound[chosen[a:b]] = False

@@ -183,6 +183,10 @@ class _Refiner:
         self.factorised = 0
 
     # ------------------------------------------------------------------ the tools
+    def _workers(self) -> int:
+        """Worker threads for independent chunks: the fast path's, on the CPU; one elsewhere."""
+        return min(_fast._MAX_WORKERS, torch.get_num_threads()) if _device(self.src).type == "cpu" else 1
+
     def _chunks(self, pos: torch.Tensor):
         for a in range(0, pos.numel(), self.src.step):
             yield pos[a : a + self.src.step]
@@ -221,16 +225,8 @@ class _Refiner:
         dec = first[0]
         dependent = dec.stages["cholesky_dependent"]
         dependent_first = dependent > 2 / 3 * parts[0].numel() and dec.shortcut < dependent / 2
-        results = [first]
-        bounds = [(0, 1)] + [(j, j + 1) for j in range(1, len(parts))]
-        workers = 1
-        if _device(self.src).type == "cpu" and len(parts) > 2:
-            workers = min(_fast._MAX_WORKERS, torch.get_num_threads())
-        if workers > 1:
-            _fast._run_chunks(bounds, results, lambda j, _plan: self._decide_part(parts[j], t, dependent_first),
-                              lambda j, done: None, min(workers, len(parts) - 1), None, lag=len(parts))
-        else:
-            results += [self._decide_part(parts[j], t, dependent_first) for j in range(1, len(parts))]
+        results = [first] + _fast.map_chunks(lambda j: self._decide_part(parts[j + 1], t, dependent_first),
+                                             len(parts) - 1, self._workers())
         for part, (dec, lo, lam) in zip(parts, results, strict=True):
             if lam is not None:
                 self.lam_lo[part], self.lam_hi[part] = lam
@@ -300,16 +296,7 @@ class _Refiner:
         ``svd`` False: no SVD, the eigenvalues' proven bracket only (the ratio stays unknown where the
         bracket is wider)."""
         parts = list(self._chunks(pos))
-        results: list = []
-        workers = 1
-        if _device(self.src).type == "cpu" and len(parts) > 1:
-            workers = min(_fast._MAX_WORKERS, torch.get_num_threads(), len(parts))
-        if workers > 1:
-            _fast._run_chunks([(j, j + 1) for j in range(len(parts))], results,
-                              lambda j, _plan: self._spectra(parts[j], svd), lambda j, done: None, workers, None,
-                              lag=len(parts))
-        else:
-            results = [self._spectra(part, svd) for part in parts]
+        results = _fast.map_chunks(lambda j: self._spectra(parts[j], svd), len(parts), self._workers())
         for part, (r, r_lo, r_hi) in zip(parts, results, strict=True):
             self.ratio[part] = torch.where(r.isnan(), self.ratio[part], r)
             self.lo[part] = torch.maximum(self.lo[part], r_lo * (1 - _PAD))
