@@ -31,6 +31,7 @@ from auditor.lab.assoc.capacity import (
     n_log_n,
 )
 from auditor.lab.assoc.convergence import PLATEAU_GAIN, PLATEAU_WINDOW
+from auditor.lab.stats import is_true, mean_ci
 
 
 def _uncensored(rows: pd.DataFrame, value: str, fail: str) -> pd.DataFrame:
@@ -38,19 +39,12 @@ def _uncensored(rows: pd.DataFrame, value: str, fail: str) -> pd.DataFrame:
     return rows[rows[fail].notna() & (rows[value] > 1)]
 
 
-def _flag(value: object) -> bool:
-    """A ``converged`` cell as written to a CSV (bool, 'True', 1, ...) as a bool; empty is False."""
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    return str(value).strip().lower() in ("true", "1", "1.0")
-
-
 def converged_mask(rows: pd.DataFrame) -> pd.Series:
     """Per row: converged (True) or step-limited / unbracketed (False). All True when the CSV predates the
     ``converged`` column (convergence not recorded: see :func:`convergence_recorded`)."""
     if "converged" not in rows:
         return pd.Series(True, index=rows.index)
-    return rows["converged"].map(_flag).astype(bool)
+    return rows["converged"].map(is_true).astype(bool)
 
 
 def convergence_recorded(rows: pd.DataFrame) -> bool:
@@ -59,13 +53,7 @@ def convergence_recorded(rows: pd.DataFrame) -> bool:
 
 def seed_interval(values: Any) -> tuple[float, float]:
     """95% Student-t interval of the mean over seeds (NaN with fewer than 2 values; a point when all agree)."""
-    x = np.asarray(values, dtype=float)
-    if len(x) < 2:
-        return math.nan, math.nan
-    if np.std(x) == 0:
-        return float(x.mean()), float(x.mean())
-    lo, hi = stats.t.interval(0.95, len(x) - 1, loc=x.mean(), scale=stats.sem(x))
-    return float(lo), float(hi)
+    return mean_ci(values)[1:]
 
 
 def _split(rows: pd.DataFrame, value: str, fail: str) -> tuple[pd.DataFrame, int, int]:
@@ -249,7 +237,7 @@ def budget_markdown(rows: pd.DataFrame) -> str:
     def ci(x: pd.Series) -> str:
         if len(x) < 2:
             return "n/a"
-        lo, hi = stats.t.interval(0.95, len(x) - 1, loc=x.mean(), scale=stats.sem(x)) if x.std() > 0 else (x.mean(),) * 2
+        lo, hi = seed_interval(x)
         return f"{lo:.3f} to {hi:.3f}"
 
     table = (rows.groupby(["architecture", "parameters", "budget"])

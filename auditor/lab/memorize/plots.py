@@ -7,10 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import scipy.stats
 
 from auditor.errors import AuditError
 from auditor.lab.figures import plt, save
+from auditor.lab.stats import mean_ci
 
 X_LABELS = {"heads": "heads H", "context": "context length n", "d_h": "key/query width d_h"}
 UNSATURATED = 0.95  # points with mean accuracy below this enter the linear fit (our reading of "non-saturated")
@@ -46,23 +46,6 @@ OLD_COLUMNS = {"bound": "lower_bound", "certified": "readout_hits", "certified_i
 def current_columns(frame: pd.DataFrame) -> pd.DataFrame:
     """``frame`` with old column names replaced (a column already present under its new name wins)."""
     return frame.rename(columns={old: new for old, new in OLD_COLUMNS.items() if old in frame and new not in frame})
-
-
-def mean_ci(values: np.ndarray | pd.Series, confidence: float = 0.95) -> tuple[float, float, float]:
-    """(mean, low, high): the two-sided Student-t interval of the mean (scipy.stats.t); NaN bounds with fewer
-    than two finite values, the mean itself when they all agree."""
-    v = np.asarray(values, dtype=float)
-    v = v[np.isfinite(v)]
-    if v.size == 0:
-        return float("nan"), float("nan"), float("nan")
-    mean = float(v.mean())
-    if v.size < 2:
-        return mean, float("nan"), float("nan")
-    sem = float(scipy.stats.sem(v))
-    if sem == 0:
-        return mean, mean, mean
-    low, high = scipy.stats.t.interval(confidence, v.size - 1, loc=mean, scale=sem)
-    return mean, float(low), float(high)
 
 
 def converged_rows(frame: pd.DataFrame) -> pd.DataFrame:
