@@ -36,6 +36,7 @@ import numpy as np
 import pandas as pd
 
 from auditor.errors import AuditError
+from auditor.lab.stats import is_true
 
 REAL_BITS = 24  # significand bits of float32: the precision a certified real label is counted at
 COLUMNS = ("room", "experiment", "config", "stored_bits", "parameters", "bits_per_parameter", "formula", "converged",
@@ -64,7 +65,7 @@ def _unknown(frame: pd.DataFrame) -> pd.Series:
 
 def _flags(column: pd.Series) -> pd.Series:
     """A recorded ``converged`` column as True/False, an empty cell as None (unknown, not True)."""
-    return column.map(lambda v: None if pd.isna(v) else str(v).strip().lower() in ("true", "1", "1.0")).astype(object)
+    return column.map(lambda v: None if pd.isna(v) else is_true(v)).astype(object)
 
 
 def _attention_converged(frame: pd.DataFrame) -> pd.Series:
@@ -274,9 +275,7 @@ def convergence_class(value: object) -> str:
     empty = value is None or (pd.api.types.is_scalar(value) and pd.isna(value))
     if empty or str(value).strip().lower() in ("", "nan", "none"):
         return NOT_RECORDED
-    if isinstance(value, (bool, np.bool_)):
-        return CONVERGED if value else STEP_LIMITED
-    return CONVERGED if str(value).strip().lower() in ("true", "1", "1.0") else STEP_LIMITED
+    return CONVERGED if is_true(value) else STEP_LIMITED
 
 
 def bits_summary(table: pd.DataFrame) -> pd.DataFrame:
