@@ -9,6 +9,13 @@ lambda_min(G) and sigma_max^2 = lambda_max(G). Each stage below decides only wha
    subset's block of the pool Gram, the shift raised by a bound on every float32 rounding error, so
    that success proves lambda_min(G) > T (analysis below). It runs at about twice the float64 speed
    and reads half the memory; what it cannot prove goes on to stage 1.
+0b. Dependence from the leading rows (Kruskal tests). A dependent subset's factorisation fails at the
+   first row that depends on the rows before it. Where that row is known to lie early (from the
+   failing pivot of the subset's stage 0 factorisation, or, for chunks without stage 0, from where the
+   shortcut below settled the subsets of an earlier chunk), the float64 block of the leading rows
+   alone is gathered and factorised, and the stage 1b shortcut runs on it with the whole subset's
+   bounds (:meth:`_Pool.dependent_lead`): it proves exactly what stage 1b would prove, reading about
+   (m / k)^2 of the block and factorising (m / k)^3 of it for m leading rows.
 1. Gram + shifted Cholesky in float64. An upper bound ``lam_hi >= lambda_max`` (min of trace,
    Gershgorin row sum and, for subsets, sigma_1^2 of the pool) gives ``tol_hi >= tol``. If the Cholesky
    factorisation of ``G - (tol_hi^2 + 2 delta) I`` succeeds, then lambda_min > tol^2: the matrix is full
@@ -110,6 +117,8 @@ _CACHE_BYTES = 4 * 2**20  # one chunk's float64 blocks
 _MAX_CHUNK = 4096
 _MAX_WORKERS = 4
 _CEIL_1B_K = 384  # from this k on, stage 1b proper also gives its matrices ceilings (see decide)
+_LEAD_PAD = 16  # stage 0b: rows gathered beyond the float32 factorisation's failing pivot ...
+_LEAD_SHARE = 0.75  # ... while that stays within this share of k (beyond, the full block is gathered)
 _MIN_PARALLEL_FLOP = 2e8  # below this much Cholesky work the chunks run in the calling thread
 
 STAGE_KEYS = ("cholesky", "cholesky_dependent", "eigvalsh", "svd", "cholesky32")
@@ -129,6 +138,8 @@ class Decisions:
     bound: torch.Tensor | None = None
     ceiling: torch.Tensor | None = None  # (S,) proven ceiling >= sigma_k / sigma_1 (inf: none known);
     # from the stage 1b shortcut and from the exact spectra (stages 2 and 3), only where asked for
+    fail_at: torch.Tensor | None = None  # (S,) int64: for matrices the shortcut settled, the 1-based pivot
+    # at which the factorisation it used failed (0 elsewhere); plans stage 0b of later chunks
 
 
 def _new_stages() -> dict[str, int]:
@@ -225,8 +236,9 @@ def decide(
     stages = _new_stages()
     bound = torch.zeros(c, dtype=torch.bool, device=device)
     ceiling = torch.full((c,), math.inf, dtype=torch.float64, device=device) if ceilings else None
+    fail_at = torch.zeros(c, dtype=torch.int64, device=device)
     if c == 0:
-        return Decisions(rank, margin, stages, bound=bound, ceiling=ceiling)
+        return Decisions(rank, margin, stages, bound=bound, ceiling=ceiling, fail_at=fail_at)
 
     prove = exact_dependent is not None and k > 1
     floor_first = _usable_floor(floor) and not (prove and dependent_first)
@@ -291,6 +303,7 @@ def decide(
             candidates = ~ok if early is None else ~ok & ~early[todo]  # (early ones: exact ranks instead)
             settled, ceil = _quick_dependent(g, chol, info, part(lam_hi, todo), rtol, width, candidates, ceilings)
             dependent(todo[settled], ceil[settled])
+            fail_at[todo[settled]] = info[settled].to(torch.int64)
             shortcut += int(settled.sum())
             ok = ok | settled
         return todo[~ok]
@@ -340,7 +353,7 @@ def decide(
         order = (rank != k).nonzero().flatten()[:exact_dependent]
         exact = order[rank[order] == -1]
         _stage_exact(gram[exact], exact, rows, lam_hi[exact], rtol, width, rank, margin, stages, ceiling)
-    return Decisions(rank, margin, stages, shortcut, bound, ceiling)
+    return Decisions(rank, margin, stages, shortcut, bound, ceiling, fail_at)
 
 
 def _usable_floor(floor: float | None) -> bool:
@@ -459,11 +472,14 @@ def _refine(gram: torch.Tensor, chol: torch.Tensor, pivot: torch.Tensor, v: torc
         v[pos, :j] = -(z + torch.linalg.solve_triangular(l11.transpose(1, 2), y, upper=True))
 
 
-def _rayleigh_up(gram: torch.Tensor, v: torch.Tensor, trace: torch.Tensor, width: int, pos) -> torch.Tensor:
-    """Rigorous upper bound on v^T G v / v^T v at ``pos``, G as stored (both triangles read)."""
+def _rayleigh_up(gram: torch.Tensor, v: torch.Tensor, trace: torch.Tensor, width: int, pos,
+                 size: int | None = None) -> torch.Tensor:
+    """Rigorous upper bound on v^T G v / v^T v at ``pos``, G as stored (both triangles read). ``size``:
+    v is zero beyond its first ``size`` entries (only that leading block of G is read)."""
     k, u = gram.shape[-1], _F64_EPS / 2
-    vp = v[pos]
-    num = (vp * (gram[pos] @ vp)).sum((1, 2))
+    size = k if size is None else size
+    vp = v[pos, :size]
+    num = (vp * (gram[pos, :size, :size] @ vp)).sum((1, 2))
     den = (vp * vp).sum((1, 2))
     rounding = (2 * (k + 1) + 2 * width) * u * 1.01 * den * trace[pos]  # products, sums, G vs G^T
     r_up = (num + rounding) / (den * (1 - 2 * k * u))
@@ -505,8 +521,8 @@ def _ceilings(gram: torch.Tensor, chol: torch.Tensor, pivot: torch.Tensor, v: to
 
 
 def _quick_dependent(gram: torch.Tensor, chol: torch.Tensor, info: torch.Tensor, lam_hi: torch.Tensor,
-                     rtol: float, width: int, candidates: torch.Tensor,
-                     ceilings: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                     rtol: float, width: int, candidates: torch.Tensor, ceilings: bool = False,
+                     full: tuple[torch.Tensor, torch.Tensor, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(t,) bool: matrices whose stage 1b factorisation is certain to fail, shown from a failed stage 1
     factorisation of the same G (shift s, failure at pivot j), without running stage 1b; and (t,) a
     proven ceiling on sigma_k / sigma_1 of those matrices (1 elsewhere; only with ``ceilings``).
@@ -522,17 +538,25 @@ def _quick_dependent(gram: torch.Tensor, chol: torch.Tensor, info: torch.Tensor,
     lambda_min(G) >= s_1b - 4 ((k + 2) u trace(G) + u (max g_ii + lam_hi)); so R below s_lo minus that
     much means it fails: the matrix is dependent (R < tol^2) and is exactly one stage 1b would prove.
     The ceiling: :func:`_ceilings`.
+
+    ``full``: (trace, largest diagonal entry, k) of the whole matrices when ``gram`` (and ``chol``,
+    ``info``) hold only their leading m x m blocks (:meth:`_Pool.dependent_lead`); ``lam_hi`` must
+    then be at least the bound stage 1b computes from the whole matrix. The bounds use the whole
+    matrix's values; the tested vector is zero beyond row m. No ceilings then.
     """
-    t, k, _ = gram.shape
+    t, m, _ = gram.shape
     u = _F64_EPS / 2
     pivot = info.to(torch.int64) - 1  # the failing pivot, 0-based = columns factored before it
-    candidates = candidates & (info > 0) & (pivot < k)
+    candidates = candidates & (info > 0) & (pivot < m)
     ceiling = torch.ones(t, dtype=gram.dtype, device=gram.device)
     if not bool(candidates.any()):
         return candidates, ceiling
-    diag = gram.diagonal(dim1=-2, dim2=-1)
-    trace, dmax = diag.sum(-1), diag.amax(-1)
-    gamma = 2 * k * (k + 1) * _F64_EPS * dmax + 2 * _gram_error(gram, lam_hi, width)
+    if full is None:
+        diag = gram.diagonal(dim1=-2, dim2=-1)
+        trace, dmax, k = diag.sum(-1), diag.amax(-1), m
+    else:
+        trace, dmax, k = full
+    gamma = 2 * k * (k + 1) * _F64_EPS * dmax + 2 * _GUARD * (k + width) * _F64_EPS * lam_hi  # as stage 1b
     backward = 4 * ((k + 2) * u * trace + u * (dmax + lam_hi))
 
     def threshold(lam_lo: torch.Tensor) -> torch.Tensor:  # (lower bound of the 1b shift) - backward
@@ -541,18 +565,19 @@ def _quick_dependent(gram: torch.Tensor, chol: torch.Tensor, info: torch.Tensor,
 
     bound = threshold(dmax)  # lam_lo >= the largest diagonal entry
     v = _pivot_vectors(gram, chol, pivot, candidates)
-    r_up = _rayleigh_up(gram, v, trace, width, slice(None))
+    size = int(pivot[candidates].max()) + 1  # v is zero beyond
+    r_up = _rayleigh_up(gram, v, trace, width, slice(None), size)
     for _ in range(2):  # refinement where needed
         rest = (candidates & (pivot > 0) & ~(r_up < bound)).nonzero().flatten()
         if not rest.numel():
             break
         _refine(gram, chol, pivot, v, rest)
-        r_up[rest] = _rayleigh_up(gram, v, trace, width, rest)
+        r_up[rest] = _rayleigh_up(gram, v, trace, width, rest, size)
     ok = candidates & (r_up < bound)
-    if bool((candidates & ~ok).any()):  # lam_lo >= the Rayleigh quotient of 1 too (rounded down)
-        ones = (gram.sum((-2, -1)) - 1.01 * k**3 * u * trace) / k * (1 - 1e-10)
+    if full is None and bool((candidates & ~ok).any()):  # lam_lo >= the Rayleigh quotient of 1 too
+        ones = (gram.sum((-2, -1)) - 1.01 * k**3 * u * trace) / k * (1 - 1e-10)  # (rounded down)
         ok = candidates & (r_up < threshold(torch.maximum(dmax, ones)))
-    if ceilings and bool(ok.any()):
+    if ceilings and full is None and bool(ok.any()):
         pos = ok.nonzero().flatten()
         ceiling[pos] = _ceilings(gram, chol, pivot, v, r_up[pos], pos, trace, width)
     return ok, ceiling
@@ -639,6 +664,7 @@ class _Plan:
     use32: bool
     dependent_first: bool
     reach: float | None = None  # certify at this margin first (see :func:`decide`)
+    lead: int | None = None  # stage 0b on this many leading rows, without stage 0 (_Pool.dependent_lead)
 
 
 @dataclass
@@ -656,6 +682,7 @@ class _Chunk:
     shortcut: int  # how many of those the stage 1b shortcut settled
     ceiling: torch.Tensor | None = None  # (c,) see :class:`Decisions`
     reach_miss: float | None = None  # with a reach: share certified at the floor but not at the reach
+    fail_at: torch.Tensor | None = None  # 1-based failing pivots of the subsets the shortcut settled
 
 
 class _Pool:
@@ -682,21 +709,25 @@ class _Pool:
     def _buffers(self):
         buf = getattr(self._local, "buf", None)
         if buf is None:
-            shape = (self.step, self.k, self.k)
+            size = self.step * self.k * self.k  # flat: any (c, m, m) with c <= step, m <= k fits
             buf = self._local.buf = {
-                "lin": np.empty(shape, dtype=np.int64), "rowoff": np.empty(shape[:2], dtype=np.int64),
-                "b64": np.empty(shape, dtype=np.float64), "b32": np.empty(shape, dtype=np.float32),
-                "l32": torch.empty(shape, dtype=torch.float32), "info": torch.empty(self.step, dtype=torch.int32),
+                "lin": np.empty(size, dtype=np.int64), "rowoff": np.empty(self.step * self.k, dtype=np.int64),
+                "b64": np.empty(size, dtype=np.float64), "b32": np.empty(size, dtype=np.float32),
+                "l32": torch.empty((self.step, self.k, self.k), dtype=torch.float32),
+                "info": torch.empty(self.step, dtype=torch.int32),
             }
         return buf
 
     def _take(self, source: np.ndarray, idx: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """(c, m, m) blocks source[idx[i]][:, idx[i]] of the (n, n) ``source`` for idx (c, m), into the
+        flat buffer ``out``."""
         buf = self._buffers()
         idx = idx.astype(np.int64, copy=False)
-        c = idx.shape[0]
-        rowoff = np.multiply(idx, self.n, out=buf["rowoff"][:c])
-        lin = np.add(rowoff[:, :, None], idx[:, None, :], out=buf["lin"][:c])
-        return np.take(source.reshape(-1), lin, out=out[:c], mode="clip")  # indices are valid; clip is the fastest mode
+        c, m = idx.shape
+        rowoff = np.multiply(idx, self.n, out=buf["rowoff"][: c * m].reshape(c, m))
+        lin = np.add(rowoff[:, :, None], idx[:, None, :], out=buf["lin"][: c * m * m].reshape(c, m, m))
+        # indices are valid; clip is the fastest mode
+        return np.take(source.reshape(-1), lin, out=out[: c * m * m].reshape(c, m, m), mode="clip")
 
     def gram64(self, idx: torch.Tensor) -> torch.Tensor:
         """(c, k, k) float64 Gram blocks of the subsets ``idx`` (c, k) (a reused buffer on the CPU)."""
@@ -719,9 +750,11 @@ class _Pool:
             return self._g32
 
     # -------------------------------------------------------------- stage 0
-    def certify32(self, idx: torch.Tensor, floor: float) -> torch.Tensor:
+    def certify32(self, idx: torch.Tensor, floor: float, *, detail: bool = False):
         """(c,) bool: lambda_min(G) > T = rtol^2 lam_hi32 10^(2 floor), proven in float32 (module
-        docstring); a success certifies full rank with margin >= floor."""
+        docstring); a success certifies full rank with margin >= floor. ``detail``: also return the
+        factorisations' ``info`` (c,) and (c,) upper bounds on the float64 Gershgorin bound that
+        :func:`_lam_hi` computes from the same block (for :meth:`dependent_lead`)."""
         k, d, u = self.k, self.d, _F32_U
         g32, scale = self._pool32()
         buf = self._buffers()
@@ -730,7 +763,8 @@ class _Pool:
         block = torch.from_numpy(self._take(g32, idx_np, buf["b32"]))  # (c, k, k) float32
         trace = torch.from_numpy(self.diag64[idx_np].sum(1)) * (1 + 2 * (k + d) * _F64_EPS)  # >= trace(G)
         gersh = block.abs().sum(-1).amax(-1).to(torch.float64) / scale  # float32 row sums, unscaled
-        lam_hi = torch.minimum(trace, gersh * (1 + 2 * (k + 2) * u) + 2 * d * _F64_EPS * trace)
+        gersh_up = gersh * (1 + 2 * (k + 2) * u)  # >= every row sum of |G64| (rounding of entries and sums)
+        lam_hi = torch.minimum(trace, gersh_up + 2 * d * _F64_EPS * trace)
         if self.lam_cap is not None:
             lam_hi = lam_hi.clamp(max=self.lam_cap * (1 + 64 * k * _F64_EPS))
         target = _floor_target(self.rtol**2 * lam_hi, floor)
@@ -743,16 +777,54 @@ class _Pool:
         block.diagonal(dim1=-2, dim2=-1).sub_((shift * scale).to(torch.float32)[:, None])
         lbuf = buf["l32"][:c]
         _, info = torch.linalg.cholesky_ex(block, out=(lbuf.transpose(1, 2), buf["info"][:c]))
-        return (info == 0) & (target > 0) & (target < lam_hi) & torch.isfinite(shift)
+        ok = (info == 0) & (target > 0) & (target < lam_hi) & torch.isfinite(shift)
+        if not detail:
+            return ok
+        # the float64 row sums of the same entries are at most (1 + 2 k eps) times their exact sums
+        return ok, info.clone(), gersh_up * (1 + 2 * k * _F64_EPS)
+
+    def dependent_lead(self, idx: torch.Tensor, size: int,
+                       gersh_up: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stage 0b: dependence proven from the leading rows only. Returns (c,) bool: the subsets
+        ``idx`` (c, k) proven dependent exactly as stage 1b would prove them, and (c,) the failing
+        pivot (1-based, 0 where the factorisation succeeded).
+
+        A dependent subset's Cholesky factorisation fails at the first row that depends on the rows
+        before it; when that row lies among the first ``size`` rows (known from a float32
+        factorisation of the subset, or from the subsets decided before), the float64 Gram block of
+        those rows alone is gathered, factorised with a shift below the stage 1b shift, and the stage
+        1b shortcut (:func:`_quick_dependent`) runs on it with every bound taken from the whole subset:
+        k, its trace and largest diagonal entry (from the pool's diagonal) and an upper bound on the
+        lam_hi stage 1b computes (the trace, the pool's cap and, where given, ``gersh_up`` from
+        :meth:`certify32`). The vector it tests is zero beyond the block, so its Rayleigh quotient on the
+        block equals the one on the whole Gram matrix. What it leaves goes on to the float64 stages."""
+        k, d = self.k, self.d
+        idx_np = idx.numpy()
+        diag = torch.from_numpy(self.diag64[idx_np])  # (c, k): the blocks' diagonals, as gathered
+        trace = diag.sum(-1) * (1 + 2 * k * _F64_EPS)  # >= the trace as any summation order computes it
+        dmax = diag.amax(-1)
+        lam_hi = trace if gersh_up is None else torch.minimum(trace, gersh_up)  # >= stage 1b's (computed)
+        if self.lam_cap is not None:
+            lam_hi = lam_hi.clamp(max=self.lam_cap * (1 + 64 * k * _F64_EPS))  # as _lam_hi clamps
+        gamma = 2 * k * (k + 1) * _F64_EPS * dmax + 2 * _GUARD * (k + d) * _F64_EPS * lam_hi
+        shift = self.rtol**2 * dmax * (1 - 4 * k * _F64_EPS) - gamma  # <= the stage 1b shift
+        if not bool((shift > 0).any()):  # (a tolerance below the Gram route's resolution: nothing to prove)
+            return torch.zeros_like(shift, dtype=torch.bool), torch.zeros(idx.shape[0], dtype=torch.int64)
+        lead = torch.from_numpy(self._take(self.g64, np.ascontiguousarray(idx_np[:, :size]), self._buffers()["b64"]))
+        chol, info = _shifted_cholesky(lead, shift.clamp(min=0))
+        dep, _ = _quick_dependent(lead, chol, info, lam_hi, self.rtol, d, shift > 0, full=(trace, dmax, k))
+        return dep, info.to(torch.int64)
 
 
 class _Planner:
     """The plan of chunk j from the chunks 0 .. j - _LAG (the pilot chunks are always among them).
     Running minima are kept per chunk, so plans do not depend on the order they are asked for."""
 
-    def __init__(self, n_pilot: int, can32: bool, prove: bool, probe: int, reach: float | None = None):
+    def __init__(self, n_pilot: int, can32: bool, prove: bool, probe: int, reach: float | None = None,
+                 lead_k: int | None = None):
         self.n_pilot, self.can32, self.prove, self.probe = n_pilot, can32, prove, probe
         self.reach = reach
+        self.lead_k = lead_k  # k where stage 0b may run (dependence proofs, no ceilings), else None
         self.floors: list[float] = []  # smallest margin over chunks 0 .. i
         self.tried: list[_Chunk | None] = []  # the last chunk <= i that ran stage 0
         self.reached: list[_Chunk | None] = []  # the last chunk <= i that certified at the reach
@@ -788,7 +860,16 @@ class _Planner:
             reached = self.reached[top]
             if reached is None or reached.reach_miss <= 0.125 or (j - self.n_pilot) % self.probe == 0:
                 reach = self.reach
-        return _Plan(floor=floor, use32=use32, dependent_first=dependent_first, reach=reach)
+        # Stage 0b without stage 0: while at least 3 in 10 subsets of a chunk are settled by the
+        # shortcut at a pivot within _LEAD_SHARE k (their proof then reads about (m / k)^2 of the block and
+        # factorises (m / k)^3 of it; the others pay the m x m gather and factorisation once more)
+        lead = None
+        if self.lead_k is not None and not use32 and last.fail_at is not None and last.fail_at.numel():
+            at = last.fail_at.sort().values
+            m = int(at[(9 * (at.numel() - 1)) // 10]) + _LEAD_PAD  # 90% of them within m rows
+            if m <= _LEAD_SHARE * self.lead_k and int((at + _LEAD_PAD <= m).sum()) >= 0.3 * last.rank.numel():
+                lead = m
+        return _Plan(floor=floor, use32=use32, dependent_first=dependent_first, reach=reach, lead=lead)
 
 
 def _decide_chunk(pool: _Pool, idx: torch.Tensor, plan: _Plan, rtol: float, prove: bool,
@@ -806,14 +887,40 @@ def _decide_chunk(pool: _Pool, idx: torch.Tensor, plan: _Plan, rtol: float, prov
     todo = None
     rate32 = 0.0
     shortcut = 0
+    fail_at = torch.zeros(c, dtype=torch.int64, device=device)
+    lead = prove and not ceilings and pool.numpy  # stage 0b (gives no ceilings)
+    decided = torch.zeros(c, dtype=torch.bool, device=device)
+
+    def settle(pos: torch.Tensor, dep: torch.Tensor, at: torch.Tensor) -> None:
+        nonlocal shortcut
+        pos = pos[dep]
+        rank[pos] = -1
+        margin[pos] = math.nan
+        fail_at[pos] = at[dep]
+        decided[pos] = True
+        stages["cholesky_dependent"] += int(pos.numel())
+        shortcut += int(pos.numel())
+
     if plan.use32:
         at = plan.reach if plan.reach is not None else plan.floor
-        ok = pool.certify32(idx, at)
+        ok, info32, gersh_up = pool.certify32(idx, at, detail=True) if lead else (pool.certify32(idx, at), None, None)
         margin[ok] = at
         bound[ok] = True
+        decided |= ok
         stages["cholesky32"] = int(ok.sum())
         rate32 = stages["cholesky32"] / c
-        todo = (~ok).nonzero().flatten()
+        if lead:  # rows up to the float32 factorisation's failing pivot, and a few more
+            need = info32.to(torch.int64) + _LEAD_PAD
+            cand = ~ok & (info32 > 0) & (need <= _LEAD_SHARE * k)
+            cand[:first] = False  # (those get exact ranks)
+            if bool(cand.any()):
+                pos = cand.nonzero().flatten()
+                settle(pos, *pool.dependent_lead(idx[pos], int(need[pos].max()), gersh_up[pos]))
+    elif lead and plan.lead is not None and first < c:
+        pos = torch.arange(first, c, device=device)
+        settle(pos, *pool.dependent_lead(idx[pos], plan.lead))
+    if bool(decided.any()):
+        todo = (~decided).nonzero().flatten()
     if todo is None or todo.numel():
         sub = idx if todo is None else idx[todo]
         gram = pool.gram64(sub)
@@ -832,7 +939,11 @@ def _decide_chunk(pool: _Pool, idx: torch.Tensor, plan: _Plan, rtol: float, prov
                 ceiling[todo] = dec.ceiling
         for key, value in dec.stages.items():
             stages[key] += value
-        shortcut = dec.shortcut
+        shortcut += dec.shortcut
+        if todo is None:
+            fail_at = dec.fail_at
+        else:
+            fail_at[todo] = dec.fail_at
     known = margin[(rank >= 0) & ~margin.isnan()]
     reach_miss = None
     if plan.reach is not None:
@@ -840,7 +951,7 @@ def _decide_chunk(pool: _Pool, idx: torch.Tensor, plan: _Plan, rtol: float, prov
     return _Chunk(rank=rank, margin=margin, stages=stages, bound=bound,
                   min_margin=float(known.min()) if known.numel() else math.inf, tried32=plan.use32,
                   rate32=rate32, dependent_share=float((rank != k).sum()) / c, shortcut=shortcut,
-                  ceiling=ceiling, reach_miss=reach_miss)
+                  ceiling=ceiling, reach_miss=reach_miss, fail_at=fail_at[fail_at > 0])
 
 
 def _run_chunks(bounds, done: list, work: Callable, plan_of, workers: int,
@@ -986,7 +1097,7 @@ def subset_decisions(
         a, b = bounds[j]
         return _decide_chunk(pool, subsets[a:b], plan, rtol, prove, ceilings, max(0, min(b, first) - a))
 
-    plan_of = _Planner(n_pilot, pool.can32, prove, probe, reach)
+    plan_of = _Planner(n_pilot, pool.can32, prove, probe, reach, k if prove and not ceilings else None)
 
     chunks = []
     for j in range(n_pilot):

@@ -293,6 +293,94 @@ def test_histogram_subsets_get_ceilings_from_their_exact_spectra(small_chunks):
     assert torch.all(dec.ceiling[histogram] < 0.1 * rtol)
 
 
+# ------------------------------------------------------------------ stage 0b: proofs from the leading rows
+
+
+def near_dependent_leads(k: int, d: int, lead: int, factors, seed: int) -> torch.Tensor:
+    """k x d blocks whose row ``lead - 1`` is a combination of the rows before it, off by ``f`` times
+    the tolerance scale (f = 0: exactly dependent in float64 up to rounding); the other rows generic,
+    some scaled by powers of two."""
+    g = torch.Generator().manual_seed(seed)
+    blocks = []
+    for i, f in enumerate(factors):
+        b = generic(k, d, seed=seed + i)
+        b[lead - 1] = b[: lead - 1].T @ torch.randn(lead - 1, generator=g, dtype=torch.float64)
+        b[lead - 1] += f * b[lead - 1].norm() * generic(1, d, seed=seed + 1000 + i)[0]
+        b[lead:] *= 2.0 ** torch.randint(-3, 4, (k - lead, 1), generator=g).double()
+        blocks.append(b)
+    return torch.stack(blocks)
+
+
+@pytest.mark.parametrize("rtol", [1e-3, 3e-5])
+def test_stage_0b_proves_only_what_stage_1b_proves(rtol):
+    """Near-dependent leading rows, the gap from 0.1x to 10x of the tolerance (and exact dependence):
+    every subset stage 0b calls dependent, from its leading block alone, is one the stage 1b proof on
+    the whole Gram matrix calls dependent, and the float64 SVD puts it below the tolerance; clear
+    cases are proven."""
+    k, d, lead = 10, 14, 6
+    factors = [0.0] * 4 + [f * rtol for f in (0.1, 0.3, 0.5, 0.7, 0.9, 1.0, 1.1, 1.5, 2.0, 3.0, 10.0)]
+    x, subsets = blocks_pool(list(near_dependent_leads(k, d, lead, factors, seed=11)))
+    pool = pool_of(x, k, rtol)
+    _, info32, gersh_up = pool.certify32(subsets, 0.0, detail=True)
+    dep, at = pool.dependent_lead(subsets, lead + 1, gersh_up)
+    dep_trace, _ = pool.dependent_lead(subsets, lead + 1)  # the bound from the trace alone
+    gram = (x @ x.T)[subsets[:, :, None], subsets[:, None, :]]
+    whole, _ = _fast._prove_dependent(gram, _fast._lam_hi(gram, pool.lam_cap), rtol, d)
+    ref = reference(x, subsets, rtol)
+    for proven in (dep, dep_trace):
+        assert not (proven & ~whole).any()
+        assert (ref.rank[proven] < k).all()
+    assert dep[:4].all() and dep_trace[:4].all()  # exact dependence is proven from the block
+    assert (at[dep] <= lead + 1).all() and (at[dep] > 0).all()  # within the block
+
+
+def test_stage_0b_leaves_subsets_whose_dependence_lies_beyond_the_block():
+    k, d = 10, 14
+    x, subsets = blocks_pool(list(near_dependent_leads(k, d, 9, [0.0] * 6, seed=12)))
+    pool = pool_of(x, k, 1e-4)
+    dep, at = pool.dependent_lead(subsets, 5)
+    assert not dep.any() and (at == 0).all()
+    assert pool.dependent_lead(subsets, 9)[0].all()
+
+
+@pytest.mark.parametrize("exact_dependent", [0, 5])
+def test_stage_0b_changes_no_rank(exact_dependent, small_chunks, monkeypatch):
+    """Stage 0b forced on (from float32 pivots and from the planner's leading size): the same ranks,
+    margins and dependence proofs as without it, for any number of threads."""
+    n, d, k = 60, 16, 12
+    x = cluster_pool(n, d, 6, seed=13)
+    rtol = probes.default_rtol(k, d, torch.float32)
+    cap = float(torch.linalg.svdvals(x)[0]) ** 2
+    subsets = probes.sample_subsets(n, k, 500, seed=14)
+
+    def run(workers):
+        return _fast.subset_decisions(x, subsets, rtol, x @ x.T, lam_cap=cap, exact_dependent=exact_dependent,
+                                      workers=workers)
+
+    with monkeypatch.context() as m:
+        m.setattr(_fast, "_LEAD_SHARE", 0.0)  # stage 0b never runs
+        off = run(1)
+    calls = []
+    original = _fast._Pool.dependent_lead
+
+    def counted(self, idx, size, gersh_up=None):
+        out = original(self, idx, size, gersh_up)
+        calls.append((int(idx.shape[0]), int(out[0].sum()), gersh_up is None))
+        return out
+
+    monkeypatch.setattr(_fast._Pool, "dependent_lead", counted)
+    monkeypatch.setattr(_fast, "_LEAD_PAD", 1)
+    monkeypatch.setattr(_fast, "_LEAD_SHARE", 1.0)
+    runs = [run(w) for w in (1, 2)]
+    assert sum(c[1] for c in calls if c[2]) > 50  # the planner's route settled many
+    for on in runs:
+        assert torch.equal(on.rank, off.rank)
+        assert torch.equal(on.margin.nan_to_num(-1.0), off.margin.nan_to_num(-1.0))
+        assert on.stages["cholesky_dependent"] == off.stages["cholesky_dependent"]
+    ref = reference(x, subsets, rtol)
+    assert (ref.rank[runs[0].rank < 0] < k).all()
+
+
 def test_stage_1b_ceilings_are_never_below_the_svd_ratio():
     x, subsets = blocks_pool([with_singular_values([1.0, 0.4, 0.1, f], 4, 9, seed=i)
                               for i, f in enumerate([1e-3, 3e-4, 1e-6, 1e-9, 0.0, 5e-5])])
