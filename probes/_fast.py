@@ -158,10 +158,20 @@ def _shifted_cholesky(gram: torch.Tensor, shift: torch.Tensor) -> tuple[torch.Te
         diag.copy_(saved)
 
 
-def _gram_error(gram: torch.Tensor, lam_hi: torch.Tensor, width: int) -> torch.Tensor:
-    """Bound on the float64 error of forming and factoring each Gram matrix: (c,)."""
-    k = gram.shape[-1]
-    return _GUARD * (k + width) * _F64_EPS * lam_hi
+def _gram_error(gram: torch.Tensor | None, lam_hi: torch.Tensor, width: int, *, k: int | None = None,
+                trace: torch.Tensor | None = None) -> torch.Tensor:
+    """Bound on the float64 error of forming and factoring each Gram matrix: (c,).
+
+    Forming G from rows of width d moves it by at most gamma_d trace(G) in norm (|G64 - G| <=
+    gamma_d |X||X|^T elementwise), and a Cholesky factorisation or an eigendecomposition of G - s I is
+    backward stable within gamma_{k+1} trace (Higham, Thm 10.3: |E| <= gamma_{k+1} |L||L^T|); both
+    are at most (k + d) eps trace / 2. The bound is ``_GUARD`` (k + d) eps max(lam_hi, trace / 8),
+    at least twice that, and the guarded lam_hi term alone wherever the spectrum is not too flat
+    (trace <= 8 lam_hi). ``k`` and ``trace`` of the whole matrices when ``gram`` is not given whole."""
+    k = gram.shape[-1] if k is None else k
+    if trace is None:
+        trace = gram.diagonal(dim1=-2, dim2=-1).sum(-1)
+    return _GUARD * (k + width) * _F64_EPS * torch.maximum(lam_hi, trace / 8)
 
 
 def _lam_hi(gram: torch.Tensor, lam_cap: float | None, *, quick: bool = False) -> torch.Tensor:
@@ -556,7 +566,7 @@ def _quick_dependent(gram: torch.Tensor, chol: torch.Tensor, info: torch.Tensor,
         trace, dmax, k = diag.sum(-1), diag.amax(-1), m
     else:
         trace, dmax, k = full
-    gamma = 2 * k * (k + 1) * _F64_EPS * dmax + 2 * _GUARD * (k + width) * _F64_EPS * lam_hi  # as stage 1b
+    gamma = 2 * k * (k + 1) * _F64_EPS * dmax + 2 * _gram_error(None, lam_hi, width, k=k, trace=trace)  # as stage 1b
     backward = 4 * ((k + 2) * u * trace + u * (dmax + lam_hi))
 
     def threshold(lam_lo: torch.Tensor) -> torch.Tensor:  # (lower bound of the 1b shift) - backward
@@ -806,7 +816,7 @@ class _Pool:
         lam_hi = trace if gersh_up is None else torch.minimum(trace, gersh_up)  # >= stage 1b's (computed)
         if self.lam_cap is not None:
             lam_hi = lam_hi.clamp(max=self.lam_cap * (1 + 64 * k * _F64_EPS))  # as _lam_hi clamps
-        gamma = 2 * k * (k + 1) * _F64_EPS * dmax + 2 * _GUARD * (k + d) * _F64_EPS * lam_hi
+        gamma = 2 * k * (k + 1) * _F64_EPS * dmax + 2 * _gram_error(None, lam_hi, d, k=k, trace=trace)
         shift = self.rtol**2 * dmax * (1 - 4 * k * _F64_EPS) - gamma  # <= the stage 1b shift
         if not bool((shift > 0).any()):  # (a tolerance below the Gram route's resolution: nothing to prove)
             return torch.zeros_like(shift, dtype=torch.bool), torch.zeros(idx.shape[0], dtype=torch.int64)
