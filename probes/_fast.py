@@ -84,7 +84,8 @@ the pool's sigma_1^2, each raised by the float64 error of (a). Dependence (stage
 concluded in float32: the rounding of float32 is far above (rtol sigma_max)^2 at float32 tolerance.
 
 Speed. On the CPU the blocks are gathered from the pool Gram with NumPy ``take`` (no index tensor per
-element pair), chunks are sized to stay in cache, and with more than one torch thread the chunks run on
+element pair), chunks hold about 16 MB of float64 blocks (enough subsets that the fixed cost of a
+chunk's few dozen batched calls is small beside its factorisations), and with more than one torch thread the chunks run on
 up to ``_MAX_WORKERS`` Python threads that share the torch threads (one each on two cores: LAPACK
 calls on small matrices use a second thread poorly, and a loaded machine stalls them). While they run,
 ``torch.set_num_threads`` is lowered; it is restored afterwards, also on errors.
@@ -113,7 +114,7 @@ _PILOT = 16  # subsets decided with their own margin bounds before a floor exist
 _PILOT_FLOP = 2e9  # ... fewer (down to 4) when their k^3 factorisations would cost more than this
 _LAG = 4  # chunk j is planned from chunks <= j - _LAG (same results with any number of threads)
 _PROBE_SUBSETS = 256  # after float32 stopped paying, try it again about every this many subsets
-_CACHE_BYTES = 4 * 2**20  # one chunk's float64 blocks
+_CACHE_BYTES = 16 * 2**20  # one chunk's float64 blocks (4 MB ran 5-20% slower at k = 197: per-chunk overhead)
 _MAX_CHUNK = 4096
 _MAX_WORKERS = 4
 _CEIL_1B_K = 384  # from this k on, stage 1b proper also gives its matrices ceilings (see decide)
