@@ -553,7 +553,8 @@ def _quick_dependent(gram: torch.Tensor, chol: torch.Tensor, info: torch.Tensor,
     ``full``: (trace, largest diagonal entry, k) of the whole matrices when ``gram`` (and ``chol``,
     ``info``) hold only their leading m x m blocks (:meth:`_Pool.dependent_lead`); ``lam_hi`` must
     then be at least the bound stage 1b computes from the whole matrix. The bounds use the whole
-    matrix's values; the tested vector is zero beyond row m. No ceilings then.
+    matrix's values; the tested vector is zero beyond row m, and the ceilings use the largest diagonal
+    entry for lambda_max (no power steps on the whole matrix).
     """
     t, m, _ = gram.shape
     u = _F64_EPS / 2
@@ -588,9 +589,10 @@ def _quick_dependent(gram: torch.Tensor, chol: torch.Tensor, info: torch.Tensor,
     if full is None and bool((candidates & ~ok).any()):  # lam_lo >= the Rayleigh quotient of 1 too
         ones = (gram.sum((-2, -1)) - 1.01 * k**3 * u * trace) / k * (1 - 1e-10)  # (rounded down)
         ok = candidates & (r_up < threshold(torch.maximum(dmax, ones)))
-    if ceilings and full is None and bool(ok.any()):
+    if ceilings and bool(ok.any()):  # (from a leading block: lambda_max >= the largest diagonal entry)
         pos = ok.nonzero().flatten()
-        ceiling[pos] = _ceilings(gram, chol, pivot, v, r_up[pos], pos, trace, width)
+        ceiling[pos] = _ceilings(gram, chol, pivot, v, r_up[pos], pos, trace, width,
+                                 None if full is None else dmax[pos])
     return ok, ceiling
 
 
@@ -794,11 +796,12 @@ class _Pool:
         # the float64 row sums of the same entries are at most (1 + 2 k eps) times their exact sums
         return ok, info.clone(), gersh_up * (1 + 2 * k * _F64_EPS)
 
-    def dependent_lead(self, idx: torch.Tensor, size: int,
-                       gersh_up: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def dependent_lead(self, idx: torch.Tensor, size: int, gersh_up: torch.Tensor | None = None,
+                       ceilings: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Stage 0b: dependence proven from the leading rows only. Returns (c,) bool: the subsets
-        ``idx`` (c, k) proven dependent exactly as stage 1b would prove them, and (c,) the failing
-        pivot (1-based, 0 where the factorisation succeeded).
+        ``idx`` (c, k) proven dependent exactly as stage 1b would prove them, (c,) the failing pivot
+        (1-based, 0 where the factorisation succeeded), and (c,) proven ceilings on sigma_k / sigma_1
+        of those proven (1 elsewhere; with ``ceilings``, else all 1).
 
         A dependent subset's Cholesky factorisation fails at the first row that depends on the rows
         before it; when that row lies among the first ``size`` rows (known from a float32
@@ -820,11 +823,13 @@ class _Pool:
         gamma = 2 * k * (k + 1) * _F64_EPS * dmax + 2 * _gram_error(None, lam_hi, d, k=k, trace=trace)
         shift = self.rtol**2 * dmax * (1 - 4 * k * _F64_EPS) - gamma  # <= the stage 1b shift
         if not bool((shift > 0).any()):  # (a tolerance below the Gram route's resolution: nothing to prove)
-            return torch.zeros_like(shift, dtype=torch.bool), torch.zeros(idx.shape[0], dtype=torch.int64)
+            return (torch.zeros_like(shift, dtype=torch.bool), torch.zeros(idx.shape[0], dtype=torch.int64),
+                    torch.ones_like(shift))
         lead = torch.from_numpy(self._take(self.g64, np.ascontiguousarray(idx_np[:, :size]), self._buffers()["b64"]))
         chol, info = _shifted_cholesky(lead, shift.clamp(min=0))
-        dep, _ = _quick_dependent(lead, chol, info, lam_hi, self.rtol, d, shift > 0, full=(trace, dmax, k))
-        return dep, info.to(torch.int64)
+        dep, ceil = _quick_dependent(lead, chol, info, lam_hi, self.rtol, d, shift > 0, ceilings,
+                                     full=(trace, dmax, k))
+        return dep, info.to(torch.int64), ceil
 
 
 class _Planner:
@@ -835,7 +840,7 @@ class _Planner:
                  lead_k: int | None = None):
         self.n_pilot, self.can32, self.prove, self.probe = n_pilot, can32, prove, probe
         self.reach = reach
-        self.lead_k = lead_k  # k where stage 0b may run (dependence proofs, no ceilings), else None
+        self.lead_k = lead_k  # k where stage 0b may run (with dependence proofs), else None
         self.floors: list[float] = []  # smallest margin over chunks 0 .. i
         self.tried: list[_Chunk | None] = []  # the last chunk <= i that ran stage 0
         self.reached: list[_Chunk | None] = []  # the last chunk <= i that certified at the reach
@@ -899,15 +904,17 @@ def _decide_chunk(pool: _Pool, idx: torch.Tensor, plan: _Plan, rtol: float, prov
     rate32 = 0.0
     shortcut = 0
     fail_at = torch.zeros(c, dtype=torch.int64, device=device)
-    lead = prove and not ceilings and pool.numpy  # stage 0b (gives no ceilings)
+    lead = prove and pool.numpy  # stage 0b
     decided = torch.zeros(c, dtype=torch.bool, device=device)
 
-    def settle(pos: torch.Tensor, dep: torch.Tensor, at: torch.Tensor) -> None:
+    def settle(pos: torch.Tensor, dep: torch.Tensor, at: torch.Tensor, ceil: torch.Tensor) -> None:
         nonlocal shortcut
         pos = pos[dep]
         rank[pos] = -1
         margin[pos] = math.nan
         fail_at[pos] = at[dep]
+        if ceiling is not None:
+            ceiling[pos] = ceil[dep]
         decided[pos] = True
         stages["cholesky_dependent"] += int(pos.numel())
         shortcut += int(pos.numel())
@@ -926,10 +933,10 @@ def _decide_chunk(pool: _Pool, idx: torch.Tensor, plan: _Plan, rtol: float, prov
             cand[:first] = False  # (those get exact ranks)
             if bool(cand.any()):
                 pos = cand.nonzero().flatten()
-                settle(pos, *pool.dependent_lead(idx[pos], int(need[pos].max()), gersh_up[pos]))
+                settle(pos, *pool.dependent_lead(idx[pos], int(need[pos].max()), gersh_up[pos], ceilings))
     elif lead and plan.lead is not None and first < c:
         pos = torch.arange(first, c, device=device)
-        settle(pos, *pool.dependent_lead(idx[pos], plan.lead))
+        settle(pos, *pool.dependent_lead(idx[pos], plan.lead, None, ceilings))
     if bool(decided.any()):
         todo = (~decided).nonzero().flatten()
     if todo is None or todo.numel():
@@ -1108,7 +1115,7 @@ def subset_decisions(
         a, b = bounds[j]
         return _decide_chunk(pool, subsets[a:b], plan, rtol, prove, ceilings, max(0, min(b, first) - a))
 
-    plan_of = _Planner(n_pilot, pool.can32, prove, probe, reach, k if prove and not ceilings else None)
+    plan_of = _Planner(n_pilot, pool.can32, prove, probe, reach, k if prove else None)
 
     chunks = []
     for j in range(n_pilot):

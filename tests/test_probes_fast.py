@@ -243,14 +243,27 @@ def test_without_pool_gram_and_kruskal_test_keep_the_verdicts(small_chunks, monk
 # ------------------------------------------------------------------ ceilings and reach (for probes.robust)
 
 
-@pytest.mark.parametrize("stage_1b", [False, True])
+@pytest.mark.parametrize("stage_1b", [False, True, "0b"])
 @pytest.mark.parametrize("noise", [0.0, 1e-9, 1e-6, 1e-4])
 def test_ceilings_of_dependent_subsets_are_never_below_the_svd_ratio(noise, stage_1b, small_chunks, monkeypatch):
     """Every ceiling is a proven upper bound on sigma_k / sigma_1 (float64 SVD), for subsets dependent
     exactly (float32-rounded subspace) or only near the tolerance; exact dependence gets ceilings far
     below rtol, which is what spares the robustness grid its smallest tolerances. ``stage_1b``: stage
-    1b proper gives ceilings too (as it does from k = 384 on)."""
-    if stage_1b:
+    1b proper gives ceilings too (as it does from k = 384 on); "0b": stage 0b on the leading rows
+    forced on (its ceilings bound lambda_max below by the largest diagonal entry)."""
+    settled_0b = []
+    if stage_1b == "0b":
+        monkeypatch.setattr(_fast, "_LEAD_PAD", 1)
+        monkeypatch.setattr(_fast, "_LEAD_SHARE", 1.0)
+        original = _fast._Pool.dependent_lead
+
+        def counted(self, *args):
+            out = original(self, *args)
+            settled_0b.append(int(out[0].sum()))
+            return out
+
+        monkeypatch.setattr(_fast._Pool, "dependent_lead", counted)
+    elif stage_1b:
         monkeypatch.setattr(_fast, "_CEIL_1B_K", 1)
     x = cluster_pool(60, 24, 6, seed=11)
     g = torch.Generator().manual_seed(12)
@@ -266,8 +279,10 @@ def test_ceilings_of_dependent_subsets_are_never_below_the_svd_ratio(noise, stag
     # elsewhere: none, except for subsets decided from exact spectra (a ceiling from those)
     exact = (dec.rank >= 0) & ~dec.bound
     assert torch.all(torch.isinf(dec.ceiling[~proven & ~exact]))
-    if stage_1b:
+    if stage_1b is True:
         assert torch.isfinite(dec.ceiling[proven]).all()
+    if stage_1b == "0b" and noise < 1e-4:
+        assert sum(settled_0b) > 20  # stage 0b proved many of them
     assert torch.all(dec.ceiling[exact] >= ratio[exact] * (1 - 1e-9))
     known = proven & torch.isfinite(dec.ceiling)
     assert torch.all(dec.ceiling[known] <= 1.0)
@@ -322,8 +337,8 @@ def test_stage_0b_proves_only_what_stage_1b_proves(rtol):
     x, subsets = blocks_pool(list(near_dependent_leads(k, d, lead, factors, seed=11)))
     pool = pool_of(x, k, rtol)
     _, info32, gersh_up = pool.certify32(subsets, 0.0, detail=True)
-    dep, at = pool.dependent_lead(subsets, lead + 1, gersh_up)
-    dep_trace, _ = pool.dependent_lead(subsets, lead + 1)  # the bound from the trace alone
+    dep, at, ceiling = pool.dependent_lead(subsets, lead + 1, gersh_up, ceilings=True)
+    dep_trace, _, _ = pool.dependent_lead(subsets, lead + 1)  # the bound from the trace alone
     gram = (x @ x.T)[subsets[:, :, None], subsets[:, None, :]]
     whole, _ = _fast._prove_dependent(gram, _fast._lam_hi(gram, pool.lam_cap), rtol, d)
     ref = reference(x, subsets, rtol)
@@ -332,13 +347,16 @@ def test_stage_0b_proves_only_what_stage_1b_proves(rtol):
         assert (ref.rank[proven] < k).all()
     assert dep[:4].all() and dep_trace[:4].all()  # exact dependence is proven from the block
     assert (at[dep] <= lead + 1).all() and (at[dep] > 0).all()  # within the block
+    sv = torch.linalg.svdvals(x[subsets])
+    assert torch.all(ceiling[dep] >= (sv[:, -1] / sv[:, 0])[dep] * (1 - 1e-9))  # proven ceilings
+    assert torch.all(ceiling[:4] < 0.1 * rtol)
 
 
 def test_stage_0b_leaves_subsets_whose_dependence_lies_beyond_the_block():
     k, d = 10, 14
     x, subsets = blocks_pool(list(near_dependent_leads(k, d, 9, [0.0] * 6, seed=12)))
     pool = pool_of(x, k, 1e-4)
-    dep, at = pool.dependent_lead(subsets, 5)
+    dep, at, _ = pool.dependent_lead(subsets, 5)
     assert not dep.any() and (at == 0).all()
     assert pool.dependent_lead(subsets, 9)[0].all()
 
@@ -363,8 +381,8 @@ def test_stage_0b_changes_no_rank(exact_dependent, small_chunks, monkeypatch):
     calls = []
     original = _fast._Pool.dependent_lead
 
-    def counted(self, idx, size, gersh_up=None):
-        out = original(self, idx, size, gersh_up)
+    def counted(self, idx, size, gersh_up=None, ceilings=False):
+        out = original(self, idx, size, gersh_up, ceilings)
         calls.append((int(idx.shape[0]), int(out[0].sum()), gersh_up is None))
         return out
 
