@@ -113,12 +113,13 @@ _F32_MAX_K = 4096  # above this gamma_{k+1} in float32 leaves no room: stage 0 i
 _PILOT = 16  # subsets decided with their own margin bounds before a floor exists ...
 _PILOT_FLOP = 2e9  # ... fewer (down to 4) when their k^3 factorisations would cost more than this
 _LAG = 4  # chunk j is planned from chunks <= j - _LAG (same results with any number of threads)
-_PROBE_SUBSETS = 256  # after float32 stopped paying, try it again about every this many subsets
+_PROBE_SUBSETS = 1024  # after float32 stopped paying, try it again about every this many subsets
 _CACHE_BYTES = 16 * 2**20  # one chunk's float64 blocks (4 MB ran 5-20% slower at k = 197: per-chunk overhead)
 _MAX_CHUNK = 4096
 _MAX_WORKERS = 4
 _CEIL_1B_K = 384  # from this k on, stage 1b proper also gives its matrices ceilings (see decide)
 _LEAD_PAD = 16  # stage 0b: rows gathered beyond the float32 factorisation's failing pivot ...
+_LEAD_PAD64 = 4  # ... or beyond where the shortcut found earlier chunks' float64 factorisations failing ...
 _LEAD_SHARE = 0.75  # ... while that stays within this share of k (beyond, the full block is gathered)
 _MIN_PARALLEL_FLOP = 2e8  # below this much Cholesky work the chunks run in the calling thread
 
@@ -857,10 +858,11 @@ class _Planner:
         floor = self.floors[top] if math.isfinite(self.floors[top]) else None
         use32 = False
         if self.can32 and floor is not None:
-            # float32 while it certifies at least half of a chunk; otherwise (and before the first
-            # outcome is known) on every ``probe``-th chunk only
+            # float32 until a chunk shows that it certifies less than half of the chunk, and then
+            # while it certifies at least half of the last chunk that tried it; otherwise on every
+            # ``probe``-th chunk only
             tried = self.tried[top]
-            use32 = (tried is not None and tried.rate32 >= 0.5) or (j - self.n_pilot) % self.probe == 0
+            use32 = tried is None or tried.rate32 >= 0.5 or (j - self.n_pilot) % self.probe == 0
         # Stage 1b first pays when most subsets are dependent and its shortcut (after a failed stage 1
         # factorisation) does not settle them: above 1/2 of them when every full-rank subset needs a
         # margin bound anyway; above 2/3 at a floor, where stage 1b costs a power iteration (about one
@@ -882,8 +884,8 @@ class _Planner:
         lead = None
         if self.lead_k is not None and not use32 and last.fail_at is not None and last.fail_at.numel():
             at = last.fail_at.sort().values
-            m = int(at[(9 * (at.numel() - 1)) // 10]) + _LEAD_PAD  # 90% of them within m rows
-            if m <= _LEAD_SHARE * self.lead_k and int((at + _LEAD_PAD <= m).sum()) >= 0.3 * last.rank.numel():
+            m = int(at[(9 * (at.numel() - 1)) // 10]) + _LEAD_PAD64  # 90% of them within m rows
+            if m <= _LEAD_SHARE * self.lead_k and int((at + _LEAD_PAD64 <= m).sum()) >= 0.3 * last.rank.numel():
                 lead = m
         return _Plan(floor=floor, use32=use32, dependent_first=dependent_first, reach=reach, lead=lead)
 
