@@ -395,3 +395,42 @@ def test_cli_tradeoff_grid_options_and_converged_column(tmp_path):
     assert sorted(set(rows["heads"])) == [1, 2] and sorted(set(rows["width"])) == [0, 4]
     assert rows["converged"].dtype == bool and (rows["eval_every"] == 10).all()
     assert main(["recall", "tradeoff", "--heads", "0,1", "--out", str(tmp_path / "bad")]) == 2
+
+
+def _tradeoff_rows(seeds=(0, 1, 2)) -> pd.DataFrame:
+    """A 2 x 2 grid as the CSV holds it (flags as text): H = 2 stores from m = 8 (seed 2 from m = 16)."""
+    rows = []
+    for heads in (1, 2):
+        for width in (8, 16):
+            for seed in seeds:
+                stored = heads == 2 and (width == 16 or seed != 2)
+                accuracy = 1.0 if stored else 0.3 + 0.1 * heads + 0.01 * seed
+                rows.append({"subjects": 4, "relations": 4, "facts": 16, "d": 8, "heads": heads, "head_dim": 2,
+                             "width": width, "seed": seed, "parameters": 100 * heads + width, "accuracy": accuracy,
+                             "stored": str(stored), "converged": str(stored or width == 8), "steps": 50})
+    return pd.DataFrame(rows)
+
+
+def test_tradeoff_report_aggregates_seeds_with_intervals_and_step_limited_counts(tmp_path):
+    from auditor.lab.assoc.plots import plot_tradeoff
+    from auditor.lab.assoc.summary import smallest_storing_width, tradeoff_cells, tradeoff_markdown
+    from auditor.lab.stats import mean_ci
+
+    rows = _tradeoff_rows()
+    cells = tradeoff_cells(rows).set_index(["heads", "width"])
+    mean, low, high = mean_ci([0.4, 0.41, 0.42])
+    assert cells.loc[(1, 8), ["accuracy_mean", "accuracy_low", "accuracy_high"]].tolist() == pytest.approx([mean, low, high])
+    assert cells.loc[(1, 8), "accuracy_half_width"] == pytest.approx((high - low) / 2)
+    assert cells.loc[(2, 16), "accuracy_half_width"] == 0 and cells.loc[(2, 16), "stored"] == 3
+    assert cells["step_limited"].tolist() == [0, 3, 0, 0]  # "False" read from a CSV is False
+    assert smallest_storing_width(rows).loc[2].tolist() == [8, 8, 16]
+    assert smallest_storing_width(rows).loc[1].isna().all()
+    text = tradeoff_markdown(rows)
+    assert "mean over 3 seeds" in text and "half-width of the 95% Student-t interval" in text
+    assert "- H = 2: smallest width storing all facts at the threshold, per seed (0, 1, 2): 8, 8, 16; mean 11" in text
+    assert "in all 3 seeds: m = 16" in text and "3 of 12 runs (seed 0: 1 of 4; seed 1: 1 of 4; seed 2: 1 of 4)" in text
+    assert plot_tradeoff(rows, tmp_path / "three.png").stat().st_size > 0
+    one = _tradeoff_rows(seeds=(0,))
+    text = tradeoff_markdown(one)
+    assert "half-width" not in text and "- H = 2: smallest width storing all facts at the threshold: m = 8" in text
+    assert plot_tradeoff(one, tmp_path / "one.png").stat().st_size > 0  # no interval panel, no error

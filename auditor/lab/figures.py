@@ -15,16 +15,20 @@ import pandas as pd  # noqa: E402
 __all__ = ["heatmap", "plt", "save"]
 
 
-def heatmap(ax: Any, table: pd.DataFrame, *, label: str, vmin: float = 0.0, vmax: float = 1.0) -> None:
-    """``table`` (rows drawn bottom-up) with every finite cell written in it, and a colour bar."""
+def heatmap(ax: Any, table: pd.DataFrame, *, label: str, vmin: float = 0.0, vmax: float = 1.0, fmt: str = "{:.2f}",
+            cmap: str = "viridis", fontsize: float = 7) -> Any:
+    """``table`` (rows drawn bottom-up) with every finite cell written in it (``fmt``), and a colour bar
+    (returned); the text is white on the darker 60% of the colour scale."""
     values = table.to_numpy(dtype=float)
-    image = ax.imshow(values, origin="lower", cmap="viridis", vmin=vmin, vmax=vmax, aspect="auto")
+    image = ax.imshow(values, origin="lower", cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
     ax.set_xticks(range(table.shape[1]), [str(c) for c in table.columns])
     ax.set_yticks(range(table.shape[0]), [str(i) for i in table.index])
+    dark = vmin + 0.6 * (vmax - vmin)
     for (i, j), value in np.ndenumerate(values):
         if np.isfinite(value):
-            ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7, color="w" if value < 0.6 else "k")
-    plt.colorbar(image, ax=ax, label=label)
+            ax.text(j, i, fmt.format(value), ha="center", va="center", fontsize=fontsize,
+                    color="w" if value < dark else "k")
+    return plt.colorbar(image, ax=ax, label=label)
 
 
 def save(fig: Any, path: str | Path, *, title: str | None = None, ax: Any = None) -> Path:

@@ -13,11 +13,13 @@ import pandas as pd
 from auditor.lab.assoc.summary import (
     budget_fit,
     capacity_fits,
+    cell_grid,
     converged_mask,
     convergence_recorded,
     facts_fits,
     final_budget,
     seed_interval,
+    tradeoff_cells,
 )
 from auditor.lab.figures import heatmap, plt, save
 
@@ -163,15 +165,36 @@ def plot_budget(rows: pd.DataFrame, path: str | Path) -> Path:
 
 
 def plot_tradeoff(rows: pd.DataFrame, path: str | Path) -> Path:
-    """Heat map of accuracy over all facts (mean over seeds): MLP width m across, heads H down."""
-    grid = rows.pivot_table(index="heads", columns="width", values="accuracy", aggfunc="mean").sort_index()
-    fig, ax = plt.subplots(figsize=(1.1 * len(grid.columns) + 2.5, 0.8 * len(grid.index) + 1.8))
-    heatmap(ax, grid, label="accuracy over all facts")
+    """Heat maps over MLP width m (across) and heads H (down), one cell per (H, m): (a) the accuracy over
+    all facts, mean over seeds; (b) the half-width of its 95% Student-t interval over the seeds (left out
+    with one seed); (c) the seeds still improving at the step limit (``converged`` False)."""
+    cells = tradeoff_cells(rows)
+    n = int(cells["seeds"].max())
     first = rows.iloc[0]
-    ax.set_xlabel("MLP width m")
-    ax.set_ylabel("heads H")
-    ax.set_title(f"accuracy over all facts, S=R={first['subjects']}, d={first['d']}, d_h={first['head_dim']}, "
-                 f"<= {first['steps']} steps", fontsize=10)
+    panels = [(cell_grid(cells, "accuracy_mean"), dict(label="accuracy over all facts"),
+               f"(a) accuracy over all facts,\nmean over {n} seed{'s' * (n > 1)}", False)]
+    if n > 1:
+        top = max(float(cells["accuracy_half_width"].max()), 0.01)
+        panels.append((cell_grid(cells, "accuracy_half_width"),
+                       dict(label="half-width of the 95% interval", vmax=top, cmap="magma", fmt="{:.3f}"),
+                       f"(b) half-width of the 95% t interval\nof (a) over the {n} seeds", False))
+    if convergence_recorded(rows):
+        panels.append((cell_grid(cells, "step_limited"),
+                       dict(label="step-limited seeds", vmax=max(n, 1), cmap="cividis", fmt="{:.0f}"),
+                       f"({'abc'[len(panels)]}) seeds still improving at the\nstep limit ({first['steps']} steps), of {n}",
+                       True))
+    width = max(0.5 * cells["width"].nunique() + 1.8, 4.5)
+    height = max(0.42 * cells["heads"].nunique() + 1.8, 3.5)
+    fig, axes = plt.subplots(1, len(panels), figsize=(len(panels) * width, height), squeeze=False)
+    for ax, (grid, style, title, count) in zip(axes[0], panels):
+        bar = heatmap(ax, grid, fontsize=6, **style)
+        if count:  # seeds: whole ticks
+            bar.set_ticks(range(n + 1))
+        ax.set_xlabel("MLP width m")
+        ax.set_ylabel("heads H")
+        ax.set_title(title, fontsize=9)
+    fig.suptitle(f"attention versus MLP: S={first['subjects']}, R={first['relations']} ({first['facts']} facts), "
+                 f"d={first['d']}, d_h={first['head_dim']}, <= {first['steps']} steps", fontsize=10)
     return save(fig, path)
 
 

@@ -258,19 +258,71 @@ def budget_markdown(rows: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def tradeoff_cells(rows: pd.DataFrame) -> pd.DataFrame:
+    """One row per cell (H, m) of the trade-off grid, over its seeds: ``accuracy_mean`` with the 95% Student-t
+    interval of that mean over the seeds (``accuracy_low``, ``accuracy_high``, and its half-width
+    ``accuracy_half_width``; NaN with one seed), ``seeds``, ``stored`` (seeds that store every fact at the
+    threshold) and ``step_limited`` (seeds still improving at the step limit, ``converged`` False)."""
+    done = converged_mask(rows)
+    out = []
+    for (heads, width), part in rows.groupby(["heads", "width"]):
+        mean, low, high = mean_ci(part["accuracy"])
+        out.append({"heads": heads, "width": width, "parameters": int(part["parameters"].iloc[0]),
+                    "seeds": len(part), "accuracy_mean": mean, "accuracy_low": low, "accuracy_high": high,
+                    "accuracy_half_width": (high - low) / 2,
+                    "stored": int(part["stored"].map(is_true).sum()), "step_limited": int((~done[part.index]).sum())})
+    return pd.DataFrame(out)
+
+
+def smallest_storing_width(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per H (rows) and seed (columns): the smallest MLP width m whose model stores every fact at the
+    threshold; NaN where no width of the grid does."""
+    ok = rows[rows["stored"].map(is_true)]
+    table = ok.groupby(["heads", "seed"])["width"].min().unstack("seed")
+    return table.reindex(index=sorted(rows["heads"].unique()), columns=sorted(rows["seed"].unique()))
+
+
+def cell_grid(cells: pd.DataFrame, value: str) -> pd.DataFrame:
+    """One column of :func:`tradeoff_cells` as a table: H down, m across."""
+    return cells.pivot(index="heads", columns="width", values=value).sort_index()
+
+
 def tradeoff_markdown(rows: pd.DataFrame) -> str:
-    """The heat map as a table, and the smallest MLP width that stores the facts at each H."""
-    grid = rows.pivot_table(index="heads", columns="width", values="accuracy", aggfunc="mean").sort_index()
-    lines = ["accuracy over all facts (rows: H, columns: m)", "", grid.to_markdown(floatfmt=".3f"), ""]
-    stored = rows.groupby(["heads", "width"])["stored"].all().reset_index()
-    for heads, sub in stored.groupby("heads"):
-        ok = sub[sub["stored"]]
-        need = "none of the widths tried" if ok.empty else f"m = {int(ok['width'].min())}"
-        lines.append(f"- H = {heads}: smallest width storing all facts at the threshold: {need}")
-    if "converged" in rows:
-        still = rows[~rows["converged"].astype(bool)]
-        lines.append(f"- cells still improving at the step limit (accuracy rose >= 0.01 over the last quarter; "
-                     f"`converged` False): {len(still)} of {len(rows)}")
+    """The heat map as tables over the seeds (mean accuracy, the half-width of its 95% interval, the seeds
+    still improving at the step limit), and per H the smallest MLP width that stores the facts."""
+    cells = tradeoff_cells(rows)
+    seeds = sorted(rows["seed"].unique())
+    n = len(seeds)
+    lines = [f"accuracy over all facts, mean over {n} seed{'s' * (n > 1)} ({', '.join(map(str, seeds))}; "
+             "rows: H, columns: m)", "", cell_grid(cells, "accuracy_mean").to_markdown(floatfmt=".3f"), ""]
+    if n > 1:
+        lines += [f"half-width of the 95% Student-t interval of that mean over the {n} seeds (t with {n - 1} "
+                  "degrees of freedom; 0: every seed the same)", "",
+                  cell_grid(cells, "accuracy_half_width").to_markdown(floatfmt=".3f"), ""]
+    if convergence_recorded(rows):
+        lines += [f"seeds still improving at the step limit (accuracy rose by >= {PLATEAU_GAIN} over the last "
+                  f"{PLATEAU_WINDOW:.0%} of the steps; `converged` False) of {n}", "",
+                  cell_grid(cells, "step_limited").to_markdown(), ""]
+    widths = smallest_storing_width(rows)
+    every = cells[cells["stored"] == cells["seeds"]].groupby("heads")["width"].min()
+    for heads, per_seed in widths.iterrows():
+        head = f"- H = {heads}: smallest width storing all facts at the threshold"
+        if n == 1:
+            found = per_seed.dropna()
+            lines.append(f"{head}: " + (f"m = {int(found.iloc[0])}" if len(found) else "none of the widths tried"))
+            continue
+        text = ", ".join("none" if pd.isna(w) else f"{int(w)}" for w in per_seed)
+        if per_seed.notna().all():
+            mean, low, high = mean_ci(per_seed)
+            text += f"; mean {mean:.0f}" + ("" if math.isnan(low) else f" [95%: {low:.0f}, {high:.0f}]")
+        both = f"m = {int(every[heads])}" if heads in every.index else "none of the widths tried"
+        lines.append(f"{head}, per seed ({', '.join(map(str, seeds))}): {text}; in all {n} seeds: {both}")
+    if convergence_recorded(rows):
+        done = converged_mask(rows)
+        per_seed = "; ".join(f"seed {s}: {int((~done[rows['seed'] == s]).sum())} of {int((rows['seed'] == s).sum())}"
+                             for s in seeds)
+        lines.append(f"- cells still improving at the step limit (`converged` False): {int((~done).sum())} of "
+                     f"{len(rows)} runs ({per_seed})")
     return "\n".join(lines)
 
 
