@@ -10,7 +10,7 @@ import pandas as pd
 
 from auditor.errors import AuditError
 from auditor.lab.figures import plt, save
-from auditor.lab.stats import mean_ci
+from auditor.lab.stats import is_true, mean_ci
 
 X_LABELS = {"heads": "heads H", "context": "context length n", "d_h": "key/query width d_h"}
 UNSATURATED = 0.95  # points with mean accuracy below this enter the linear fit (our reading of "non-saturated")
@@ -52,7 +52,7 @@ def converged_rows(frame: pd.DataFrame) -> pd.DataFrame:
     """Rows whose training converged (all of them for CSVs written before ``converged`` existed)."""
     if "converged" not in frame:
         return frame
-    return frame[frame["converged"].astype(str).str.lower() == "true"]
+    return frame[frame["converged"].map(is_true)]
 
 
 def sweep_summary(frame: pd.DataFrame, x: str) -> pd.DataFrame:
