@@ -393,7 +393,9 @@ def test_stage_0b_changes_no_rank(exact_dependent, small_chunks, monkeypatch):
     assert sum(c[1] for c in calls if c[2]) > 50  # the planner's route settled many
     for on in runs:
         assert torch.equal(on.rank, off.rank)
-        assert torch.equal(on.margin.nan_to_num(-1.0), off.margin.nan_to_num(-1.0))
+        # (margins in decades from float64 factors and spectra: equal up to rounding, batch sizes differ)
+        torch.testing.assert_close(on.margin, off.margin, rtol=0, atol=1e3 * torch.finfo(torch.float64).eps,
+                                   equal_nan=True)
         assert on.stages["cholesky_dependent"] == off.stages["cholesky_dependent"]
     ref = reference(x, subsets, rtol)
     assert (ref.rank[runs[0].rank < 0] < k).all()
