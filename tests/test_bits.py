@@ -85,7 +85,9 @@ def test_missing_or_empty_report_folders_are_one_line_errors(tmp_path):
 
 
 REPORTS = Path(__file__).resolve().parent.parent / "reports"
-OLD_TRADEOFF = REPORTS / "assoc" / "tradeoff.csv"  # written before 0.2: steps = trained, max_steps = budget, D, T
+# a trade-off CSV as written before 0.2 (steps = trained, max_steps = budget, D, T): the one-seed reference
+# run once committed as reports/assoc/tradeoff.csv, kept to test that old CSVs are still read
+OLD_TRADEOFF = Path(__file__).resolve().parent / "data" / "tradeoff_v01.csv"
 
 
 def test_every_committed_report_is_read_with_its_own_convergence():
@@ -99,8 +101,11 @@ def test_every_committed_report_is_read_with_its_own_convergence():
     assert rows["converged"].tolist() == new["converged"].tolist()  # the run's own flag (plateaus included)
     assert rows["stored_bits"].to_numpy() == pytest.approx(
         ((new["fact_recall"] * new["facts"]).round() * np.log2(new["answers_per_relation"])).to_numpy())
-    old = pd.read_csv(OLD_TRADEOFF)
+    ref = pd.read_csv(REPORTS / "assoc" / "tradeoff.csv")  # the 5 x 5 reference map, current names too
     rows = table[table["source"] == "reports/assoc/tradeoff.csv"]
+    assert len(rows) == len(ref) and rows["converged"].tolist() == ref["converged"].tolist()
+    old = pd.read_csv(OLD_TRADEOFF)
+    rows = bits_table([OLD_TRADEOFF])
     assert rows["converged"].tolist() == (old["steps"] < old["max_steps"]).tolist()  # early stop, or the budget ran out
     assert rows["stored_bits"].to_numpy() == pytest.approx(((old["fact_recall"] * old["facts"]).round() * 3).to_numpy())
     scaling = pd.read_csv(REPORTS / "assoc" / "budget-d8" / "facts.csv")  # current names: read, not skipped

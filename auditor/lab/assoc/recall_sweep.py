@@ -418,7 +418,7 @@ SCALING_PRESETS = {
 TRADEOFF_PRESETS = {
     "quick": {"heads": (1, 2), "widths": (0, 16), "seeds": (0,), "training": {"steps": 50, "batch_size": 256,
                                                                              "lrs": (1e-2,)}},
-    "reference": {"heads": (1, 2, 4, 8, 16), "widths": (0, 16, 32, 64, 128), "seeds": (0,),
+    "reference": {"heads": (1, 2, 4, 8, 16), "widths": (0, 16, 32, 64, 128), "seeds": (0, 1, 2),
                   "training": {"steps": 1000, "batch_size": 256, "lrs": (1e-2, 3e-2)}},
     "paper": {"heads": (1, 2, 4, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32),
               "widths": (1, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128), "seeds": (0, 1, 2),
