@@ -188,10 +188,12 @@ def _lam_hi(gram: torch.Tensor, lam_cap: float | None, *, quick: bool = False) -
         gersh = gram.abs().sum(-1).amax(-1)  # largest absolute row sum
     else:
         gersh = torch.linalg.vector_norm(gram, ord=1, dim=-1).amax(-1)
-    lam_hi = torch.minimum(trace, gersh)
-    if lam_cap is not None:
-        lam_hi = lam_hi.clamp(max=lam_cap * (1 + 64 * k * _F64_EPS))
-    return lam_hi
+    return _capped(torch.minimum(trace, gersh), lam_cap, k)
+
+
+def _capped(lam_hi: torch.Tensor, lam_cap: float | None, k: int) -> torch.Tensor:
+    """lam_hi capped by the pool's sigma_1^2 (``lam_cap``, None: no cap), raised by its rounding."""
+    return lam_hi if lam_cap is None else lam_hi.clamp(max=lam_cap * (1 + 64 * k * _F64_EPS))
 
 
 def decide(
@@ -778,9 +780,7 @@ class _Pool:
         trace = torch.from_numpy(self.diag64[idx_np].sum(1)) * (1 + 2 * (k + d) * _F64_EPS)  # >= trace(G)
         gersh = block.abs().sum(-1).amax(-1).to(torch.float64) / scale  # float32 row sums, unscaled
         gersh_up = gersh * (1 + 2 * (k + 2) * u)  # >= every row sum of |G64| (rounding of entries and sums)
-        lam_hi = torch.minimum(trace, gersh_up + 2 * d * _F64_EPS * trace)
-        if self.lam_cap is not None:
-            lam_hi = lam_hi.clamp(max=self.lam_cap * (1 + 64 * k * _F64_EPS))
+        lam_hi = _capped(torch.minimum(trace, gersh_up + 2 * d * _F64_EPS * trace), self.lam_cap, k)
         target = _floor_target(self.rtol**2 * lam_hi, floor)
         gam = (k + 1) * u / (1 - (k + 1) * u)
         chol = gam / (1 - gam) * (1 + 3 * u)  # (c): Cholesky backward error per unit trace
@@ -818,9 +818,8 @@ class _Pool:
         diag = torch.from_numpy(self.diag64[idx_np])  # (c, k): the blocks' diagonals, as gathered
         trace = diag.sum(-1) * (1 + 2 * k * _F64_EPS)  # >= the trace as any summation order computes it
         dmax = diag.amax(-1)
-        lam_hi = trace if gersh_up is None else torch.minimum(trace, gersh_up)  # >= stage 1b's (computed)
-        if self.lam_cap is not None:
-            lam_hi = lam_hi.clamp(max=self.lam_cap * (1 + 64 * k * _F64_EPS))  # as _lam_hi clamps
+        # >= the lam_hi stage 1b computes (same cap)
+        lam_hi = _capped(trace if gersh_up is None else torch.minimum(trace, gersh_up), self.lam_cap, k)
         gamma = 2 * k * (k + 1) * _F64_EPS * dmax + 2 * _gram_error(None, lam_hi, d, k=k, trace=trace)
         shift = self.rtol**2 * dmax * (1 - 4 * k * _F64_EPS) - gamma  # <= the stage 1b shift
         if not bool((shift > 0).any()):  # (a tolerance below the Gram route's resolution: nothing to prove)
