@@ -25,9 +25,12 @@ stage 1b shortcut or its exact spectrum gives it), then narrowed only where need
   dependent matrix, e.g. duplicated vectors) counts as 0, so such verdicts have critical tolerance 0.0;
   it is bracketed by the m-th largest lower and upper ends, and narrowed by shifted
   Cholesky certificates and dependence proofs at test tolerances, or exact spectra, on the matrices
-  that can still be the m-th, within fixed work caps; a bracket that lies entirely beyond 10x rtol (or
-  below rtol / 10, the default grid's ends) is narrowed only where the exact spectra left settle it at once: the verdict is far
-  from flipping, and the bracket says how far;
+  that can still be the m-th, within fixed work caps, to 3%; a bracket that lies entirely beyond 10x
+  rtol (or below rtol / 10, the default grid's ends) is narrowed (to 10%) only where the exact spectra
+  left settle it: the verdict is far from flipping, and the bracket says how far. A bracket with no
+  upper end yet (only the trivial cap: no ratio exceeds 1) gets one from the exact spectra of the
+  matrices likeliest to lie lowest. :func:`critical_is_exact` says whether the result is known to
+  within its bracket's width or only bounded by it;
 - the smallest margin: branch and bound. Matrices are visited in increasing order of their margin
   bound and given exact float64 spectra (eigenvalues of the Gram matrix, float64 SVD where those are
   not accurate enough) until no bound is below the best exact margin; when that would take more than
@@ -50,6 +53,7 @@ from probes import _fast
 
 DEFAULT_RTOL_GRID = (0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0)
 BRACKET_WIDTH = 0.03  # relative width of the critical-tolerance bracket sought
+FAR_BRACKET_WIDTH = 0.10  # ... and beyond 10x either side of rtol, where the verdict is far from flipping
 _PAD = 1e-9  # bounds this close (relative) to a tolerance are not trusted to decide it
 _MAX_STEPS = 12  # narrowing steps for the bracket
 _SPECTRA_SHARE = 25  # exact spectra: at most 1 / this of the matrices (and at least _MIN_SPECTRA)
@@ -57,8 +61,8 @@ _MIN_SPECTRA = 64
 _FACTOR_SHARE = 4  # bracket narrowing: at most 1 / this of the matrices factorised again in all ...
 _MIN_FACTOR = 1024  # ... or this many, if more
 _BATCH = 32
-_FAR = 10.0  # a bracket beyond 10x either side of rtol (the default grid's ends) is narrowed only where
-# exact spectra settle it
+_FAR = 10.0  # a bracket beyond 10x either side of rtol (the default grid's ends) is narrowed (to
+# FAR_BRACKET_WIDTH) only where exact spectra within the budget settle it
 _EXACT_ABOVE_K = 256  # up to this k, full-rank matrices undecided above rtol get eigenvalues at once:
 # one eigvalsh costs about 3 Cholesky factorisations at k = 197 (5-6 at k = 512-1024, 2-core CPU), and
 # a matrix that the test could not certify at the grid's top usually takes 3 or more there (certificate,
@@ -117,6 +121,23 @@ def verdict_distance(critical: float, rtol: float) -> float:
     if not 0 < critical < math.inf or rtol <= 0:
         return math.inf
     return abs(math.log10(critical / rtol))
+
+
+def critical_is_exact(critical: float, low: float, high: float, rtol: float) -> bool | None:
+    """Whether a critical tolerance is known (``True``: to within its bracket's width, 3% near rtol and
+    10% beyond 10x either side, or proven 0 / inf) or only bounded by its bracket (``False``: the work
+    caps were reached, and ``critical`` is the bracket end nearer to rtol); None when there is none (NaN).
+    """
+    values = (critical, low, high, rtol)
+    if any(v is None or (isinstance(v, float) and math.isnan(v)) for v in values):
+        return None
+    critical, low, high, rtol = map(float, values)
+    if critical == 0.0 and high == 0.0 or critical == math.inf:
+        return True
+    if not low > 0:
+        return False
+    far = low >= rtol * _FAR or high <= rtol / _FAR
+    return high <= low * (1 + (FAR_BRACKET_WIDTH if far else BRACKET_WIDTH)) * (1 + _PAD)
 
 
 def trivial(grid: tuple[float, ...] | None) -> Robustness:
@@ -349,14 +370,26 @@ class _Refiner:
         for _ in range(_MAX_STEPS):
             a = float(self.lo.kthvalue(q).values)
             b = float(self.hi.kthvalue(q).values)
-            if a >= 1 or (a > 0 and b <= a * (1 + BRACKET_WIDTH)):
+            far = a >= self.rtol * _FAR or b <= self.rtol / _FAR
+            if a >= 1 or (a > 0 and b <= a * (1 + (FAR_BRACKET_WIDTH if far else BRACKET_WIDTH))):
                 break
+            if b <= self.src.k * _F64_EPS:
+                break  # below float64 resolution: dependent at every resolvable rtol
             open_ = ((self.hi > a) & (self.lo < b) & self.ratio.isnan()).nonzero().flatten()
             if not open_.numel():
                 break
-            far = a >= self.rtol * _FAR or b <= self.rtol / _FAR
-            if far and self.spectra + open_.numel() > max_spectra:
-                break  # far from flipping and not settled by the spectra left: the proven bracket
+            if far:
+                # far from flipping (beyond the grid's ends): narrowed to FAR_BRACKET_WIDTH where exact
+                # spectra within the budget settle it
+                if self.spectra + open_.numel() <= max_spectra:
+                    self.exact(open_)
+                    continue
+                room = max_spectra - self.spectra
+                if b >= 1 and room >= q:
+                    # no upper end yet: the exact spectra of the matrices likeliest to lie lowest give one
+                    self.exact(open_[self.lo[open_].argsort(stable=True)][:room])
+                    continue
+                break  # the proven bracket: shifted Cholesky certificates are too loose to narrow it here
             if self.spectra + open_.numel() <= max_spectra:
                 self.exact(open_)
                 continue
@@ -379,7 +412,8 @@ class _Refiner:
             else:
                 est = math.sqrt(a * b) if a > 0 else b / 10
             toggle = not toggle
-            t = est * (1 - BRACKET_WIDTH / 3) if toggle else est * (1 + BRACKET_WIDTH / 3)
+            width = FAR_BRACKET_WIDTH if far else BRACKET_WIDTH
+            t = est * (1 - width / 3) if toggle else est * (1 + width / 3)
             if not a < t < b:
                 t = math.sqrt(a * b) if a > 0 else b / 10
             self.test_at(open_, t)
@@ -389,7 +423,8 @@ class _Refiner:
             return math.inf, a, b
         if b <= self.src.k * _F64_EPS:  # below float64 resolution: dependent at every resolvable rtol
             return 0.0, 0.0, 0.0
-        if a > 0 and b <= a * (1 + BRACKET_WIDTH):
+        far = a >= self.rtol * _FAR or b <= self.rtol / _FAR
+        if a > 0 and b <= a * (1 + (FAR_BRACKET_WIDTH if far else BRACKET_WIDTH)):
             return math.sqrt(a * b), a, b
         # a wide bracket: the end nearest rtol, so that verdict_margin stays a proven lower bound
         return (a if a >= self.rtol else b), a, b
