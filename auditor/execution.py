@@ -1,8 +1,10 @@
-"""Where work runs: in this process (``local``) or as Ray tasks (``ray``), shared by the audit and the lab.
+"""Where work runs: in this process (``local``), as Ray tasks (``ray``) or as a Slurm job array (``slurm``),
+shared by the audit and the lab.
 
 :func:`run_each` calls a function on a list of arguments and yields ``(index, result)`` as results
 arrive: in order, one after the other, for ``local``; as Ray tasks finish for ``ray`` (on a new local
-instance, the one this process already joined, or the cluster at ``address``). A task that raises
+instance, the one this process already joined, or the cluster at ``address``); as the tasks of one
+Slurm job array finish for ``slurm`` (through submitit, :mod:`auditor.slurm`). A task that raises
 either stops the run at once (``fail_fast``: the others are cancelled) or lets the tasks already
 submitted finish first; the error raised is the task's own ``ValueError`` when that was the cause, so a
 user mistake inside a worker still reads as one line. Nothing here writes files.
@@ -16,10 +18,11 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from auditor.errors import AuditError
+from auditor.slurm import SlurmOptions, require_submitit, run_array
 
 log = logging.getLogger(__name__)
 
-EXECUTORS = ("local", "ray")
+EXECUTORS = ("local", "ray", "slurm")
 RAY_MISSING = ('--executor ray needs Ray, which is not installed; install it with '
                'pip install "attention-auditor[ray]" or use --executor local')
 
@@ -38,6 +41,8 @@ def check_executor(executor: str) -> None:
         raise AuditError(f"unknown executor {executor!r}; valid: {', '.join(EXECUTORS)}")
     if executor == "ray":
         require_ray()
+    if executor == "slurm":
+        require_submitit()
 
 
 def check_resources(**amounts: float) -> None:
@@ -113,14 +118,22 @@ def as_completed(task: Any, calls: Sequence[tuple], *, fail_fast: bool) -> Itera
 
 
 def run_each(fn: Callable[..., Any], calls: Sequence[tuple], *, executor: str = "local", address: str | None = None,
-             num_cpus: float = 1, num_gpus: float = 0, fail_fast: bool = False) -> Iterator[tuple[int, Any]]:
+             num_cpus: float = 1, num_gpus: float = 0, fail_fast: bool = False, slurm: SlurmOptions | None = None,
+             keys: Sequence[str] | None = None, name: str = "run") -> Iterator[tuple[int, Any]]:
     """``fn(*args)`` for every ``args`` in ``calls``: yield ``(index, result)`` as each finishes.
 
-    ``fn`` must be a module-level function (Ray ships it to the workers by reference); ``num_cpus`` and
-    ``num_gpus`` are what each Ray task reserves (ignored by ``local``).
+    ``fn`` must be a module-level function (Ray and Slurm jobs import it by reference); ``num_cpus`` and
+    ``num_gpus`` are what each Ray task reserves (ignored by ``local``). ``slurm`` holds the resources
+    of every Slurm job and the folder of their logs (required by ``slurm``); ``keys`` (one per call)
+    make the Slurm jobs resumable work and ``name`` names them (see :func:`auditor.slurm.run_array`).
     """
     check_executor(executor)
     check_resources(num_cpus=num_cpus, num_gpus=num_gpus)
+    if executor == "slurm":
+        if slurm is None:
+            raise AuditError("--executor slurm needs SlurmOptions with a folder for the jobs' logs")
+        yield from run_array(fn, calls, slurm, fail_fast=fail_fast, keys=keys, name=name)
+        return
     if executor == "local":
         for i, args in enumerate(calls):
             yield i, fn(*args)
