@@ -1,8 +1,9 @@
 """``audit compare REPORT...``: the verdicts of several audit reports side by side.
 
 A REPORT is a report folder (holding the ``results.csv`` an audit wrote, maybe a ``depth.csv``) or a model
-name, which stands for the newest ``reports/<name>-*`` folder holding a ``results.csv`` under the current
-directory. The comparison is one table (``compare.csv``, ``compare.md``, also printed): one row per model,
+name, which stands for the folder under ``reports/`` (in the current directory) holding the newest audit of
+exactly that model (``gpt2`` never picks a ``gpt2-large`` report). Every report is checked before any work:
+an empty, truncated or edited CSV, or a lab sweep's results, is refused with one line naming the file. The comparison is one table (``compare.csv``, ``compare.md``, also printed): one row per model,
 weights, representation and test with the fraction and its 95% interval, the verdict and the critical rtol
 (the tolerance at which the verdict flips), and overlay figures: the Kruskal fractions by test across the
 reports (``compare_kruskal.png``) and, where reports have a ``depth.csv``, their depth profiles overlaid
@@ -11,6 +12,8 @@ reports (``compare_kruskal.png``) and, where reports have a ``depth.csv``, their
 
 from __future__ import annotations
 
+import csv
+import io
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,9 +23,17 @@ import click
 import pandas as pd
 
 from auditor.assumptions import KRUSKAL_TESTS
-from auditor.atomic import Staged
+from auditor.atomic import Staged, check_output_folder, confined, real_folder
 from auditor.errors import AuditError
-from auditor.report.schema import read_rows
+from auditor.report.schema import (
+    BOOL_COLUMNS,
+    FLOAT_COLUMNS,
+    INT_COLUMNS,
+    parse_rank_counts,
+    parse_rtol_grid,
+    parse_witness,
+    read_rows,
+)
 
 COMPARE_COLUMNS = ("report", "model", "weights", "representation", "test", "fraction", "fraction_low",
                    "fraction_high", "verdict", "rtol", "critical_rtol")
@@ -41,11 +52,118 @@ class Report:
         return self.folder / "depth.csv"
 
 
+AUDIT_COLUMNS = ("model", "representation", "weights", "test", "status")  # every audit's results.csv has them
+STATUSES = ("ok", "skipped")
+LAB_COLUMNS = ("unit", "unit_config")  # stamped on every row of a lab sweep's results.csv
+
+
+def _table_lines(path: Path, what: str) -> tuple[list[str], list[tuple[int, list[str]]]]:
+    """Header and rows ``(line, cells)`` of a CSV file, refused with one line naming ``path`` when it is empty,
+    not text, or truncated (a row with fewer or more cells than the header, or no newline at the end: the file
+    was cut mid-row)."""
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise AuditError(f"cannot read {str(path)!r} ({err.strerror or err})") from None
+    if not data.strip():
+        raise AuditError(f"{path}: empty file ({len(data)} bytes); {what} starts with a header line")
+    try:
+        text = data.decode()
+    except UnicodeDecodeError:
+        raise AuditError(f"{path}: not a text file; {what} is comma-separated text") from None
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        header = next(reader)
+        rows = []
+        for cells in reader:
+            if cells:
+                rows.append((reader.line_num, cells))
+                if len(cells) != len(header):
+                    raise AuditError(f"{path}: line {reader.line_num} has {len(cells)} cells where the header has "
+                                     f"{len(header)}; the file is truncated or damaged: rerun the audit that wrote it")
+    except csv.Error as err:
+        raise AuditError(f"{path}: line {reader.line_num} is not valid CSV ({err}); the file is damaged") from None
+    if not text.endswith(("\n", "\r")):
+        raise AuditError(f"{path}: ends mid-row (no newline after its last line); the file was cut short: rerun the "
+                         "audit that wrote it")
+    return header, rows
+
+
+def _bad_cell(column: str, value: str) -> str | None:
+    """What is wrong with a cell of a typed column of results.csv (None: it reads)."""
+    if value == "":
+        return None
+    if column == "status":
+        return None if value in STATUSES else f"a status ({' or '.join(STATUSES)})"
+    try:
+        if column in INT_COLUMNS:
+            return None if float(value).is_integer() else "an integer"
+        if column in BOOL_COLUMNS:
+            return None if value.strip().lower() in ("true", "false") else "True or False"
+        if column in FLOAT_COLUMNS:
+            float(value)
+        elif column == "rank_counts":
+            parse_rank_counts(value)
+        elif column == "witness":
+            parse_witness(value)
+        elif column == "rtol_grid":
+            parse_rtol_grid(value)
+    except (ValueError, TypeError, IndexError, OverflowError):
+        return {"rank_counts": "a rank histogram rank:count;...", "witness": "space-separated example indices",
+                "rtol_grid": "a tolerance grid multiplier:fraction;..."}.get(column, "a number")
+    return None
+
+
+def check_results_csv(path: str | Path) -> None:
+    """Refuse, with one line naming the file, a ``results.csv`` that is not an audit's rows as written: empty,
+    truncated, a lab sweep's results, other columns, or a cell its column cannot hold (a verdict that is not
+    True/False, a count that is not an integer, ...)."""
+    path = Path(path)
+    header, rows = _table_lines(path, "an audit's results.csv")
+    columns = set(header)
+    if set(LAB_COLUMNS) <= columns:
+        raise AuditError(f"{path}: the results of a lab sweep (audit memorize, facts, assoc, ...), not of an audit; "
+                         "compare takes folders written by 'audit MODEL'")
+    missing = [c for c in AUDIT_COLUMNS if c not in columns]
+    if missing:
+        raise AuditError(f"{path}: not an audit's results.csv (no column {', '.join(missing)}); compare takes folders "
+                         "written by 'audit MODEL'")
+    typed = [(i, c) for i, c in enumerate(header)
+             if c in (*INT_COLUMNS, *BOOL_COLUMNS, *FLOAT_COLUMNS, "rank_counts", "witness", "rtol_grid", "status")]
+    for line, cells in rows:
+        for i, column in typed:
+            wrong = _bad_cell(column, cells[i])
+            if wrong:
+                raise AuditError(f"{path}: line {line}, column {column}: {cells[i]!r} is not {wrong}; the file is "
+                                 "damaged or was edited: rerun the audit that wrote it")
+    if not rows:
+        raise AuditError(f"{path}: a header without rows; the audit that wrote it did not finish")
+
+
+def check_depth_csv(path: str | Path) -> None:
+    """Refuse an empty or truncated ``depth.csv`` with one line naming it (the figures read it)."""
+    header, _ = _table_lines(Path(path), "an audit's depth.csv")
+    if "depth" not in header:
+        raise AuditError(f"{path}: not an audit's depth.csv (no column depth)")
+
+
+def _report_model(folder: Path) -> str | None:
+    """The model of a folder's audit rows (the first row's), None when it holds none readable."""
+    try:
+        with open(folder / "results.csv", newline="") as fh:
+            reader = csv.DictReader(fh)
+            first = next(reader, None)
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return None
+    return first.get("model") if first and set(AUDIT_COLUMNS) <= set(reader.fieldnames or ()) else None
+
+
 def resolve_report(reference: str | Path, root: str | Path | None = None) -> tuple[Path, str | None]:
     """The report folder a REPORT argument names, and a note when a model name picked it.
 
-    ``reference``: a folder holding a ``results.csv``, or a model name: the newest ``reports/<name>-*`` folder
-    under ``root`` (default: the current directory) that holds a ``results.csv`` (newest by that file's time).
+    ``reference``: a folder holding a ``results.csv``, or a model name: of the folders ``reports/*`` under
+    ``root`` (default: the current directory) whose audit rows are of exactly that model (``gpt2`` never
+    picks a ``gpt2-large`` report), the one whose ``results.csv`` is newest.
     """
     root = Path.cwd() if root is None else Path(root)
     path = Path(reference)
@@ -55,16 +173,19 @@ def resolve_report(reference: str | Path, root: str | Path | None = None) -> tup
         if not (path / "results.csv").is_file():
             raise AuditError(f"no results.csv in {str(reference)!r}; give a folder an audit wrote its report into")
         return path, None
+    if path.exists():
+        raise AuditError(f"{str(reference)!r} is a file; give the report folder that holds it (or a model name)")
     name = str(reference)
-    candidates = [p for p in (root / "reports").glob(f"{name}-*") if (p / "results.csv").is_file()] \
-        if "/" not in name else []
+    models = {p: _report_model(p) for p in sorted((root / "reports").glob("*")) if (p / "results.csv").is_file()}
+    candidates = [p for p, model in models.items() if model == name]
     if not candidates:
-        known = sorted({p.parent.name.split("-")[0] for p in (root / "reports").glob("*/results.csv")})
-        hint = f"; models with reports here: {', '.join(known)}" if known else ""
-        raise AuditError(f"no report folder or model {name!r}: no such folder and no reports/{name}-* folder with "
-                         f"a results.csv under {str(root)!r}{hint}")
+        known = sorted({m for m in models.values() if m})
+        hint = f"; models with reports there: {', '.join(known)}" if known else ""
+        raise AuditError(f"no report folder or model {name!r}: no such folder, and no folder under "
+                         f"{str(root / 'reports')!r} holds an audit of model {name!r}{hint}")
     newest = max(candidates, key=lambda p: ((p / "results.csv").stat().st_mtime, p.name))
-    return newest, f"{name}: using {newest} (the newest reports/{name}-* holding a results.csv)"
+    others = f", the newest of {len(candidates)}" if len(candidates) > 1 else ""
+    return newest, f"{name}: using {newest} (its audit of model {name!r}{others})"
 
 
 def compare_table(reports: Sequence[Report]) -> pd.DataFrame:
@@ -111,21 +232,25 @@ def compare(references: Sequence[str | Path], out: str | Path | None = None, *, 
     if not references:
         raise AuditError("give at least one report folder or model name to compare")
     root = Path.cwd() if root is None else Path(root)
+    out = Path(out) if out is not None else root / "reports" / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
+    check_output_folder(out, COMPARE_FILES, "audit compare")
     folders = []
-    for reference in references:
+    for reference in references:  # every input checked before any work
         folder, note = resolve_report(reference, root)
+        check_results_csv(folder / "results.csv")
+        if (folder / "depth.csv").is_file():
+            check_depth_csv(folder / "depth.csv")
         if note and echo:
             echo(note)
         folders.append(folder)
     reports = _labelled(folders)
     table = compare_table(reports)
-    out = Path(out) if out is not None else root / "reports" / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        real_folder(out)
     except OSError as err:
         raise AuditError(f"cannot write to output folder {str(out)!r} ({err.strerror}); choose another --out") \
             from None
-    with Staged() as staged:
+    with confined(out), Staged() as staged:
         staged.text(out / "compare.csv", table.to_csv(index=False))
         staged.text(out / "compare.md", "# Comparison of audit reports\n\n" + "\n".join(
             f"- {r.label}: `{r.folder}`" for r in reports) + "\n\n" + markdown_table(table) + "\n")
@@ -193,8 +318,8 @@ def compare_command(reports: tuple[str, ...], out: str | None, plots: bool) -> N
     """Put audit reports side by side: one table of fractions, verdicts and critical rtol, and overlay
     figures.
 
-    Each REPORT is a report folder (with the results.csv an audit wrote) or a model name, meaning the newest
-    reports/<name>-* folder holding a results.csv under the current directory.
+    Each REPORT is a report folder (with the results.csv an audit wrote) or a model name, meaning the folder
+    under reports/ (in the current directory) with the newest audit of exactly that model.
 
     \b
     Example:  audit compare minilm reports/vit-base-imagenet1000 --out reports/compare-minilm-vit

@@ -35,9 +35,11 @@ import click
 import numpy as np
 import pandas as pd
 
+from auditor.atomic import check_output_folder, confined, real_folder
 from auditor.errors import AuditError
 from auditor.lab.stats import is_true
 
+OUT_FILES = ("bits.csv", "bits.png")  # what `audit bits` writes into --out
 REAL_BITS = 24  # significand bits of float32: the precision a certified real label is counted at
 COLUMNS = ("room", "experiment", "config", "stored_bits", "parameters", "bits_per_parameter", "formula", "converged",
            "source", "bound_bits_paper_a", "bound_bits_dana")
@@ -216,6 +218,25 @@ def _first_line(err: Exception) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
+def _check_counts(rows: pd.DataFrame, file: Path, room: str) -> None:
+    """Refuse a CSV whose rows cannot be counted: stored bits must be finite and >= 0, parameters finite and
+    > 0 (a foreign CSV with negative counts, a class count of 0 or no parameters would give negative or
+    infinite bits per parameter). Names the file and the first bad row (its line in the file)."""
+    bits = pd.to_numeric(rows["stored_bits"], errors="coerce").astype(float)
+    params = pd.to_numeric(rows["parameters"], errors="coerce").astype(float)
+    checks = ((~np.isfinite(bits), "stored bits {} (from its counts) are not a finite number"),
+              (bits < 0, "stored bits {} are negative (a negative count, or fewer than 1 class, value or answer)"),
+              (~np.isfinite(params), "its parameters {} are not a finite number"),
+              (params <= 0, "its parameters {} are not positive"))
+    for bad, what in checks:
+        if bad.any():
+            index = bad[bad].index[0]
+            value = params[index] if "parameters" in what else bits[index]
+            line = index + 2 if isinstance(index, int | np.integer) else index
+            raise AuditError(f"{file}: line {line} cannot be counted as a {room} result: "
+                             + what.format(f"{value:g}") + f"; {bad.sum()} of {len(rows)} rows are like it")
+
+
 def bits_table(paths: Sequence[str | Path], root: str | Path | None = None) -> pd.DataFrame:
     """The rows of every result CSV found at or under ``paths`` that a room can count (others skipped)."""
     files: list[Path] = []
@@ -247,6 +268,7 @@ def bits_table(paths: Sequence[str | Path], root: str | Path | None = None) -> p
             parts = file.parent.parts
             rows["experiment"] = " ".join(["facts", *parts[parts.index("facts") + 1:]] if "facts" in parts
                                           else ["facts", file.parent.name])
+        _check_counts(rows, file, room)
         source = file.relative_to(root) if root and file.is_relative_to(root) else file
         frames.append(rows.assign(source=str(source)))
     if not frames:
@@ -361,12 +383,18 @@ def bits_command(report_dirs: tuple[str, ...], out: str, plots: bool) -> None:
     from auditor.lab.sweep import write_table
 
     dirs = report_dirs or ("reports/memorize", "reports/facts", "reports/assoc")
-    table = bits_table(dirs, root=Path.cwd())
     folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
-    write_table(table, folder / "bits.csv", device="cpu", seed="")
-    if plots:
-        plot_bits(table, folder / "bits.png")
+    check_output_folder(folder, OUT_FILES, "audit bits")
+    table = bits_table(dirs, root=Path.cwd())
+    try:
+        with confined(folder):
+            real_folder(folder)
+            write_table(table, folder / "bits.csv", device="cpu", seed="")
+            if plots:
+                plot_bits(table, folder / "bits.png")
+    except OSError as err:
+        raise AuditError(f"cannot write into {str(folder)!r}: {err.strerror or err} "
+                         f"({err.filename or folder}); choose another --out") from None
     summary = bits_summary(table)
     summary = summary.astype(object).where(summary.notna(), None)  # no converged row: an empty cell, not nan
     click.echo(summary.to_markdown(index=False, floatfmt=".3g", missingval=""))

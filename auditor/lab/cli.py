@@ -25,6 +25,7 @@ from typing import Any
 import click
 import torch
 
+from auditor.atomic import confined, foreign_entries, refuse_foreign, write_text_atomic
 from auditor.errors import AuditError, did_you_mean
 from auditor.execution import EXECUTORS, check_executor
 from auditor.lab import experiment as registry
@@ -84,18 +85,36 @@ def _holds_progress(folder: Path) -> bool:
     return any(p.is_file() for pattern in ("units/*.json", "checkpoints/*") for p in folder.rglob(pattern))
 
 
+def _earlier_run(folder: Path) -> bool:
+    """Whether ``folder`` holds the sweep units or checkpoints of an earlier lab run (up to two levels
+    down: experiments that keep a subfolder per sweep)."""
+    return any(p.is_dir() for name in ("units", "checkpoints") for pattern in (name, f"*/{name}", f"*/*/{name}")
+               for p in folder.glob(pattern))
+
+
+def check_lab_folder(path: Path) -> None:
+    """Refuse an existing ``--out`` holding visible files unless an earlier lab run left its units there."""
+    if path.is_dir() and not _earlier_run(path):
+        refuse_foreign(path, foreign_entries(path, lambda name: False), "this command",
+                       ", or the folder of an earlier run of a lab command to resume it")
+
+
 @contextlib.contextmanager
 def output_folder(path: Path) -> Iterator[Path]:
-    """Create ``path`` (and missing parents) for the body; if the body raises, remove what was created
-    here unless it holds progress a rerun would resume from. A folder that existed is never removed."""
+    """Create ``path`` (and missing parents) for the body, whose files are written confined to it (see
+    :func:`auditor.atomic.confined`); if the body raises, remove what was created here unless it holds
+    progress a rerun would resume from. A folder that existed is never removed; one that holds files but
+    no earlier run is refused."""
     path = Path(path)
+    check_lab_folder(path)
     created = missing_parents(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise AuditError(f"cannot create output folder {str(path)!r} ({err.strerror}); choose a writable --out") from None
     try:
-        yield path
+        with confined(path):
+            yield path
     except BaseException:
         if created and not _holds_progress(created[-1]):
             shutil.rmtree(created[-1], ignore_errors=True)
@@ -252,9 +271,9 @@ def _run(experiments: list[Experiment], name: str, values: dict[str, Any]) -> No
                 # said once the run is done: a refused run prints its one error line and nothing else
                 click.echo(f"{e.name} ({scale}) -> {folder}" + (f"\n{note}" if note else ""), err=True)
             if len(experiments) > 1:
-                (folder / "summary.md").write_text("\n\n".join(texts) + "\n")
+                write_text_atomic(folder / "summary.md", "\n\n".join(texts) + "\n")
                 given = {k: v for k, v in values.items() if v not in (None, ()) and not k.startswith("old_")}
-                (folder / "settings.json").write_text(json.dumps({"scale": scale, **given}) + "\n")
+                write_text_atomic(folder / "settings.json", json.dumps({"scale": scale, **given}) + "\n")
     click.echo("\n\n".join(texts))
 
 

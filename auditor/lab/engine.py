@@ -18,8 +18,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import os
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +28,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from auditor.atomic import write_atomic
 from auditor.errors import AuditError, did_you_mean
 
 log = logging.getLogger(__name__)
@@ -260,15 +259,7 @@ class _MaskedOptimizer:
 
 
 def _save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        torch.save(payload, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, lambda tmp: torch.save(payload, tmp))
 
 
 def _trajectory_config(config: TrainConfig) -> dict[str, Any]:

@@ -12,6 +12,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from auditor.atomic import save_figure  # noqa: E402
+
 __all__ = ["heatmap", "plt", "save"]
 
 
@@ -32,15 +34,15 @@ def heatmap(ax: Any, table: pd.DataFrame, *, label: str, vmin: float = 0.0, vmax
 
 
 def save(fig: Any, path: str | Path, *, title: str | None = None, ax: Any = None) -> Path:
-    """Grid and legend on ``ax`` (if given), the title, layout, PNG at 130 dpi; the figure is released."""
+    """Grid and legend on ``ax`` (if given), the title, layout, the file at 130 dpi (written atomically, in the
+    format of the suffix); the figure is released."""
     if ax is not None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     if title:
         fig.suptitle(title)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return path
+    try:
+        fig.tight_layout()
+        return save_figure(fig, path, dpi=130)  # atomic; a link at ``path`` is replaced, never written through
+    finally:
+        plt.close(fig)

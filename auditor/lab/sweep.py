@@ -37,7 +37,7 @@ from typing import Any
 import pandas as pd
 from tqdm.auto import tqdm
 
-from auditor.atomic import TMP_SUFFIX, write_csv_atomic, write_text_atomic
+from auditor.atomic import TMP_SUFFIX, confined, output_root, real_folder, write_csv_atomic, write_text_atomic
 from auditor.errors import AuditError
 from auditor.execution import check_executor, check_resources, run_each
 from auditor.provenance import provenance
@@ -120,9 +120,12 @@ def _as_rows(result: Any, config: dict[str, Any]) -> list[dict[str, Any]]:
     return list(rows)
 
 
-def run_unit(fn: UnitFn, config: dict[str, Any]) -> list[dict[str, Any]]:
-    """Run one unit and stamp its rows (in the process that ran it, so a worker reports its own versions)."""
-    return [stamp(row, seed=config.get("seed")) for row in _as_rows(fn(config), config)]
+def run_unit(fn: UnitFn, config: dict[str, Any], root: str | None = None) -> list[dict[str, Any]]:
+    """Run one unit and stamp its rows (in the process that ran it, so a worker reports its own versions).
+    ``root``: the output folder its side files are confined to (:func:`auditor.atomic.confined`; a Ray
+    worker does not share the driver's)."""
+    with confined(root):
+        return [stamp(row, seed=config.get("seed")) for row in _as_rows(fn(config), config)]
 
 
 def _read_unit(path: Path, renamed: Mapping[str, str] | None = None) -> list[dict[str, Any]] | None:
@@ -169,7 +172,7 @@ def remove_empty(folders: Sequence[Path]) -> None:
 
 def _check_out(out: Path) -> Path:
     try:
-        (out / "units").mkdir(parents=True, exist_ok=True)
+        real_folder(out / "units")  # a link planted at units/ is replaced: unit files stay inside out
     except OSError as err:
         raise AuditError(
             f"cannot write to output folder {str(out)!r} ({err.strerror}); choose a writable --out"
@@ -238,16 +241,18 @@ def run_sweep(fn: UnitFn, configs: Sequence[dict[str, Any]], out: str | Path, *,
         raise AuditError("the sweep lists the same configuration twice; every unit must be distinct")
     out = Path(out)
     created = missing_parents(out / "units")
-    out = _check_out(out)
-    units = out / "units"
+    root = output_root() or Path(os.path.abspath(out))  # the command's --out, else this sweep's folder
     written = 0
     try:
-        with _exclusive(units):
+        with confined(root):
+            out = _check_out(out)
+        units = out / "units"
+        with confined(root), _exclusive(units):
             pending = [(k, c) for k, c in zip(keys, configs) if _read_unit(units / f"{k}.json") is None]
             # progress on a terminal only: logs and pipes (Slurm, CI) get no carriage-return noise
             with tqdm(total=len(configs), initial=len(configs) - len(pending), desc=desc,
                       disable=None if progress else True) as bar:
-                calls = [(fn, config) for _, config in pending]
+                calls = [(fn, config, str(root)) for _, config in pending]
                 for i, rows in run_each(run_unit, calls, executor=executor, address=address, num_cpus=num_cpus,
                                         num_gpus=num_gpus):
                     key, config = pending[i]

@@ -27,7 +27,7 @@ from typing import Any
 import pandas as pd
 
 from auditor.assumptions import KRUSKAL_TESTS
-from auditor.atomic import TMP_SUFFIX, write_text_atomic
+from auditor.atomic import TMP_SUFFIX, confined, foreign_entries, refuse_foreign, write_text_atomic
 from auditor.errors import AuditError
 from auditor.report.schema import csv_text, read_rows, rows_frame
 
@@ -40,6 +40,47 @@ TOKENS = "tokens"
 OWNED_FILES = ("results.csv", "sweep.csv", "depth.csv", "config.json", "summary.md", "kruskal_curve.png",
                "context_ranks.png", "margins.png", "rtol_sweep.png", "depth_kruskal.png", "depth_geometry.png",
                "depth_fractions.png", PARTIAL_CSV, PARTIAL_CONFIG)
+
+
+def _owned_name(name: str) -> bool:
+    """A name the audit writes (or removes) in its report folder."""
+    return name in OWNED_FILES or name == TOKENS or (name.endswith(".pdf") and name[:-4] + ".png" in OWNED_FILES)
+
+
+def _is_audit_report(path: Path) -> bool:
+    """Whether ``path`` holds the rows (finished or partial) or the configuration an audit wrote."""
+    for rows in ("results.csv", PARTIAL_CSV):
+        try:
+            with open(path / rows, newline="") as fh:
+                header = set(fh.readline().strip().split(","))
+        except (OSError, UnicodeDecodeError):
+            continue
+        if {"model", "representation", "test", "status"} <= header:
+            return True
+    for config in ("config.json", PARTIAL_CONFIG):
+        try:
+            stored = json.loads((path / config).read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(stored, dict) and {"model", "tests", "representations"} <= set(stored):
+            return True
+    return False
+
+
+def check_report_folder(path: Path) -> None:
+    """Refuse an existing ``--out`` that is not an audit's report folder: one holding visible files the audit
+    does not write (``--out .`` in a project), or files of the audit's names that no audit wrote (a
+    ``config.json`` without an audit's rows). A report's figures (``*.png``, ``*.pdf``) count as its own."""
+    report = _is_audit_report(path)
+    foreign = foreign_entries(path, lambda n: _owned_name(n) or (report and n.endswith((".png", ".pdf"))))
+    valid = ", or the folder of an earlier audit to resume or redo it"
+    refuse_foreign(path, foreign, "an audit", valid)
+    if not report:
+        clashing = foreign_entries(path, lambda n: n not in OWNED_FILES)  # the files of the audit's names
+        if clashing:
+            raise AuditError(f"--out {str(path)!r} holds {', '.join(clashing)} but no audit's results (results.csv "
+                             f"or {PARTIAL_CSV} with an audit's columns); an audit would replace them: give a new or "
+                             "empty folder")
 
 
 def _missing_folders(path: Path) -> list[Path]:
@@ -69,8 +110,10 @@ class ReportFolder:
         self.created: list[Path] = []  # folders this run made, deepest first
         self.produced: set[Path] = set()  # files this run wrote (the report, tokens)
         self._fd: int | None = None
+        self._confined: contextlib.AbstractContextManager[None] | None = None
 
     def __enter__(self) -> ReportFolder:
+        check_report_folder(self.path)
         self.created = _missing_folders(self.path)
         try:
             self.path.mkdir(parents=True, exist_ok=True)
@@ -82,9 +125,14 @@ class ReportFolder:
         except BaseException:
             _remove_empty(self.created)
             raise
+        self._confined = confined(self.path)
+        self._confined.__enter__()
         return self
 
     def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        if self._confined is not None:
+            self._confined.__exit__(None, None, None)
+            self._confined = None
         self._unlock()
         if kind is not None:  # failed or interrupted: leave no folder this run made and left empty
             _remove_empty(self.created)
@@ -105,7 +153,10 @@ class ReportFolder:
                 if err.errno == errno.ELOOP:  # a link where the lock belongs: replaced, never followed
                     path.unlink()
                     continue
-                raise AuditError(f"cannot write to output folder {str(self.path)!r} ({err.strerror}); "
+                if err.errno == errno.EISDIR:
+                    raise AuditError(f"{str(path)!r} is a folder where the audit keeps its lock file; remove it or "
+                                     "choose another --out") from None
+                raise AuditError(f"cannot create the lock file {str(path)!r} ({err.strerror}); "
                                  "choose another --out") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

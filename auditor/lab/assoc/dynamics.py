@@ -33,6 +33,7 @@ import pandas as pd
 import torch
 from torch import nn
 
+from auditor.atomic import write_text_atomic
 from auditor.errors import AuditError
 from auditor.lab.assoc.facts import DEFAULT_PROMPT_LENGTH, FactBank, FactTable, PromptBatch, member_generator
 from auditor.lab.assoc.stages import Stages, detect_stages
@@ -213,7 +214,7 @@ def _report(frame: pd.DataFrame, out: Path, config: DynamicsConfig) -> str:
     write_csv(curves, out / "dynamics_curves.csv")
     write_csv(frame, out / "dynamics_stages.csv")
     text = "## Learning stages\n\n" + dynamics_markdown(frame)
-    (out / "dynamics.md").write_text(text + "\n")
+    write_text_atomic(out / "dynamics.md", text + "\n")
     return text
 
 

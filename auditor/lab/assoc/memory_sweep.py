@@ -29,6 +29,7 @@ from typing import Any
 
 import pandas as pd
 
+from auditor.atomic import write_text_atomic
 from auditor.errors import AuditError, did_you_mean
 from auditor.lab.assoc.capacity import GUIDE_CONSTANT, Bisection, invert_n_log_n, search_all
 from auditor.lab.assoc.convergence import PLATEAU_GAIN, plateau_gain
@@ -227,7 +228,7 @@ def _report(frame: pd.DataFrame, out: Path, config: AssocSweep) -> str:
 
     write_csv(frame, out / "capacity.csv")
     text = capacity_markdown(frame)
-    (out / "summary.md").write_text(text + "\n")
+    write_text_atomic(out / "summary.md", text + "\n")
     return text + f"\n\nwrote {out / 'capacity.csv'}, {out / 'summary.md'}"
 
 

@@ -32,6 +32,7 @@ from typing import Any
 
 import pandas as pd
 
+from auditor.atomic import write_text_atomic
 from auditor.errors import AuditError
 from auditor.lab.assoc.capacity import FACTS_PER_PARAMETER_GUIDE, Bisection, search_all
 from auditor.lab.assoc.convergence import PLATEAU_GAIN, accuracy_at, plateau_gain
@@ -433,7 +434,7 @@ def _scaling_report(frame: pd.DataFrame, out: Path, config: ScalingConfig) -> st
     text = "## Facts against parameters\n\n" + facts_markdown(frame)
     if frame["budget"].nunique() > 1:
         text += "\n\n## Facts per parameter against the step budget\n\n" + budget_markdown(frame)
-    (out / "scaling.md").write_text(text + "\n")
+    write_text_atomic(out / "scaling.md", text + "\n")
     return text
 
 
@@ -442,7 +443,7 @@ def _tradeoff_report(frame: pd.DataFrame, out: Path, config: TradeoffConfig) -> 
 
     write_csv(frame, out / "tradeoff.csv")
     text = "## Attention versus MLP\n\n" + tradeoff_markdown(frame)
-    (out / "tradeoff.md").write_text(text + "\n")
+    write_text_atomic(out / "tradeoff.md", text + "\n")
     return text
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from auditor.atomic import real_folder, write_csv_atomic
 from auditor.errors import AuditError
 
 
@@ -64,11 +65,11 @@ def write_claims(argmax_runs: list[str | Path], tau_runs: list[str | Path], out:
     from auditor.lab.facts.plots import plot_argmax, plot_tau_tracking
 
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    real_folder(out)
     paths = []
     if argmax_runs:
         table = argmax_inflation(pd.concat([pd.read_csv(Path(r) / "results.csv") for r in argmax_runs]), rank)
-        table.to_csv(out / "argmax.csv", index=False)
+        write_csv_atomic(table, out / "argmax.csv")
         paths += [out / "argmax.csv", *plot_argmax(table, out)]
     if tau_runs:
         tables = []
@@ -77,7 +78,7 @@ def write_claims(argmax_runs: list[str | Path], tau_runs: list[str | Path], out:
             lr = json.loads(frame["train_config"].iloc[0])["lr"]
             tables.append(tau_tracking(frame).assign(lr=lr, run=Path(run).name))
         table = pd.concat(tables, ignore_index=True)
-        table.to_csv(out / "tau_tracking.csv", index=False)
+        write_csv_atomic(table, out / "tau_tracking.csv")
         mean = table.groupby("tau")[["gap", "inflated", "accuracy"]].mean().reset_index()
         paths += [out / "tau_tracking.csv", *plot_tau_tracking(mean, out)]
     return paths

@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from auditor.atomic import real_folder
 from auditor.errors import AuditError, did_you_mean
 from auditor.lab.engine import TrainConfig
 from auditor.lab.experiment import Experiment, option
@@ -625,5 +626,5 @@ def plot_results(results: str | Path, out: str | Path | None = None) -> list[Pat
     if name not in plots.PLOTS:
         return []
     target = Path(out) if out is not None else path.parent
-    target.mkdir(parents=True, exist_ok=True)
+    real_folder(target)
     return plots.PLOTS[name](frame, target)
