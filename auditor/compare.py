@@ -36,7 +36,8 @@ from auditor.report.schema import (
 )
 
 COMPARE_COLUMNS = ("report", "model", "weights", "representation", "test", "fraction", "fraction_low",
-                   "fraction_high", "verdict", "rtol", "critical_rtol")
+                   "fraction_high", "verdict", "rtol", "critical_rtol", "critical_rtol_low", "critical_rtol_high",
+                   "critical_rtol_exact")
 COMPARE_FILES = ("compare.csv", "compare.md", "compare_kruskal.png", "compare_depth.png")
 
 
@@ -203,11 +204,16 @@ def compare_table(reports: Sequence[Report]) -> pd.DataFrame:
                 "fraction_low": row.get("fraction_low") if ok else None,
                 "fraction_high": row.get("fraction_high") if ok else None,
                 "verdict": ("holds" if holds else "fails") if ok and not pd.isna(holds) else "skipped",
-                "rtol": row.get("rtol"), "critical_rtol": row.get("critical_rtol") if ok else None,
+                "rtol": row.get("rtol"),
+                **{key: row.get(key) if ok else None for key in ("critical_rtol", "critical_rtol_low",
+                                                                  "critical_rtol_high", "critical_rtol_exact")},
             })
     table = pd.DataFrame(records, columns=list(COMPARE_COLUMNS))
-    for key in ("fraction", "fraction_low", "fraction_high", "rtol", "critical_rtol"):
+    for key in ("fraction", "fraction_low", "fraction_high", "rtol", "critical_rtol", "critical_rtol_low",
+                "critical_rtol_high"):
         table[key] = pd.to_numeric(table[key], errors="coerce").astype(float)
+    table["critical_rtol_exact"] = pd.array([None if v is None or pd.isna(v) else bool(v)
+                                             for v in table["critical_rtol_exact"]], dtype="boolean")
     return table
 
 
@@ -217,7 +223,7 @@ def markdown_table(table: pd.DataFrame) -> str:
         "model": table["model"], "weights": table["weights"], "representation": table["representation"],
         "test": table["test"], "fraction [95% interval]": [_fraction_cell(r) for r in table.to_dict("records")],
         "verdict": table["verdict"], "rtol": [_g(v) for v in table["rtol"]],
-        "critical rtol": [_g(v) for v in table["critical_rtol"]],
+        "critical rtol / rtol": [_critical_cell(r) for r in table.to_dict("records")],
     })
     return shown.to_markdown(index=False, disable_numparse=True)
 
@@ -303,6 +309,14 @@ def _fraction_cell(row: dict) -> str:
     if not (pd.isna(row["fraction_low"]) or pd.isna(row["fraction_high"])):
         text += f" [{row['fraction_low']:.4f}, {row['fraction_high']:.4f}]"
     return text
+
+
+def _critical_cell(row: dict) -> str:
+    """The critical tolerance as a multiple of rtol, quoted as it was proven (see
+    :func:`auditor.report.tables.critical_cell`)."""
+    from auditor.report.tables import critical_cell
+
+    return critical_cell(pd.Series(row))
 
 
 def _g(value: float) -> str:

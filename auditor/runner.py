@@ -140,12 +140,13 @@ def _skipped(config: AuditConfig, row: Row, reason: str) -> list[dict[str, Any]]
 _ROW_FIELDS = ("test", "k", "N", "n", "d", "fraction", "holds", "threshold", "min_margin", "subsets", "exhaustive",
                "rank_counts", "witness", "rtol", "dtype", "device", "note")  # taken as probes gives them
 # taken too where this version of probes gives them: how robust a verdict is to the tolerance
-_TOLERANCE_FIELDS = ("margin_bound", "critical_rtol", "critical_rtol_low", "critical_rtol_high", "verdict_margin",
-                     "rtol_grid")
+_TOLERANCE_FIELDS = ("margin_bound", "critical_rtol", "critical_rtol_low", "critical_rtol_high", "critical_rtol_exact",
+                     "verdict_margin", "rtol_grid", "spectrum_proof")
 # added by the audit to the rows of the Kruskal tests (see kruskal_extras) and to every row (token geometry)
 BOUND_COLUMNS = ("fraction_low", "fraction_high", "krank_upper", "krank_lower", "krank_lower_method", "duplicates",
                  "near_duplicates")
-GEOMETRY_COLUMNS = ("effective_rank", "stable_rank", "anisotropy", "collapse_residual")
+GEOMETRY_COLUMNS = ("effective_rank", "stable_rank", "anisotropy", "collapse_residual", "effective_rank_centred",
+                    "stable_rank_centred", "anisotropy_centred")
 
 
 def _test_row(result: probes.AssumptionResult) -> dict[str, Any]:
@@ -180,7 +181,7 @@ def kruskal_extras(row: dict[str, Any], vectors: torch.Tensor, cache: dict[str, 
     bounds = _probes_module("bounds")
     if bounds is None:
         return extras
-    if row.get("exhaustive") or subsets == 0:  # every subset tested, or the verdict proven for all of them
+    if row.get("exhaustive") or row.get("spectrum_proof") or subsets == 0:  # every subset tested or proven
         extras["fraction_low"] = extras["fraction_high"] = fraction
     else:
         extras["fraction_low"], extras["fraction_high"] = bounds.clopper_pearson(round(fraction * subsets), subsets)
@@ -200,15 +201,16 @@ def kruskal_extras(row: dict[str, Any], vectors: torch.Tensor, cache: dict[str, 
             "duplicates": int(exact), "near_duplicates": int(near)}
 
 
-def token_geometry(queries: torch.Tensor, contexts: torch.Tensor | None) -> dict[str, Any]:
-    """``effective_rank``, ``stable_rank``, ``anisotropy`` of the queries (N, d) and ``collapse_residual``
-    (mean over the contexts (N, n, d) of ||E - 1 mean(E)||_F / ||E||_F; None without contexts); {} when
-    this installation of probes has no ``probes.geometry``."""
+def token_geometry(contexts: torch.Tensor | None, queries: torch.Tensor) -> dict[str, Any]:
+    """``effective_rank``, ``stable_rank``, ``anisotropy`` of the queries (N, d), raw and mean-centred
+    (``*_centred``), and ``collapse_residual`` (mean over the contexts (N, n, d) of
+    ||E - 1 mean(E)||_F / ||E||_F; None without contexts); {} when this installation of probes has no
+    ``probes.geometry`` (a column it does not give stays empty)."""
     geometry = _probes_module("geometry")
     if geometry is None:
         return {}
-    found = geometry.token_geometry(queries, contexts)
-    values = {name: getattr(found, name) for name in GEOMETRY_COLUMNS}
+    found = geometry.token_geometry(contexts, queries)
+    values = {name: getattr(found, name, None) for name in GEOMETRY_COLUMNS}
     return {name: None if value is None else float(value) for name, value in values.items()}
 
 
@@ -269,6 +271,8 @@ def run_tests(
                 result, test_ranks = test.run(contexts, queries, n, options)
                 ranks = test_ranks if test_ranks is not None else ranks
                 row = _test_row(result)
+                if not test.kruskal:  # every context tested: the share is exact, its interval a point
+                    row["fraction_low"] = row["fraction_high"] = row["fraction"]
             if test.kruskal and row.get("status") == "ok" and "krank_lower_method" not in row:
                 vectors = "mixed" if test.needs_contexts else "queries"
                 tested = _mixed(contexts, queries) if vectors == "mixed" else queries
@@ -566,7 +570,7 @@ def _test_group(group: TokenGroup, config: AuditConfig, test_device: torch.devic
                 "tokenizer": meta.get("tokenizer", ""), "seed": config.seed,
                 "dtype": meta.get("dtype") or str(queries.dtype).removeprefix("torch.")}
         with clock.stage(f"geometry ({rep})") if per_layer else contextlib.nullcontext():
-            base.update(token_geometry(queries, contexts))
+            base.update(token_geometry(contexts, queries))
         _, ranks = run_tests(contexts, queries, config, bar, n=item.n, clock=clock, layer=rep if per_layer else None,
                              on_row=lambda row, base=base: done.add({**base, **row}),
                              reuse=lambda test, key=(rep, weights): done.reuse(*key, test, group.fingerprint))

@@ -27,7 +27,15 @@ import numpy as np
 import torch
 
 from probes import _fast, robust
-from probes.kruskal import KruskalResult, _fmt_witness, _typed, checked_kruskal, validate_vectors
+from probes.kruskal import (
+    KruskalResult,
+    _fmt_critical,
+    _fmt_scope,
+    _fmt_witness,
+    _typed,
+    checked_kruskal,
+    validate_vectors,
+)
 from probes.rank import (
     Array,
     abs_max,
@@ -115,16 +123,18 @@ class AssumptionResult:
             sigma_k / sigma_1 over the subsets; for Assumption 2 at threshold 1, the smallest
             sigma_n / sigma_1 over the contexts). 0.0 when it fails at every positive rtol (e.g.
             duplicated vectors, k > d), inf when it holds at every rtol in [0, 1). Exact (to within the
-            bracket) when ``critical_rtol_high <= 1.03 x critical_rtol_low``; otherwise (work caps
-            reached) the bracket end nearer to ``rtol``, so that ``verdict_margin`` is a proven lower
-            bound.
+            bracket: 3% near rtol, 10% beyond 10x either side) where ``critical_rtol_exact``;
+            otherwise (work caps reached) the bracket end nearer to ``rtol``, so that
+            ``verdict_margin`` is a proven lower bound.
         critical_rtol_low, critical_rtol_high: a proven bracket, low <= critical <= high.
         verdict_margin: |log10(critical_rtol / rtol)| in decades: how far the tolerance must move to
             flip the verdict (inf when it never flips).
         rtol_grid: {multiplier of rtol: fraction at multiplier x rtol} (default multipliers 0.1 to 10),
             exactly the fraction a float64 SVD gives on the same subsets (contexts) at that tolerance;
             None when not asked for.
-        subsets: subsets (or contexts) tested; ``exhaustive``: every subset was tested.
+        subsets: subsets (or contexts) tested; ``exhaustive``: every subset (context) was enumerated and
+            tested; ``spectrum_proof``: every subset is proven dependent at once by the pool's spectrum
+            (only a sample was decomposed, for the rank histogram; see ``note``).
         witness: indices of a dependent subset (or of a rank-deficient context), or None.
         rank_counts: histogram {rank: count}.
         dtype, device, seed, seconds; note: why a verdict is trivial.
@@ -157,24 +167,33 @@ class AssumptionResult:
     critical_rtol_high: float = math.nan
     verdict_margin: float = math.nan
     rtol_grid: dict[float, float] | None = None
+    spectrum_proof: bool = False
+
+    @property
+    def critical_rtol_exact(self) -> bool | None:
+        """True when ``critical_rtol`` is known to within its bracket's width (or proven 0 / inf), False
+        when the bracket only bounds it, None without robustness (:func:`probes.robust.critical_is_exact`)."""
+        return robust.critical_is_exact(self.critical_rtol, self.critical_rtol_low, self.critical_rtol_high,
+                                         self.rtol)
 
     def to_dict(self) -> dict[str, Any]:
         """Flat dict of typed values for a report row: ints (k, N, n, d, subsets, seed; n and seed may
-        be None), bools (holds, exhaustive, margin_bound), floats (fraction, threshold, rtol,
+        be None), bools (holds, exhaustive, spectrum_proof, margin_bound; critical_rtol_exact, None
+        without robustness), floats (fraction, threshold, rtol,
         min_margin, seconds, critical_rtol, critical_rtol_low, critical_rtol_high, verdict_margin),
         ``rank_counts`` dict[int, int], ``witness`` list[int] or None, ``stages`` dict[str, int],
         ``rtol_grid`` dict[float, float] or None. :func:`probes.flatten_row` turns it into CSV cells."""
-        return _typed(asdict(self))
+        return {**_typed(asdict(self)), "critical_rtol_exact": self.critical_rtol_exact}
 
     def __repr__(self) -> str:
         verdict = "holds" if self.holds else "fails"
         if self.test == "assumption2":
             scope = f"of {self.subsets} contexts with rank n={self.k}"
         else:
-            over = f"over {'all ' if self.exhaustive else ''}{self.subsets} subsets"
-            scope = f"{over} at k={self.k}"
+            scope = f"{_fmt_scope(self.subsets, self.exhaustive, self.spectrum_proof)} at k={self.k}"
         text = (f"AssumptionResult({self.test}: {verdict}, fraction={self.fraction:.4f} {scope}, N={self.N}, "
-                f"d={self.d}, min_margin={self.min_margin:.2f} decades{_fmt_witness(self.witness)}")
+                f"d={self.d}, min_margin={self.min_margin:.2f} decades{_fmt_critical(self)}"
+                f"{_fmt_witness(self.witness)}")
         return text + (f"; {self.note}" if self.note else "") + ")"
 
 
@@ -198,6 +217,7 @@ def _from_kruskal(test: str, res: KruskalResult, threshold: float, n: int | None
         device=res.device, seed=res.seed, seconds=res.seconds, stages=res.stages, note=res.note,
         margin_bound=res.margin_bound, critical_rtol=res.critical_rtol, critical_rtol_low=res.critical_rtol_low,
         critical_rtol_high=res.critical_rtol_high, verdict_margin=res.verdict_margin, rtol_grid=res.rtol_grid,
+        spectrum_proof=res.spectrum_proof,
     )
 
 

@@ -10,6 +10,12 @@ Four numbers a reader of a depth profile (one row per layer) expects next to the
   nearest matrix with identical rows (the residual of Dong, Cordonnier and Loukas 2021, in the
   Frobenius norm).
 
+Raw and centred: a set of tokens that shares one large mean direction (as real language-model tokens
+do) has a stable rank near 1 and an anisotropy near 1 whatever the rest looks like. :class:`Geometry`
+therefore also gives ``effective_rank_centred``, ``stable_rank_centred`` and ``anisotropy_centred``:
+the same measures of the mean-centred tokens ``X - 1 mean(X)``, which show the spread around that
+direction. ``collapse_residual`` is centred by construction.
+
 All arithmetic is float64 on the input's device (CPU or CUDA); float64 data whose squares would
 underflow or overflow is first rescaled by an exact power of two (every quantity here is
 scale-invariant). A matrix or context that is entirely zero gets 0 for every measure (it has rank 0 and
@@ -152,12 +158,17 @@ class Geometry:
         stable_rank: of the queries (:func:`stable_rank`).
         anisotropy: mean cosine between distinct queries (:func:`anisotropy`).
         collapse_residual: mean over the contexts of :func:`collapse_residual`; None without contexts.
+        effective_rank_centred, stable_rank_centred, anisotropy_centred: the same three measures of the
+            mean-centred queries ``X - 1 mean(X)`` (the common mean direction removed).
     """
 
     effective_rank: float
     stable_rank: float
     anisotropy: float
     collapse_residual: float | None
+    effective_rank_centred: float
+    stable_rank_centred: float
+    anisotropy_centred: float
 
     def to_dict(self) -> dict[str, Any]:
         """Flat dict of plain floats (``collapse_residual`` None without contexts)."""
@@ -165,17 +176,19 @@ class Geometry:
 
     def __repr__(self) -> str:
         collapse = "None" if self.collapse_residual is None else f"{self.collapse_residual:.4g}"
-        return (f"Geometry(effective_rank={self.effective_rank:.4g}, stable_rank={self.stable_rank:.4g}, "
-                f"anisotropy={self.anisotropy:.4g}, collapse_residual={collapse})")
+        return (f"Geometry(effective_rank={self.effective_rank:.4g} (centred {self.effective_rank_centred:.4g}), "
+                f"stable_rank={self.stable_rank:.4g} (centred {self.stable_rank_centred:.4g}), "
+                f"anisotropy={self.anisotropy:.4g} (centred {self.anisotropy_centred:.4g}), "
+                f"collapse_residual={collapse})")
 
 
-def token_geometry(queries: Array, contexts: Array | Iterable[Array] | None = None) -> Geometry:
-    """The four geometry measures of one layer's tokens.
+def token_geometry(contexts: Array | Iterable[Array] | None, queries: Array) -> Geometry:
+    """The geometry measures of one layer's tokens, raw and mean-centred.
 
     Args:
-        queries: (N, d), N >= 2.
         contexts: (N, n, d); or an iterable of chunks (b, n, d) (e.g. straight from an extractor,
-            so that all contexts are never in memory at once); or None.
+            so that all contexts are never in memory at once); or None (no ``collapse_residual``).
+        queries: (N, d), N >= 2.
     Returns:
         :class:`Geometry` with plain floats.
     """
@@ -199,5 +212,11 @@ def token_geometry(queries: Array, contexts: Array | Iterable[Array] | None = No
             raise ValueError("contexts held no context; pass (N, n, d) with N >= 1, or None")
         collapse = total / count
     sv = _svdvals(q)  # (min(N, d),): one SVD for both ranks
+    scaled, _ = pow2_rescale(q, (-2, -1))
+    q64 = scaled.to(torch.float64)  # (N, d)
+    centred = q64 - q64.mean(0, keepdim=True)  # (N, d)
+    sv_c = torch.linalg.svdvals(centred)  # (min(N, d),)
     return Geometry(effective_rank=float(_effective_rank(sv)), stable_rank=float(_stable_rank(sv)),
-                    anisotropy=float(anisotropy(q)), collapse_residual=collapse)
+                    anisotropy=float(anisotropy(q)), collapse_residual=collapse,
+                    effective_rank_centred=float(_effective_rank(sv_c)), stable_rank_centred=float(_stable_rank(sv_c)),
+                    anisotropy_centred=float(anisotropy(centred)))

@@ -122,7 +122,12 @@ class KruskalResult:
 
     Attributes:
         k, N, d: subset size, pool size, width.
-        subsets: number of subsets tested; ``exhaustive`` when these were all C(N, k) of them.
+        subsets: number of subsets tested; ``exhaustive`` when these were all C(N, k) of them,
+            enumerated one by one.
+        spectrum_proof: every k-subset is proven dependent at once by the spectrum of the whole pool
+            (sigma_k of the set below the smallest possible subset tolerance, see ``note``); then
+            ``subsets`` counts the subsets the verdict covers and only a sample was decomposed for the
+            rank histogram.
         full_rank: how many tested subsets had rank k; ``fraction = full_rank / subsets``.
         rank_counts: histogram {rank: count} over the tested subsets.
         min_margin: smallest margin in decades over the tested subsets with a known rank: for a
@@ -135,9 +140,9 @@ class KruskalResult:
             it holds at every rtol below and fails at every rtol at or above (the smallest
             sigma_k / sigma_1 over the tested subsets). 0.0 when it fails at every positive rtol (e.g.
             duplicated vectors), inf when it holds at every rtol in [0, 1). Exact (up to the bracket
-            width) when ``critical_rtol_high <= critical_rtol_low x 1.03``; otherwise (the work caps
-            of :mod:`probes.robust` were reached) the bracket end nearer to ``rtol``, so that
-            ``verdict_margin`` is a proven lower bound.
+            width, 3% near rtol and 10% beyond 10x either side) where ``critical_rtol_exact``; otherwise
+            (the work caps of :mod:`probes.robust` were reached) the bracket end nearer to ``rtol``, so
+            that ``verdict_margin`` is a proven lower bound.
         critical_rtol_low, critical_rtol_high: a proven bracket: low <= critical <= high.
         verdict_margin: |log10(critical_rtol / rtol)| in decades: how far the tolerance must move to flip
             the verdict (inf when it never flips).
@@ -172,21 +177,47 @@ class KruskalResult:
     critical_rtol_high: float = math.nan
     verdict_margin: float = math.nan
     rtol_grid: dict[float, float] | None = None
+    spectrum_proof: bool = False
+
+    @property
+    def critical_rtol_exact(self) -> bool | None:
+        """True when ``critical_rtol`` is known to within its bracket's width (or proven 0 / inf), False
+        when the bracket only bounds it, None without robustness (:func:`probes.robust.critical_is_exact`)."""
+        return robust.critical_is_exact(self.critical_rtol, self.critical_rtol_low, self.critical_rtol_high,
+                                         self.rtol)
 
     def to_dict(self) -> dict[str, Any]:
         """Flat dict of typed values: ints (k, N, d, subsets, full_rank, seed), bools (exhaustive,
-        margin_bound), floats (fraction, min_margin, rtol, seconds, critical_rtol, critical_rtol_low,
+        spectrum_proof, margin_bound, critical_rtol_exact: None without robustness), floats (fraction, min_margin, rtol, seconds, critical_rtol, critical_rtol_low,
         critical_rtol_high, verdict_margin; NaN where robustness was off), ``rank_counts``
         dict[int, int], ``witness`` list[int] or None, ``stages`` dict[str, int], ``rtol_grid``
         dict[float, float] or None. :func:`flatten_row` turns it into CSV cells."""
-        return _typed(asdict(self))
+        return {**_typed(asdict(self)), "critical_rtol_exact": self.critical_rtol_exact}
 
     def __repr__(self) -> str:
-        over = f"over {'all ' if self.exhaustive else ''}{self.subsets} subsets"
         text = (f"KruskalResult(k={self.k}, N={self.N}, d={self.d}: fraction={self.fraction:.4f} "
-                f"({self.full_rank}/{self.subsets} full rank) {over}, min_margin={self.min_margin:.2f} "
-                f"decades{_fmt_witness(self.witness)}")
+                f"({self.full_rank}/{self.subsets} full rank) {_fmt_scope(self.subsets, self.exhaustive, self.spectrum_proof)}, "
+                f"min_margin={self.min_margin:.2f} decades{_fmt_critical(self)}{_fmt_witness(self.witness)}")
         return text + (f"; {self.note}" if self.note else "") + ")"
+
+
+def _fmt_scope(subsets: int, exhaustive: bool, spectrum_proof: bool) -> str:
+    """``over all 120 subsets`` (enumerated), ``over 5000 subsets, every one proven dependent by the pool's
+    spectrum``, or ``over 5000 sampled subsets``."""
+    if exhaustive:
+        return f"over all {subsets} subsets"
+    if spectrum_proof:
+        return f"over {subsets} subsets, every one proven dependent by the pool's spectrum"
+    return f"over {subsets} sampled subsets"
+
+
+def _fmt_critical(res: Any) -> str:
+    """``, critical_rtol=3.1e-05 in [3.0e-05, 3.1e-05] (exact)``, or ``... (bound)``; "" without one."""
+    critical, low, high = res.critical_rtol, res.critical_rtol_low, res.critical_rtol_high
+    if critical is None or math.isnan(critical):
+        return ""
+    kind = "exact" if res.critical_rtol_exact else "bound"
+    return f", critical_rtol={critical:.3g} in [{low:.3g}, {high:.3g}] ({kind}; rtol={res.rtol:.3g})"
 
 
 _INT_FIELDS = ("k", "N", "n", "d", "subsets", "full_rank", "seed")
@@ -202,7 +233,7 @@ def _typed(out: dict[str, Any]) -> dict[str, Any]:
     for key in _FLOAT_FIELDS:
         if key in out:
             out[key] = float(out[key])
-    for key in ("holds", "exhaustive", "margin_bound"):
+    for key in ("holds", "exhaustive", "margin_bound", "spectrum_proof"):
         if key in out:
             out[key] = bool(out[key])
     out["witness"] = None if out["witness"] is None else [int(i) for i in out["witness"]]
@@ -434,7 +465,8 @@ def _kruskal(
         note = (f"{unranked} of {idx.shape[0]} subsets proven dependent by a shifted Cholesky "
                 f"factorisation without an exact rank; rank histogram and min margin from the other "
                 f"{idx.shape[0] - unranked}")
-    tested = subsets if note and not unranked else int(idx.shape[0])
+    spectrum_proof = bool(note and not unranked)
+    tested = min(total, subsets) if spectrum_proof else int(idx.shape[0])
     min_margin, margin_bound = robust.margin_summary(dec)
     extra: dict[str, Any] = {"min_margin": min_margin, "margin_bound": margin_bound}
     if robustness and note and not unranked:  # every subset proven dependent by interlacing
@@ -448,7 +480,8 @@ def _kruskal(
         src = robust.pool_matrices(pool, idx.to(x64.device), x64, step)
         extra = robust.analyse(src, dec, rtol, threshold, grid).fields()
     return KruskalResult(
-        subsets=tested, exhaustive=exhaustive or bool(note and not unranked), full_rank=int(full.sum()),
+        subsets=tested, exhaustive=exhaustive and not spectrum_proof, spectrum_proof=spectrum_proof,
+        full_rank=int(full.sum()),
         fraction=float(full.double().mean()), rank_counts=dict(sorted(counts.items())), witness=witness,
         seconds=time.perf_counter() - start, stages=dec.stages, note=note, **common, **extra,
     )

@@ -20,7 +20,7 @@ from auditor.config import DEFAULT_REPRESENTATIONS, AuditConfig, parse_layers, r
 from auditor.data import load_inputs
 from auditor.errors import AuditError
 from auditor.extract import extract, plan_passes, token_bytes
-from auditor.report.depth import GEOMETRY_COLUMNS, PROVENANCE_COLUMNS
+from auditor.report.depth import CRITICAL_COLUMNS, GEOMETRY_COLUMNS, KRANK_COLUMNS, PROVENANCE_COLUMNS
 from auditor.runner import run
 from auditor.sources import extracted_passes, load_inputs_for, plan
 
@@ -192,9 +192,8 @@ def test_depth_csv_has_one_row_per_layer_in_the_shared_columns(depth_run):
     assert list(depth["depth"]) == list(range(BLOCKS + 1))
     tests = ["assumption1", "assumption2", "assumption3", "general_position"]
     expected = ["model", "weights", "representation", "depth", "N", "n", "d", "rtol",
-                *(f"{t}_{c}" for t in tests for c in ("fraction", "holds", "critical_rtol")),
-                "krank_estimate", "krank_lower", "krank_lower_method", "krank_upper", *GEOMETRY_COLUMNS,
-                *PROVENANCE_COLUMNS]
+                *(f"{t}_{c}" for t in tests for c in ("fraction", "holds", *CRITICAL_COLUMNS)),
+                *KRANK_COLUMNS, *GEOMETRY_COLUMNS, *PROVENANCE_COLUMNS]
     assert list(depth.columns) == expected
     written = pd.read_csv(out / "depth.csv")
     assert list(written.columns) == expected and len(written) == BLOCKS + 1
@@ -204,13 +203,27 @@ def test_depth_csv_has_one_row_per_layer_in_the_shared_columns(depth_run):
         for test in tests:
             assert profile[f"{test}_fraction"] == mine.loc[test, "fraction"]
             assert profile[f"{test}_holds"] == mine.loc[test, "holds"]
+            assert profile[f"{test}_critical_rtol_low"] == mine.loc[test, "critical_rtol_low"]
+            assert profile[f"{test}_critical_rtol_exact"] == mine.loc[test, "critical_rtol_exact"]
         holds = [int(mine.loc[t, "k"]) for t in ("assumption1", "general_position") if mine.loc[t, "holds"]]
-        assert profile["krank_estimate"] == max(holds, default=0)
+        fails = [int(mine.loc[t, "k"]) for t in ("assumption1", "general_position") if not mine.loc[t, "holds"]]
+        if profile["krank_exact"]:  # the bounds meet: K itself, never a bound
+            assert profile["krank_estimate"] == profile["krank_lower"] == profile["krank_upper"]
+            assert profile["krank_sampled"] == f"= {profile['krank_upper']}"
+        elif holds:
+            assert profile["krank_estimate"] == max(holds) and profile["krank_sampled"] == f">= {max(holds)}"
+        else:  # no tested k held: "< k", never 0
+            assert pd.isna(profile["krank_estimate"]) and profile["krank_sampled"] == f"< {min(fails)}"
         for column in GEOMETRY_COLUMNS:  # the geometry is the group's: equal on every row of it
             assert mine[column].nunique(dropna=False) == 1 and profile[column] == mine[column].iloc[0]
     embedding = depth.iloc[0]
-    assert not embedding["assumption1_holds"] and embedding["krank_estimate"] == 0  # identical CLS tokens
-    assert embedding["anisotropy"] == pytest.approx(1.0)
+    # identical CLS tokens: the Kruskal rank is exactly 1 (certified and witnessed), not a sampled 0
+    assert not embedding["assumption1_holds"] and embedding["krank_exact"]
+    assert embedding["krank_estimate"] == embedding["krank_lower"] == embedding["krank_upper"] == 1
+    assert embedding["anisotropy"] == pytest.approx(1.0) and embedding["anisotropy_centred"] == 0.0
+    assert embedding["stable_rank_centred"] == 0.0  # nothing is left of identical tokens once centred
+    a2 = rows[rows["test"] == "assumption2"]  # every context tested: the interval is the share itself
+    assert (a2["fraction_low"] == a2["fraction"]).all() and (a2["fraction_high"] == a2["fraction"]).all()
 
 
 def test_kruskal_rows_carry_an_interval_and_bounds_that_bracket_the_estimate(depth_run):

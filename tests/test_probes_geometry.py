@@ -98,27 +98,48 @@ def test_collapse_residual_blocks_do_not_change_the_result(monkeypatch):
     assert torch.allclose(blocked, direct, rtol=64 * 42 * EPS64, atol=0)
 
 
-def test_token_geometry_bundles_the_four_measures():
+def test_token_geometry_bundles_the_measures_raw_and_centred():
     g = torch.Generator().manual_seed(4)
     q, ctx = torch.randn(60, 16, generator=g), torch.randn(60, 9, 16, generator=g)
-    geo = token_geometry(q, ctx)
-    assert isinstance(geo, Geometry) and "\n" not in repr(geo)
-    assert list(geo.to_dict()) == ["effective_rank", "stable_rank", "anisotropy", "collapse_residual"]
+    geo = token_geometry(ctx, q)  # (contexts, queries), as audit_tokens and assumption3
+    assert isinstance(geo, Geometry) and "\n" not in repr(geo) and "centred" in repr(geo)
+    assert list(geo.to_dict()) == ["effective_rank", "stable_rank", "anisotropy", "collapse_residual",
+                                   "effective_rank_centred", "stable_rank_centred", "anisotropy_centred"]
+    q64 = q.double()
+    centred = q64 - q64.mean(0)
     assert geo.to_dict() == pytest.approx(dict(
         effective_rank=float(effective_rank(q)), stable_rank=float(stable_rank(q)),
-        anisotropy=float(anisotropy(q)), collapse_residual=float(collapse_residual(ctx).mean())), rel=1e-12)
-    streamed = token_geometry(q, (ctx[i:i + 7] for i in range(0, 60, 7)))  # chunks, as from an extractor
+        anisotropy=float(anisotropy(q)), collapse_residual=float(collapse_residual(ctx).mean()),
+        effective_rank_centred=float(effective_rank(centred)), stable_rank_centred=float(stable_rank(centred)),
+        anisotropy_centred=float(anisotropy(centred))), rel=1e-12)
+    streamed = token_geometry((ctx[i:i + 7] for i in range(0, 60, 7)), q)  # chunks, as from an extractor
     assert streamed.collapse_residual == pytest.approx(geo.collapse_residual, rel=1e-12)
-    assert token_geometry(q).collapse_residual is None
+    assert token_geometry(None, q).collapse_residual is None
+
+
+def test_centred_measures_see_past_a_dominant_mean_direction():
+    """Tokens = a large shared vector + isotropic noise: raw stable rank ~1 and anisotropy ~1, the
+    centred ones those of the noise (stable rank d / (1 + O(sqrt(d / N))), anisotropy ~0)."""
+    g = torch.Generator().manual_seed(6)
+    noise = torch.randn(400, 16, generator=g, dtype=torch.float64)
+    x = noise + 100.0 * torch.ones(16, dtype=torch.float64)
+    geo = token_geometry(None, x)
+    assert geo.stable_rank < 1.01 and geo.anisotropy > 0.99
+    alone = token_geometry(None, noise - noise.mean(0))
+    assert geo.stable_rank_centred == pytest.approx(alone.stable_rank, rel=1e-9)
+    assert geo.effective_rank_centred == pytest.approx(alone.effective_rank, rel=1e-9)
+    assert abs(geo.anisotropy_centred) < 0.01 and geo.stable_rank_centred > 8
+    same = token_geometry(None, torch.ones(5, 3))  # identical tokens: nothing left once centred
+    assert (same.stable_rank, same.stable_rank_centred, same.anisotropy_centred) == (1.0, 0.0, 0.0)
 
 
 @pytest.mark.parametrize(("call", "match"), [
     (lambda: effective_rank(torch.randn(5)), r"x must be a non-empty matrix"),
     (lambda: stable_rank(torch.tensor([[1.0, math.nan]])), "NaN/Inf"),
     (lambda: collapse_residual(torch.zeros(0, 3, 4)), "contexts must be a non-empty"),
-    (lambda: token_geometry(torch.randn(2, 3, 4)), r"queries must have shape \(N, d\)"),
+    (lambda: token_geometry(None, torch.randn(2, 3, 4)), r"queries must have shape \(N, d\)"),
     (lambda: token_geometry(torch.randn(5, 4), torch.randn(5, 4)), r"contexts must have shape \(N, n, d\)"),
-    (lambda: token_geometry(torch.randn(5, 4), []), "contexts held no context"),
+    (lambda: token_geometry([], torch.randn(5, 4)), "contexts held no context"),
     (lambda: anisotropy([[1.0, 2.0]]), "must be a torch.Tensor or numpy.ndarray"),
 ])
 def test_bad_input(call, match):
@@ -130,5 +151,5 @@ def test_bad_input(call, match):
 def test_geometry_on_cuda_matches_cpu():
     g = torch.Generator().manual_seed(5)
     q, ctx = torch.randn(80, 32, generator=g), torch.randn(80, 10, 32, generator=g)
-    cpu, gpu = token_geometry(q, ctx).to_dict(), token_geometry(q.cuda(), ctx.cuda()).to_dict()
+    cpu, gpu = token_geometry(ctx, q).to_dict(), token_geometry(ctx.cuda(), q.cuda()).to_dict()
     assert gpu == pytest.approx(cpu, rel=1e-10, abs=1e-12)

@@ -173,8 +173,10 @@ def test_flatten_row_and_sweep_frame_keep_the_compact_csv_cells():
 def test_results_have_a_readable_one_line_repr():
     x = planted()
     a1 = probes.assumption1(x, 3, subsets=500)
-    assert repr(a1) == (f"AssumptionResult(assumption1: holds, fraction=1.0000 over 500 subsets at k=3, N=30, "
-                        f"d=10, min_margin={a1.min_margin:.2f} decades)")
+    kind = "exact" if a1.critical_rtol_exact else "bound"
+    assert repr(a1) == (f"AssumptionResult(assumption1: holds, fraction=1.0000 over 500 sampled subsets at k=3, "
+                        f"N=30, d=10, min_margin={a1.min_margin:.2f} decades, critical_rtol={a1.critical_rtol:.3g} in "
+                        f"[{a1.critical_rtol_low:.3g}, {a1.critical_rtol_high:.3g}] ({kind}; rtol={a1.rtol:.3g}))")
     bad = probes.assumption1(x, 5, subsets=500)
     assert "assumption1: fails" in repr(bad) and f"witness={list(bad.witness)}" in repr(bad)
     a2 = probes.assumption2(generic(30 * 5, 10).reshape(30, 5, 10))

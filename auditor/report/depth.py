@@ -4,15 +4,20 @@ An audit across depth (``--layers``, or two or more ``block.L`` representations)
 representation ``embedding`` / ``block.L`` under each weights source in one row, sorted by weights then
 depth (``depth`` indexes Hugging Face's hidden_states: 0 for the embedding, L + 1 for block L):
 
-- ``N, n, d, rtol``; for each test run, ``<test>_fraction``, ``<test>_holds`` and ``<test>_critical_rtol``
-  (the tolerance at which that verdict flips, where the rows carry it);
-- ``krank_estimate``: the largest tested k whose sampled full-rank share reached the threshold (n from
-  Assumption 1, min(N, d) from general position, the sweep's lower estimate), 0 if none;
-- ``krank_lower`` / ``krank_lower_method``: the certified lower bound on the Kruskal rank of the queries
-  (from the Assumption 1 row) and how it was proven; ``krank_upper``: the smallest upper bound witnessed
-  by a dependent subset of the queries (Assumption 1, general position, the sweep), empty if none;
-- the token geometry (``effective_rank``, ``stable_rank``, ``anisotropy``, ``collapse_residual``) and
-  the provenance columns of ``results.csv``.
+- ``N, n, d, rtol``; for each test run, ``<test>_fraction``, ``<test>_holds``, ``<test>_critical_rtol``
+  (the tolerance at which that verdict flips, where the rows carry it) with its proven bracket
+  ``<test>_critical_rtol_low`` / ``_high`` and ``<test>_critical_rtol_exact`` (False: only bounded);
+- the Kruskal rank K of the queries, never as one number where only bounds are known:
+  ``krank_lower`` / ``krank_lower_method``: certified, K >= krank_lower (from the Assumption 1 row) and
+  how it was proven; ``krank_upper``: witnessed, K <= krank_upper (the smallest upper bound a dependent
+  subset of the queries gives: Assumption 1, general position, the sweep), empty if none;
+  ``krank_estimate``: the largest tested k whose sampled full-rank share reached the threshold (n from
+  Assumption 1, min(N, d) from general position, the sweep's lower estimate; sampling cannot prove it),
+  empty when no tested k reached it, and K itself when the bounds meet; ``krank_sampled``: the same
+  as text, ``>= 128`` (sampled), ``< 128`` (the smallest tested k failed) or ``= 1`` (proven);
+  ``krank_exact``: the certified and witnessed bounds meet (K is known);
+- the token geometry (``effective_rank``, ``stable_rank``, ``anisotropy``, raw and mean-centred
+  ``*_centred``, and ``collapse_residual``) and the provenance columns of ``results.csv``.
 
 ``random-attention`` and representations that were not tested (skipped weights) have no row.
 """
@@ -27,7 +32,10 @@ from auditor.assumptions import QUERY_TESTS
 from auditor.config import representation_depth
 
 DEPTH_TESTS = ("assumption1", "assumption2", "assumption3", "general_position")  # their column order
-GEOMETRY_COLUMNS = ("effective_rank", "stable_rank", "anisotropy", "collapse_residual")
+GEOMETRY_COLUMNS = ("effective_rank", "stable_rank", "anisotropy", "collapse_residual", "effective_rank_centred",
+                    "stable_rank_centred", "anisotropy_centred")
+CRITICAL_COLUMNS = ("critical_rtol", "critical_rtol_low", "critical_rtol_high", "critical_rtol_exact")  # per test
+KRANK_COLUMNS = ("krank_lower", "krank_lower_method", "krank_estimate", "krank_sampled", "krank_upper", "krank_exact")
 PROVENANCE_COLUMNS = ("threshold", "subsets", "dtype", "device", "data_source", "data_counts", "first",
                       "data_fingerprint", "tokenizer", "seed", "git_commit", "versions")
 _INT = ("depth", "N", "n", "d", "krank_estimate", "krank_lower", "krank_upper", "subsets", "seed")
@@ -51,16 +59,30 @@ def _profile_row(group: pd.DataFrame, tests: list[str], curve: pd.DataFrame | No
         row = by_test.get(test)
         out[f"{test}_fraction"] = _value(row, "fraction")
         out[f"{test}_holds"] = _value(row, "holds")
-        out[f"{test}_critical_rtol"] = _value(row, "critical_rtol")
-    ks = [int(_value(by_test[t], "k")) for t in QUERY_TESTS if t in by_test and _value(by_test[t], "holds") is True]
+        for column in CRITICAL_COLUMNS:
+            out[f"{test}_{column}"] = _value(row, column)
+    tested = [t for t in QUERY_TESTS if t in by_test and _value(by_test[t], "k") is not None]
+    ks = [int(_value(by_test[t], "k")) for t in tested if _value(by_test[t], "holds") is True]
+    failed = [int(_value(by_test[t], "k")) for t in tested if _value(by_test[t], "holds") is False]
     uppers = [int(v) for t in QUERY_TESTS if (v := _value(by_test.get(t), "krank_upper")) is not None]
     if curve is not None and not curve.empty:
-        ks.append(int(curve["lower_estimate"].iloc[0]))
+        if int(curve["lower_estimate"].iloc[0]) > 0:
+            ks.append(int(curve["lower_estimate"].iloc[0]))
+        failed += [int(k) for k, f in zip(curve["k"], curve["fraction"], strict=True) if float(f) < 1.0]
         if pd.notna(curve["upper_bound"].iloc[0]):
             uppers.append(int(curve["upper_bound"].iloc[0]))
     a1 = by_test.get("assumption1")
-    out.update(krank_estimate=max(ks, default=0), krank_lower=_value(a1, "krank_lower"),
-               krank_lower_method=_value(a1, "krank_lower_method"), krank_upper=min(uppers, default=None))
+    lower, upper = _value(a1, "krank_lower"), min(uppers, default=None)
+    exact = lower is not None and upper is not None and int(lower) == int(upper)
+    estimate = int(upper) if exact else max(ks, default=None)
+    if exact:
+        sampled = f"= {int(upper)}"
+    elif estimate is not None:
+        sampled = f">= {estimate}"
+    else:
+        sampled = f"< {min(failed)}" if failed else None
+    out.update(krank_lower=lower, krank_lower_method=_value(a1, "krank_lower_method"), krank_estimate=estimate,
+               krank_sampled=sampled, krank_upper=upper, krank_exact=exact if lower is not None else None)
     out.update({key: _value(first, key) for key in (*GEOMETRY_COLUMNS, *PROVENANCE_COLUMNS)})
     return out
 
@@ -69,9 +91,10 @@ def depth_frame(rows: pd.DataFrame, curves: pd.DataFrame | None = None) -> pd.Da
     """The depth profile of an audit's typed rows (and its sweep's curves), one row per weights x depth.
 
     Columns: model, weights, representation, depth, N, n, d, rtol, ``<test>_fraction`` / ``_holds`` /
-    ``_critical_rtol`` for each test in the rows (in the order assumption1, assumption2, assumption3,
-    general_position), krank_estimate, krank_lower, krank_lower_method, krank_upper, the geometry columns,
-    then the provenance columns. Empty (no columns) when no row is an embedding or a block.
+    ``_critical_rtol`` / ``_critical_rtol_low`` / ``_critical_rtol_high`` / ``_critical_rtol_exact`` for
+    each test in the rows (in the order assumption1, assumption2, assumption3, general_position), the
+    Kruskal rank columns (:data:`KRANK_COLUMNS`), the geometry columns, then the provenance columns.
+    Empty (no columns) when no row is an embedding or a block.
     """
     if rows.empty:
         return pd.DataFrame()
@@ -88,10 +111,10 @@ def depth_frame(rows: pd.DataFrame, curves: pd.DataFrame | None = None) -> pd.Da
     frame = pd.DataFrame(records)
     for key in _INT:
         frame[key] = pd.array([None if v is None or pd.isna(v) else int(v) for v in frame[key]], dtype="Int64")
-    for key in [c for c in frame.columns if c.endswith("_holds")] + ["first"]:
+    for key in [c for c in frame.columns if c.endswith(("_holds", "_exact"))] + ["first"]:
         frame[key] = pd.array([None if v is None or pd.isna(v) else bool(v) for v in frame[key]], dtype="boolean")
-    floats = ["rtol", "threshold", *GEOMETRY_COLUMNS, *(c for c in frame.columns if c.endswith(("_fraction",
-                                                                                                "_critical_rtol")))]
+    floats = ["rtol", "threshold", *GEOMETRY_COLUMNS, *(c for c in frame.columns if c.endswith((
+        "_fraction", "_critical_rtol", "_critical_rtol_low", "_critical_rtol_high")))]
     for key in floats:
         frame[key] = pd.to_numeric(frame[key], errors="coerce").astype("float64")
     return frame.sort_values(["weights", "depth"], kind="stable").reset_index(drop=True)

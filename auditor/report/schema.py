@@ -9,6 +9,12 @@ In ``results.csv`` the histogram is written ``rank:count;rank:count`` and the wi
 indices, so a report stays readable as text; :func:`read_rows` turns such a file back into typed rows.
 ``rtol`` is the relative rank tolerance a row was judged at (a singular value counts when it exceeds
 ``rtol x sigma_max``); files written before it had that name call it ``tolerance`` and read the same.
+
+``critical_rtol_exact`` says whether ``critical_rtol`` is known to within its bracket
+``[critical_rtol_low, critical_rtol_high]`` (True) or only bounded by it (False); files written before the
+column read it from the bracket (:func:`probes.robust.critical_is_exact`). ``exhaustive``: every subset
+was enumerated and tested; ``spectrum_proof``: every subset is proven dependent at once by the spectrum of
+the whole pool (only a sample was decomposed). Geometry columns come raw and mean-centred (``*_centred``).
 """
 
 from __future__ import annotations
@@ -23,18 +29,20 @@ import pandas as pd
 COLUMNS = [
     "model", "representation", "layer", "weights", "test", "status", "k", "N", "n", "d",
     "fraction", "fraction_low", "fraction_high", "holds", "threshold",
-    "min_margin", "margin_bound", "critical_rtol", "critical_rtol_low", "critical_rtol_high", "verdict_margin",
-    "rtol_grid", "subsets", "exhaustive", "rank_counts", "witness",
+    "min_margin", "margin_bound", "critical_rtol", "critical_rtol_low", "critical_rtol_high", "critical_rtol_exact",
+    "verdict_margin", "rtol_grid", "subsets", "exhaustive", "spectrum_proof", "rank_counts", "witness",
     "krank_lower", "krank_lower_method", "krank_upper", "duplicates", "near_duplicates",
     "effective_rank", "stable_rank", "anisotropy", "collapse_residual",
+    "effective_rank_centred", "stable_rank_centred", "anisotropy_centred",
     "rtol", "dtype", "device", "data_source", "data_counts", "first", "data_fingerprint", "tokenizer", "seed",
     "seconds", "note", "git_commit", "versions",
 ]
 INT_COLUMNS = ("k", "N", "n", "d", "subsets", "seed", "krank_lower", "krank_upper", "duplicates", "near_duplicates")
-BOOL_COLUMNS = ("holds", "exhaustive", "first", "margin_bound")
+BOOL_COLUMNS = ("holds", "exhaustive", "spectrum_proof", "first", "margin_bound", "critical_rtol_exact")
 FLOAT_COLUMNS = ("fraction", "fraction_low", "fraction_high", "threshold", "min_margin", "critical_rtol",
                  "critical_rtol_low", "critical_rtol_high", "verdict_margin", "effective_rank", "stable_rank",
-                 "anisotropy", "collapse_residual", "rtol", "seconds")
+                 "anisotropy", "collapse_residual", "effective_rank_centred", "stable_rank_centred",
+                 "anisotropy_centred", "rtol", "seconds")
 RENAMED = {"tolerance": "rtol"}  # old column name -> name now: files written before the rename still read
 # read as text: a one-index witness is not a number; the grid is "multiplier:fraction;..."
 TEXT_CELLS = {"rank_counts": str, "witness": str, "rtol_grid": str, "krank_lower_method": str}
@@ -124,7 +132,22 @@ def typed_record(record: Mapping[str, Any]) -> dict[str, Any]:
     for key in BOOL_COLUMNS:
         if key in out:
             out[key] = _boolean(out[key])
+    if _missing(out.get("critical_rtol_exact")) and not _missing(out.get("critical_rtol")):
+        out["critical_rtol_exact"] = critical_exact(out)  # a file written before the column
     return out
+
+
+def critical_exact(row: Mapping[str, Any]) -> bool | None:
+    """Whether a row's critical tolerance is known to within its bracket (True) or only bounded by it
+    (False); None without one (:func:`probes.robust.critical_is_exact`)."""
+    from probes.robust import critical_is_exact
+
+    def number(key: str) -> float:
+        value = row.get(key)
+        return math.nan if _missing(value) else float(value)
+
+    return critical_is_exact(number("critical_rtol"), number("critical_rtol_low"), number("critical_rtol_high"),
+                             number("rtol"))
 
 
 def rows_frame(records: Iterable[Mapping[str, Any]], stamp: Mapping[str, Any] | None = None) -> pd.DataFrame:

@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 
 from auditor.assumptions import ASSUMPTION_TESTS, TEST_TITLES
-from auditor.report.schema import parse_rank_counts
+from auditor.report.schema import critical_exact, parse_rank_counts
 
 STAGE_COLUMNS = ("stage", "seconds", "share")
 OTHER_STAGE = "other"  # wall time outside the named stages (model checks, report folder, moving tokens)
@@ -88,15 +88,32 @@ def robustness(row: pd.Series) -> str:
     low, high = row.get("critical_rtol_low"), row.get("critical_rtol_high")
     low = ratio if low is None or pd.isna(low) else float(low) / float(rtol)
     high = ratio if high is None or pd.isna(high) else float(high) / float(rtol)
+    bound = "" if _is_exact(row) is not False else " (bound)"
     if bool(row["holds"]):
         word = "robust" if low >= ROBUST_FACTOR else "hinges on the tolerance"
-        if high == float("inf"):  # no tolerance was proven to make it fail
+        if high == float("inf") or _trivial_cap(high, float(rtol)):  # no tolerance was proven to make it fail
             return f"{word}: holds at every rtol up to {_times(low)} at least"
-        return f"{word}: holds up to {_span(low, high)} rtol, fails above"
+        return f"{word}: holds up to {_span(low, high)} rtol, fails above{bound}"
     word = "robust" if high <= 1 / ROBUST_FACTOR else "hinges on the tolerance"
     if low <= 0:  # no positive tolerance was proven to make it hold
+        if critical == 0 and _is_exact(row):
+            return f"{word}: fails at every rtol float64 can resolve"
         return f"{word}: fails at every rtol down to {_times(high)} at least"
-    return f"{word}: fails at rtol, holds below {_span(low, high)} rtol"
+    return f"{word}: fails at rtol, holds below {_span(low, high)} rtol{bound}"
+
+
+def _trivial_cap(high: float, rtol: float) -> bool:
+    """The upper end of a bracket (as a multiple of rtol) is only the trivial cap: no sigma_k / sigma_1
+    exceeds 1, so every verdict fails at rtol >= 1; such an end is no measurement."""
+    return high * rtol >= 1 * (1 - 1e-9)
+
+
+def _is_exact(row: pd.Series) -> bool | None:
+    """``critical_rtol_exact`` of a row, or from its bracket when the row predates the column."""
+    value = row.get("critical_rtol_exact")
+    if value is not None and not pd.isna(value):
+        return bool(value)
+    return critical_exact(dict(row))
 
 
 def robustness_table(rows: pd.DataFrame) -> pd.DataFrame:
@@ -118,17 +135,27 @@ def interval_cell(row: pd.Series) -> str:
     return f"{float(row['fraction']):.4f} [{float(low):.4f}, {float(high):.4f}]"
 
 
+def critical_cell(row: pd.Series) -> str:
+    """A row's critical tolerance as a multiple of its rtol, quoted as it was proven: ``2.5x`` (narrow
+    bracket), ``2-3x (bound)`` (a wider proven bracket), ``>= 14x`` (no tolerance below 1 proven to
+    flip it), ``<= 0.1x`` (none above 0 proven to), ``0 (no rtol resolves it)``; "" without one."""
+    critical, rtol = row.get("critical_rtol"), row.get("rtol")
+    if critical is None or rtol is None or pd.isna(critical) or pd.isna(rtol) or not float(rtol) > 0:
+        return ""
+    return _bracket_cell(row)
+
+
 def _bracket_cell(row: pd.Series) -> str:
     rtol = float(row["rtol"])
     low, high = row.get("critical_rtol_low"), row.get("critical_rtol_high")
     if low is None or high is None or pd.isna(low) or pd.isna(high):
         return _times(float(row["critical_rtol"]) / rtol)
     low, high = float(low) / rtol, float(high) / rtol
-    if high == float("inf"):
+    if high == float("inf") or _trivial_cap(high, rtol):
         return f">= {_times(low)}"
     if low <= 0:
-        return f"<= {_times(high)}"
-    return _span(low, high)
+        return "0 (no rtol resolves it)" if float(row["critical_rtol"]) == 0 and _is_exact(row) else f"<= {_times(high)}"
+    return _span(low, high) + ("" if _is_exact(row) is not False else " (bound)")
 
 
 def bounds_table(rows: pd.DataFrame) -> pd.DataFrame:
@@ -141,7 +168,6 @@ def bounds_table(rows: pd.DataFrame) -> pd.DataFrame:
     out = []
     for _, row in keep.iterrows():
         lower, method, upper = row.get("krank_lower"), row.get("krank_lower_method"), row.get("krank_upper")
-        critical = row.get("critical_rtol")
         out.append({
             "representation @ weights": f"{row['representation']} @ {row['weights']}",
             "test": row["test"], "k": int(row["k"]),
@@ -150,8 +176,7 @@ def bounds_table(rows: pd.DataFrame) -> pd.DataFrame:
             "Kruskal rank <= (witness)": "" if pd.isna(upper) else str(int(upper)),
             "duplicates / near": "" if pd.isna(row.get("duplicates")) else
             f"{int(row['duplicates'])} / {int(row['near_duplicates'])}",
-            "critical rtol / rtol": "" if critical is None or pd.isna(critical) or not float(row["rtol"]) > 0
-            else _bracket_cell(row),
+            "critical rtol / rtol": critical_cell(row),
         })
     return pd.DataFrame(out).set_index("representation @ weights") if out else pd.DataFrame()
 

@@ -86,11 +86,21 @@ def depth_table(depth: pd.DataFrame) -> pd.DataFrame:
     def text(value: object) -> str:
         return "" if value is None or pd.isna(value) else str(value)
 
-    table["krank estimate"] = [text(v) for v in depth["krank_estimate"]]
-    table["krank lower"] = [f"{text(v)} ({text(m)})" if text(v) else "" for v, m in
-                            zip(depth["krank_lower"], depth["krank_lower_method"], strict=True)]
-    table["krank upper"] = [text(v) or "none found" for v in depth["krank_upper"]]
+    table["Kruskal rank >= (certified)"] = [f"{text(v)} ({text(m)})" if text(v) else "" for v, m in
+                                            zip(depth["krank_lower"], depth["krank_lower_method"], strict=True)]
+    table["sampled"] = _sampled_cells(depth)
+    table["<= (witnessed)"] = [text(v) or "none found" for v in depth["krank_upper"]]
     return table
+
+
+def _sampled_cells(depth: pd.DataFrame) -> list[str]:
+    """The sampled Kruskal rank as an inequality (``>= 128``, ``< 128``, ``= 1``); a depth.csv written
+    before ``krank_sampled`` shows its positive estimates as ``>= e`` and its 0 (no tested k held) as
+    nothing, never as 0."""
+    if "krank_sampled" in depth.columns:
+        return ["" if v is None or pd.isna(v) else str(v) for v in depth["krank_sampled"]]
+    values = pd.to_numeric(depth.get("krank_estimate", pd.Series(index=depth.index, dtype=float)), errors="coerce")
+    return [f">= {int(v)}" if pd.notna(v) and v > 0 else "" for v in values]
 
 
 def summary_text(result: AuditResult, plots: list[Path]) -> str:
@@ -116,8 +126,11 @@ def summary_text(result: AuditResult, plots: list[Path]) -> str:
     if not robust.empty:
         lines += ["## How much each verdict depends on the rank tolerance", "", robust.to_markdown(), "",
                   "Each fraction is monotone in the tolerance, so every verdict flips at one critical tolerance "
-                  "(`critical_rtol` in results.csv, with a proven bracket; `rtol_grid` holds the fraction from "
-                  f"0.1x to 10x rtol). Robust: the verdict survives a change of rtol by {ROBUST_FACTOR:g}x either "
+                  "(`critical_rtol` in results.csv, with a proven bracket `critical_rtol_low` - `critical_rtol_high` "
+                  "and `critical_rtol_exact`; `rtol_grid` holds the fraction from 0.1x to 10x rtol). A bracket is "
+                  "quoted as it was proven: one number where it is narrow (3% near rtol, 10% beyond 10x), a range "
+                  "marked (bound) where the work caps left it wider, 'at least' where no tolerance below 1 was "
+                  f"proven to flip it. Robust: the verdict survives a change of rtol by {ROBUST_FACTOR:g}x either "
                   "way; otherwise it hinges on the tolerance convention and should be quoted with it.", ""]
     bounds = bounds_table(result.rows)
     if not bounds.empty:
@@ -144,9 +157,10 @@ def summary_text(result: AuditResult, plots: list[Path]) -> str:
     if not result.depth.empty:
         lines += ["## Across depth (depth.csv)", "", depth_table(result.depth).to_markdown(index=False,
                                                                                            disable_numparse=True), "",
-                  "Depth 0 is the embedding, depth L + 1 the output of block L. Kruskal rank of the queries: "
-                  "estimate = the largest tested k whose sampled share reached the threshold; lower = certified "
-                  "(and how); upper = witnessed by a dependent subset.", ""]
+                  "Depth 0 is the embedding, depth L + 1 the output of block L. Kruskal rank K of the queries, "
+                  "as bounds: certified K >= lower (and how it was proven); sampled: >= k where the sampled "
+                  "k-subsets reached the threshold (sampling cannot prove it), < k where the smallest tested k "
+                  "failed, = K where the bounds meet; witnessed K <= upper (a dependent subset).", ""]
     if plots:
         lines += ["## Plots", *[f"![{p.stem}]({p.name})" for p in plots], ""]
     return "\n".join(lines)
