@@ -11,6 +11,7 @@ the ``audit`` command line does the same and writes a report. The capacity lab l
 :mod:`auditor.lab`.
 """
 
+from probes import _omp  # noqa: F401, I001 -- first: sets the OpenMP wait policy before torch loads
 from auditor.runner import AuditConfig, AuditResult, audit, audit_tokens, run
 
 __all__ = ["AuditConfig", "AuditResult", "audit", "audit_tokens", "run"]

@@ -21,6 +21,7 @@ the default; True / False force it on or off).
 1
 """
 
+from probes import _omp  # noqa: F401, I001 -- first: sets the OpenMP wait policy before torch loads
 from probes.assumptions import (
     DEFAULT_THRESHOLD,
     AssumptionResult,

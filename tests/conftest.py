@@ -11,7 +11,7 @@
   build). Bit-identity is asserted only for the same process and the same shapes.
 """
 
-from __future__ import annotations
+from __future__ import annotations  # noqa: I001 -- probes is imported before torch, on purpose
 
 import math
 import os
@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+
+import probes  # noqa: F401 -- before torch: the OpenMP wait policy (the suite runs beside other jobs)
 import torch
 
 # The default test run never touches the network: without this, an online machine would download
