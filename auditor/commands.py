@@ -9,6 +9,9 @@ import click
 
 from auditor.config import LAYERS_FORMS, MAX_DEFAULT_SAMPLES, MAX_SUBSETS, RTOL_RULE, AuditConfig
 from auditor.errors import AuditError
+from auditor.execution import EXECUTORS
+from auditor.slurm import pop_options as pop_slurm_options
+from auditor.slurm import with_click_options as slurm_options
 
 _D = {f.name: f.default for f in dataclasses.fields(AuditConfig)}  # the CLI's defaults are the config's
 DEPRECATED = {"tolerance": "rtol"}  # old option name -> the option it is an alias of (still accepted)
@@ -86,9 +89,10 @@ def _ints(value: str | None) -> tuple[int, ...] | None:
 @click.option("--threads", type=int, default=_D["threads"], help="torch threads (default: torch's own choice).")
 @click.option("--workers", type=int, default=_D["workers"], show_default=True,
               help="Shard token extraction across this many workers (tokens are identical to one process).")
-@click.option("--executor", type=click.Choice(["local", "ray"]), default=_D["executor"], show_default=True,
-              help="Where --workers run: local processes or Ray.")
+@click.option("--executor", type=click.Choice(EXECUTORS), default=_D["executor"], show_default=True,
+              help="Where --workers run: this process, Ray tasks or one Slurm job array.")
 @click.option("--address", default=_D["address"], help="Ray cluster address for --executor ray (e.g. auto).")
+@slurm_options
 @click.option("--trust-remote-code", is_flag=True, default=_D["trust_remote_code"],
               help="Allow hub models to run their own code (off by default).")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
@@ -119,8 +123,9 @@ def audit_command(model: str, out: Path | None, quiet: bool, representations: st
         click.echo(TOLERANCE_WARNING, err=True)
         options["rtol"] = tolerance
     files = tuple(f for item in tokens for f in _csv(item) or ()) or None
+    slurm = pop_slurm_options(options)
     config = AuditConfig(model=model, representations=_csv(representations), weights=_csv(weights),
-                         tests=_csv(tests), sweep_ks=_ints(sweep_ks), tokens=files, **options)
+                         tests=_csv(tests), sweep_ks=_ints(sweep_ks), tokens=files, slurm=slurm, **options)
     out = out or default_out(model)
     result = run(config, out=out, progress=not quiet)
     rows = result.rows

@@ -17,6 +17,7 @@ import probes
 from auditor.assumptions import TESTS
 from auditor.errors import AuditError, did_you_mean
 from auditor.execution import EXECUTORS
+from auditor.slurm import SlurmOptions
 
 DEFAULT_REPRESENTATIONS = ("embedding", "random-attention", "block.0")
 DEFAULT_WEIGHTS = ("random", "pretrained")
@@ -61,8 +62,9 @@ class AuditConfig:
     trust_remote_code: bool = False
     threads: int | None = None  # torch threads for the run (None: torch's default)
     workers: int = 1  # > 1: shard extraction across workers (see auditor.shard)
-    executor: str = "local"  # "local" (in this process) | "ray"
+    executor: str = "local"  # "local" (in this process) | "ray" | "slurm"
     address: str | None = None  # Ray cluster address for executor="ray"
+    slurm: SlurmOptions | None = None  # Slurm jobs' resources for executor="slurm" (None: the defaults)
     # blocks audited at every depth, with the embedding (see parse_layers); None: the representations only.
     # Representations left at their default then add nothing: random-attention joins only when asked for.
     layers: str | None = None
@@ -79,6 +81,10 @@ class AuditConfig:
             bounded("threads", self.threads, 1, MAX_THREADS)
         if self.executor not in EXECUTORS:
             raise did_you_mean("executor", self.executor, EXECUTORS)
+        if self.slurm is not None:
+            if not isinstance(self.slurm, SlurmOptions):
+                raise AuditError(f"slurm must be SlurmOptions (auditor.slurm); got {type(self.slurm).__name__}")
+            self.slurm.check_executor(self.executor)
         if self.samples is not None:
             positive("samples", self.samples)
         if self.context_length is not None:

@@ -85,7 +85,7 @@ READING_TOKENS = "reading token files"  # the stage of --tokens
 SAVING_TOKENS = "saving tokens"  # the stage of --save-tokens
 SWEEP = "sweep"  # the stage of --sweep
 log = logging.getLogger(__name__)
-_NOT_RESULTS = ("workers", "executor", "address", "save_tokens", "threads", "tokens",
+_NOT_RESULTS = ("workers", "executor", "address", "slurm", "save_tokens", "threads", "tokens",
                 "memory_budget")  # cannot change a row
 
 

@@ -13,8 +13,10 @@ equal bit for bit when the workers compute like this process:
   a kernel's split across threads can change the last bits too;
 - GPU workers (``device`` ``auto`` on a cluster with GPUs, or ``cuda``) reserve one GPU each.
 
-Executors: ``ray`` (each shard a Ray task on a local instance or the cluster at ``address``) and
-``local`` (the shards one after the other in this process: the same path without Ray).
+Executors: ``ray`` (each shard a Ray task on a local instance or the cluster at ``address``), ``slurm``
+(each shard a task of one Slurm job array, with ``SlurmOptions.cpus_per_task`` torch threads per CPU
+shard, so tokens equal one process's bit for bit when that matches ``--threads``) and ``local`` (the
+shards one after the other in this process: the same path without Ray).
 """
 
 from __future__ import annotations
@@ -30,9 +32,10 @@ from tqdm.auto import tqdm
 
 from auditor.data import Inputs
 from auditor.errors import AuditError
-from auditor.execution import as_completed, check_executor, ray_session
+from auditor.execution import as_completed, check_executor, ray_session, run_each
 from auditor.extract import extract, parse_representation
 from auditor.models import LoadedModel, dtype_name, load_model
+from auditor.slurm import SlurmOptions
 from auditor.tokens import Tokens
 
 log = logging.getLogger(__name__)
@@ -171,6 +174,7 @@ def extract_sharded(
     threads: int | None = None,
     loaded: LoadedModel | None = None,
     progress: bool = True,
+    slurm: SlurmOptions | None = None,
 ) -> dict[str, Tokens]:
     """Tokens of every requested representation, extracted in ``workers`` shards.
 
@@ -179,13 +183,16 @@ def extract_sharded(
         inputs: N examples; shard i gets a contiguous block of whole batches.
         representations: as for :func:`~auditor.extract.extract` (``embedding``, ``block.L``, ...).
         workers: number of shards (Ray tasks); fewer when N has fewer batches.
-        executor: ``ray`` or ``local`` (the shards in turn, in this process, with ``loaded`` if given).
+        executor: ``ray``, ``slurm`` or ``local`` (the shards in turn, in this process, with ``loaded`` if
+            given).
         address: Ray cluster address (``auto``, ``host:port``, ``ray://head:10001``); None: this
             process's instance, ``RAY_ADDRESS``, a ``ray start`` cluster on this machine, else a new local
             one (see :mod:`auditor.execution`).
         batch_size, seed: as for ``extract``; the same values give the same tokens.
         threads: torch threads per CPU worker (default: this process's count, for identical rounding).
         loaded: this process's copy of the model, used to validate up front and by ``local``.
+        slurm: the resources of each Slurm job and the folder of their logs (``slurm`` only; a folder the
+            nodes share, e.g. ``<report>/slurm``).
     Returns:
         ``{name: Tokens}`` with contexts (N, n, d) and queries (N, d) on the CPU, metadata as ``extract``
         writes it (``device`` lists the workers' devices if they differ).
@@ -195,7 +202,11 @@ def extract_sharded(
     bounds = shard_bounds(inputs.N, workers, batch_size)
     if not representations:
         raise AuditError("no representation requested; valid: embedding, random-attention, block.<L>")
-    check_executor(executor)  # a known executor, and Ray importable when it is asked for
+    check_executor(executor)  # a known executor, and Ray (or submitit) importable when it is asked for
+    if executor == "slurm":
+        if slurm is None or slurm.folder is None:
+            raise AuditError("--executor slurm needs a folder for the jobs' logs; give the audit an --out folder")
+        slurm_device(recipe.device, slurm)
     if loaded is not None:
         for rep in representations:
             parse_representation(rep, loaded.num_layers)  # fail here, not in every worker
@@ -216,6 +227,8 @@ def extract_sharded(
                     bar.update(shard.N)
 
             return _gather(local_parts(), bounds)
+        if executor == "slurm":
+            return _gather(_slurm_parts(recipe, shards, reps, batch_size, seed, slurm, bar), bounds)
         return _gather(_ray_parts(recipe, shards, reps, batch_size, seed, threads, address, bar), bounds)
 
 
@@ -234,3 +247,25 @@ def _ray_parts(recipe, shards, reps, batch_size, seed, threads, address, bar) ->
         for i, part in as_completed(task, calls, fail_fast=True):
             yield i, part
             bar.update(shards[i].N)
+
+
+def slurm_device(device: str, options: SlurmOptions) -> str:
+    """The device every Slurm job uses: ``cuda`` when the jobs get GPUs (``auto`` or ``cuda``), else the CPU;
+    ``cuda`` without ``--slurm-gpus`` is a one-line AuditError."""
+    if options.gpus_per_task:
+        return "cpu" if device == "cpu" else "cuda"  # each job sees only its own GPUs, from cuda:0
+    if device not in ("auto", "cpu"):
+        raise AuditError(f"device {device!r} requested but the Slurm jobs get no GPU; add --slurm-gpus 1 or use "
+                         "--device cpu or auto")
+    return "cpu"
+
+
+def _slurm_parts(recipe, shards, reps, batch_size, seed, options, bar) -> Iterator[tuple[int, dict]]:
+    """Every shard as a task of one Slurm job array; yield (shard index, tokens) as they finish. The first
+    task that fails cancels the others and raises its own error (a user mistake stays one line)."""
+    device = slurm_device(recipe.device, options)
+    calls = [(recipe, shard, reps, batch_size, seed, options.cpus_per_task, device) for shard in shards]
+    for i, part in run_each(extract_shard, calls, executor="slurm", slurm=options, fail_fast=True,
+                            name=f"extract {recipe.name}"):
+        yield i, part
+        bar.update(shards[i].N)

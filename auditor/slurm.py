@@ -68,9 +68,9 @@ def parse_time(text: str) -> int:
     (seconds round up); a one-line AuditError otherwise."""
     bad = AuditError(f"--slurm-time takes minutes or Slurm's [D-]HH:MM:SS (e.g. 90, 2:00:00, 1-12:00:00); "
                      f"got {text!r}")
-    days, _, rest = str(text).strip().rpartition("-")
+    days, dash, rest = str(text).strip().rpartition("-")
     parts = rest.split(":")
-    if not all(p.isdigit() for p in [*parts, *([days] if days else [])]) or len(parts) > 3:
+    if not all(p.isdigit() for p in [*parts, *([days] if dash else [])]) or len(parts) > 3:
         raise bad
     d = int(days) if days else 0
     n = [int(p) for p in parts]

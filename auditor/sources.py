@@ -33,6 +33,7 @@ from auditor.assumptions import ASSUMPTION_TESTS
 from auditor.config import DEFAULT_REPRESENTATIONS, MAX_DEFAULT_SAMPLES, AuditConfig
 from auditor.errors import AuditError
 from auditor.execution import check_executor
+from auditor.slurm import SlurmOptions
 from auditor.tokens import Tokens
 
 __all__ = ["MAX_DEFAULT_SAMPLES", "Row", "TokenGroup", "TokenItem", "check_model_options", "check_object_options",
@@ -283,7 +284,7 @@ def extracted(loaded: Any, reps: list[str], config: AuditConfig, out: Path | Non
     """Inputs for ``loaded``, the tokens of ``reps`` extracted from them in one pass, and the inputs'
     fingerprint (no memory budget: every representation is held at once)."""
     inputs, first, digest = _inputs(loaded, config, out, progress)
-    return _extract_group(loaded, inputs, reps, config, digest, first, progress)
+    return _extract_group(loaded, inputs, reps, config, digest, first, progress, out)
 
 
 def extracted_passes(loaded: Any, reps: list[str], config: AuditConfig, out: Path | None,
@@ -304,7 +305,7 @@ def extracted_passes(loaded: Any, reps: list[str], config: AuditConfig, out: Pat
         log.warning("one representation's tokens (%.2f GiB) exceed the memory budget (%.2f GiB); extracting "
                     "them one at a time", each / GIB, budget / GIB)
     for names in passes:
-        yield _extract_group(loaded, inputs, names, config, digest, first, progress)  # keeps no reference
+        yield _extract_group(loaded, inputs, names, config, digest, first, progress, out)  # keeps no reference
 
 
 def _inputs(loaded: Any, config: AuditConfig, out: Path | None, progress: bool) -> tuple[Any, bool, str]:
@@ -317,7 +318,7 @@ def _inputs(loaded: Any, config: AuditConfig, out: Path | None, progress: bool) 
 
 
 def _extract_group(loaded: Any, inputs: Any, reps: list[str], config: AuditConfig, digest: str, first: bool,
-                   progress: bool) -> TokenGroup:
+                   progress: bool, out: Path | None = None) -> TokenGroup:
     """One forward pass over ``inputs`` (sharded across workers when asked) for ``reps``, as a group."""
     from auditor.extract import extract
 
@@ -326,9 +327,11 @@ def _extract_group(loaded: Any, inputs: Any, reps: list[str], config: AuditConfi
 
         recipe = ModelRecipe.of(loaded, device=config.device, context_length=config.context_length,
                                 trust_remote_code=config.trust_remote_code)
+        slurm = config.slurm or SlurmOptions()  # Slurm jobs' logs in <out>/slurm
+        slurm = slurm.at(Path(out).absolute() / "slurm") if out is not None else slurm
         tokens = extract_sharded(recipe, inputs, reps, workers=config.workers, executor=config.executor,
                                  address=config.address, batch_size=config.batch_size, seed=config.seed,
-                                 loaded=loaded, progress=progress)
+                                 loaded=loaded, progress=progress, slurm=slurm)
     else:
         tokens = extract(loaded, inputs, reps, batch_size=config.batch_size, seed=config.seed, progress=progress)
     items = [TokenItem(rep, tok.queries, tok.contexts, tok.n, tok.meta, tok) for rep, tok in tokens.items()]

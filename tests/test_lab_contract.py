@@ -29,7 +29,8 @@ NAMES = sorted(registry.REGISTRY)
 COMMANDS = sorted([*registry.REGISTRY, *registry.SUITES])
 TOOLS = {"facts generate", "facts plot"}  # commands around the experiments, not experiments
 COMMON = {"--scale": "reference", "--seeds": None, "--out": None, "--executor": "local", "--address": None,
-          "--threads": None, "--plots": True}
+          "--threads": None, "--plots": True, "--slurm-partition": None, "--slurm-time": "60", "--slurm-cpus": 1,
+          "--slurm-gpus": 0, "--slurm-parallel": None}
 SLOW = {"facts measure", "facts scale", "assoc", "recall scaling"}  # their quick runs take 7-25 s
 
 
@@ -72,7 +73,7 @@ def test_every_lab_command_takes_the_common_options_with_one_meaning(name):
         assert flag in options, f"{name} lacks {flag}"
         assert options[flag].default == default, (name, flag)
     assert "--no-plots" in options["--plots"].secondary_opts
-    assert list(options["--executor"].type.choices) == ["local", "ray"]
+    assert list(options["--executor"].type.choices) == ["local", "ray", "slurm"]
     assert options["--seeds"].type == click.STRING  # a list, read by parse_seeds: commas and ranges
     reference = {opt: p for p in lab_commands()["memorize"].params for opt in p.opts}
     for flag in set(COMMON) - {"--scale", "--seeds"}:  # --scale lists each command's scales, --seeds its seeds

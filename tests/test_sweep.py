@@ -165,7 +165,7 @@ def test_one_sweep_per_folder_and_stale_temp_files_are_cleaned(tmp_path):
 
 
 def test_sweep_arguments_are_checked(tmp_path):
-    with pytest.raises(AuditError, match="unknown executor 'spark'; valid: local, ray"):
+    with pytest.raises(AuditError, match="unknown executor 'spark'; valid: local, ray, slurm"):
         run_sweep(rank_unit, CONFIGS, tmp_path, executor="spark")
     with pytest.raises(AuditError, match="same configuration twice"):
         run_sweep(rank_unit, [CONFIGS[0], dict(CONFIGS[0])], tmp_path)

@@ -3,7 +3,7 @@
 
 A command takes its config's options (lists as ``1,2,4`` or inclusive ranges ``1:8`` / ``0:60:10``) and
 the common options, with one meaning everywhere: ``--scale`` (a preset; reference: what the committed
-reports used), ``--seeds``, ``--out`` (a folder; rerun to resume), ``--executor``, ``--address``,
+reports used), ``--seeds``, ``--out`` (a folder; rerun to resume), ``--executor``, ``--address``, ``--slurm-*``,
 ``--threads`` (restored afterwards) and ``--plots/--no-plots``. It validates every option before it
 creates its output folder (:func:`output_folder`: a failed run removes the folders it created unless a
 finished unit or a checkpoint lies inside). Old spellings (``--quick``, ``--no-plot``, ``--scale cpu``,
@@ -33,6 +33,8 @@ from auditor.lab.experiment import Experiment, Option, run_experiment
 from auditor.lab.sweep import missing_parents, remove_empty
 from auditor.options import MAX_SEED, MAX_SIZE, parse_floats, parse_ints, parse_seeds, parse_sizes
 from auditor.provenance import timestamp
+from auditor.slurm import click_options as slurm_options
+from auditor.slurm import pop_options as pop_slurm_options
 
 MAX_THREADS = 1024
 SEED = click.IntRange(0, MAX_SEED)  # a scalar seed option (lists: auditor.options.parse_seeds)
@@ -207,8 +209,9 @@ def _common_options(experiment: Experiment | None, options: list[Option]) -> lis
                      help=f"Preset: {' | '.join(scales)} (reference: the committed reports' settings)."),
         click.Option(["--out"], default=None, help="Output folder [default: runs/<command>-<time>]; rerun to resume."),
         click.Option(["--executor"], type=click.Choice(EXECUTORS), default="local", show_default=True,
-                     help="Run the sweep units in this process or as Ray tasks."),
+                     help="Run the sweep units in this process, as Ray tasks or as one Slurm job array."),
         click.Option(["--address"], default=None, help="Ray cluster address for --executor ray (e.g. auto)."),
+        *slurm_options(),
         click.Option(["--threads"], type=int, default=None, help=THREADS_HELP),
         click.Option(["--plots/--no-plots"], default=True, show_default=True, help="Draw the PNG figures."),
         click.Option(["--quick"], is_flag=True, hidden=True),
@@ -256,6 +259,7 @@ def _run(experiments: list[Experiment], name: str, values: dict[str, Any]) -> No
             values["plots"] = False
         out, executor, address, plots = (values.pop(k) for k in ("out", "executor", "address", "plots"))
         check_executor(executor)
+        slurm = pop_slurm_options(values).check_executor(executor)
         if out and Path(out).suffix == ".csv":  # `facts rank --out FILE.csv` wrote a file until this release
             click.echo(f"warning: --out names a folder; results.csv is written inside {out!r}", err=True)
         configs = []
@@ -267,7 +271,8 @@ def _run(experiments: list[Experiment], name: str, values: dict[str, Any]) -> No
             texts = []
             for e, config in zip(experiments, configs):
                 note = getattr(config, "note", "")
-                texts.append(run_experiment(e, config, folder, executor=executor, address=address, plots=plots)[1])
+                texts.append(run_experiment(e, config, folder, executor=executor, address=address, plots=plots,
+                                            slurm=slurm)[1])
                 # said once the run is done: a refused run prints its one error line and nothing else
                 click.echo(f"{e.name} ({scale}) -> {folder}" + (f"\n{note}" if note else ""), err=True)
             if len(experiments) > 1:

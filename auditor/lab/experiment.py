@@ -31,6 +31,7 @@ from typing import Any
 import pandas as pd
 
 from auditor.errors import did_you_mean
+from auditor.slurm import SlurmOptions
 
 # name -> "module:attribute" of its Experiment, imported when used. A name with a space is a
 # subcommand: "facts width" is `audit facts width`.
@@ -136,8 +137,10 @@ def get(name: str) -> Experiment:
 
 
 def run_experiment(experiment: Experiment, config: Any, out: str | Path, *, executor: str = "local",
-                   address: str | None = None, plots: bool = True, progress: bool = True) -> tuple[pd.DataFrame, str]:
-    """Run (or resume) ``config`` into ``out``: the sweep, its report and plots; returns (rows, text)."""
+                   address: str | None = None, plots: bool = True, progress: bool = True,
+                   slurm: SlurmOptions | None = None) -> tuple[pd.DataFrame, str]:
+    """Run (or resume) ``config`` into ``out``: the sweep, its report and plots; returns (rows, text).
+    ``slurm``: the resources of each Slurm job under ``executor="slurm"`` (logs in each sweep's folder)."""
     from auditor.lab.sweep import run_sweep
 
     out = Path(out)
@@ -145,7 +148,7 @@ def run_experiment(experiment: Experiment, config: Any, out: str | Path, *, exec
     groups: dict[str, list[dict[str, Any]]] = {}
     for unit in units:
         groups.setdefault(experiment.folder(unit) if experiment.folder else "", []).append(unit)
-    frames = [run_sweep(experiment.run_unit, part, out / folder, executor=executor, address=address,
+    frames = [run_sweep(experiment.run_unit, part, out / folder, executor=executor, address=address, slurm=slurm,
                         progress=progress, desc=f"{experiment.name} {folder}".strip(), columns=experiment.columns,
                         renamed=experiment.renamed)
               for folder, part in groups.items()]

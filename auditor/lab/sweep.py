@@ -17,8 +17,11 @@ resolved configuration as JSON): calling the sweep's unit function on ``json.loa
 at the row's ``git_commit`` reproduces the row. Side tables a unit writes (training histories,
 tolerance curves) go through :func:`write_table`, which stamps the same columns.
 
-Executors (:mod:`auditor.execution`): ``local`` (in this process, one unit after the other) and ``ray``
-(each unit a Ray task). Only this process writes unit files; Ray workers return rows. One sweep at a
+Executors (:mod:`auditor.execution`): ``local`` (in this process, one unit after the other), ``ray``
+(each unit a Ray task) and ``slurm`` (each unit a task of one Slurm job array, logs in ``<out>/slurm``).
+Under ``local`` and ``ray`` only this process writes unit files (Ray workers return rows); a Slurm job
+writes its own unit's file, through the same atomic write, so units finished by jobs survive this
+process, and a rerun attaches to the jobs still queued or running (:mod:`auditor.slurm`). One sweep at a
 time may write into a folder (an advisory lock on ``<out>/units``); leftover temporary files of a killed
 sweep are removed on resume.
 """
@@ -41,6 +44,7 @@ from auditor.atomic import TMP_SUFFIX, confined, output_root, real_folder, write
 from auditor.errors import AuditError
 from auditor.execution import check_executor, check_resources, run_each
 from auditor.provenance import provenance
+from auditor.slurm import SlurmOptions
 
 log = logging.getLogger(__name__)
 
@@ -211,14 +215,14 @@ def _exclusive(units: Path) -> Iterator[None]:
 def run_sweep(fn: UnitFn, configs: Sequence[dict[str, Any]], out: str | Path, *, executor: str = "local",
               address: str | None = None, progress: bool = True, desc: str = "sweep", num_cpus: float = 1,
               num_gpus: float = 0, columns: Sequence[str] | None = None,
-              renamed: Mapping[str, str] | None = None) -> pd.DataFrame:
+              renamed: Mapping[str, str] | None = None, slurm: SlurmOptions | None = None) -> pd.DataFrame:
     """Run every configuration not yet finished in ``out``; return (and write) all rows.
 
     Args:
         fn: runs one unit; a module-level function (Ray ships it to the workers by reference).
         configs: resolved configurations, each JSON-serialisable and distinct.
         out: folder for ``units/<key>.json`` and ``results.csv``; nothing is written elsewhere.
-        executor: ``local`` or ``ray``.
+        executor: ``local``, ``ray`` or ``slurm``.
         address: Ray cluster address (``auto``, ``host:port``, ``ray://host:10001``). None: the Ray
             instance this process already joined, else Ray's own discovery (``RAY_ADDRESS``, then a
             ``ray start`` cluster on this machine), else a new local instance.
@@ -227,8 +231,10 @@ def run_sweep(fn: UnitFn, configs: Sequence[dict[str, Any]], out: str | Path, *,
         columns: the row schema: a unit returning a column outside it (and outside the provenance
             columns) is a programming error; columns are written in this order.
         renamed: old column name -> new, applied to unit files written by an earlier release.
+        slurm: the resources of each Slurm job (``slurm``; default :class:`~auditor.slurm.SlurmOptions`),
+            logs in ``<out>/slurm`` unless it names a folder.
 
-    A unit that raises stops a local sweep at once; under Ray the units already submitted still
+    A unit that raises stops a local sweep at once; under Ray and Slurm the units already submitted still
     finish and are written, then the first error is raised. Either way finished units stay on disk,
     and a failed sweep that finished nothing leaves no folder behind.
     """
@@ -252,15 +258,15 @@ def run_sweep(fn: UnitFn, configs: Sequence[dict[str, Any]], out: str | Path, *,
             # progress on a terminal only: logs and pipes (Slurm, CI) get no carriage-return noise
             with tqdm(total=len(configs), initial=len(configs) - len(pending), desc=desc,
                       disable=None if progress else True) as bar:
-                calls = [(fn, config, str(root)) for _, config in pending]
-                for i, rows in run_each(run_unit, calls, executor=executor, address=address, num_cpus=num_cpus,
-                                        num_gpus=num_gpus):
-                    key, config = pending[i]
-                    _check_columns(rows, columns, config)
-                    text = _dumps(config)
-                    rows = [{**row, "unit": key, "unit_config": text} for row in rows]
-                    payload = {"format": UNIT_FORMAT, "key": key, "config": config, "rows": rows}
-                    write_text_atomic(units / f"{key}.json", _dumps(payload, sort_keys=False))  # keeps column order
+                worker, calls = run_unit, [(fn, config, str(root)) for _, config in pending]
+                if executor == "slurm":  # the job writes its unit file
+                    slurm = (slurm or SlurmOptions()).at(Path(os.path.abspath(out)) / "slurm")
+                    worker = run_and_write
+                    calls = [(*call, str(units.absolute()), None if columns is None else tuple(columns)) for call in calls]
+                for i, rows in run_each(worker, calls, executor=executor, address=address, num_cpus=num_cpus,
+                                        num_gpus=num_gpus, slurm=slurm, keys=[k for k, _ in pending], name=desc):
+                    if executor != "slurm":
+                        write_unit(units, *pending[i], rows, columns)
                     written += 1
                     bar.update()
             return collect(out, configs, columns=columns, renamed=renamed)
@@ -268,6 +274,26 @@ def run_sweep(fn: UnitFn, configs: Sequence[dict[str, Any]], out: str | Path, *,
         if written == 0:
             remove_empty(created)
         raise
+
+
+def write_unit(units: Path, key: str, config: dict[str, Any], rows: list[dict[str, Any]],
+               columns: Sequence[str] | None) -> None:
+    """Write a finished unit's rows, with its key and configuration, to ``units/<key>.json`` atomically."""
+    _check_columns(rows, columns, config)
+    text = _dumps(config)
+    rows = [{**row, "unit": key, "unit_config": text} for row in rows]
+    payload = {"format": UNIT_FORMAT, "key": key, "config": config, "rows": rows}
+    write_text_atomic(units / f"{key}.json", _dumps(payload, sort_keys=False))  # keeps column order
+
+
+def run_and_write(fn: UnitFn, config: dict[str, Any], root: str, units: str, columns: Sequence[str] | None) -> str:
+    """Run one unit and write its unit file: the body of a Slurm job (the file outlives the sweep's own
+    process). Returns the unit's key."""
+    rows = run_unit(fn, config, root)
+    key = unit_key(config)
+    with confined(root):
+        write_unit(Path(units), key, config, rows, columns)
+    return key
 
 
 def _check_columns(rows: list[dict[str, Any]], columns: Sequence[str] | None, config: dict[str, Any]) -> None:
