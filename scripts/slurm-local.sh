@@ -79,7 +79,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 ReturnToService=2
 MailProg=/bin/true
-KillWait=5
+KillWait=2
 MinJobAge=300
 SchedulerParameters=sched_interval=2
 StateSaveLocation=$DIR/state
