@@ -8,11 +8,14 @@ Kruskal rank >= k. Two things fill that gap:
 - :func:`clopper_pearson`: the exact binomial confidence interval of the pass rate, i.e. of the share of
   ALL k-subsets that are full rank (a statement about the population of subsets, not a proof);
 - :func:`kruskal_lower_bound`: a proof that EVERY k-subset is full rank for k up to a bound, from an
-  exhaustive search of the small k, the mutual coherence and the Babel function of the vectors.
+  exhaustive search of the small k, the mutual coherence and the Babel function of the vectors, the
+  same two after whitening, and a null-space bound from linear programs (:mod:`probes.certify`).
 
-The coherence and Babel bounds are worst-case bounds: on strongly correlated vectors (most trained
-transformer tokens) they certify only 1 or 2, far below what sampling suggests. The result says so in
-its ``note`` rather than hiding it.
+The coherence and Babel bounds of the raw vectors are worst-case bounds: on strongly correlated vectors
+(most trained transformer tokens) they certify only 1 or 2. Whitening removes the shared directions
+that make every cosine ~1 (the Kruskal rank does not change under an invertible map, and the
+numerical tolerance is carried through the map's distortion), which often proves much more; where
+even that stops far below what sampling suggests, the result says so in its ``note``.
 
 Ranks are numerical, with the rule of :func:`probes.numerical_rank`: a k-subset is full rank at
 relative tolerance rtol when ``sigma_k > rtol * sigma_1`` of that (k, d) matrix, by default
@@ -31,13 +34,21 @@ import numpy as np
 import torch
 from scipy import stats
 
+from probes.certify import (
+    BABEL_FIRST_COLUMNS,
+    cosine_pass,
+    nullspace_bound,
+    spectrum,
+    unit_rows,
+    whitened_bound,
+)
 from probes.kruskal import kruskal_test, pool64, validate_vectors
 from probes.rank import Array, check_int, numerical_rank, resolve_rtol
 
 EPS64 = torch.finfo(torch.float64).eps
-CHUNK_BYTES = 64 * 2**20  # memory of one block of rows of the cosine matrix
-BABEL_FIRST_COLUMNS = 128  # the Babel function is first computed for m <= this, then for 4x more, ...
-METHODS = ("trivial", "coherence", "babel", "exhaustive")  # in the order that breaks ties
+# the proofs behind a lower bound, in the order that breaks ties (the simpler proof first)
+METHODS = ("trivial", "coherence", "babel", "whitened-coherence", "whitened-babel", "nullspace", "exhaustive")
+NULLSPACE_SECONDS = 10.0  # default wall-time cap of the null-space linear programs, per call
 
 
 def clopper_pearson(successes: int, trials: int, confidence: float = 0.95) -> tuple[float, float]:
@@ -79,8 +90,10 @@ class KruskalLowerBound:
     Attributes:
         lower: every k-subset with k <= lower is proven full rank at ``rtol`` (0 when a vector is zero
             or rtol >= 1; 1 when no vector is zero and nothing better is proven).
-        method: the proof behind ``lower``: "exhaustive" (every subset tested), "babel" or "coherence"
-            (Gershgorin bounds below), or "trivial" (single vectors). Ties go to the simpler proof.
+        method: the proof behind ``lower``, one of :data:`METHODS`: "exhaustive" (every subset tested),
+            "nullspace" (linear programs), "whitened-babel" or "whitened-coherence" (Gershgorin bounds
+            after whitening), "babel" or "coherence" (Gershgorin bounds on the raw vectors), or
+            "trivial" (single vectors). Ties go to the simpler proof.
         exact: ``lower`` IS the numerical Kruskal rank (the search found a dependent (lower + 1)-subset,
             ``lower`` reached min(N, d), or a vector is zero).
         k_max: the largest k that was to be certified (the search stops there).
@@ -88,8 +101,13 @@ class KruskalLowerBound:
         coherence: the mutual coherence, largest |cosine| between two distinct vectors (NaN for N = 1;
             cosines with a zero vector count as 0).
         coherence_k, babel_k: what the coherence and the Babel bound prove on their own.
-        exhaustive_k: how far the exhaustive search certified: it starts above what the coherence and
-            Babel bounds prove and tests every k-subset, level by level, while ``max_subsets`` allows.
+        whitened_coherence_k, whitened_babel_k: what the coherence and Babel bounds of the whitened
+            vectors prove (best over the whitenings tried; 1 when not tried).
+        whitened_coherence: coherence of the whitened unit vectors of the best whitening (NaN if none).
+        nullspace_k: what the null-space bound proves (1 when not tried, stopped or beaten).
+        nullspace_programs: linear programs solved for it (one per vector when it completes).
+        exhaustive_k: how far the exhaustive search certified: it starts above what the other bounds
+            prove and tests every k-subset, level by level, while ``max_subsets`` allows.
         subsets: how many subsets were tested (single vectors included).
         norm_ratio: smallest over largest vector norm (the Gershgorin bounds scale with it).
         rtol: the relative tolerance (for k <= d the default ``max(k, d) * eps`` is the same for all k).
@@ -114,6 +132,11 @@ class KruskalLowerBound:
     rtol: float
     witness: tuple[int, ...] | None
     seconds: float
+    whitened_coherence_k: int = 1
+    whitened_babel_k: int = 1
+    whitened_coherence: float = math.nan
+    nullspace_k: int = 1
+    nullspace_programs: int = 0
     note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -126,52 +149,14 @@ class KruskalLowerBound:
         what = "=" if self.exact else ">="
         text = (f"KruskalLowerBound(N={self.N}, d={self.d}: Kruskal rank {what} {self.lower} by {self.method}; "
                 f"coherence={self.coherence:.4g}, coherence_k={self.coherence_k}, babel_k={self.babel_k}, "
-                f"exhaustive_k={self.exhaustive_k} ({self.subsets} subsets)")
+                f"whitened_coherence_k={self.whitened_coherence_k}, whitened_babel_k={self.whitened_babel_k}, "
+                f"nullspace_k={self.nullspace_k}, exhaustive_k={self.exhaustive_k} ({self.subsets} subsets)")
         return text + (f"; {self.note}" if self.note else "") + ")"
-
-
-@dataclass(frozen=True)
-class _Cosines:
-    """What one pass over the |cosine| matrix found: the Babel function for m = 1..len(babel), the
-    coherence and the pairs at or above a threshold (each unordered pair once)."""
-
-    babel: torch.Tensor  # (M,) float64: babel[m - 1] = mu_1(m) as computed
-    coherence: float
-    pairs_above: int
-    pair: tuple[int, int] | None  # the two distinct vectors of largest |cosine| (None for N = 1)
 
 
 def _unit_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Float64 unit rows (zero rows stay zero) and the row norms of the (rescaled) pool."""
-    x64 = pool64(x)  # (N, d), scaled by a power of two when its squares would underflow or overflow
-    norms = torch.linalg.vector_norm(x64, dim=1)  # (N,)
-    unit = x64 / torch.where(norms > 0, norms, 1.0)[:, None]  # (N, d)
-    return unit, norms
-
-
-def _cosine_pass(unit: torch.Tensor, columns: int, threshold: float | None = None) -> _Cosines:
-    """Babel function up to m = ``columns``, coherence and pairs with |cosine| >= threshold, from the
-    |cosine| matrix in blocks of rows (memory ~ :data:`CHUNK_BYTES`, never the whole N x N at once)."""
-    n_vec = unit.shape[0]
-    rows_per_block = max(1, CHUNK_BYTES // (8 * n_vec))
-    babel = torch.zeros(columns, dtype=torch.float64, device=unit.device)
-    coherence, pair = -math.inf, None
-    pairs = 0
-    for start in range(0, n_vec, rows_per_block):
-        rows = torch.arange(start, min(start + rows_per_block, n_vec), device=unit.device)
-        cos = (unit[rows] @ unit.T).abs_()  # (b, N)
-        cos[torch.arange(rows.numel(), device=unit.device), rows] = -1.0  # below every |cosine|: never picked
-        best = int(cos.argmax())
-        if float(cos.flatten()[best]) > coherence and n_vec > 1:
-            coherence = float(cos.flatten()[best])
-            pair = (int(rows[best // n_vec]), best % n_vec)
-        if threshold is not None:
-            upper = torch.arange(n_vec, device=unit.device)[None, :] > rows[:, None]  # (b, N): j > i
-            pairs += int(((cos >= threshold) & upper).sum())
-        if columns:
-            top = cos.topk(columns, dim=1, sorted=True).values  # (b, columns), descending
-            babel = torch.maximum(babel, top.cumsum(dim=1).amax(dim=0))
-    return _Cosines(babel=babel, coherence=coherence if n_vec > 1 else math.nan, pairs_above=pairs, pair=pair)
+    return unit_rows(pool64(x))  # (N, d), scaled by a power of two when its squares would underflow or overflow
 
 
 def _gershgorin_passes(bound: torch.Tensor, ks: torch.Tensor, ratio: float, rtols: torch.Tensor,
@@ -191,12 +176,13 @@ def _gershgorin_passes(bound: torch.Tensor, ks: torch.Tensor, ratio: float, rtol
 
 
 def kruskal_lower_bound(
-    vectors: Array, k_max: int | None = None, *, rtol: float | None = None, max_subsets: int = 20000
+    vectors: Array, k_max: int | None = None, *, rtol: float | None = None, max_subsets: int = 20000,
+    whiten: bool = True, nullspace_seconds: float = NULLSPACE_SECONDS,
 ) -> KruskalLowerBound:
     """A certified lower bound on the numerical Kruskal rank: every k-subset with k <= ``lower`` is
     proven full rank at ``rtol``.
 
-    Three proofs, the best one wins:
+    Five proofs, the best one wins:
 
     (a) Exhaustive search: every k-subset for k = 2, 3, ... while the total stays within
         ``max_subsets``, with the verdicts of :func:`probes.kruskal_test` (equal to a float64 SVD at
@@ -211,6 +197,12 @@ def kruskal_lower_bound(
         and every k-subset is full rank when this exceeds rtol_k. The coherence bound is the same
         argument with mu_1(k - 1) replaced by (k - 1) mu (in exact arithmetic: Kruskal rank >= 1/mu).
 
+    (d) The coherence and Babel bounds of the vectors after clipped whitenings (``"whitened-coherence"``,
+        ``"whitened-babel"``), and (e) a null-space bound, spark >= 1 / alpha, from one linear program
+        per vector (``"nullspace"``), both made valid at rtol with the proofs in :mod:`probes.certify`.
+        They run only while (b) and (c) leave k below min(k_max, d); (e) only when (d) did not reach
+        it either, within ``nullspace_seconds``.
+
     When none of these proves more than 1, the two vectors of largest |cosine| are tested directly
     (float64 SVD); if they are dependent (e.g. a duplicated vector), the Kruskal rank is exactly 1.
 
@@ -221,7 +213,9 @@ def kruskal_lower_bound(
 
     Work: one pass over the N x N cosine matrix in blocks of rows (the Babel function needs the top
     k_max - 1 cosines of each row: O(N^2 log N)), plus at most ``max_subsets`` subset tests. N = 2000,
-    d = 1280 takes a few seconds on one CPU core.
+    d = 1280 takes a few seconds on one CPU core. Whitening adds the SVD of the pool and up to five
+    more cosine passes; the null-space bound at most ``nullspace_seconds`` (it proves nothing when
+    stopped by that cap, and the other bounds stand).
 
     Args:
         vectors: (N, d) tensor (CPU or CUDA) or NumPy array; computed in float64 on its device.
@@ -230,14 +224,16 @@ def kruskal_lower_bound(
             tests use).
         max_subsets: most subsets the exhaustive search may test in all, single vectors included
             (0: none beyond the single vectors).
+        whiten: try (d) and (e); False gives the bounds (a)-(c) only.
+        nullspace_seconds: wall-time cap of the linear programs of (e), >= 0 (0: skip (e)).
 
     Returns:
-        :class:`KruskalLowerBound`. On strongly correlated vectors ``lower`` is small (often 1 or 2) even
-        when sampled tests pass at much larger k: the worst-case bounds cannot see further, and the
-        ``note`` says so.
+        :class:`KruskalLowerBound`. Where even the whitened bounds stop far below what sampled tests
+        suggest, the ``note`` says so.
 
     Raises:
-        ValueError: not a finite non-empty (N, d) array, k_max outside 1..N, bad rtol or max_subsets.
+        ValueError: not a finite non-empty (N, d) array, k_max outside 1..N, bad rtol, max_subsets or
+            nullspace_seconds.
     """
     start = time.perf_counter()
     x = validate_vectors(vectors)
@@ -248,6 +244,10 @@ def kruskal_lower_bound(
     if k_max > n_vec:
         raise ValueError(f"k_max = {k_max} exceeds the number of vectors N = {n_vec}; valid: 1 <= k_max <= N")
     max_subsets = check_int(max_subsets, "max_subsets", minimum=0)
+    if (isinstance(nullspace_seconds, bool | np.bool_) or not isinstance(nullspace_seconds, numbers.Real)
+            or not 0 <= nullspace_seconds < math.inf):
+        raise ValueError(f"nullspace_seconds must be a finite number >= 0 (0 skips the linear programs), "
+                         f"e.g. {NULLSPACE_SECONDS:g}; got {nullspace_seconds!r}")
     top = min(k_max, d)  # no d + 1 vectors in R^d are independent
     rtols = [resolve_rtol(rtol, k, d, x.dtype) for k in range(1, top + 1)]
     common = dict(k_max=k_max, N=n_vec, d=d, rtol=rtols[0])
@@ -257,7 +257,7 @@ def kruskal_lower_bound(
     ratio = float(norms.min() / norms.max()) if nonzero else 0.0
     ratio *= 1 - (d + 8) * EPS64  # each norm carries a relative error below (d / 2 + 2) eps
     if not nonzero or rtols[0] >= 1:
-        cos = _cosine_pass(unit, 0)
+        cos = cosine_pass(unit, 0)
         why = "a vector is zero" if not nonzero else f"rtol = {rtols[0]:.3g} >= 1 rejects even single vectors"
         return KruskalLowerBound(
             lower=0, method="trivial", exact=True, coherence=cos.coherence, coherence_k=0, babel_k=0,
@@ -268,7 +268,7 @@ def kruskal_lower_bound(
     babel_k = coherence_k = 1
     babel_bound = None  # (columns,) rigorous upper bounds on mu_1(m), m = 1..columns
     columns = min(BABEL_FIRST_COLUMNS, top - 1)
-    cos = _cosine_pass(unit, columns)
+    cos = cosine_pass(unit, columns)
     if top >= 2:
         ks = torch.arange(2, top + 1, device=unit.device)  # (top - 1,)
         rtol_k = torch.tensor(rtols[1:], dtype=torch.float64, device=unit.device)
@@ -280,12 +280,24 @@ def kruskal_lower_bound(
             if babel_k <= columns or columns == top - 1:  # stopped within these columns, or all done
                 break
             columns = min(4 * columns, top - 1)
-            cos = _cosine_pass(unit, columns)
+            cos = cosine_pass(unit, columns)
         mu = (cos.coherence + delta) * (1 + 2 * EPS64)
         coherence_k = _gershgorin_passes((ks - 1).double() * mu, ks, ratio, rtol_k, d)
 
-    # (a) exhaustive search above what (b) and (c) proved; single vectors are settled (none is zero).
-    exhaustive_k, tested, witness = max(babel_k, coherence_k), n_vec, None
+    # (d), (e): whitened Gershgorin bounds, then the null-space programs, while k is left to prove
+    white_c = white_b = null_k = 1
+    white_mu, programs, extra_note = math.nan, 0, ""
+    if whiten and top >= 2 and max(babel_k, coherence_k) < top:
+        sp = spectrum(pool64(x), rtols)
+        white = whitened_bound(sp, start=max(babel_k, coherence_k))
+        white_c, white_b, white_mu = white.coherence_k, white.babel_k, white.coherence
+        proven = max(babel_k, coherence_k, white_c, white_b)
+        if nullspace_seconds > 0 and proven < top and white.whitened is not None:
+            null = nullspace_bound(sp, white.whitened, start=proven, seconds=float(nullspace_seconds))
+            null_k, programs, extra_note = null.k, null.solved, null.note
+
+    # (a) exhaustive search above what (b)-(e) proved; single vectors are settled (none is zero).
+    exhaustive_k, tested, witness = max(babel_k, coherence_k, white_c, white_b, null_k), n_vec, None
     for k in range(exhaustive_k + 1, top + 1):
         count = math.comb(n_vec, k)
         if tested + count > max_subsets:
@@ -297,12 +309,13 @@ def kruskal_lower_bound(
             break
         exhaustive_k = k
 
-    if witness is None and max(babel_k, coherence_k, exhaustive_k) == 1 and top >= 2:
+    if witness is None and exhaustive_k == 1 and top >= 2:
         i, j = sorted(cos.pair)  # the most coherent pair: often dependent (e.g. duplicated vectors)
         if int(numerical_rank(x[[i, j]], rtols[1]).rank) < 2:
             witness = (i, j)
 
-    found = {"trivial": 1, "coherence": coherence_k, "babel": babel_k, "exhaustive": exhaustive_k}
+    found = {"trivial": 1, "coherence": coherence_k, "babel": babel_k, "whitened-coherence": white_c,
+             "whitened-babel": white_b, "nullspace": null_k, "exhaustive": exhaustive_k}
     lower = max(found.values())
     method = next(m for m in METHODS if found[m] == lower)
     exact = witness is not None or lower == min(n_vec, d)
@@ -310,11 +323,15 @@ def kruskal_lower_bound(
     if not exact:
         note = _why_not_more(lower, top, k_max, babel_k, babel_bound, cos.coherence, ratio, rtols, n_vec,
                              max_subsets)
+        if lower < top and whiten:
+            note += (f"; whitening proves {max(white_c, white_b)}, the null-space bound {null_k}"
+                     + (f" ({extra_note})" if extra_note else ""))
     return KruskalLowerBound(
         lower=lower, method=method, exact=exact, coherence=cos.coherence, coherence_k=coherence_k,
         babel_k=babel_k, exhaustive_k=exhaustive_k, subsets=tested, norm_ratio=ratio,
         witness=None if witness is None else tuple(int(i) for i in witness),
-        seconds=time.perf_counter() - start, note=note, **common)
+        seconds=time.perf_counter() - start, whitened_coherence_k=white_c, whitened_babel_k=white_b,
+        whitened_coherence=white_mu, nullspace_k=null_k, nullspace_programs=programs, note=note, **common)
 
 
 def _why_not_more(lower: int, top: int, k_max: int, babel_k: int, babel_bound: torch.Tensor | None,
@@ -324,12 +341,12 @@ def _why_not_more(lower: int, top: int, k_max: int, babel_k: int, babel_bound: t
         return f"certified up to k_max = {k_max}; larger k not searched"
     k = babel_k + 1  # the first k the Gershgorin bounds could not certify
     if babel_bound is not None and float(babel_bound[k - 2]) >= 1:
-        why = f"the Babel function mu_1({k - 1}) = {float(babel_bound[k - 2]):.4g} is not below 1"
+        why = f"the raw Babel function mu_1({k - 1}) = {float(babel_bound[k - 2]):.4g} is not below 1"
     else:
         why = (f"the norm ratio {ratio:.3g} keeps the bound on sigma_{k} / sigma_1 below "
                f"rtol = {rtols[k - 1]:.3g}")
     nxt = lower + 1
-    return (f"certified only k <= {lower} of a possible {top}: coherence {coherence:.3g}, {why}, and "
+    return (f"certified only k <= {lower} of a possible {top}: raw coherence {coherence:.3g}, {why}, and "
             f"testing all {math.comb(n_vec, nxt):,} {nxt}-subsets exceeds max_subsets = {max_subsets:,}; "
             f"worst-case bounds say no more here, sampled Kruskal tests estimate beyond (no proof)")
 
@@ -385,7 +402,7 @@ def duplicates(vectors: Array, *, cosine: float = 0.9999) -> DuplicateCounts:
     n_vec = x.shape[0]
     distinct = torch.unique(x + 0, dim=0).shape[0]  # + 0 turns -0.0 into 0.0
     unit, _ = _unit_rows(x)
-    cos = _cosine_pass(unit, 0, threshold=float(cosine))
+    cos = cosine_pass(unit, 0, threshold=float(cosine))
     zero = int((~(x != 0).any(dim=1)).sum())
     return DuplicateCounts(N=n_vec, exact_duplicates=n_vec - distinct, near_duplicate_pairs=cos.pairs_above,
                            cosine=float(cosine), coherence=cos.coherence, zero_vectors=zero)

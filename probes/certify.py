@@ -1,0 +1,419 @@
+"""Kruskal lower bounds that survive strongly correlated vectors: Gershgorin (coherence and Babel)
+bounds after a whitening map, and a null-space bound from one linear program per vector.
+
+Why. Trained transformer tokens share a dominant mean direction, so the cosines of the raw vectors are
+all near 1 (mutual coherence ~0.999) and the plain coherence and Babel bounds of
+:func:`probes.kruskal_lower_bound` prove Kruskal rank >= 2 and nothing more. The Kruskal rank (which
+subsets are independent) does not change under an invertible linear map or a rescaling of each
+vector, but the cosines do, and so do the bounds. The NUMERICAL Kruskal rank, however, is not
+invariant: a k-subset S of the rows of X (N, d) is full rank at rtol when
+``sigma_k(X_S) > rtol * sigma_1(X_S)`` (the rule of :func:`probes.numerical_rank`), and a map that
+helps the cosines can hurt the singular-value ratio. Both bounds below therefore carry the map's
+distortion into the inequality they prove, and each proves the statement the project means:
+
+    every subset S with |S| <= lower has sigma_|S|(X_S) > rtol * sigma_1(X_S), i.e. numerical rank |S|.
+
+Notation. x_i are the rows of X, F_k = sqrt(sum of the k largest |x_i|^2), and
+``den_k = min(F_k, sigma_1(X)) >= sigma_1(X_S)`` for every k-subset S (Frobenius norm of X_S, and
+interlacing for a submatrix of rows). ``rtol_k`` is the tolerance of k-subsets plus ``64 (k + d) eps``
+of float64, the allowance that makes a bound hold for the float64 SVD verdicts as well as for exact
+singular values (as in :mod:`probes.bounds`).
+
+(1) Whitened Gershgorin bounds (:func:`whitened_bound`). For ANY A (d, p) and any k-subset S,
+``sigma_k(X_S A) <= sigma_k(X_S) ||A||_2`` (singular values of a product), so
+``sigma_k(X_S) >= sigma_k(Y_S) / ||A||_2`` with Y = X A. Write Y_S = D_S Z_S, D_S the row norms and
+Z_S the unit rows; Gershgorin on the Gram Z_S Z_S^T (unit diagonal, off-diagonal row sums at most the
+Babel function mu_1(k - 1) of the rows of Z, or (k - 1) mu with mu their coherence) gives
+``sigma_k(Z_S) >= sqrt(1 - mu_1(k - 1))``, hence
+
+    sigma_k(X_S) / sigma_1(X_S) >= min_i |y_i| sqrt(1 - mu_1(k - 1)) / (||A||_2 den_k),
+
+and every k-subset is full rank when the right side exceeds rtol_k. The maps used are clipped
+whitenings A = V diag(f), X = U diag(s) V^T the thin SVD and f_i = min(1, s_c / s_i): directions
+stronger than s_c are scaled down to s_c, weaker ones are kept (||A||_2 = max f = 1 up to the
+orthonormality error of V, which is measured). c = p - 1 is the full whitening by the sample second
+moment (for N <= d it makes the rows of Y orthogonal, and the bound reduces to
+sigma_N(X) / den_k); smaller c trade coherence for a larger min |y_i|. A small grid of c is tried
+and the best bound kept. Rounding: Y is computed in float64 with error E, ``|e_i| <= d eps |x_i|
+||A||_F``; by Weyl ``sigma_k(Y_S) >= sigma_k(Y~_S) - sqrt(k) max|e_i|``, which is subtracted; the
+cosines of Y~ carry the allowance of :mod:`probes.bounds`.
+
+(2) Null-space bound (:func:`nullspace_bound`). In exact arithmetic spark(X) >= 1 / alpha with
+``alpha = max_j max { v_j : X^T v = 0, ||v||_1 <= 1 }`` (a null vector supported on k indices has
+an entry of at least 1/k of its l1 norm). Made valid at rtol with the map A above (any A, e.g. the
+identity or the best whitening): suppose a k-subset S is dependent at rtol. Then
+``sigma_k(Y_S) <= ||A||_2 sigma_k(X_S) <= ||A||_2 rtol_k den_k``, and with the rounding of Y and
+Z_S = D_S^{-1} Y_S, ``sigma_k(Z_S) <= delta_k := (||A||_2 rtol_k den_k + sqrt(k) max|e_i|) / min_i
+|y_i|``. Take a unit c in R^k with ``||Z_S^T c||_2 = sigma_k(Z_S)`` and v = c / ||c||_1 extended by
+zeros: ``||v||_1 = 1``, ``||Z^T v||_2 <= delta_k / ||c||_1 <= delta_k``, and some |v_j| >= 1/k
+(k entries); flip the sign so that v_j >= 1/k. For ANY u in R^p (a dual certificate),
+
+    v_j = (e_j - Z u)^T v + u^T Z^T v <= ||e_j - Z u||_inf + delta_k ||u||_2 =: a_j + delta_k b_j,
+
+so ``1/k <= max_j (a_j + delta_k b_j)``. Contrapositive: if ``max_j (a_j + delta_k b_j) < 1/k``, no
+k-subset is dependent; the left side grows with k and 1/k falls, so the largest k that passes
+certifies every size up to it. The certificates u_j come from one linear program per vector: u is
+sought in the span of z_j and its m = :data:`LP_NEIGHBOURS` most aligned rows, u = sum_l beta_l z_l,
+minimising ``||e_j - Z u||_inf + delta sum |beta_l|`` (``||u||_2 <= ||beta||_1`` for unit rows;
+u = z_j / (1 + max_i |cos(z_i, z_j)|) is feasible, so no certificate is worse than the coherence of
+its row), solved by ``scipy.optimize.linprog(method="highs")`` with row generation (rows added while
+the residual over all N rows exceeds the program's value). Nothing the solver returns is trusted: a_j
+and b_j are evaluated afterwards in float64 over all N rows, with a rounding allowance, and only they
+enter the inequality. LP size: 2 (m + 1) + 1 variables, at most 2 N dense rows (typically a few
+hundred).
+
+Cost. The SVD of X (O(N d min(N, d))), per whitening one product X A and one pass over the N x N
+cosines (O(N^2 p)); per vector one small LP (tens of milliseconds; u is sought in the span of z_j and its
+:data:`LP_NEIGHBOURS` most aligned rows, which keeps the program at 2 (m + 1) + 1 columns). The
+programs stop at a time cap (``seconds``), or as soon as the time they have taken projects past it,
+or as soon as one certificate shows that they cannot beat what is already proven; the null-space
+bound then proves nothing (it needs a certificate for EVERY vector) and says so, and the other bounds
+stand.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from scipy.optimize import linprog
+
+EPS64 = torch.finfo(torch.float64).eps
+CHUNK_BYTES = 64 * 2**20  # memory of one block of rows of the cosine matrix
+BABEL_FIRST_COLUMNS = 128  # the Babel function is first computed for m <= this, then for 4x more, ...
+CLIP_QUANTILES = (1.0, 0.9, 0.8, 0.67, 0.5)  # clip index c = round(q p) - 1: the whitenings tried
+LP_NEIGHBOURS = 24  # a certificate combines its vector with this many of the most aligned others
+LP_ROUNDS = 6  # most rounds of row generation per linear program
+
+
+@dataclass(frozen=True)
+class Cosines:
+    """What one pass over the |cosine| matrix found: the Babel function for m = 1..len(babel), the
+    coherence and the pairs at or above a threshold (each unordered pair once)."""
+
+    babel: torch.Tensor  # (M,) float64: babel[m - 1] = mu_1(m) as computed
+    coherence: float
+    pairs_above: int
+    pair: tuple[int, int] | None  # the two distinct vectors of largest |cosine| (None for N = 1)
+
+
+def unit_rows(x64: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float64 unit rows (zero rows stay zero) and the row norms of a float64 (N, d) matrix."""
+    norms = torch.linalg.vector_norm(x64, dim=1)  # (N,)
+    unit = x64 / torch.where(norms > 0, norms, 1.0)[:, None]  # (N, d)
+    return unit, norms
+
+
+def cosine_pass(unit: torch.Tensor, columns: int, threshold: float | None = None) -> Cosines:
+    """Babel function up to m = ``columns``, coherence and pairs with |cosine| >= threshold, from the
+    |cosine| matrix in blocks of rows (memory ~ :data:`CHUNK_BYTES`, never the whole N x N at once)."""
+    n_vec = unit.shape[0]
+    rows_per_block = max(1, CHUNK_BYTES // (8 * n_vec))
+    babel = torch.zeros(columns, dtype=torch.float64, device=unit.device)
+    coherence, pair = -math.inf, None
+    pairs = 0
+    for start in range(0, n_vec, rows_per_block):
+        rows = torch.arange(start, min(start + rows_per_block, n_vec), device=unit.device)
+        cos = (unit[rows] @ unit.T).abs_()  # (b, N)
+        cos[torch.arange(rows.numel(), device=unit.device), rows] = -1.0  # below every |cosine|: never picked
+        best = int(cos.argmax())
+        if float(cos.flatten()[best]) > coherence and n_vec > 1:
+            coherence = float(cos.flatten()[best])
+            pair = (int(rows[best // n_vec]), best % n_vec)
+        if threshold is not None:
+            upper = torch.arange(n_vec, device=unit.device)[None, :] > rows[:, None]  # (b, N): j > i
+            pairs += int(((cos >= threshold) & upper).sum())
+        if columns:
+            top = cos.topk(columns, dim=1, sorted=True).values  # (b, columns), descending
+            babel = torch.maximum(babel, top.cumsum(dim=1).amax(dim=0))
+    return Cosines(babel=babel, coherence=coherence if n_vec > 1 else math.nan, pairs_above=pairs, pair=pair)
+
+
+def babel_upper(cos: Cosines, width: int) -> torch.Tensor:
+    """Rigorous upper bounds on mu_1(m), m = 1..len(cos.babel), of unit rows of width ``width``: each
+    cosine carries an error below ``4 (width + 4) eps``, the sums their own summation error."""
+    m = torch.arange(1, cos.babel.numel() + 1, dtype=torch.float64, device=cos.babel.device)
+    return cos.babel * (1 + 2 * m * EPS64) + m * 4 * (width + 4) * EPS64
+
+
+def coherence_upper(cos: Cosines, width: int) -> float:
+    """A rigorous upper bound on the coherence (see :func:`babel_upper`)."""
+    return (cos.coherence + 4 * (width + 4) * EPS64) * (1 + 2 * EPS64)
+
+
+def first_failure(passes: torch.Tensor, ks: torch.Tensor) -> int:
+    """Largest k in ``ks`` (consecutive) up to which ``passes`` holds; ``ks[0] - 1`` when none does."""
+    failed = (~passes).nonzero()
+    return int(ks[-1]) if failed.numel() == 0 else int(ks[int(failed[0])]) - 1
+
+
+@dataclass(frozen=True)
+class Spectrum:
+    """What both bounds share: the thin SVD of the pool and the per-k denominators.
+
+    Attributes:
+        x: (N, d) float64 pool (rescaled by a power of two where needed; verdicts are scale-free).
+        norms: (N,) row norms.
+        u: (N, p), s: (p,), vh: (p, d): thin SVD, p = min(N, d).
+        v_norm: an upper bound on ||V||_2 (1 up to the orthonormality error of the computed V).
+        den: (top,) den[k - 1] >= sigma_1(X_S) for every k-subset S (rounding included).
+        rtol: (top,) rtol[k - 1] = tolerance of k-subsets plus the float64 verdict allowance.
+    """
+
+    x: torch.Tensor
+    norms: torch.Tensor
+    u: torch.Tensor
+    s: torch.Tensor
+    vh: torch.Tensor
+    v_norm: float
+    den: torch.Tensor
+    rtol: torch.Tensor
+
+
+def spectrum(x64: torch.Tensor, rtols: list[float]) -> Spectrum:
+    """The :class:`Spectrum` of a float64 pool (N, d); ``rtols[k - 1]`` the tolerance of k-subsets."""
+    n_vec, d = x64.shape
+    top = len(rtols)
+    norms = torch.linalg.vector_norm(x64, dim=1)  # (N,)
+    u, s, vh = torch.linalg.svd(x64, full_matrices=False)  # (N, p), (p,), (p, d)
+    v_norm = float(torch.linalg.svdvals(vh)[0]) * (1 + 64 * d * EPS64)
+    ks = torch.arange(1, top + 1, dtype=torch.float64, device=x64.device)
+    frob = torch.sqrt(torch.cumsum(norms.sort(descending=True).values[:top] ** 2, 0)) * (1 + (d + 2 * ks + 8) * EPS64)
+    sigma1 = float(s[0]) * (1 + 64 * (n_vec + d) * EPS64)  # float64 SVD: backward stable
+    den = torch.clamp(frob, max=sigma1)  # (top,)
+    rtol = torch.tensor(rtols, dtype=torch.float64, device=x64.device) + 64 * (ks + d) * EPS64
+    return Spectrum(x=x64, norms=norms, u=u, s=s, vh=vh, v_norm=v_norm, den=den, rtol=rtol)
+
+
+@dataclass(frozen=True)
+class Whitened:
+    """One clipped whitening Y = X A, A = V diag(f), f_i = min(1, s_c / s_i), as the bounds use it.
+
+    Attributes:
+        clip: c (0-based index of the singular value the stronger directions are clipped to).
+        unit: (N, p) unit rows Z of the computed Y.
+        y_min: a lower bound on min_i |y_i| of the computed Y.
+        a_norm: an upper bound on ||A||_2.
+        err: an upper bound on max_i |e_i|, the rounding of each row of Y.
+    """
+
+    clip: int
+    unit: torch.Tensor
+    y_min: float
+    a_norm: float
+    err: float
+
+
+def whiten(sp: Spectrum, clip: int) -> Whitened:
+    """The clipped whitening of ``sp`` at singular value index ``clip`` (see the module docstring)."""
+    d = sp.x.shape[1]
+    f = torch.clamp(sp.s[clip] / sp.s, max=1.0)  # (p,)
+    a = sp.vh.T * f  # (d, p)
+    y = sp.x @ a  # (N, p)
+    unit, ynorm = unit_rows(y)
+    p = y.shape[1]
+    y_min = float(ynorm.min()) * (1 - (p + 8) * EPS64)
+    a_norm = float(f.max()) * sp.v_norm * (1 + 2 * (p + 4) * EPS64)  # A's own rounding included
+    err = (d + 2) * EPS64 * float(sp.norms.max()) * float(torch.linalg.matrix_norm(a)) * (1 + 1e-6)
+    return Whitened(clip=clip, unit=unit, y_min=y_min, a_norm=a_norm, err=err)
+
+
+def clip_grid(sp: Spectrum) -> list[int]:
+    """The clip indices tried, strongest whitening first; only singular values above zero."""
+    positive = int((sp.s > 0).sum())
+    grid = []
+    for q in CLIP_QUANTILES:
+        c = min(positive, max(1, round(q * positive))) - 1
+        if c not in grid:
+            grid.append(c)
+    return grid
+
+
+@dataclass(frozen=True)
+class WhitenedBound:
+    """What the whitened Gershgorin bounds prove (see the module docstring, (1)).
+
+    Attributes:
+        coherence_k, babel_k: every k-subset with k <= this is proven full rank (1: nothing beyond
+            single vectors), best over the whitenings tried.
+        clip: the clip index c of the whitening behind the larger of the two (None if neither passed 2).
+        coherence: the coherence of the whitened unit rows for that whitening (NaN when clip is None).
+        whitened: that whitening (for the null-space bound; among equal bounds the one with the largest
+            min |y_i| / ||A||_2, which loosens the tolerance least), or the full one when none passed.
+    """
+
+    coherence_k: int
+    babel_k: int
+    clip: int | None
+    coherence: float
+    whitened: Whitened | None
+
+
+def _ratio_bounds(w: Whitened, bound: torch.Tensor, ks: torch.Tensor, sp: Spectrum) -> torch.Tensor:
+    """Which k in ``ks`` pass, given rigorous upper bounds ``bound[i] >= mu_1(ks[i] - 1)`` on the
+    Gershgorin radius of the whitened unit rows: the lower bound on sigma_k / sigma_1 exceeds rtol_k."""
+    below = bound < 1
+    safe = torch.where(below, bound, 0.0)
+    sigma_k = w.y_min * torch.sqrt(1 - safe) * (1 - 8 * EPS64) - torch.sqrt(ks.double()) * w.err  # (K,)
+    ratio = sigma_k / (w.a_norm * sp.den[ks - 1]) * (1 - 8 * EPS64)
+    return below & (ratio > sp.rtol[ks - 1])
+
+
+def whitened_bound(sp: Spectrum, start: int = 1) -> WhitenedBound:
+    """Whitened coherence and Babel bounds of ``sp``, best over :func:`clip_grid`.
+
+    Args:
+        sp: the pool's :class:`Spectrum` (``len(sp.rtol)`` = the largest k to certify).
+        start: what is proven already (a whitening is only worth its Babel columns beyond it).
+    """
+    top = sp.rtol.numel()
+    best_c = best_b = 1
+    best: tuple[tuple[int, float], Whitened, float] | None = None
+    full: Whitened | None = None
+    if top < 2:
+        return WhitenedBound(coherence_k=1, babel_k=1, clip=None, coherence=math.nan, whitened=None)
+    ks = torch.arange(2, top + 1, device=sp.x.device)  # (top - 1,)
+    for clip in clip_grid(sp):
+        w = whiten(sp, clip)
+        full = w if full is None else full
+        p = w.unit.shape[1]
+        columns = min(max(BABEL_FIRST_COLUMNS, 2 * start), top - 1)
+        cos = cosine_pass(w.unit, columns)
+        while True:
+            babel_k = first_failure(_ratio_bounds(w, babel_upper(cos, p), ks[:columns], sp), ks[:columns])
+            if babel_k <= columns or columns == top - 1:
+                break
+            columns = min(4 * columns, top - 1)
+            cos = cosine_pass(w.unit, columns)
+        mu = coherence_upper(cos, p)
+        coherence_k = first_failure(_ratio_bounds(w, (ks - 1).double() * mu, ks, sp), ks)
+        best_c = max(best_c, coherence_k)
+        key = (max(babel_k, coherence_k), w.y_min / w.a_norm)  # ties: the map that loosens rtol least
+        if key[0] > 1 and (best is None or key > best[0]):
+            best = (key, w, cos.coherence)
+        best_b = max(best_b, babel_k)
+        if best_b >= top:
+            break
+    if best is None:
+        return WhitenedBound(coherence_k=best_c, babel_k=best_b, clip=None, coherence=math.nan, whitened=full)
+    return WhitenedBound(coherence_k=best_c, babel_k=best_b, clip=best[1].clip, coherence=best[2],
+                         whitened=best[1])
+
+
+@dataclass(frozen=True)
+class NullspaceBound:
+    """What the null-space bound proves (see the module docstring, (2)).
+
+    Attributes:
+        k: every k-subset with k <= this is proven full rank (1: nothing beyond single vectors, also
+            when the programs were stopped before every vector had its certificate).
+        alpha: max_j (a_j + delta b_j) at the delta of k + 1 (an upper bound on alpha; NaN when stopped).
+        solved: how many of the N linear programs were solved.
+        complete: every vector got its certificate.
+        note: why it stopped early, if it did.
+    """
+
+    k: int
+    alpha: float
+    solved: int
+    complete: bool
+    note: str = ""
+
+
+def _deltas(w: Whitened, sp: Spectrum) -> torch.Tensor:
+    """(top,) delta_k: a dependent k-subset has sigma_k(Z_S) <= delta_k (module docstring, (2))."""
+    ks = torch.arange(1, sp.rtol.numel() + 1, dtype=torch.float64, device=sp.x.device)
+    return (w.a_norm * sp.rtol * sp.den + torch.sqrt(ks) * w.err) / w.y_min * (1 + 16 * EPS64)
+
+
+def _certificate(z: np.ndarray, cos_j: np.ndarray, j: int, delta: float) -> np.ndarray:
+    """A dual certificate u (p,) for vector j: the minimiser of ``||e_j - Z u||_inf + delta ||beta||_1``
+    over u = sum_l beta_l z_l, l in j and its :data:`LP_NEIGHBOURS` most aligned vectors
+    (``||u||_2 <= ||beta||_1``: unit rows). One linear program, variables beta+, beta- (m + 1 each) and
+    t, rows 2 N (dense N x (m + 1)); u = z_j / (1 + mu_j) is feasible, so the certificate is never worse
+    than the coherence of row j."""
+    n_vec = z.shape[0]
+    near = np.argsort(-np.abs(cos_j), kind="stable")
+    local = np.concatenate([[j], near[near != j][:LP_NEIGHBOURS]])  # (m + 1,)
+    cl = z @ z[local].T  # (N, m + 1)
+    m1 = local.size
+    e = np.zeros(n_vec)
+    e[j] = 1.0
+    u = z[j] / (1 + float(np.abs(cos_j).max(initial=0.0)))  # the coherence certificate of row j
+    best = float(np.abs(e - z @ u).max()) + delta * float(np.linalg.norm(u))
+    cost = np.concatenate([np.full(2 * m1, delta), [1.0]])  # beta+, beta-, t
+    # rows generated: those of largest |cosine| with the local vectors first, then the violated ones
+    rows = np.union1d(np.argsort(-np.abs(cl).max(axis=1), kind="stable")[:8 * m1], local)
+    for _ in range(LP_ROUNDS):
+        cr = cl[rows]  # (R, m + 1)
+        ones = np.ones((rows.size, 1))
+        a_ub = np.block([[cr, -cr, -ones], [-cr, cr, -ones]])  # (2R, 2 (m + 1) + 1)
+        sol = linprog(cost, A_ub=a_ub, b_ub=np.concatenate([e[rows], -e[rows]]), bounds=(0, None),
+                      method="highs")
+        if sol.status != 0 or sol.x is None:
+            break
+        beta = sol.x[:m1] - sol.x[m1:2 * m1]
+        resid = np.abs(e - cl @ beta)  # (N,)
+        found = z[local].T @ beta
+        value = float(resid.max()) + delta * float(np.linalg.norm(found))
+        if value < best:  # the best certificate met so far (a round may fit its rows but not all N)
+            u, best = found, value
+        over = np.flatnonzero(resid > sol.x[-1] * (1 + 1e-9) + 1e-12)
+        if over.size == 0:
+            break
+        rows = np.union1d(rows, over[np.argsort(-resid[over], kind="stable")][:4 * m1])
+    return u
+
+
+def nullspace_bound(sp: Spectrum, w: Whitened, *, start: int, seconds: float) -> NullspaceBound:
+    """The null-space bound of the pool in the coordinates of the whitening ``w`` (module docstring, (2)).
+
+    Args:
+        sp: the pool's :class:`Spectrum`.
+        w: the map A (any; the best whitening is a good choice).
+        start: what other bounds prove already; the programs stop as soon as one shows that this bound
+            cannot beat it (its value exceeds 1 / (start + 1)).
+        seconds: wall-time cap for the programs; when it is reached the bound proves nothing.
+    """
+    t0 = time.perf_counter()
+    top = sp.rtol.numel()
+    deltas = _deltas(w, sp)  # (top,)
+    target = min(top, max(2 * start, 16))
+    delta = float(deltas[target - 1])
+    z = w.unit.cpu().numpy()  # (N, p)
+    n_vec, p = z.shape
+    if start >= top or float(deltas[start]) >= 1.0 / (start + 1):
+        return NullspaceBound(k=1, alpha=math.nan, solved=0, complete=False,
+                              note=f"the tolerance alone keeps it below {start + 1}")
+    cos = z @ z.T  # (N, N)
+    np.fill_diagonal(cos, 0.0)
+    # the vectors most aligned with another first: their programs are the likeliest to end the search
+    order = np.argsort(-np.abs(cos).max(axis=1), kind="stable")
+    a_vals = np.full(n_vec, math.inf)
+    b_vals = np.full(n_vec, math.inf)
+    allowance = 2 * (p + 8) * EPS64  # rounding of Z u and of the unit rows, per unit of ||u||_2
+    goal = 1.0 / (start + 1)
+    for solved, j in enumerate(order):
+        spent = time.perf_counter() - t0
+        if spent > seconds or (solved >= 10 and spent / solved * n_vec > seconds):  # spent, or would be
+            return NullspaceBound(k=1, alpha=math.nan, solved=int(solved), complete=False,
+                                  note=f"stopped after {solved} of {n_vec} linear programs: all would take "
+                                       f"~{spent / max(solved, 1) * n_vec:.0f} s, over the {seconds:g} s cap")
+        u = _certificate(z, cos[j], int(j), delta)
+        e = np.zeros(n_vec)
+        e[j] = 1.0
+        b_vals[j] = float(np.linalg.norm(u)) * (1 + p * EPS64)
+        a_vals[j] = float(np.abs(e - z @ u).max()) + allowance * b_vals[j] + 2 * EPS64
+        if a_vals[j] + float(deltas[start]) * b_vals[j] >= goal:  # cannot prove start + 1
+            return NullspaceBound(k=1, alpha=math.nan, solved=int(solved) + 1, complete=False,
+                                  note=f"vector {int(j)} has no certificate below 1/{start + 1}")
+    k = 1
+    for kk in range(2, top + 1):
+        if float(np.max(a_vals + float(deltas[kk - 1]) * b_vals)) * (1 + 4 * EPS64) >= 1.0 / kk:
+            break
+        k = kk
+    alpha = float(np.max(a_vals + float(deltas[min(k, top - 1)]) * b_vals))
+    return NullspaceBound(k=k, alpha=alpha, solved=n_vec, complete=True)

@@ -1,0 +1,167 @@
+"""Whitened coherence / Babel bounds and the null-space bound (probes.certify) against brute force:
+never above the numerical Kruskal rank, equal to it where the bound can reach it."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from probes.bounds import METHODS, kruskal_lower_bound
+from probes.certify import nullspace_bound, spectrum, whiten, whitened_bound
+from probes.kruskal import check_witness
+from probes.rank import numerical_rank, resolve_rtol
+
+EPS64 = float(np.finfo(np.float64).eps)
+
+
+def brute_kruskal_rank(x: torch.Tensor, rtol: float | None = None) -> int:
+    """Numerical Kruskal rank from a plain float64 SVD of every subset (the rule of numerical_rank)."""
+    n_vec, d = x.shape
+    for k in range(1, min(n_vec, d) + 1):
+        idx = torch.tensor(list(itertools.combinations(range(n_vec), k)))  # (C(N, k), k)
+        ranks = numerical_rank(x[idx], resolve_rtol(rtol, k, d, x.dtype)).rank  # (C(N, k),)
+        if bool((ranks < k).any()):
+            return k - 1
+    return min(n_vec, d)
+
+
+def token_like(seed: int, n_vec: int, d: int, mean: float = 30.0, dtype=torch.float64) -> torch.Tensor:
+    """Vectors sharing one dominant direction, as trained tokens do (raw coherence near 1)."""
+    g = torch.Generator().manual_seed(seed)
+    scales = torch.logspace(0, -2, d, dtype=torch.float64)  # an anisotropic spread around the mean
+    x = mean * torch.randn(1, d, generator=g, dtype=torch.float64) + torch.randn(n_vec, d, generator=g,
+                                                                                 dtype=torch.float64) * scales
+    return x.to(dtype)
+
+
+def small_sets(seed: int):
+    """Small sets of every kind a bound must not overstate (seeded)."""
+    g = torch.Generator().manual_seed(seed)
+    n_vec, d = 5 + seed % 4, 3 + seed % 4
+    x = torch.randn(n_vec, d, generator=g, dtype=torch.float64)
+    near = x.clone()
+    near[-1] = x[0] - 0.5 * x[1] + 1e-9 * torch.randn(d, generator=g, dtype=torch.float64)
+    dup = torch.cat([x, x[1:2]])
+    wide = token_like(seed, n_vec, 2 * n_vec)  # N < d: whitening can prove N
+    tall = token_like(seed, 2 * d + 1, d)  # N > d
+    return [("generic", x), ("generic-float32", x.float()), ("near-dependent", near), ("duplicate", dup),
+            ("token-like-wide", wide), ("token-like-tall", tall), ("token-like-float32", wide.float())]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_every_new_bound_stays_below_the_brute_force_kruskal_rank(seed):
+    for name, x in small_sets(seed):
+        truth = brute_kruskal_rank(x)
+        res = kruskal_lower_bound(x, max_subsets=0)
+        assert res.lower <= truth, (name, res)
+        assert max(res.whitened_coherence_k, res.whitened_babel_k, res.nullspace_k) <= max(truth, 1), (name, res)
+        assert res.method in METHODS
+        if res.exact:
+            assert res.lower == truth, (name, res)
+        # each bound on its own, forced to run from k = 1 (in kruskal_lower_bound they may be skipped)
+        if truth >= 1 and min(x.shape) >= 2:
+            top = min(x.shape)
+            rtols = [resolve_rtol(None, k, x.shape[1], x.dtype) for k in range(1, top + 1)]
+            sp = spectrum(x.double(), rtols)
+            white = whitened_bound(sp, start=1)
+            assert max(white.coherence_k, white.babel_k) <= truth, (name, white)
+            for clip in {0, top - 1}:
+                null = nullspace_bound(sp, whiten(sp, clip), start=1, seconds=60.0)
+                assert null.k <= max(truth, 1), (name, clip, null)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_whitening_reaches_the_kruskal_rank_of_token_like_vectors(seed):
+    """Raw cosines near 1 prove only 2; after whitening the bound is the exact Kruskal rank N (N < d)."""
+    x = token_like(seed, 9, 16)
+    truth = brute_kruskal_rank(x)
+    res = kruskal_lower_bound(x, max_subsets=0)
+    assert res.coherence > 0.99 and max(res.coherence_k, res.babel_k) <= 2
+    assert truth == 9 and (res.lower, res.exact) == (9, True), res
+    assert res.method in ("whitened-coherence", "whitened-babel")
+
+
+@pytest.mark.parametrize("factor", [1 - 1e-6, 1 + 1e-6])
+def test_whole_set_at_the_tolerance(factor):
+    """N < d vectors whose sigma_N / sigma_1 sits just below or just above rtol: the full whitening proves
+    N exactly when the set is independent at rtol, and stays below N when it is not."""
+    rtol, n_vec, d = 1e-3, 6, 10
+    g = torch.Generator().manual_seed(5)
+    u = torch.linalg.qr(torch.randn(n_vec, n_vec, generator=g, dtype=torch.float64))[0]
+    v = torch.linalg.qr(torch.randn(d, n_vec, generator=g, dtype=torch.float64))[0]
+    s = torch.tensor([1.0, 0.5, 0.2, 0.05, 0.01, rtol * factor], dtype=torch.float64)
+    x = u @ torch.diag(s) @ v.T  # (N, d) with sigma_N / sigma_1 = rtol * factor
+    truth = brute_kruskal_rank(x, rtol)
+    res = kruskal_lower_bound(x, rtol=rtol, max_subsets=0)
+    assert res.lower <= truth
+    if factor > 1:
+        assert truth == n_vec and (res.lower, res.exact) == (n_vec, True), res
+    else:
+        assert truth < n_vec and res.lower < n_vec
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_pair_dependent_at_rtol_is_never_certified(seed):
+    """Two vectors at an angle whose sigma_2 / sigma_1 = tan(angle / 2) is just below rtol, hidden among
+    token-like vectors: no bound may prove 2."""
+    rtol = 1e-4
+    x = token_like(seed, 7, 12)
+    angle = 2 * math.atan(rtol * (1 - 1e-3))
+    b = x[1] - (x[1] @ x[0]) / (x[0] @ x[0]) * x[0]
+    x[2] = math.cos(angle) * x[0] + math.sin(angle) * b / b.norm() * x[0].norm()
+    truth = brute_kruskal_rank(x, rtol)
+    assert truth == 1
+    res = kruskal_lower_bound(x, rtol=rtol, max_subsets=0)
+    assert res.lower == 1 and res.witness is not None and check_witness(x, res.witness, rtol=rtol)
+
+
+def test_nullspace_bound_beats_the_gershgorin_bounds_where_the_null_space_is_small():
+    """12 generic vectors in R^10 (Kruskal rank 10, brute force): cosines up to ~0.8 stop every
+    Gershgorin bound at 3 or below, the null-space bound (two null directions) proves 4."""
+    x = torch.randn(12, 10, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    truth = brute_kruskal_rank(x)
+    res = kruskal_lower_bound(x, max_subsets=0)
+    assert truth == 10
+    assert max(res.coherence_k, res.babel_k, res.whitened_coherence_k, res.whitened_babel_k) <= 3
+    assert (res.lower, res.method, res.nullspace_k, res.exact) == (4, "nullspace", 4, False), res
+    assert res.nullspace_programs == 12 and "null-space bound 4" in res.note
+
+
+def test_nullspace_bound_on_a_frame_of_known_coherence():
+    """Unit-norm vectors with mu = 1/4 (spikes and a normalised Hadamard basis in R^16): the coherence
+    bounds stop at 4 (mu_1(4) = 1), the null-space certificates are checked to stay at or below the
+    Kruskal rank 7 and never below what coherence proves."""
+    from scipy.linalg import hadamard
+
+    frame = torch.cat([torch.eye(16, dtype=torch.float64), torch.tensor(hadamard(16), dtype=torch.float64) / 4])
+    rtols = [resolve_rtol(None, k, 16, torch.float64) for k in range(1, 17)]
+    sp = spectrum(frame, rtols)
+    null = nullspace_bound(sp, whiten(sp, 15), start=1, seconds=60.0)
+    assert null.complete and 4 <= null.k <= 7, null
+
+
+def test_nullspace_cap_and_bad_input():
+    x = token_like(0, 60, 12)
+    res = kruskal_lower_bound(x, max_subsets=0, nullspace_seconds=0)
+    assert (res.nullspace_k, res.nullspace_programs) == (1, 0)
+    rtols = [resolve_rtol(None, k, 12, x.dtype) for k in range(1, 13)]
+    sp = spectrum(x, rtols)
+    capped = nullspace_bound(sp, whiten(sp, 11), start=1, seconds=0.0)
+    assert (capped.k, capped.complete) == (1, False) and "cap" in capped.note
+    for bad in (-1, math.inf, True, "5"):
+        with pytest.raises(ValueError, match="nullspace_seconds must be a finite number >= 0"):
+            kruskal_lower_bound(x, nullspace_seconds=bad)
+
+
+def test_without_whitening_the_old_bounds_are_unchanged():
+    x = token_like(1, 40, 24)
+    old = kruskal_lower_bound(x, max_subsets=0, whiten=False)
+    new = kruskal_lower_bound(x, max_subsets=0)
+    assert (old.coherence_k, old.babel_k, old.coherence) == (new.coherence_k, new.babel_k, new.coherence)
+    assert (old.whitened_babel_k, old.nullspace_k) == (1, 1) and new.lower >= old.lower
+    row = new.to_dict()
+    assert isinstance(row["whitened_babel_k"], int) and isinstance(row["nullspace_programs"], int)
