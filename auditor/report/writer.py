@@ -136,9 +136,10 @@ def summary_text(result: AuditResult, plots: list[Path]) -> str:
     if not bounds.empty:
         lines += ["## Kruskal rank: interval and two-sided bounds", "", bounds.to_markdown(), "",
                   "Fraction: share of the sampled k-subsets that are full rank, with its Clopper-Pearson 95% "
-                  "interval. Lower bound: certified for every subset (exhaustive search on small sets, else the "
-                  "mutual coherence or Babel function of the normalised vectors at this tolerance); it is often "
-                  "small on real tokens and is shown as proven. Upper bound: a dependent subset was found "
+                  "interval. Lower bound: certified for every subset at this tolerance, by the method named (exhaustive "
+                  "search on small sets; else the coherence or Babel function of the normalised vectors, raw or "
+                  "whitened, or a null-space bound from linear programs); it can be small on real tokens and is "
+                  "shown as proven. Upper bound: a dependent subset was found "
                   "(witness in results.csv). Duplicates: vectors equal to an earlier one / pairs with cosine "
                   ">= 0.9999.", ""]
     if not result.stages.empty:
