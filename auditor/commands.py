@@ -74,6 +74,13 @@ def _ints(value: str | None) -> tuple[int, ...] | None:
 @click.option("--batch-size", type=int, default=_D["batch_size"], show_default=True, help="Examples per forward pass.")
 @click.option("--context-length", type=int, default=_D["context_length"],
               help="n for text models (default BERT 512, GPT-2 1024).")
+@click.option("--dtype", default=_D["dtype"], show_default=True,
+              help="dtype the audited blocks compute tokens in (float32, float64, bfloat16, float16); weights "
+                   "stored in another dtype are cast as they are read. The rank tolerance follows it.")
+@click.option("--query", type=click.Choice(["mean", "first"]), default=_D["query"],
+              help="SigLIP (no CLS token): the query is the mean of the patch tokens (default) or the first patch.")
+@click.option("--bos/--no-bos", default=_D["bos"],
+              help="Decoder LLMs: put the BOS token at position 0 or not (default: as the model's tokenizer does).")
 @click.option("--sweep", is_flag=True, default=_D["sweep"],
               help="Also trace the Kruskal curve: full-rank share against k.")
 @click.option("--sweep-ks", default=_D["sweep_ks"], help="Comma list of k for --sweep (default: 16 steps up to min(N, d)).")

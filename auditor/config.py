@@ -60,6 +60,9 @@ class AuditConfig:
     save_tokens: bool = False
     tokens: tuple[str, ...] | None = None  # token files to test again instead of extracting
     trust_remote_code: bool = False
+    dtype: str = "float32"  # what the audited blocks compute tokens in (the weights keep their stored dtype on disk)
+    query: str | None = None  # SigLIP (no CLS token): "mean" of the patch tokens (None: mean) or "first" patch
+    bos: bool | None = None  # decoder LLMs: BOS at position 0 (True) or not (False); None: as the tokenizer does
     threads: int | None = None  # torch threads for the run (None: torch's default)
     workers: int = 1  # > 1: shard extraction across workers (see auditor.shard)
     executor: str = "local"  # "local" (in this process) | "ray" | "slurm"
@@ -85,6 +88,13 @@ class AuditConfig:
             if not isinstance(self.slurm, SlurmOptions):
                 raise AuditError(f"slurm must be SlurmOptions (auditor.slurm); got {type(self.slurm).__name__}")
             self.slurm.check_executor(self.executor)
+        from auditor.models.devices import resolve_dtype
+
+        resolve_dtype(self.dtype)  # an unknown dtype is refused here, before any work
+        if self.query is not None and self.query not in ("mean", "first"):
+            raise did_you_mean("query", str(self.query), ("mean", "first"))
+        if self.bos is not None and not isinstance(self.bos, bool):
+            raise AuditError(f"bos must be True, False or None (as the tokenizer does); got {self.bos!r}")
         if self.samples is not None:
             positive("samples", self.samples)
         if self.context_length is not None:

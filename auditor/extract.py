@@ -264,6 +264,7 @@ def extract(
         else None
     )
     out = {r.name: torch.empty((num, n, d), dtype=loaded.dtype) for r in reps}  # (N, n, d) each, CPU
+    loaded.adapter.prepare(loaded.model, max(block_indices, default=-1))  # families built block by block
     blocks = loaded.adapter.blocks(loaded.model)
     row = 0
     bar = tqdm(total=num, disable=not progress, desc=f"extract {loaded.name}", unit="ex")
@@ -298,18 +299,19 @@ def extract(
         "data_source": inputs.data_source,
         "data_counts": json.dumps(dict(inputs.counts), sort_keys=True),
         "tokenizer": inputs.tokenizer,
-        "query_index": str(loaded.query_index),
+        "query_index": "mean" if loaded.query == "mean" else str(loaded.query_index),
         "n": str(n),
         "d": str(d),
         "seed": str(seed),
         "model_seed": str(loaded.seed),
+        **{key: str(loaded.details[key]) for key in ("weights_dtype",) if key in loaded.details},
     }
     result = {}
     for rep in reps:
         contexts = out[rep.name]
         result[rep.name] = Tokens(
             contexts=contexts,
-            queries=contexts[:, loaded.query_index].clone(),  # (N, d)
+            queries=contexts.mean(dim=1) if loaded.query == "mean" else contexts[:, loaded.query_index].clone(),  # (N, d)
             meta={**meta, "representation": rep.name, "layer": rep.layer},
         )
     return result

@@ -149,6 +149,9 @@ def check_shapes(config: AuditConfig, *, n: int, d: int, layers: int | None = No
 
         for rep in reps:
             parse_representation(rep, layers)
+    from auditor.models.devices import check_precision
+
+    check_precision(config.dtype, config.rtol, d)
     if n > d:
         raise AuditError(f"context length n = {n} exceeds the width d = {d} of {config.model}: "
                          f"Assumption 2 (rank n) is impossible; use --context-length <= {d}")
@@ -347,7 +350,8 @@ def model_groups(config: AuditConfig, spec: Any, out: Path | None, progress: boo
     for weights, reps in by_weights(config).items():
         try:
             loaded = load_model(spec.name, weights, device=config.device, seed=config.seed,
-                                context_length=config.context_length, trust_remote_code=config.trust_remote_code)
+                                context_length=config.context_length, trust_remote_code=config.trust_remote_code,
+                                dtype=config.dtype, query=config.query, bos=config.bos)
         except WeightsUnavailable as err:
             shape = architecture(spec, weights, weights_kind(weights), config.context_length)
             planned = config.layer_representations(reps, shape[2]) if shape is not None else reps

@@ -22,6 +22,7 @@ from auditor.models.registry import known_models, load_model, register, register
 
 # The families register their adapters and named models on import (order = listing order).
 from auditor.models import vit, bert, gpt2, minilm, timm_vit  # noqa: E402, F401, I001  isort: skip
+from auditor.models import decoder, encoders, vision  # noqa: E402, F401, I001  isort: skip
 
 __all__ = [
     "Adapter",

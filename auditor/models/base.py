@@ -125,6 +125,7 @@ class LoadedModel:
     tokenizer: TextTokenizer | None = None
     image_preprocessor: ImagePreprocessor | None = None
     details: Mapping[str, str] = field(default_factory=dict)  # e.g. where the weights were read from
+    query: str = "index"  # "index": the query is row query_index; "mean": the mean of the n context tokens
 
     @property
     def family(self) -> str:
@@ -154,6 +155,7 @@ class Adapter(ABC):
     modality: str
     text_layout: str | None = None  # "stream" | "pairs" for text families
     model_types: tuple[str, ...] = ()  # Hugging Face ``config.model_type`` values served by this family
+    options: tuple[str, ...] = ()  # extra options of ``load`` this family accepts ("query", "bos")
 
     @abstractmethod
     def load(
@@ -181,6 +183,11 @@ class Adapter(ABC):
     def query_index(self, n: int) -> int:
         """Row of the context that is the query: CLS (0) unless overridden."""
         return 0
+
+    def prepare(self, model: nn.Module, deepest: int) -> None:
+        """Make blocks 0 .. ``deepest`` ready before a forward pass (-1: the embedding only); families that
+        build the whole network at load time have nothing to do."""
+        return None
 
     def planned_shape(
         self, spec: ModelSpec, weights: str, *, context_length: int | None, overrides: Mapping[str, Any] | None

@@ -67,3 +67,17 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
             f"valid here: {', '.join(valid_devices())}"
         )
     return torch.device("cuda", index)
+
+
+def check_precision(dtype: torch.dtype | str, rtol: float | None, d: int) -> None:
+    """Refuse a default rank tolerance that cannot separate anything: the default rtol is max(k, d) x eps of
+    the dtype tokens are computed in, and k <= d in every test, so it is d x eps; bfloat16 (eps 2^-7) reaches
+    1 at d = 128 and float16 (eps 2^-10) at d = 1024, where every subset would count as dependent."""
+    kind = resolve_dtype(dtype)
+    eps = torch.finfo(kind).eps
+    if rtol is None and d * eps >= 1:
+        raise AuditError(
+            f"tokens computed in {dtype_name(kind)} (eps {eps:.3g}) give the default rank tolerance d x eps = "
+            f"{d * eps:.3g} >= 1 at d = {d}: every subset would count as dependent; compute them in float32 "
+            f"(--dtype float32, the default; the weights may stay {dtype_name(kind)} on disk) or give --rtol"
+        )

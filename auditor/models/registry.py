@@ -140,6 +140,8 @@ def load_model(
     trust_remote_code: bool = False,
     config_overrides: Mapping[str, Any] | None = None,
     require_n_le_d: bool = False,
+    query: str | None = None,
+    bos: bool | None = None,
 ) -> LoadedModel:
     """Build or load a model, in eval mode on ``device``, ready for :func:`auditor.extract.extract`.
 
@@ -151,7 +153,10 @@ def load_model(
     rank n), before any weights are read when the architecture is known. ``config_overrides`` change architecture fields of a random model (tests use it for
     tiny models: ``{"num_hidden_layers": 2}``; for timm they are ``create_model`` keyword arguments).
     ``trust_remote_code`` is passed to ``AutoConfig`` when a hub id is resolved; the model classes used
-    (ViTModel, BertModel, GPT2Model, timm) never run code from a checkpoint.
+    (ViTModel, BertModel, GPT2Model, timm, and those of the families in ``auditor.models.families``) never
+    run code from a checkpoint. ``query`` (``mean`` | ``first``) picks the query of a model without a CLS
+    token (SigLIP); ``bos`` puts (True) or leaves out (False) the BOS token of a decoder LLM at position 0
+    (None: as the model's tokenizer does). Either is an error for a family it does not apply to.
     """
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise AuditError(f"seed must be an integer; got {seed!r}")
@@ -164,6 +169,12 @@ def load_model(
         )
         if shape is not None:
             check_width(spec.name, *shape, fixed=fixed)
+    options = {key: value for key, value in (("query", query), ("bos", bos)) if value is not None}
+    for key in options:
+        if key not in spec.adapter.options:
+            takers = sorted({a.family for a in _ADAPTERS.values() if key in a.options})
+            raise AuditError(f"--{key} applies to {', '.join(takers)} models only; {spec.name} is a "
+                             f"{spec.family} model")
     loaded = spec.adapter.load(
         spec,
         str(weights),
@@ -173,6 +184,7 @@ def load_model(
         context_length=context_length,
         trust_remote_code=trust_remote_code,
         overrides=config_overrides,
+        **options,
     )
     if require_n_le_d:
         check_width(spec.name, loaded.n, loaded.d, fixed=fixed)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from auditor.models.base import TextTokenizer
 from auditor.models.packaged import minilm_package_dir
 
@@ -54,3 +56,49 @@ def bundled_wordpiece() -> TextTokenizer | None:
         cls_id=tok.token_to_id("[CLS]"),
         sep_id=tok.token_to_id("[SEP]"),
     )
+
+
+def byte_tokenizer(offset: int = 0, *, cls_id: int | None = None, sep_id: int | None = None) -> TextTokenizer:
+    """UTF-8 bytes -> ids ``offset + r``, r the byte's rank in GPT-2's byte order (offline fallback, one
+    token per byte, no merges). ``offset`` keeps the ids clear of a vocabulary's special tokens; for
+    random weights any valid ids serve, for trained weights the ids are only as meaningful as the
+    vocabulary's byte tokens are at those ids (the name says so in every report)."""
+    from auditor.models.gpt2 import gpt2_byte_order
+
+    rank = np.empty(256, dtype=np.int64)
+    rank[np.array(gpt2_byte_order())] = np.arange(256) + offset
+
+    def encode_batch(texts: list[str]) -> list[list[int]]:
+        return [rank[np.frombuffer(t.encode("utf-8"), dtype=np.uint8)].tolist() for t in texts]
+
+    return TextTokenizer(
+        name=f"bytes (offline fallback, no merges: id = {offset} + rank of the byte in GPT-2's byte order)",
+        encode_batch=encode_batch,
+        vocab_size=256 + offset,
+        cls_id=cls_id,
+        sep_id=sep_id,
+    )
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spm.model")
+
+
+def saved_tokenizer(source: str | None, *, folder: bool, label: str) -> tuple[TextTokenizer, Any] | None:
+    """The tokenizer saved with the weights (a folder or a hub id), wrapped, with the raw Hugging Face
+    tokenizer (to ask how it treats special tokens); None when there is none or it cannot be read."""
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    from auditor.models.hub import hub_reachable, quiet_transformers
+
+    if source is None:
+        return None
+    if folder and not any((Path(source) / name).is_file() for name in TOKENIZER_FILES):
+        return None
+    try:
+        with quiet_transformers():
+            tok = AutoTokenizer.from_pretrained(source, local_files_only=folder or not hub_reachable())
+    except Exception:  # noqa: BLE001 - missing files, offline cache miss, missing sentencepiece: fall back
+        return None
+    return wrap_hf_tokenizer(tok, label), tok

@@ -1,0 +1,309 @@
+"""Load only what an audit reads: everything before the blocks and blocks 0 .. L of a Hugging Face model.
+
+The theory looks at the first layers, so the families added for today's models (Llama, Qwen, Mistral,
+Gemma, Phi, OLMo, Pythia, RoBERTa, DeBERTa-v3, ModernBERT, DINOv2, CLIP, SigLIP) never build the whole
+network. A :class:`PartialModel` holds a copy of the model whose config is cut to the blocks the audit
+needs (``num_hidden_layers = deepest audited block + 1``); it grows when a deeper block is asked for.
+
+- Random weights: the cut model is built under ``torch.manual_seed(seed)``. Hugging Face initialises the
+  modules in order (embedding, then block 0, 1, ...), so block L gets the same weights whatever the depth
+  built; the tests check it.
+- Checkpoints (a ``save_pretrained`` folder or hub files, single or sharded with their index): the cut
+  model is made with its parameters on the meta device (no memory), then only the tensors of the
+  embedding and of the audited blocks are read from the safetensors files (``safe_open``, tensor by
+  tensor), checked (real, finite), cast to the compute dtype and placed on the device. The modules after
+  the last audited block (final norm, pooler, heads) stay on the meta device: the forward pass stops
+  before them. A ``pytorch_model.bin`` has no index into it, so it is read whole (``weights_only``).
+
+Memory thus grows with the audited depth, not with the model (see reports/benchmarks-memory.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import pickle
+import re
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from auditor.errors import AuditError
+from auditor.models.hub import WeightsUnavailable, first_line, hub_reachable
+
+INDEX_FILE = "model.safetensors.index.json"
+SAFETENSORS_FILE = "model.safetensors"
+BIN_FILE = "pytorch_model.bin"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Configs cut to a depth, and models whose parameters live on the meta device
+# ---------------------------------------------------------------------------------------------------
+
+
+def cut_config(config: Any, depth: int, field: str = "num_hidden_layers") -> Any:
+    """A copy of ``config`` with ``depth`` blocks (and per-layer lists such as ``layer_types`` cut too)."""
+    values = config.to_dict()
+    values[field] = depth
+    for key in ("layer_types",):
+        if isinstance(values.get(key), list):
+            values[key] = values[key][:depth]
+    for key in ("stage_names", "out_features", "out_indices"):  # backbone outputs, named after the depth
+        values.pop(key, None)
+    return type(config).from_dict(values)
+
+
+@contextlib.contextmanager
+def parameters_on_meta() -> Iterator[None]:
+    """Modules built inside get their parameters on the meta device (no memory, initialisation is free);
+    buffers such as rotary frequencies and position ids stay real, since they are made from the config."""
+    register = nn.Module.register_parameter
+
+    def on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        register(module, name, param)
+        if param is not None:
+            module._parameters[name] = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+
+    nn.Module.register_parameter = on_meta  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register  # type: ignore[method-assign]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Reading selected tensors of a checkpoint
+# ---------------------------------------------------------------------------------------------------
+
+
+def _hub_file(repo: str, filename: str) -> Path | None:
+    """A file of a hub repository (downloaded, or from the cache when offline); None when it has none."""
+    from huggingface_hub import hf_hub_download
+
+    try:
+        return Path(hf_hub_download(repo, filename, local_files_only=not hub_reachable()))
+    except Exception as err:  # noqa: BLE001 - EntryNotFound, offline cache miss, gated repo, ...
+        text = type(err).__name__ + str(err)
+        if not type(err).__name__.startswith("LocalEntry") and ("EntryNotFound" in text or "404" in text):
+            return None  # the repository has no such file
+        reason = (
+            "the Hugging Face hub is unreachable and the file is not in the local cache"
+            if not hub_reachable()
+            else first_line(err)
+        )
+        raise WeightsUnavailable(f"pretrained weights for {repo!r} unavailable: {reason}") from None
+
+
+class CheckpointReader:
+    """Tensors of a ``save_pretrained`` checkpoint (a folder or a hub id), read one by one by name.
+
+    ``read`` fetches only the files holding the tensors asked for (on the hub: only those shards are
+    downloaded) and records every tensor name it read in :attr:`read_keys`.
+    """
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        folder = Path(source).expanduser()
+        self.folder = folder if folder.is_dir() else None
+        self.read_keys: list[str] = []
+        self.dtypes: Counter[str] = Counter()
+        self._where: dict[str, str] | None = None  # checkpoint key -> file name
+        self._bin: dict[str, torch.Tensor] | None = None
+
+    def file(self, name: str) -> Path | None:
+        if self.folder is not None:
+            path = self.folder / name
+            return path if path.is_file() else None
+        return _hub_file(self.source, name)
+
+    def _index(self) -> dict[str, str]:
+        if self._where is not None:
+            return self._where
+        index = self.file(INDEX_FILE)
+        if index is not None:
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+            except (OSError, ValueError, KeyError, TypeError) as err:
+                raise AuditError(f"{index} is not a safetensors index (no weight_map): {first_line(err)}") from None
+            self._where = {str(k): str(v) for k, v in weight_map.items()}
+            return self._where
+        single = self.file(SAFETENSORS_FILE)
+        files = [single] if single is not None else []
+        if self.folder is not None and not files:  # shards without an index: their headers name the tensors
+            files = sorted(self.folder.glob("model*.safetensors"))
+        if files:
+
+            where: dict[str, str] = {}
+            for path in files:
+                with self._opened(path) as handle:
+                    where.update({key: path.name for key in handle.keys()})  # noqa: SIM118
+            self._where = where
+            return where
+        binary = self.file(BIN_FILE)
+        if binary is None:
+            raise WeightsUnavailable(f"{self.source}: no {SAFETENSORS_FILE}, {INDEX_FILE} or {BIN_FILE} to read")
+        self._bin = _load_bin(binary)
+        self._where = {key: BIN_FILE for key in self._bin}
+        return self._where
+
+    @contextlib.contextmanager
+    def _opened(self, path: Path):
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                yield handle
+        except AuditError:
+            raise
+        except Exception as err:  # noqa: BLE001 - safetensors raises its own SafetensorError
+            raise AuditError(f"{path} is not a readable safetensors file: {first_line(err)}") from None
+
+    def keys(self) -> list[str]:
+        """Every tensor name of the checkpoint (from the index or the file headers; no tensor is read)."""
+        return list(self._index())
+
+    def read(self, names: Sequence[str], *, dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
+        """The tensors ``names`` (checkpoint names), each checked and cast to ``dtype`` on ``device``."""
+        where = self._index()
+        missing = [name for name in names if name not in where]
+        if missing:
+            raise WeightsUnavailable(
+                f"{self.source}: the checkpoint lacks {len(missing)} tensors the audit needs (e.g. {missing[0]}); "
+                "it is not a checkpoint of this architecture"
+            )
+        by_file: dict[str, list[str]] = {}
+        for name in names:
+            by_file.setdefault(where[name], []).append(name)
+        out: dict[str, torch.Tensor] = {}
+        for filename, keys in by_file.items():
+            if self._bin is not None:
+                for key in keys:
+                    out[key] = self._checked(self._bin[key], key, filename, dtype, device)
+                continue
+            path = self.file(filename)
+            if path is None:
+                raise WeightsUnavailable(f"{self.source}: the index names {filename}, which is missing")
+            with self._opened(path) as handle:
+                for key in keys:
+                    kind = str(handle.get_slice(key).get_dtype())
+                    if kind.startswith("C"):
+                        raise AuditError(f"{path}: tensor {key!r} is complex ({kind}); model weights must be real numbers")
+                    out[key] = self._checked(handle.get_tensor(key), key, str(path), dtype, device)
+        return out
+
+    def _checked(self, tensor: torch.Tensor, key: str, where: str, dtype: torch.dtype,
+                 device: torch.device) -> torch.Tensor:
+        if tensor.is_complex():
+            raise AuditError(f"{where}: tensor {key!r} is complex; model weights must be real numbers")
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise AuditError(f"{where}: tensor {key!r} contains NaN or infinite values; the checkpoint is corrupt")
+        self.read_keys.append(key)
+        self.dtypes[str(tensor.dtype).removeprefix("torch.")] += tensor.numel()
+        return tensor.to(device=device, dtype=dtype if tensor.is_floating_point() else tensor.dtype)
+
+    @property
+    def weights_dtype(self) -> str:
+        """The dtype most of the tensors read so far were stored in."""
+        return self.dtypes.most_common(1)[0][0] if self.dtypes else "unknown"
+
+
+def _load_bin(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise AuditError(f"{path} pickles more than tensors, so it was refused (nothing in it ran); convert it to "
+                         "model.safetensors (save_pretrained)") from None
+    except (OSError, RuntimeError, EOFError) as err:
+        raise AuditError(f"{path} is not a readable torch checkpoint: {first_line(err)}") from None
+    if not isinstance(state, dict):
+        raise AuditError(f"{path} holds a {type(state).__name__}, not a dict of named tensors")
+    return state
+
+
+def checkpoint_names(net: nn.Module, stored: Sequence[str]) -> dict[str, str]:
+    """The model's name of each stored tensor -> its name in the checkpoint, by the renamings transformers
+    applies when it loads (legacy names such as ``attention.attention.query`` -> ``attention.q_proj``).
+    A tensor that only a conversion (a split, a merge) could turn into a parameter keeps its stored name,
+    so asking for that parameter fails as a missing tensor rather than loading something else."""
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightConverter, rename_source_key
+    except ImportError:  # transformers 4: checkpoints hold the module names
+        return {key: key for key in stored}
+    transforms = get_model_conversion_mapping(net)
+    converters = [t for t in transforms if isinstance(t, WeightConverter)]
+    renamings = [t for t in transforms if not isinstance(t, WeightConverter)]
+    out: dict[str, str] = {}
+    for key in stored:
+        renamed, converted = rename_source_key(key, renamings, converters)
+        out[key if converted is not None else renamed] = key
+    return out
+
+
+def checkpoint_prefix(model_keys: Sequence[str], checkpoint_keys: Sequence[str]) -> str:
+    """The prefix that maps the cut model's tensor names onto the checkpoint's: '' for a base model saved
+    alone, ``model.`` for a causal LM, ``roberta.`` for a masked LM, ``model.language_model.`` ..."""
+    wanted = set(checkpoint_keys)
+    probe = model_keys[0]
+    candidates = sorted({key[: -len(probe)] for key in checkpoint_keys if key.endswith(probe)}, key=len)
+    for prefix in candidates:
+        if prefix and not prefix.endswith("."):
+            continue
+        if all(prefix + key in wanted for key in model_keys[:8]):
+            return prefix
+    raise WeightsUnavailable(
+        f"the checkpoint has no tensor named like {probe!r} (e.g. it holds {sorted(wanted)[0]!r}); it is not a "
+        "checkpoint of this architecture"
+    )
+
+
+# ---------------------------------------------------------------------------------------------------
+# The model an audit runs
+# ---------------------------------------------------------------------------------------------------
+
+
+class PartialModel(nn.Module):
+    """A Hugging Face model cut to the blocks audited so far; :meth:`ensure` grows it.
+
+    ``build(structure, weighted)`` returns the model with ``structure`` blocks whose blocks below
+    ``weighted`` hold real weights (block 0 must exist for the embedding hook even when only the
+    embedding is read; from a checkpoint its weights are then never read).
+    """
+
+    def __init__(self, depth: int, build: Callable[[int, int], nn.Module]) -> None:
+        super().__init__()
+        self.depth = depth  # blocks of the full model
+        self._build = build
+        self.net: nn.Module | None = None
+        self.weighted = -1  # blocks 0 .. weighted - 1 hold real weights (-1: nothing built yet)
+
+    def ensure(self, deepest: int) -> nn.Module:
+        """Build (or grow to) blocks 0 .. ``deepest``; -1: the embedding only."""
+        if not -1 <= deepest < self.depth:
+            raise AuditError(f"block {deepest} is out of range: the model has {self.depth} blocks")
+        if self.net is None or deepest + 1 > self.weighted:
+            weighted = max(deepest + 1, self.weighted, 0)
+            self.net = None  # the smaller copy is released before the larger one is built
+            self.net = self._build(max(weighted, 1), weighted).eval()
+            self.weighted = weighted
+        return self.net
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:  # pragma: no cover - the adapter calls .net
+        raise RuntimeError("a PartialModel is run through its adapter (auditor.extract)")
+
+
+_BLOCK_KEY = re.compile(r"(?:^|\.)(\d+)\.")
+
+
+def block_of(key: str, block_path: str) -> int | None:
+    """Index of the block a tensor name belongs to (``layers.3.mlp.up_proj.weight`` -> 3), else None."""
+    marker = block_path + "."
+    at = key.find(marker)
+    if at < 0 or (at > 0 and key[at - 1] != "."):
+        return None
+    match = _BLOCK_KEY.match(key[at + len(marker) - 1 :])
+    return int(match.group(1)) if match else None

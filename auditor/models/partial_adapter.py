@@ -1,0 +1,284 @@
+"""The adapter of the families loaded block by block (see :mod:`auditor.models.partial`).
+
+A family states its config and model classes, where its blocks are (``block_path``), which parameters
+come after the blocks (``after_blocks``: never read), how its inputs are made and how it is called. The
+network is built when the extractor says how deep it reads (:meth:`PartialAdapter.prepare`), so
+``weights='random'`` for an 8B model builds the embedding and block 0 only.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from auditor.errors import AuditError
+from auditor.models.base import HFAdapter, LoadedModel, ModelSpec, apply_overrides
+from auditor.models.hub import (
+    WeightsUnavailable,
+    first_line,
+    folder_model_type,
+    quiet_transformers,
+    weights_kind,
+)
+from auditor.models.partial import (
+    CheckpointReader,
+    PartialModel,
+    block_of,
+    checkpoint_names,
+    checkpoint_prefix,
+    cut_config,
+    parameters_on_meta,
+)
+
+
+class PartialAdapter(HFAdapter):
+    """A Hugging Face family whose model is cut to the audited blocks and read tensor by tensor."""
+
+    block_path: str  # attribute path of the block list inside the model ("layers", "encoder.layer", ...)
+    after_blocks: tuple[str, ...] = ()  # parameter-name prefixes of modules after the blocks (never read)
+    options: tuple[str, ...] = ()  # extra load options this family accepts ("query", "bos")
+    model_kwargs: Mapping[str, Any] = {}
+
+    # -- configs -----------------------------------------------------------------------------------
+    def tower(self, config: Any) -> Any:
+        """The config of the part audited (CLIP, SigLIP: the vision tower of a two-tower config)."""
+        return config
+
+    def width(self, config: Any) -> int:
+        return int(self.tower(config).hidden_size)
+
+    def depth(self, config: Any) -> int:
+        return int(self.tower(config).num_hidden_layers)
+
+    def read_config(self, source: str, reader: CheckpointReader | None = None) -> Any:
+        """The (tower) config of a folder or hub id, without any weights."""
+        reader = reader or CheckpointReader(source)
+        path = reader.file("config.json")
+        if path is None:
+            raise AuditError(f"{source}: no config.json")
+        try:
+            values = json.loads(path.read_text())
+        except (OSError, ValueError) as err:
+            raise AuditError(f"cannot read the config of {source!r}: {first_line(err)}") from None
+        found = str(values.get("model_type", ""))
+        if found not in self.model_types:
+            raise AuditError(f"{source} holds a {found or 'unknown'} model, not a {self.family} model")
+        values = self.tower_dict(values)
+        from transformers import CONFIG_MAPPING
+
+        with quiet_transformers():
+            return CONFIG_MAPPING[str(values.get("model_type", found))].from_dict(values)
+
+    def tower_dict(self, values: dict[str, Any]) -> dict[str, Any]:
+        """The tower's part of a config.json (identity unless the family has towers)."""
+        return values
+
+    def check_folder(self, folder: Path) -> None:
+        found = folder_model_type(folder)
+        if found not in self.model_types:
+            raise AuditError(f"{folder} holds a {found or 'unknown'} model, not a {self.family} model")
+
+    def planned_shape(self, spec, weights, *, context_length, overrides):
+        kind = weights_kind(weights)
+        if kind == "folder":
+            config = self.read_config(str(Path(weights).expanduser()))
+        elif kind == "random":
+            config = self.build_config(spec, overrides)
+        elif spec.config is not None:
+            config = spec.config()
+        else:
+            return None
+        return self.context_length(config, context_length), self.width(config)
+
+    # -- what the extractor calls -------------------------------------------------------------------
+    def prepare(self, model: nn.Module, deepest: int) -> None:
+        """Build (or grow) the network to blocks 0 .. ``deepest`` (-1: the embedding only)."""
+        if isinstance(model, PartialModel):
+            model.ensure(deepest)
+
+    def block_path_of(self, config: Any) -> str:
+        """Where the blocks are in a model of this config."""
+        return self.block_path
+
+    def blocks_of(self, net: nn.Module, config: Any) -> Sequence[nn.Module]:
+        """The block list of a built network."""
+        obj: Any = net
+        for attr in self.block_path_of(config).split("."):
+            obj = getattr(obj, attr)
+        return obj
+
+    def blocks(self, model: nn.Module) -> Sequence[nn.Module]:
+        if not isinstance(model, PartialModel):
+            raise TypeError(f"{type(model).__name__}: the {self.family} family runs a PartialModel")
+        obj: Any = model.net if model.net is not None else model.ensure(-1)
+        for attr in model.block_path.split("."):
+            obj = getattr(obj, attr)
+        return obj
+
+    def forward(self, model: nn.Module, batch: Mapping[str, torch.Tensor]) -> None:
+        net = model.net if isinstance(model, PartialModel) else model
+        if net is None:
+            raise RuntimeError("the network is not built yet: call prepare() first")
+        self.run(net, batch)
+
+    def run(self, net: nn.Module, batch: Mapping[str, torch.Tensor]) -> None:
+        """Call the network on one batch."""
+        raise NotImplementedError
+
+    # -- per-family inputs and notes ------------------------------------------------------------------
+    def make_loaded_inputs(self, spec: ModelSpec, kind: str, source: str | None, config: Any,
+                           options: Mapping[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
+        """(tokenizer, image preprocessor, state) for these weights; ``state`` (e.g. the BOS id used) is kept
+        on the model for :meth:`forward` and handed to :meth:`notes`."""
+        raise NotImplementedError
+
+    def notes(self, config: Any, n: int, state: Mapping[str, Any]) -> dict[str, str]:
+        """What a reader needs to know about positions, attention and special tokens (report details)."""
+        return {}
+
+    def query_for(self, n: int, options: Mapping[str, Any]) -> tuple[str, int]:
+        """(query rule, query row): ``index`` and the row of the query token, or ``mean`` of the n tokens."""
+        return "index", self.query_index(n)
+
+    # -- loading ---------------------------------------------------------------------------------------
+    def load(
+        self,
+        spec: ModelSpec,
+        weights: str,
+        *,
+        device: torch.device,
+        dtype: torch.dtype,
+        seed: int,
+        context_length: int | None,
+        trust_remote_code: bool,
+        overrides: Mapping[str, Any] | None,
+        **options: Any,
+    ) -> LoadedModel:
+        kind = weights_kind(weights)
+        if kind != "random" and overrides:
+            raise AuditError("config overrides apply to weights='random' only")
+        reader: CheckpointReader | None = None
+        if kind == "random":
+            config = apply_overrides(self.build_config(spec, None), overrides)
+            source = None
+            read_from = f"random init (torch.manual_seed({seed}))"
+        else:
+            source = str(Path(weights).expanduser()) if kind == "folder" else self.pretrained_source(spec)
+            reader = CheckpointReader(source)
+            config = self.read_config(source, reader)
+            read_from = source
+        tower = self.tower(config)
+        n = self.context_length(config, context_length)  # a bad n fails before anything is built
+        tokenizer, preprocessor, state = self.make_loaded_inputs(spec, kind, source, tower, options)
+        vocab = getattr(tower, "vocab_size", None)
+        if tokenizer is not None and vocab is not None and tokenizer.vocab_size > int(vocab):
+            raise AuditError(f"{spec.name}: the tokenizer has {tokenizer.vocab_size} ids but the model only {vocab} "
+                             f"embeddings; keep vocab_size >= {tokenizer.vocab_size}")
+        rule, row = self.query_for(n, options)
+        details: dict[str, str] = {
+            "weights_source": read_from,
+            "architecture": self.model_class_for(tower).__name__,
+            "compute_dtype": str(dtype).removeprefix("torch."),
+            "loading": "embedding and audited blocks only (partial load)",
+            **self.notes(tower, n, state),
+        }
+        if reader is None:
+            build = self._random_builder(tower, seed, device, dtype, details)
+        else:
+            build = self._checkpoint_builder(tower, reader, device, dtype, details)
+        model = PartialModel(self.depth(config), build)
+        model.reader = reader  # which tensors were read (tests, benchmarks)
+        model.state = state
+        model.block_path = self.block_path_of(tower)
+        loaded = LoadedModel(
+            spec=spec, model=model, n=n, d=self.width(config), num_layers=self.depth(config), query_index=row,
+            weights=str(weights), tokenizer_name=(tokenizer or preprocessor).name, device=device, dtype=dtype,
+            seed=seed, tokenizer=tokenizer, image_preprocessor=preprocessor, details=details, query=rule,
+        )
+        return loaded
+
+    def model_class_for(self, config: Any) -> type[nn.Module]:
+        """The Hugging Face base model class of a config (``LlamaModel`` for a ``LlamaConfig``, ...)."""
+        from transformers import MODEL_MAPPING
+
+        return MODEL_MAPPING[type(config)]
+
+    def _instantiate(self, config: Any) -> nn.Module:
+        with quiet_transformers():
+            return self.model_class_for(config)(config, **self.model_kwargs)
+
+    def _random_builder(self, config: Any, seed: int, device: torch.device, dtype: torch.dtype, details: dict):
+        def build(structure: int, weighted: int) -> nn.Module:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                net = self._instantiate(cut_config(config, structure))
+                reinitialise(net, self.blocks_of(net, config), seed)
+            details["weights_dtype"] = str(dtype).removeprefix("torch.")
+            return net.to(device=device, dtype=dtype)
+
+        return build
+
+    def _checkpoint_builder(self, config: Any, reader: CheckpointReader, device: torch.device, dtype: torch.dtype,
+                            details: dict):
+        def build(structure: int, weighted: int) -> nn.Module:
+            with parameters_on_meta():
+                net = self._instantiate(cut_config(config, structure))
+            names = [name for name, _ in net.named_parameters()]
+            wanted = [
+                name for name in names
+                if not name.startswith(self.after_blocks)
+                and ((block := block_of(name, self.block_path_of(config))) is None or block < weighted)
+            ]
+            names_in_file = checkpoint_names(net, reader.keys())  # the model's name of each tensor -> the file's
+            prefix = checkpoint_prefix(wanted, list(names_in_file))
+            persistent = set(net.state_dict()) - set(names)  # buffers the checkpoint may hold (position ids)
+            wanted += [name for name in persistent if prefix + name in names_in_file]
+            missing = [name for name in wanted if prefix + name not in names_in_file]
+            if missing:
+                raise WeightsUnavailable(
+                    f"{reader.source}: the checkpoint lacks {len(missing)} tensors the audit needs (e.g. "
+                    f"{prefix + missing[0]}); it is not a complete checkpoint of this architecture"
+                )
+            stored = [names_in_file[prefix + name] for name in wanted]
+            tensors = reader.read(stored, dtype=dtype, device=device)
+            state = {name: tensors[key] for name, key in zip(wanted, stored, strict=True)}
+            net.load_state_dict(state, strict=False, assign=True)
+            for module in net.modules():  # buffers are made on the CPU; parameters were placed as read
+                for key, buffer in module._buffers.items():
+                    if buffer is not None and buffer.device != device:
+                        module._buffers[key] = buffer.to(device)
+            details["weights_dtype"] = reader.weights_dtype
+            return net
+
+        return build
+
+
+def block_seed(seed: int, index: int) -> int:
+    """The seed of block ``index``'s random weights: a SeedSequence of (seed, index), so every block's weights
+    are fixed by the seed alone, whatever the depth built."""
+    return int(np.random.SeedSequence([seed % 2**64, index]).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
+def reinitialise(net: nn.Module, blocks: Sequence[nn.Module], seed: int) -> None:
+    """Draw the random weights of ``net`` part by part with the model's own initialiser (``_init_weights``):
+    the modules outside the blocks after ``torch.manual_seed(seed)``, block L after ``block_seed(seed, L)``.
+
+    Building a model draws its weights in an order that depends on its depth (every layer's construction
+    consumes the generator before the model initialises), so this makes block L's weights the same
+    whether 1 or 32 blocks are built."""
+    inside = {id(m) for block in blocks for m in block.modules()} | {id(blocks)}
+    torch.manual_seed(seed)
+    for module in net.modules():
+        if id(module) not in inside:
+            net._init_weights(module)
+    for index, block in enumerate(blocks):
+        torch.manual_seed(block_seed(seed, index))
+        for module in block.modules():
+            net._init_weights(module)
+
