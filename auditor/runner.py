@@ -378,7 +378,8 @@ def audit_tokens(
         out: folder for a report (results.csv, summary.md, plots); None writes nothing.
     """
     clock = StageClock()
-    queries = torch.as_tensor(queries)
+    queries = _given_tensor(queries, "queries")
+    contexts = None if contexts is None else _given_tensor(contexts, "contexts")
     if queries.ndim != 2:
         raise AuditError(f"queries must be (N, d); got shape {tuple(queries.shape)}")
     if contexts is None:
@@ -388,7 +389,7 @@ def audit_tokens(
         tokens = Tokens(queries[:, None, :], queries, {})  # (N, 1, d): checks shapes; not tested as contexts
         n_tokens = n
     else:
-        tokens = Tokens(torch.as_tensor(contexts), queries, {})
+        tokens = Tokens(contexts, queries, {})
         if n is not None and n != tokens.n:
             raise AuditError(f"n = {n} but the contexts hold n = {tokens.n} tokens per example")
         n_tokens = tokens.n
@@ -405,6 +406,26 @@ def audit_tokens(
         [] if contexts is None else [("contexts", tokens.contexts)])))
     check_shapes(config, n=n_tokens, d=tokens.d, num=tokens.N)
     return _run_groups(config, lambda out_path: iter([group]), out=out, progress=progress, clock=clock).rows
+
+
+def _given_tensor(value: Any, name: str) -> torch.Tensor:
+    """A tensor argument of :func:`audit_tokens` as a tensor of numbers (detached: the tests read values
+    only); a path, a string or anything that holds no numbers is a TypeError that says what to pass."""
+    if isinstance(value, str | bytes | Path):
+        raise TypeError(f"audit_tokens takes tensors, not files: {name} is {str(value)!r}; load a token file with "
+                        "auditor.tokens.Tokens.load(path), or audit it with auditor.audit(tokens=path)")
+    if isinstance(value, torch.Tensor):
+        tensor = value
+    else:
+        try:
+            tensor = torch.as_tensor(value)
+        except (TypeError, ValueError, RuntimeError):
+            kind = getattr(value, "dtype", None)
+            raise TypeError(f"{name} must be a torch.Tensor or NumPy array of numbers; got {type(value).__name__}"
+                            + (f" of dtype {kind}" if kind is not None else "")) from None
+    if tensor.is_complex():
+        raise TypeError(f"{name} must hold real numbers; got dtype {tensor.dtype}")
+    return tensor.detach()
 
 
 def run(config: AuditConfig, *, out: str | Path | None = None, progress: bool = True,

@@ -156,19 +156,20 @@ class Geometry:
     Attributes:
         effective_rank: of the (N, d) queries (:func:`effective_rank`).
         stable_rank: of the queries (:func:`stable_rank`).
-        anisotropy: mean cosine between distinct queries (:func:`anisotropy`).
+        anisotropy: mean cosine between distinct queries (:func:`anisotropy`); None for one query (no pair).
         collapse_residual: mean over the contexts of :func:`collapse_residual`; None without contexts.
         effective_rank_centred, stable_rank_centred, anisotropy_centred: the same three measures of the
-            mean-centred queries ``X - 1 mean(X)`` (the common mean direction removed).
+            mean-centred queries ``X - 1 mean(X)`` (the common mean direction removed); anisotropy_centred
+            None for one query.
     """
 
     effective_rank: float
     stable_rank: float
-    anisotropy: float
+    anisotropy: float | None
     collapse_residual: float | None
     effective_rank_centred: float
     stable_rank_centred: float
-    anisotropy_centred: float
+    anisotropy_centred: float | None
 
     def to_dict(self) -> dict[str, Any]:
         """Flat dict of plain floats (``collapse_residual`` None without contexts)."""
@@ -188,7 +189,7 @@ def token_geometry(contexts: Array | Iterable[Array] | None, queries: Array) -> 
     Args:
         contexts: (N, n, d); or an iterable of chunks (b, n, d) (e.g. straight from an extractor,
             so that all contexts are never in memory at once); or None (no ``collapse_residual``).
-        queries: (N, d), N >= 2.
+        queries: (N, d), N >= 1 (one query has no pair: its anisotropies are None).
     Returns:
         :class:`Geometry` with plain floats.
     """
@@ -216,7 +217,8 @@ def token_geometry(contexts: Array | Iterable[Array] | None, queries: Array) -> 
     q64 = scaled.to(torch.float64)  # (N, d)
     centred = q64 - q64.mean(0, keepdim=True)  # (N, d)
     sv_c = torch.linalg.svdvals(centred)  # (min(N, d),)
+    pairs = q.shape[0] >= 2  # anisotropy averages over pairs: undefined for one query
     return Geometry(effective_rank=float(_effective_rank(sv)), stable_rank=float(_stable_rank(sv)),
-                    anisotropy=float(anisotropy(q)), collapse_residual=collapse,
+                    anisotropy=float(anisotropy(q)) if pairs else None, collapse_residual=collapse,
                     effective_rank_centred=float(_effective_rank(sv_c)), stable_rank_centred=float(_stable_rank(sv_c)),
-                    anisotropy_centred=float(anisotropy(centred)))
+                    anisotropy_centred=float(anisotropy(centred)) if pairs else None)

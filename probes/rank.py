@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import numbers
 import operator
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,14 +52,24 @@ class RankResult:
 
 
 def as_tensor(a: Array, name: str = "input") -> torch.Tensor:
-    """Accept a torch tensor or a NumPy array (left on its device); reject anything else."""
+    """Accept a torch tensor or a NumPy array of numbers (left on its device); reject anything else.
+
+    A tensor that requires grad is read through ``detach()``: the probes read values, and no gradient flows
+    through a rank decision. A path is refused with a hint (the probes take tensors, not files); a NumPy
+    array of strings, objects or dates is a ``TypeError`` naming its dtype."""
+    if isinstance(a, str | os.PathLike):
+        raise ValueError(f"{name} must be a torch.Tensor or numpy.ndarray, got the path {str(a)!r}; the probes "
+                         "take tensors: load the file first")
     if isinstance(a, np.ndarray):
+        if a.dtype.kind not in "biufc":
+            raise TypeError(f"{name} must hold numbers (bool, integer or floating point); got a numpy.ndarray of "
+                            f"dtype {a.dtype}")
         a = torch.from_numpy(a)
     if not isinstance(a, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor or numpy.ndarray, got {type(a).__name__}")
     if a.is_complex():
         raise ValueError(f"{name} must be real-valued, got dtype {a.dtype}")
-    return a
+    return a.detach() if a.requires_grad else a
 
 
 def check_finite(a: torch.Tensor, name: str) -> None:
