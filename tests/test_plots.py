@@ -18,6 +18,7 @@ from auditor.report.schema import rows_frame
 from auditor.report.style import COLUMN_WIDTH, DPI, RANDOM_ATTENTION_COLOR, Palette, depth_of, figure_style
 
 REPS = ("embedding", "random-attention", "block.0", "block.1")
+REPS_IN_ORDER = ("embedding", "random-attention", "block.0", "block.1")  # panels: embedding, random-attention, blocks
 WEIGHTS = ("pretrained", "random")
 TESTS = ("assumption2", "assumption1", "assumption3", "general_position")
 N, n, d = 40, 4, 16
@@ -100,8 +101,8 @@ def test_a_report_without_the_new_columns_skips_their_figures(tmp_path):
     assert names == ["kruskal_curve.png", "context_ranks.png", "margins.png"]
     with figure_style():
         fig = plots.margin_histogram(result)
-    labels = [t.get_text() for t in fig.legends[0].get_texts()]
-    assert "block.1 @ pretrained" in labels  # no "exact" / "lower bound" without margin_bound
+    titles = [ax.get_title() for ax in fig.axes if ax.get_visible()]
+    assert titles == list(REPS_IN_ORDER)  # a panel per representation; no "exact" / "lower bound" without margin_bound
 
 
 def test_one_colour_per_representation_across_weights_and_figures():
@@ -152,9 +153,10 @@ def test_margins_say_exact_or_lower_bound_and_the_sweep_marks_k_equal_n():
     with figure_style():
         margins = plots.margin_histogram(result)
         curve = plots.kruskal_curve(result)
-    labels = [t.get_text() for t in margins.legends[0].get_texts()]
-    assert "block.1 @ pretrained (lower bound)" in labels and "block.0 @ random (exact)" in labels
+    titles = {ax.get_title() for ax in margins.axes if ax.get_visible()}
+    assert "block.1\n(lower bound)" in titles and "block.0\n(exact)" in titles
     curve_labels = [t.get_text() for t in curve.legends[0].get_texts()]
+    assert [ax.get_title() for ax in curve.axes if ax.get_visible()] == list(REPS_IN_ORDER)
     assert f"k = n = {n}" in curve_labels and f"k = d = {d}" in curve_labels
     assert "all k-subsets decided" in curve_labels and "others: 50 random k-subsets" in curve_labels
 

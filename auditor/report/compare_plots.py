@@ -16,7 +16,6 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from auditor.assumptions import KRUSKAL_TESTS  # noqa: E402
-from auditor.report.plots import DEPTH_SHORT  # noqa: E402
 from auditor.report.style import (  # noqa: E402
     COLUMN_WIDTH,
     OTHER_COLORS,
@@ -35,7 +34,7 @@ if TYPE_CHECKING:
 SHORT_TITLES = {"assumption1": "Assump. 1\n(k = n)", "assumption3": "Assump. 3\n(k = n)",
                 "general_position": "general pos.\n(k = min(N,d))"}  # three panels in 3.5 inches
 DEPTH_PANELS = {  # depth.csv column -> y label (with its unit), drawn when a report has it
-    "krank_estimate": "Kruskal rank\n(vectors)",
+    "krank_lower": "Kruskal rank K\n(vectors)",  # the proven interval, with the sampled estimate in it
     "assumption1_fraction": "Assumption 1\nfraction",
     "effective_rank": "effective rank\n(dimensions)",
     "anisotropy": "anisotropy\n(mean cosine)",
@@ -53,7 +52,7 @@ def kruskal_by_test(table: pd.DataFrame, labels: Mapping[str, str]) -> Figure:
     keys = list(dict.fromkeys(zip(kruskal["report"], kruskal["representation"], kruskal["weights"], strict=True)))
     keys.sort(key=lambda k: (list(labels).index(k[0]) if k[0] in labels else 0, representation_order(k[1])))
     palette = Palette.of(kruskal["representation"])
-    fig, axes = plt.subplots(1, len(tests), figsize=(COLUMN_WIDTH, 1.5 + 0.16 * len(keys)), layout="constrained",
+    fig, axes = plt.subplots(1, len(tests), figsize=(COLUMN_WIDTH, 2.2 + 0.16 * len(keys)), layout="constrained",
                              sharey=True, squeeze=False)
     for ax, test in zip(axes[0], tests, strict=True):
         rows = kruskal[kruskal["test"] == test]
@@ -87,7 +86,9 @@ def kruskal_by_test(table: pd.DataFrame, labels: Mapping[str, str]) -> Figure:
 
 def depth_overlay(depths: Mapping[str, pd.DataFrame]) -> Figure:
     """Depth profiles of several reports overlaid (colour = report, line style = weights), one panel per
-    quantity of :data:`DEPTH_PANELS` that some report has."""
+    quantity of :data:`DEPTH_PANELS` that some report has. The Kruskal rank is the proven interval (a bar
+    from the certified lower to the witnessed upper bound) with the sampled estimate inside it, never a
+    0 where no tested k held; ``random-attention`` is not a depth and is left out."""
     columns = [c for c in DEPTH_PANELS if any(_has(f, c) for f in depths.values())]
     fig, axes = panel_grid(len(columns))
     colors = {label: OTHER_COLORS[i % len(OTHER_COLORS)] for i, label in enumerate(depths)}
@@ -98,15 +99,23 @@ def depth_overlay(depths: Mapping[str, pd.DataFrame]) -> Figure:
                 continue
             for weights, part in frame.groupby("weights", sort=False):
                 part = part.sort_values("depth")
+                part = part[part["representation"] != "random-attention"] if "representation" in part else part
                 style = weights_style(str(weights))
                 weights_seen[str(weights)] = None
-                ax.plot(part["depth"], pd.to_numeric(part[column], errors="coerce"), color=colors[label],
+                y = pd.to_numeric(part[column], errors="coerce")
+                if column == "krank_lower":
+                    _krank_interval(ax, part, colors[label])
+                    y = _krank_estimate(part)
+                ax.plot(part["depth"], y, color=colors[label],
                         linestyle=style.linestyle, marker=style.marker, ms=3,
                         markerfacecolor=colors[label] if style.filled else "none", label=f"{label} @ {weights}")
         ax.set_ylabel(DEPTH_PANELS[column])
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    finish_panels(axes, len(columns), DEPTH_SHORT)
-    fig.suptitle("depth profiles across reports")
+    finish_panels(axes, len(columns), "depth")
+    fig.suptitle("depth profiles across reports (depth 0 = embedding)")
+    for ax, column in zip(axes.flat, columns, strict=False):
+        if column == "krank_lower":
+            ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     handles = [Line2D([], [], color=c, lw=3, label=label) for label, c in colors.items()]
     for w in weights_seen:
         style = weights_style(w)
@@ -114,6 +123,23 @@ def depth_overlay(depths: Mapping[str, pd.DataFrame]) -> Figure:
                               markerfacecolor="black" if style.filled else "none", label=f"{w} weights"))
     legend_below(fig, handles)
     return fig
+
+
+def _krank_interval(ax, part: pd.DataFrame, color: str) -> None:
+    """The proven interval of the Kruskal rank at each depth: certified lower to witnessed upper (to
+    min(N, d) where none was witnessed)."""
+    lower = pd.to_numeric(part["krank_lower"], errors="coerce")
+    upper = pd.to_numeric(part.get("krank_upper", pd.Series(index=part.index, dtype=float)), errors="coerce")
+    top = pd.concat([pd.to_numeric(part.get(c, pd.Series(index=part.index, dtype=float)), errors="coerce")
+                     for c in ("N", "d")], axis=1).min(axis=1)
+    ax.vlines(part["depth"], lower, upper.fillna(top), color=color, lw=2.2, alpha=0.3)
+
+
+def _krank_estimate(part: pd.DataFrame) -> pd.Series:
+    """The sampled estimate where a tested k held (a depth.csv from before ``krank_sampled`` has 0 where
+    none held: a bound, not drawn), K itself where the bounds meet."""
+    est = pd.to_numeric(part.get("krank_estimate", pd.Series(index=part.index, dtype=float)), errors="coerce")
+    return est.where(est > 0)
 
 
 def _has(frame: pd.DataFrame, column: str) -> bool:

@@ -1,11 +1,20 @@
 """Figures of an audit, sized for a paper column (3.5 in wide, >= 7 pt text, 300 dpi).
 
-- ``kruskal_curve.png``: share of full-rank query k-subsets against k (the sweep), n, d and N marked.
+- ``kruskal_curve.png``: share of full-rank query k-subsets against k (the sweep), a panel per
+  representation, n, d and N marked.
 - ``context_ranks.png``: how many contexts reached each rank (Assumption 2), grouped bars.
-- ``margins.png``: per-context rank margins in decades, exact or a proven lower bound.
-- ``rtol_sweep.png``: each test's fraction against a multiple of its rtol, with the critical rtol.
+- ``margins.png``: per-context rank margins in decades, exact or a proven lower bound, a panel per
+  representation.
+- ``rtol_sweep.png``: each test's fraction against a multiple of its rtol, with the critical rtol and its
+  proven bracket: a panel per test, or per representation when there are more than
+  :data:`MANY_REPRESENTATIONS` (an audit across depth).
 - ``depth_kruskal.png``, ``depth_geometry.png``, ``depth_fractions.png``: profiles against depth (from
-  ``AuditResult.depth``; only when the audit measured several layers).
+  ``AuditResult.depth``; only when the audit measured several layers). The Kruskal rank is drawn as the
+  interval its bounds prove (certified lower to witnessed upper) with the sampled estimate inside it,
+  never as a number where only bounds are known; the geometry raw and mean-centred, a panel each.
+
+Small multiples rather than one crowded axis: at every depth each panel keeps a handful of lines, and
+every figure is also written as a vector PDF beside its PNG.
 
 A representation has the same colour in every figure (:mod:`auditor.report.style`); its random and
 pretrained versions share it and differ by line style and marker. Each figure function takes the result
@@ -17,6 +26,7 @@ an older report lacks (``margin_bound``, ``rtol_grid``, ``fraction_low``, ...) l
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -53,24 +63,34 @@ PLOT_FILES = ("kruskal_curve.png", "context_ranks.png", "margins.png", "rtol_swe
               "depth_geometry.png", "depth_fractions.png")
 TEST_LABELS = {"assumption1": "Assumption 1 (k = n)", "assumption2": "Assumption 2 (rank n)",
                "assumption3": "Assumption 3 (k = n)", "general_position": "general position"}  # panel titles
-GEOMETRY = {  # depth.csv column -> y label (with its unit)
-    "effective_rank": "effective rank\n(dimensions)",
-    "stable_rank": "stable rank\n||X||$_F^2$ / ||X||$_2^2$",
-    "anisotropy": "anisotropy\n(mean pairwise cosine)",
+GEOMETRY = {  # depth.csv column -> panel title (with its unit)
+    "effective_rank": "effective rank (dimensions)",
+    "effective_rank_centred": "effective rank, centred",
+    "stable_rank": "stable rank ||X||$_F^2$/||X||$_2^2$",
+    "stable_rank_centred": "stable rank, centred",
+    "anisotropy": "anisotropy (mean cosine)",
+    "anisotropy_centred": "anisotropy, centred",
     "collapse_residual": "collapse residual\n||E - 1 mean(E)||$_F$ / ||E||$_F$",
 }
+NUDGE = 0.05  # rtol_sweep.png: the lines of a panel spread over this much of the fraction axis, so equal
+# fractions (every test at 1.0) do not hide one another
+SWEEP_MARGIN = 30.0  # rtol_sweep.png shows the grid's multipliers and this factor beyond either end
+MANY_REPRESENTATIONS = 4  # above this many representations, rtol_sweep.png draws a panel per representation
+TEST_COLORS = {"assumption1": "#1f77b4", "assumption2": "#ff7f0e", "assumption3": "#8c564b",
+               "general_position": "#7f7f7f"}  # tests within a representation's panel
 
+TITLE_WIDTH = 52  # characters of a title line at 8 pt in a column
 DEPTH_LABEL = "depth (0 = embedding, L + 1 = block.L)"
 DEPTH_SHORT = "depth (0 = embedding)"
 
 Draw = Callable[["AuditResult", Palette], "Figure"]
 
 
-def write_plots(result: AuditResult, out: Path, staged: Staged, *, pdf: bool = False) -> list[Path]:
+def write_plots(result: AuditResult, out: Path, staged: Staged, *, pdf: bool = True) -> list[Path]:
     """Stage the figures that apply to ``result`` in ``out`` (renamed into place by ``staged.commit()``).
 
-    Each figure is a 300 dpi PNG and, with ``pdf``, also a vector PDF of the same name beside it (for a
-    paper). Returns the final paths of the PNGs.
+    Each figure is a 300 dpi PNG and (``pdf``, the default) a vector PDF of the same name beside it, for
+    a paper. Returns the final paths of the PNGs.
     """
     palette = palette_of(result)
     paths = []
@@ -130,34 +150,46 @@ def depth_frame(result: AuditResult) -> pd.DataFrame:
 
 
 def kruskal_curve(result: AuditResult, palette: Palette | None = None) -> Figure:
-    """Share of full-rank k-subsets of the queries against k, one line per representation @ weights.
+    """Share of full-rank k-subsets of the queries against k: a panel per representation, its weights
+    sources overlaid (line style and marker; an open marker over a filled one keeps coincident curves
+    visible), the 95% interval shaded where the rows carry it.
 
     A ring marks each k where every k-subset was decided (exhaustive); the other points are sampled.
     """
     palette = palette or palette_of(result)
     curves = result.curves
-    fig, ax = plt.subplots(figsize=(COLUMN_WIDTH, 3.9), layout="constrained")
-    exhaustive_shown = False
-    for (rep, weights), frame in _groups(curves):
-        frame = frame.sort_values("k")
-        style = palette.line(rep, weights)
-        ax.plot(frame["k"], frame["fraction"], label=f"{rep} @ {weights}", **style)
-        if _has(frame, "fraction_low") and _has(frame, "fraction_high"):
-            low, high = _num(frame["fraction_low"]), _num(frame["fraction_high"])
-            ax.fill_between(frame["k"], low, high, color=style["color"], alpha=0.2, linewidth=0)
-        if "exhaustive" in frame:
-            done = frame[frame["exhaustive"].astype("boolean").fillna(False).astype(bool)]
-            if not done.empty:
-                exhaustive_shown = True
-                ax.scatter(done["k"], done["fraction"], s=36, facecolors="none", edgecolors="black", linewidths=0.7,
-                           zorder=3)
+    reps = sorted(dict.fromkeys(curves["representation"]), key=representation_order)
+    fig, axes = panel_grid(len(reps), sharey=True, top=1.5, per_row=1.45)
     num, n, d = _dims(curves)
     top = float(curves["k"].max())
     marks = [(n, "--", f"k = n = {n}"), (d, ":", f"k = d = {d}"), (num, "-.", f"k = N = {num}")]
-    handles = palette.handles(curves["representation"], curves["weights"])
+    exhaustive_shown = False
+    for ax, rep in zip(axes.flat, reps, strict=False):
+        for (_, weights), frame in _groups(curves[curves["representation"] == rep]):
+            frame = frame.sort_values("k")
+            style = palette.line(rep, weights)
+            ax.plot(frame["k"], frame["fraction"], label=f"{rep} @ {weights}", **style)
+            if _has(frame, "fraction_low") and _has(frame, "fraction_high"):
+                low, high = _num(frame["fraction_low"]), _num(frame["fraction_high"])
+                ax.fill_between(frame["k"], low, high, color=style["color"], alpha=0.2, linewidth=0)
+            if "exhaustive" in frame:
+                done = frame[frame["exhaustive"].astype("boolean").fillna(False).astype(bool)]
+                if not done.empty:
+                    exhaustive_shown = True
+                    ax.scatter(done["k"], done["fraction"], s=36, facecolors="none", edgecolors="black",
+                               linewidths=0.7, zorder=3)
+        for value, ls, _ in marks:
+            if value is not None and value <= top * 1.05:
+                ax.axvline(value, color=REFERENCE_COLOR, ls=ls, lw=0.9)
+        ax.set_title(rep)
+        ax.set_ylim(-0.03, 1.03)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=4))
+    finish_panels(axes, len(reps), "subset size k (query vectors)")
+    fig.supylabel("share of full-rank k-subsets")
+    fig.suptitle(_title(result.config.model, "Kruskal rank of the query tokens", num, n, d, _rtol(result)))
+    handles = palette.handles([], curves["weights"])
     for value, ls, label in marks:
         if value is not None and value <= top * 1.05:
-            ax.axvline(value, color=REFERENCE_COLOR, ls=ls, lw=0.9)
             handles.append(Line2D([], [], color=REFERENCE_COLOR, ls=ls, lw=0.9, label=label))
     if exhaustive_shown:
         handles.append(Line2D([], [], ls="", marker="o", ms=6, markerfacecolor="none", markeredgecolor="black",
@@ -165,9 +197,6 @@ def kruskal_curve(result: AuditResult, palette: Palette | None = None) -> Figure
     sampled = _sampled_subsets(curves)
     if sampled:
         handles.append(Line2D([], [], ls="", label=f"others: {sampled} random k-subsets"))
-    ax.set(xlabel="subset size k (query vectors)", ylabel="share of full-rank k-subsets", ylim=(-0.03, 1.03),
-           title=_title(result.config.model, "Kruskal rank of the query tokens", num, n, d, _rtol(result)))
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     legend_below(fig, handles)
     return fig
 
@@ -204,80 +233,146 @@ def context_rank_histogram(result: AuditResult, palette: Palette | None = None) 
 
 
 def margin_histogram(result: AuditResult, palette: Palette | None = None) -> Figure:
-    """Per-context rank margins in decades (how far each context's rank is from changing), outlined
-    histograms; each entry says whether its margins are exact or a proven lower bound."""
+    """Per-context rank margins in decades (how far each context's rank is from changing): a panel per
+    representation, its weights sources as outlined histograms on shared bins; each panel says whether
+    its margins are exact or a proven lower bound."""
     palette = palette or palette_of(result)
     values = {label: m.numpy()[np.isfinite(m.numpy())] for label, m in result.margins.items()}
     values = {label: v for label, v in values.items() if v.size}
-    fig, ax = plt.subplots(figsize=(COLUMN_WIDTH, 3.6), layout="constrained")
+    reps = sorted(dict.fromkeys(_split(label)[0] for label in values), key=representation_order)
+    fig, axes = panel_grid(len(reps), top=1.5, per_row=1.3)
     every = np.concatenate(list(values.values())) if values else np.zeros(1)
     bins = np.histogram_bin_edges(every, bins=30)
     kinds = _margin_kinds(result.rows)
-    handles = []
-    for label in sorted(values, key=_label_order):
-        rep, weights = _split(label)
-        style = palette.line(rep, weights)
-        ax.hist(values[label], bins=bins, histtype="step", color=style["color"], linestyle=style["linestyle"],
-                linewidth=1.2, label=label)
-        kind = kinds.get((rep, weights))
-        handles.append(Line2D([], [], color=style["color"], ls=style["linestyle"],
-                              label=f"{rep} @ {weights}" + (f" ({kind})" if kind else "")))
-    ax.yaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
+    weights_seen: dict[str, None] = {}
+    for ax, rep in zip(axes.flat, reps, strict=False):
+        labels = sorted((label for label in values if _split(label)[0] == rep), key=_label_order)
+        notes = []
+        for label in labels:
+            weights = _split(label)[1]
+            weights_seen[weights] = None
+            style = palette.line(rep, weights)
+            ax.hist(values[label], bins=bins, histtype="step", color=style["color"], linestyle=style["linestyle"],
+                    linewidth=1.2, label=label)
+            if kinds.get((rep, weights)):
+                notes.append((weights, kinds[(rep, weights)]))
+        kinds_here = {k for _, k in notes}
+        if len(kinds_here) == 1 and len(notes) == len(labels):
+            note = kinds_here.pop()
+        else:
+            note = ", ".join(f"{w}: {k}" for w, k in notes)
+        ax.set_title(f"{rep}" + (f"\n({note})" if note else ""))
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True, nbins=4))
+    finish_panels(axes, len(reps), "margin (decades)")
+    fig.supylabel("contexts (examples)")
     num, n, d = _dims(result.rows)
-    ax.set(xlabel="margin (decades between the deciding singular value\nand rtol x sigma_max)",
-           ylabel="contexts (examples)",
-           title=_title(result.config.model, "context-rank margins (Assumption 2)", num, n, d, _rtol(result)))
-    legend_below(fig, handles, ncol=1)
+    fig.suptitle(_title(result.config.model, "context-rank margins (Assumption 2):\ndecades between the deciding "
+                        "singular value and rtol x sigma_max", num, n, d, _rtol(result)))
+    legend_below(fig, palette.handles([], weights_seen))
     return fig
 
 
 def rtol_sweep(result: AuditResult, palette: Palette | None = None) -> Figure:
-    """Each test's fraction against the multiple of its rtol (one panel per test, log x axis), with the
-    threshold, 1x (the audit's rtol) and each line's critical rtol (where its verdict flips) marked."""
+    """Each test's fraction against the multiple of its rtol (log x axis), with the threshold, 1x (the
+    audit's rtol) and each line's critical rtol (where its verdict flips) and proven bracket marked; a
+    bracket end that is open (no positive tolerance proven below, or only the trivial cap rtol < 1 above)
+    ends in an arrow at the edge of the panel.
+
+    One panel per test (a line per representation @ weights); when there are more than
+    :data:`MANY_REPRESENTATIONS` representations (an audit across depth) one panel per representation
+    instead (a line per test @ weights), so no panel carries more than a handful of lines. The lines of
+    a panel are nudged apart vertically by up to :data:`NUDGE` in all, so equal fractions stay visible.
+    """
     palette = palette or palette_of(result)
     grids = _rtol_grids(result.rows)
-    tests = [t for t in TEST_LABELS if t in {key[2] for key in grids}]
-    fig, axes = panel_grid(len(tests), sharey=True, top=1.4, per_row=1.6)
     by_key = {(r["representation"], r["weights"], r["test"]): r for r in _ok(result.rows).to_dict("records")}
-    shown: dict[str, dict[str, None]] = {"reps": {}, "weights": {}}  # ordered sets
-    for ax, test in zip(axes.flat, tests, strict=False):
-        threshold = None
-        for (rep, weights, t), grid in sorted(grids.items(), key=lambda kv: representation_order(kv[0][0])):
-            if t != test:
-                continue
+    reps = sorted(dict.fromkeys(key[0] for key in grids), key=representation_order)
+    tests = [t for t in TEST_LABELS if t in {key[2] for key in grids}]
+    per_rep = len(reps) > MANY_REPRESENTATIONS
+    panels = reps if per_rep else tests
+    fig, axes = panel_grid(len(panels), sharey=True, top=1.5, per_row=1.45)
+    xlim = _sweep_xlim(grids, by_key)
+    shown: dict[str, dict[str, None]] = {"reps": {}, "weights": {}, "tests": {}}  # ordered sets
+    brackets = False
+    for ax, panel in zip(axes.flat, panels, strict=False):
+        thresholds = set()
+        lines = sorted(((key, grid) for key, grid in grids.items() if (key[0] if per_rep else key[2]) == panel),
+                       key=lambda kv: (representation_order(kv[0][0]), list(TEST_LABELS).index(kv[0][2]), kv[0][1]))
+        for j, ((rep, weights, test), grid) in enumerate(lines):
+            nudge = NUDGE * (j - (len(lines) - 1) / 2) / max(1, len(lines) - 1)  # coincident lines stay visible
             style = palette.line(rep, weights)
-            ax.plot(list(grid), list(grid.values()), label=f"{rep} @ {weights}", **style)
+            if per_rep:
+                style = {**style, "color": TEST_COLORS[test], "markerfacecolor": TEST_COLORS[test]
+                         if style["markerfacecolor"] != "none" else "none", "markeredgecolor": TEST_COLORS[test]}
+                shown["tests"][test] = None
             shown["reps"][rep] = shown["weights"][weights] = None
+            ax.plot(list(grid), [f + nudge for f in grid.values()], label=f"{test if per_rep else rep} @ {weights}",
+                    **style)
             row = by_key.get((rep, weights, test), {})
-            threshold = _float(row.get("threshold")) if threshold is None else threshold
-            critical, rtol = _float(row.get("critical_rtol")), _float(row.get("rtol"))
-            if critical is not None and rtol:
-                y = threshold if threshold is not None else 0.5
-                low, high = _float(row.get("critical_rtol_low")), _float(row.get("critical_rtol_high"))
-                if low is not None and high is not None:
-                    ax.plot([low / rtol, high / rtol], [y, y], color=style["color"], lw=3, alpha=0.5,
-                            solid_capstyle="butt")
-                ax.plot(critical / rtol, y, marker="D", ms=4, ls="", markeredgecolor="black",
-                        markeredgewidth=0.5, color=style["color"], zorder=4)
-        if threshold is not None:
+            threshold = _float(row.get("threshold"))
+            thresholds.add(threshold)
+            brackets |= _draw_critical(ax, row, style["color"], (0.5 if threshold is None else threshold) + nudge, xlim)
+        for threshold in thresholds - {None}:
             ax.axhline(threshold, color=REFERENCE_COLOR, ls="--", lw=0.8)
         ax.axvline(1.0, color=REFERENCE_COLOR, ls=":", lw=0.8)
         ax.set_xscale("log")
-        ax.set_title(TEST_LABELS[test])
-        ax.set_ylim(-0.04, 1.04)
-    finish_panels(axes, len(tests), "rtol / the audit's rtol")
+        ax.set_xlim(*xlim)
+        ax.set_title(panel if per_rep else TEST_LABELS[panel])
+        ax.set_ylim(-0.06, 1.06)
+    finish_panels(axes, len(panels), "rtol / the audit's rtol")
     fig.supylabel("fraction (full-rank subsets or rank-n contexts)")
     num, n, d = _dims(result.rows)
     fig.suptitle(_title(result.config.model, "verdicts against the rank tolerance", num, n, d, _rtol(result)))
-    handles = palette.handles(shown["reps"], shown["weights"]) + [
+    if per_rep:
+        handles = [Line2D([], [], color=TEST_COLORS[t], lw=2, label=TEST_LABELS[t]) for t in shown["tests"]]
+        handles += palette.handles([], shown["weights"])
+    else:
+        handles = palette.handles(shown["reps"], shown["weights"])
+    handles += [
         Line2D([], [], color=REFERENCE_COLOR, ls="--", lw=0.8, label="threshold"),
         Line2D([], [], color=REFERENCE_COLOR, ls=":", lw=0.8, label="1x: the audit's rtol"),
         Line2D([], [], ls="", marker="D", ms=4, color="0.6", markeredgecolor="black", markeredgewidth=0.5,
-               label="critical rtol (verdict flips)")]
-    if any(_float(r.get("critical_rtol_low")) is not None for r in by_key.values()):
-        handles.append(Line2D([], [], color="0.6", lw=3, alpha=0.5, label="proven bracket of the critical rtol"))
+               label="critical rtol (flips)")]
+    if brackets:
+        handles.append(Line2D([], [], color="0.6", lw=3, alpha=0.5, label="its proven bracket"))
+        handles.append(Line2D([], [], color="0.6", ls="", marker=">", ms=4, label="beyond the panel or open"))
     legend_below(fig, handles)
     return fig
+
+
+def _sweep_xlim(grids: Mapping, by_key: Mapping) -> tuple[float, float]:
+    """Log x range of the tolerance panels: the grid widened by :data:`SWEEP_MARGIN` either way (a
+    critical rtol or bracket end beyond it is drawn as an arrow at the edge)."""
+    xs = [m for grid in grids.values() for m in grid if m > 0] or [0.1, 10.0]
+    return min(xs) / SWEEP_MARGIN, max(xs) * SWEEP_MARGIN
+
+
+def _draw_critical(ax, row: Mapping, color: str, y: float, xlim: tuple[float, float]) -> bool:
+    """The critical rtol (a diamond) and its proven bracket (a bar; an open end as an arrow at the panel's
+    edge) of one row, in multiples of its rtol; True when a bracket was drawn."""
+    critical, rtol = _float(row.get("critical_rtol")), _float(row.get("rtol"))
+    if critical is None or not rtol:
+        return False
+    low, high = _float(row.get("critical_rtol_low")), _float(row.get("critical_rtol_high"))
+    drawn = False
+    if low is not None and high is not None:
+        left = low / rtol if low > 0 else xlim[0]
+        right = high / rtol if high * (1 + 1e-9) < 1 and math.isfinite(high) else xlim[1]
+        left, right = max(left, xlim[0]), min(right, xlim[1])
+        if right >= left:
+            ax.plot([left, right], [y, y], color=color, lw=3, alpha=0.5, solid_capstyle="butt", zorder=3)
+            drawn = True
+            if not low > 0 or low / rtol < xlim[0]:
+                ax.plot(left, y, marker="<", ms=4, color=color, ls="", zorder=3)
+            if not (high * (1 + 1e-9) < 1 and math.isfinite(high)) or high / rtol > xlim[1]:
+                ax.plot(right, y, marker=">", ms=4, color=color, ls="", zorder=3)
+    x = critical / rtol
+    if xlim[0] <= x <= xlim[1]:
+        ax.plot(x, y, marker="D", ms=4, ls="", markeredgecolor="black", markeredgewidth=0.5, color=color, zorder=4)
+    elif not drawn and x > 0:  # beyond the panel, no bracket drawn: an arrow at the edge says which way
+        ax.plot(xlim[1] if x > xlim[1] else xlim[0], y, marker=">" if x > xlim[1] else "<", ms=4, color=color,
+                ls="", zorder=3)
+    return drawn
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -286,67 +381,104 @@ def rtol_sweep(result: AuditResult, palette: Palette | None = None) -> Figure:
 
 
 def depth_kruskal(result: AuditResult, palette: Palette | None = None) -> Figure:
-    """Kruskal rank of the queries against depth: the estimate, its certified lower bound and witnessed
-    upper bound (min(N, d) where none was witnessed), with n and d as horizontal lines."""
+    """Kruskal rank K of the queries against depth, as what is proven: a bar from the certified lower
+    bound to the witnessed upper bound (to min(N, d), ending in an arrow, where no dependent subset was
+    found), the sampled estimate as a marker inside it (``>= k``: a triangle up; where the smallest tested
+    k failed, ``< k``, no marker: the bar's top says it), a filled marker where the bounds meet (K known).
+    n and d as horizontal lines."""
     palette = palette or palette_of(result)
     depth = depth_frame(result)
-    fig, ax = plt.subplots(figsize=(COLUMN_WIDTH, 3.6), layout="constrained")
+    fig, ax = plt.subplots(figsize=(COLUMN_WIDTH, 3.9), layout="constrained")
     weights_list = list(dict.fromkeys(depth["weights"]))
     num, n, d = _dims(depth)
-    bracket = False
+    top = min(v for v in (num, d) if v is not None) if (num or d) else np.nan
+    shown = {"open": False, "estimate": False, "exact": False}
     for weights, frame in depth.groupby("weights", sort=False):
         frame = frame.sort_values("depth")
-        x = _dodge(frame, weights_list)
-        y = _num(frame["krank_estimate"]) if "krank_estimate" in frame else pd.Series(np.nan, index=frame.index)
-        _depth_line(ax, palette, frame, x, y, weights)
-        if _has(frame, "krank_lower"):
-            bracket = True
-            lower = _num(frame["krank_lower"])
-            upper = _num(frame["krank_upper"]) if "krank_upper" in frame else pd.Series(np.nan, index=frame.index)
-            top = min(v for v in (num, d) if v is not None) if (num or d) else np.nan
-            for xi, lo, hi, rep in zip(x, lower, upper, frame["representation"], strict=True):
-                if np.isnan(lo):
-                    continue
-                ax.plot([xi, xi], [lo, top if np.isnan(hi) else hi], color=palette.color(rep), lw=2.2, alpha=0.35,
-                        solid_capstyle="butt")
-                if not np.isnan(hi):
-                    ax.plot(xi, hi, marker="_", ms=7, color="black", mew=1)
+        xs = _dodge(frame, weights_list)
+        style = palette.line("embedding", weights)
+        lower = _col(frame, "krank_lower")
+        upper = _col(frame, "krank_upper")
+        estimate = _estimates(frame)
+        for x, lo, hi, est, rep in zip(xs, lower, upper, estimate, frame["representation"], strict=True):
+            color = palette.color(rep)
+            if not np.isnan(lo):
+                end = top if np.isnan(hi) else hi
+                ax.plot([x, x], [lo, end], color=color, lw=2.4, alpha=0.45, solid_capstyle="butt",
+                        linestyle="-", zorder=2, label=f"{rep} @ {weights}")
+                ax.plot(x, lo, marker="_", ms=7, mew=1.2, color=color, zorder=3)
+                if np.isnan(hi):
+                    shown["open"] = True
+                    ax.plot(x, end, marker="^", ms=4, color=color, ls="", zorder=3)
+                else:
+                    ax.plot(x, hi, marker="_", ms=7, mew=1.2, color="black", zorder=3)
+            if not np.isnan(lo) and not np.isnan(hi) and lo == hi:
+                shown["exact"] = True
+                ax.plot(x, hi, marker=style["marker"], ms=5, ls="", color=color, markeredgecolor="black",
+                        markeredgewidth=0.6, zorder=4)
+            elif not np.isnan(est):
+                shown["estimate"] = True
+                ax.plot(x, est, marker=style["marker"], ms=4.5, ls="", color=color,
+                        markerfacecolor=color if style["markerfacecolor"] != "none" else "white",
+                        markeredgecolor=color, zorder=4)
+        along = (frame["representation"] != "random-attention").to_numpy()  # the depth sequence only
+        ax.plot(xs[along], estimate[along], color="0.25", linestyle=style["linestyle"], lw=0.7, zorder=1)
     handles = palette.handles(depth["representation"], weights_list, compact=True)
     for value, ls, label in ((n, "--", f"n = {n}"), (d, ":", f"d = {d}")):
         if value is not None:
             ax.axhline(value, color=REFERENCE_COLOR, ls=ls, lw=0.9)
             handles.append(Line2D([], [], color=REFERENCE_COLOR, ls=ls, lw=0.9, label=label))
-    if bracket:
-        handles += [Line2D([], [], color="0.5", lw=2.2, alpha=0.35, label="certified lower bound to upper"),
-                    Line2D([], [], ls="", marker="_", ms=7, color="black", mew=1, label="witnessed upper bound")]
+    handles += [Line2D([], [], color="0.5", lw=2.4, alpha=0.45, label="proven: certified to witnessed")]
+    if shown["open"]:
+        handles.append(Line2D([], [], ls="", marker="^", ms=4, color="0.5", label="none witnessed (to min(N, d))"))
+    if shown["estimate"]:
+        handles.append(Line2D([], [], ls="", marker="o", ms=4.5, color="0.5", label="sampled: K >= k"))
+    if shown["exact"]:
+        handles.append(Line2D([], [], ls="", marker="o", ms=5, color="0.5", markeredgecolor="black",
+                              markeredgewidth=0.6, label="bounds meet: K known"))
     _depth_axis(ax)
-    ax.set(ylabel="Kruskal rank of the queries (vectors)", ylim=(0, None),
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set(ylabel="Kruskal rank K of the queries (vectors)", ylim=(0, None),
            title=_title(_model(result, depth), "Kruskal rank of the queries by depth", num, n, d, _rtol(result)))
     legend_below(fig, handles)
     return fig
 
 
+def _col(frame: pd.DataFrame, column: str) -> np.ndarray:
+    return _num(frame[column]).to_numpy() if column in frame.columns else np.full(len(frame), np.nan)
+
+
+def _estimates(frame: pd.DataFrame) -> np.ndarray:
+    """The sampled estimates of a depth frame, NaN where no tested k held (a depth.csv written before
+    ``krank_sampled`` has 0 there: a bound, never a value)."""
+    est = _col(frame, "krank_estimate")
+    if "krank_sampled" not in frame.columns:
+        est = np.where(est > 0, est, np.nan)
+    return est
+
+
 def depth_geometry(result: AuditResult, palette: Palette | None = None) -> Figure:
-    """Effective rank, stable rank, anisotropy and collapse residual against depth (small multiples)."""
+    """Effective rank, stable rank and anisotropy of the queries, raw and mean-centred, and the collapse
+    residual of the contexts, against depth (a panel each)."""
     palette = palette or palette_of(result)
     depth = depth_frame(result)
     weights_list = list(dict.fromkeys(depth["weights"]))
     columns = [c for c in GEOMETRY if _has(depth, c)]
-    fig, axes = panel_grid(len(columns))
+    fig, axes = panel_grid(len(columns), top=1.6, per_row=1.25)
     for ax, column in zip(axes.flat, columns, strict=False):
         for weights, frame in depth.groupby("weights", sort=False):
             frame = frame.sort_values("depth")
             _depth_line(ax, palette, frame, _dodge(frame, weights_list), _num(frame[column]), weights)
-        ax.set_ylabel(GEOMETRY[column])
+        ax.set_title(GEOMETRY[column])
         values = _num(depth[column]).dropna()
-        if column == "effective_rank" and len(values) and values.min() > 0 and values.max() > 20 * values.min():
+        if column.startswith("effective_rank") and len(values) and values.min() > 0 and values.max() > 20 * values.min():
             ax.set_yscale("log")  # effective ranks spanning decades: the small ones stay readable
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    # two panels a row: the long label would not fit
-    finish_panels(axes, len(columns), DEPTH_SHORT if axes.shape[1] == 1 else "depth")
+    finish_panels(axes, len(columns), "depth")
     num, n, d = _dims(depth)
-    fig.suptitle(_title(_model(result, depth), "geometry of the tokens by depth", num, n, d))
-    legend_below(fig, palette.handles(depth["representation"], depth["weights"], compact=True), ncol=3)
+    fig.suptitle(_title(_model(result, depth), "geometry of the tokens by depth (0 = embedding)\nraw and mean-centred "
+                        "queries", num, n, d))
+    legend_below(fig, palette.handles(depth["representation"], depth["weights"], compact=True))
     return fig
 
 
@@ -373,14 +505,16 @@ def depth_fractions(result: AuditResult, palette: Palette | None = None) -> Figu
     fig.suptitle(_title(_model(result, depth), "test fractions by depth", num, n, d, _rtol(result)))
     handles = palette.handles(depth["representation"], depth["weights"], compact=True)
     handles.append(Line2D([], [], color=REFERENCE_COLOR, ls="--", lw=0.8, label="threshold of the test"))
-    legend_below(fig, handles, ncol=3)
+    legend_below(fig, handles)
     return fig
 
 
 def _depth_line(ax, palette: Palette, frame: pd.DataFrame, x, y, weights: str) -> None:
     """One weights source's profile: a dark line in its style, each point in its representation's colour."""
     style = palette.line("embedding", weights)
-    ax.plot(x, y, color="0.25", linestyle=style["linestyle"], lw=0.9, label=weights, zorder=2)
+    along = (frame["representation"] != "random-attention").to_numpy()  # the depth sequence only
+    ax.plot(np.asarray(x)[along], np.asarray(y)[along], color="0.25", linestyle=style["linestyle"], lw=0.9,
+            label=weights, zorder=2)
     for xi, yi, rep in zip(x, y, frame["representation"], strict=True):
         point = palette.line(rep, weights)
         ax.plot(xi, yi, ls="", marker=point["marker"], ms=4.5, color=point["color"],
@@ -389,9 +523,12 @@ def _depth_line(ax, palette: Palette, frame: pd.DataFrame, x, y, weights: str) -
 
 
 def _dodge(frame: pd.DataFrame, weights_list: list[str]) -> np.ndarray:
-    """Depths of a weights source's rows, shifted a little so the weights sources sit side by side."""
+    """Depths of a weights source's rows, shifted a little so the weights sources sit side by side;
+    ``random-attention`` (depth 0 like the embedding) half a step to the left of it, so neither hides
+    the other."""
     i = weights_list.index(frame["weights"].iloc[0])
-    return frame["depth"].to_numpy(float) + 0.2 * (i - (len(weights_list) - 1) / 2)
+    aside = np.where(frame["representation"].to_numpy() == "random-attention", -0.5, 0.0)
+    return frame["depth"].to_numpy(float) + aside + 0.2 * (i - (len(weights_list) - 1) / 2)
 
 
 def _depth_axis(ax) -> None:
@@ -531,8 +668,11 @@ def _rtol(result: AuditResult) -> str:
 
 
 def _title(model: str, what: str, num: int | None, n: int | None, d: int | None, rtol: str = "") -> str:
+    """Model, what is shown, the sizes and the tolerance; lines wrapped to fit a column (a model given
+    as a long folder path is broken, not clipped)."""
     dims = ", ".join(f"{name} = {v}" for name, v in (("N", num), ("n", n), ("d", d)) if v is not None)
-    return f"{model}: {what}\n{dims}" + (f"\n{rtol}" if rtol else "")
+    text = f"{model}: {what}\n{dims}" + (f"\n{rtol}" if rtol else "")
+    return "\n".join(textwrap.fill(line, TITLE_WIDTH) for line in text.split("\n"))
 
 
 def _sampled_subsets(curves: pd.DataFrame) -> int | None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import re
+import textwrap
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -174,8 +175,16 @@ def panel_grid(count: int, *, sharey: bool = False, top: float = 1.3, per_row: f
 
 
 def finish_panels(axes, used: int, xlabel: str) -> None:
-    """Hide the panels beyond the first ``used`` and label the x axis of the bottom row."""
+    """Hide the panels beyond the first ``used`` and label the x axis under the lowest visible panel of
+    each column (wrapped to a panel's width when panels sit side by side); the tick labels of a hidden
+    bottom panel move to the visible panel above it."""
     for ax in axes.flat[used:]:
         ax.set_visible(False)
-    for ax in axes[-1]:
-        ax.set_xlabel(xlabel)
+        above = axes.flat[list(axes.flat).index(ax) - axes.shape[1]] if axes.shape[0] > 1 else None
+        if above is not None and above.get_visible():
+            above.xaxis.set_tick_params(labelbottom=True)
+    wrapped = xlabel if axes.shape[1] == 1 else textwrap.fill(xlabel, 20)  # half a column per panel
+    for column in range(axes.shape[1]):
+        shown = [ax for ax in axes[:, column] if ax.get_visible()]
+        if shown:
+            shown[-1].set_xlabel(wrapped)
