@@ -330,8 +330,8 @@ def _extract_group(loaded: Any, inputs: Any, reps: list[str], config: AuditConfi
 
         recipe = ModelRecipe.of(loaded, device=config.device, context_length=config.context_length,
                                 trust_remote_code=config.trust_remote_code)
-        slurm = config.slurm or SlurmOptions()  # Slurm jobs' logs in <out>/slurm
-        slurm = slurm.at(Path(out).absolute() / "slurm") if out is not None else slurm
+        slurm = config.slurm or SlurmOptions()  # Slurm jobs' logs in <out>/.slurm (hidden: not report files)
+        slurm = slurm.at(Path(out).absolute() / ".slurm") if out is not None else slurm
         tokens = extract_sharded(recipe, inputs, reps, workers=config.workers, executor=config.executor,
                                  address=config.address, batch_size=config.batch_size, seed=config.seed,
                                  loaded=loaded, progress=progress, slurm=slurm)
