@@ -377,6 +377,20 @@ def test_cli_capacity_on_a_token_file(tmp_path, capsys):
     assert "assumption1_holds" in capsys.readouterr().out
 
 
+def test_capacity_samples_with_a_token_file_takes_its_first_examples_or_is_refused(tmp_path, capsys):
+    """--samples is honoured with --tokens (the first N examples of the file train), and refused with one
+    line when the file holds fewer; without it every example trains."""
+    path = _tokens(tmp_path, "block.0", False)  # 40 examples
+    common = ["capacity", "--tokens", str(path), "--rows", "4", "--dim", "8", "--heads", "1", "--classes", "3",
+              "--subsets", "20", "--steps", "20", "--seeds", "0", "--threads", "1"]
+    assert main([*common, "--samples", "12", "--out", str(tmp_path / "twelve")]) == 0
+    assert (pd.read_csv(tmp_path / "twelve" / "results.csv")["N"] == 12).all()
+    capsys.readouterr()
+    assert main([*common, "--samples", "41", "--out", str(tmp_path / "too-many")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--samples 41 exceeds the 40 examples of token file" in err
+
+
 # -- convergence, not budgets ---------------------------------------------------------------------
 def test_subset_copies_members_exactly_and_loads_them_back():
     configs = [MHAConfig(heads=h, d=6, d_h=dh, d_v=dh, outputs=5, seed=h) for h, dh in ((1, 2), (3, 6), (2, 4))]

@@ -47,6 +47,7 @@ from auditor.lab.sweep import file_fingerprint, run_sweep, unit_key, write_table
 from auditor.tokens import Tokens
 
 PROJECTIONS = ("svd", "random", "none")
+EXTRACTED_SAMPLES = 256  # examples extracted when --samples is not given
 VERDICTS = ("holds", "fraction", "critical_rtol")  # the audit's verdict columns of an assumption test
 
 
@@ -129,6 +130,8 @@ def assumption_columns(contexts: torch.Tensor, queries: torch.Tensor, n: int, su
 def capacity_unit(unit: dict[str, Any], progress: bool = False) -> list[dict[str, Any]]:
     """One representation: reduce, label, test assumptions, train every (H, seed) together, certify."""
     tokens = Tokens.load(unit["tokens"])
+    if unit.get("samples") is not None:  # --samples with --tokens: the first N examples of the file
+        tokens = Tokens(tokens.contexts[: unit["samples"]], tokens.queries[: unit["samples"]], tokens.meta)
     settings = CapacitySettings(**{k: tuple(v) if isinstance(v, list) else v for k, v in unit["capacity"].items()})
     train_settings = MemorizeSettings.from_unit(unit["train"])
     contexts, queries, info = reduce_tokens(tokens, settings)
@@ -168,12 +171,14 @@ COLUMNS = ("model", "representation", "weights", "data_source", "tokens_dtype", 
 
 
 def _units(token_files: dict[str, str | Path], settings: CapacitySettings, train_settings: MemorizeSettings,
-           out: str | Path) -> list[dict[str, Any]]:
+           out: str | Path, *, samples: int | None = None) -> list[dict[str, Any]]:
+    """One unit per token file; ``samples``: train on the first N examples of each (a unit key changes
+    only when it is given, so earlier runs on whole files still resume)."""
     if not token_files:
         raise AuditError("no token files to run on")
     return [{"kind": "capacity", "representation": name, "tokens": str(Path(path).resolve()),
              "fingerprint": file_fingerprint(path), "capacity": dataclasses.asdict(settings),
-             "train": train_settings.to_unit(), "workdir": str(out)}
+             "train": train_settings.to_unit(), "workdir": str(out), **({} if samples is None else {"samples": samples})}
             for name, path in token_files.items()]
 
 
@@ -210,7 +215,8 @@ class CapacityConfig:
     model: str | None = option(None, "Model to extract from (see `audit models`).", argument=True)
     weights: str = option("random", "random | pretrained | a local folder.")
     data: str | None = option(None, "Image folder / text file / hf:<name>.", default_help="the bundled sample")
-    samples: int = option(256, "Examples N.")
+    samples: int | None = option(None, "Examples N: extracted, or the first N of each --tokens file.",
+                                 default_help=f"{EXTRACTED_SAMPLES} extracted; every example of a --tokens file")
     representations: tuple[str, ...] = option(("embedding", "random-attention", "block.0"),
                                                "Comma-separated representations.")
     tokens: tuple[str, ...] = option((), "Use a --save-tokens file instead of extracting (repeatable).",
@@ -219,6 +225,9 @@ class CapacityConfig:
     training: MemorizeSettings = field(default=MemorizeSettings(), metadata={"nested": True})
 
     def __post_init__(self) -> None:
+        if self.samples is not None and (isinstance(self.samples, bool) or not isinstance(self.samples, int)
+                                         or self.samples < 1):
+            raise AuditError(f"--samples must be a positive number of examples, got {self.samples!r}")
         missing = [p for p in self.tokens if not Path(p).is_file()]
         if missing:
             raise AuditError(f"--tokens file {missing[0]!r} does not exist; give a file written by --save-tokens")
@@ -229,9 +238,15 @@ class CapacityConfig:
 def _experiment_units(config: CapacityConfig, out: Path) -> list[dict[str, Any]]:
     if config.tokens:
         files = {Path(p).stem: Path(p) for p in config.tokens}
-    else:
-        files = extract_tokens(config.model, config.weights, config.data, config.samples, list(config.representations),
-                               out, device=config.training.device, seed=config.settings.seed)
+        if config.samples is not None:  # the first N examples of each file: refused where a file has fewer
+            for path in files.values():
+                have = Tokens.load(path).N
+                if have < config.samples:
+                    raise AuditError(f"--samples {config.samples} exceeds the {have} examples of token file "
+                                     f"{str(path)!r}; valid: 1 <= --samples <= {have} (or leave it out to use all)")
+        return _units(files, config.settings, config.training, out, samples=config.samples)
+    files = extract_tokens(config.model, config.weights, config.data, config.samples or EXTRACTED_SAMPLES,
+                           list(config.representations), out, device=config.training.device, seed=config.settings.seed)
     return _units(files, config.settings, config.training, out)
 
 
