@@ -87,6 +87,7 @@ BABEL_FIRST_COLUMNS = 128  # the Babel function is first computed for m <= this,
 CLIP_QUANTILES = (1.0, 0.9, 0.8, 0.67, 0.5)  # clip index c = round(q p) - 1: the whitenings tried
 LP_NEIGHBOURS = 24  # a certificate combines its vector with this many of the most aligned others
 LP_ROUNDS = 6  # most rounds of row generation per linear program
+LOCAL_SIZES = (0, 1, 2, 4, 8)  # the solver-free certificates use this many neighbours (0: coherence)
 
 
 @dataclass(frozen=True)
@@ -308,12 +309,12 @@ class NullspaceBound:
     """What the null-space bound proves (see the module docstring, (2)).
 
     Attributes:
-        k: every k-subset with k <= this is proven full rank (1: nothing beyond single vectors, also
-            when the programs were stopped before every vector had its certificate).
-        alpha: max_j (a_j + delta b_j) at the delta of k + 1 (an upper bound on alpha; NaN when stopped).
-        solved: how many of the N linear programs were solved.
-        complete: every vector got its certificate.
-        note: why it stopped early, if it did.
+        k: every k-subset with k <= this is proven full rank (1: nothing beyond single vectors).
+        alpha: max_j (a_j + delta b_j) with delta = delta_{min(k + 1, top)} (an upper bound on alpha
+            at that tolerance; NaN when nothing was tried).
+        solved: how many linear programs were solved (beyond the solver-free certificates).
+        complete: every vector got a certificate (False only when the tolerance ruled the bound out).
+        note: why the programs stopped early, if they did.
     """
 
     k: int
@@ -368,52 +369,120 @@ def _certificate(z: np.ndarray, cos_j: np.ndarray, j: int, delta: float) -> np.n
     return u
 
 
+def _local_certificates(z: torch.Tensor, order: torch.Tensor, m: int) -> torch.Tensor:
+    """(N, p) certificates without a solver: u_j is the dual vector of z_j against its m most aligned
+    rows L (``<z_l, u0> = 0`` for l in L, ``<z_j, u0> = 1``; u0 = Z_L^T (Z_L Z_L^T)^-1 e_1), scaled by
+    1 / (1 + c_j), c_j = max_{i != j} |<z_i, u0>|, which balances the two sides of ``||e_j - Z u||_inf``.
+    m = 0 is the coherence certificate of row j. Rows in blocks (memory ~ :data:`CHUNK_BYTES`)."""
+    n_vec, p = z.shape
+    out = torch.empty_like(z)
+    block = max(1, CHUNK_BYTES // (8 * max(n_vec, (m + 1) * p)))
+    eye = torch.eye(m + 1, dtype=z.dtype, device=z.device)
+    for lo in range(0, n_vec, block):
+        js = torch.arange(lo, min(lo + block, n_vec), device=z.device)
+        local = torch.cat([js[:, None], order[js, :m]], dim=1)  # (b, m + 1)
+        zl = z[local]  # (b, m + 1, p)
+        gram = zl @ zl.transpose(1, 2)  # (b, m + 1, m + 1)
+        rhs = eye[:, :1].expand(js.numel(), m + 1, 1)
+        coef = torch.linalg.lstsq(gram, rhs).solution  # (b, m + 1, 1); least squares: Gram may be singular
+        u0 = (zl.transpose(1, 2) @ coef)[..., 0]  # (b, p)
+        corr = z @ u0.T  # (N, b)
+        corr[js, torch.arange(js.numel(), device=z.device)] = 0.0
+        out[js] = u0 / (1 + corr.abs().amax(dim=0))[:, None]
+    return out
+
+
+def _evaluate(z: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rigorous (a_j, b_j) of certificates u (N, p) for the unit rows z (N, p): ``a_j >=
+    ||e_j - Z u_j||_inf`` of the exact unit rows, ``b_j >= ||u_j||_2`` (rounding allowances included)."""
+    n_vec, p = z.shape
+    b = torch.linalg.vector_norm(u, dim=1) * (1 + p * EPS64)  # (N,)
+    a = torch.empty(n_vec, dtype=torch.float64, device=z.device)
+    block = max(1, CHUNK_BYTES // (8 * n_vec))
+    for lo in range(0, n_vec, block):
+        js = torch.arange(lo, min(lo + block, n_vec), device=z.device)
+        resid = -(z @ u[js].T)  # (N, b): e_j - Z u_j
+        resid[js, torch.arange(js.numel(), device=z.device)] += 1.0
+        a[js] = resid.abs().amax(dim=0)
+    allowance = 2 * (p + 8) * EPS64  # rounding of Z u and of the unit rows, per unit of ||u||_2
+    return a + allowance * b + 2 * EPS64, b
+
+
+def _largest_k(a: torch.Tensor, b: torch.Tensor, deltas: torch.Tensor) -> int:
+    """Largest k with ``max_j (a_j + delta_k' b_j) < 1/k'`` for every k' <= k (1 when k = 2 fails)."""
+    top = deltas.numel()
+    ks = torch.arange(2, top + 1, device=a.device)
+    worst = (a[None, :] + deltas[1:, None] * b[None, :]).amax(dim=1) * (1 + 4 * EPS64)  # (top - 1,)
+    return first_failure(worst < 1.0 / ks.double(), ks) if top >= 2 else 1
+
+
 def nullspace_bound(sp: Spectrum, w: Whitened, *, start: int, seconds: float) -> NullspaceBound:
     """The null-space bound of the pool in the coordinates of the whitening ``w`` (module docstring, (2)).
+
+    Every vector first gets the best of :data:`LOCAL_SIZES` solver-free certificates
+    (:func:`_local_certificates`); then the vectors that hold the bound down get a linear program each,
+    worst first, while ``seconds`` allows and while one more can still raise the bound. The bound is
+    valid whenever it stops (each vector always has a certificate).
 
     Args:
         sp: the pool's :class:`Spectrum`.
         w: the map A (any; the best whitening is a good choice).
-        start: what other bounds prove already; the programs stop as soon as one shows that this bound
-            cannot beat it (its value exceeds 1 / (start + 1)).
-        seconds: wall-time cap for the programs; when it is reached the bound proves nothing.
+        start: what other bounds prove already (the programs aim above it).
+        seconds: wall-time cap for the linear programs (0: none).
     """
     t0 = time.perf_counter()
     top = sp.rtol.numel()
     deltas = _deltas(w, sp)  # (top,)
-    target = min(top, max(2 * start, 16))
-    delta = float(deltas[target - 1])
-    z = w.unit.cpu().numpy()  # (N, p)
-    n_vec, p = z.shape
-    if start >= top or float(deltas[start]) >= 1.0 / (start + 1):
+    z = w.unit  # (N, p)
+    n_vec = z.shape[0]
+    if top < 2 or float(deltas[1]) >= 0.5:
         return NullspaceBound(k=1, alpha=math.nan, solved=0, complete=False,
-                              note=f"the tolerance alone keeps it below {start + 1}")
+                              note="the tolerance alone keeps it below 2")
     cos = z @ z.T  # (N, N)
-    np.fill_diagonal(cos, 0.0)
-    # the vectors most aligned with another first: their programs are the likeliest to end the search
-    order = np.argsort(-np.abs(cos).max(axis=1), kind="stable")
-    a_vals = np.full(n_vec, math.inf)
-    b_vals = np.full(n_vec, math.inf)
-    allowance = 2 * (p + 8) * EPS64  # rounding of Z u and of the unit rows, per unit of ||u||_2
-    goal = 1.0 / (start + 1)
-    for solved, j in enumerate(order):
-        spent = time.perf_counter() - t0
-        if spent > seconds or (solved >= 10 and spent / solved * n_vec > seconds):  # spent, or would be
-            return NullspaceBound(k=1, alpha=math.nan, solved=int(solved), complete=False,
-                                  note=f"stopped after {solved} of {n_vec} linear programs: all would take "
-                                       f"~{spent / max(solved, 1) * n_vec:.0f} s, over the {seconds:g} s cap")
-        u = _certificate(z, cos[j], int(j), delta)
-        e = np.zeros(n_vec)
-        e[j] = 1.0
-        b_vals[j] = float(np.linalg.norm(u)) * (1 + p * EPS64)
-        a_vals[j] = float(np.abs(e - z @ u).max()) + allowance * b_vals[j] + 2 * EPS64
-        if a_vals[j] + float(deltas[start]) * b_vals[j] >= goal:  # cannot prove start + 1
-            return NullspaceBound(k=1, alpha=math.nan, solved=int(solved) + 1, complete=False,
-                                  note=f"vector {int(j)} has no certificate below 1/{start + 1}")
-    k = 1
-    for kk in range(2, top + 1):
-        if float(np.max(a_vals + float(deltas[kk - 1]) * b_vals)) * (1 + 4 * EPS64) >= 1.0 / kk:
+    cos.fill_diagonal_(0.0)
+    order = cos.abs().argsort(dim=1, descending=True)  # (N, N): the most aligned rows first
+    target = min(top, max(start + 1, 2))
+    a = b = None
+    for m in LOCAL_SIZES:
+        if m >= n_vec:
             break
-        k = kk
-    alpha = float(np.max(a_vals + float(deltas[min(k, top - 1)]) * b_vals))
-    return NullspaceBound(k=k, alpha=alpha, solved=n_vec, complete=True)
+        am, bm = _evaluate(z, _local_certificates(z, order, m))
+        if a is None:
+            a, b = am, bm
+        else:
+            better = am + deltas[target - 1] * bm < a + deltas[target - 1] * b
+            a, b = torch.where(better, am, a), torch.where(better, bm, b)
+    k = _largest_k(a, b, deltas)
+    # linear programs for the vectors that hold k down, worst first
+    zn, cn = z.cpu().numpy(), cos.cpu().numpy()
+    solved, note = 0, ""
+    tried = torch.zeros(n_vec, dtype=torch.bool, device=z.device)
+    while seconds > 0 and k < top:
+        spent = time.perf_counter() - t0
+        if spent > seconds:
+            note = f"linear programs stopped at the {seconds:g} s cap after {solved}"
+            break
+        value = torch.where(tried, -math.inf, a + deltas[k] * b)  # what proving k + 1 needs below 1/(k + 1)
+        j = int(value.argmax())
+        if not math.isfinite(float(value[j])) or float(value[j]) * (1 + 4 * EPS64) < 1.0 / (k + 1):
+            break  # every vector that held k down has had its program
+        u = torch.as_tensor(_certificate(zn, cn[j], j, float(deltas[k])), device=z.device)
+        aj, bj = _evaluate_one(z, u, j)
+        solved += 1
+        tried[j] = True
+        if aj + float(deltas[k]) * bj < float(a[j] + deltas[k] * b[j]):
+            a[j], b[j] = aj, bj
+        if (aj + float(deltas[k]) * bj) * (1 + 4 * EPS64) >= 1.0 / (k + 1):
+            break  # this vector keeps the bound at k whatever the others do
+        k = _largest_k(a, b, deltas)
+    alpha = float((a + deltas[min(k, top - 1)] * b).max())
+    return NullspaceBound(k=k, alpha=alpha, solved=solved, complete=True, note=note)
+
+
+def _evaluate_one(z: torch.Tensor, u: torch.Tensor, j: int) -> tuple[float, float]:
+    """:func:`_evaluate` for one certificate u (p,) of row j."""
+    p = z.shape[1]
+    b = float(torch.linalg.vector_norm(u)) * (1 + p * EPS64)
+    resid = -(z @ u)  # (N,)
+    resid[j] += 1.0
+    return float(resid.abs().max()) + 2 * (p + 8) * EPS64 * b + 2 * EPS64, b

@@ -128,7 +128,7 @@ def test_nullspace_bound_beats_the_gershgorin_bounds_where_the_null_space_is_sma
     assert truth == 10
     assert max(res.coherence_k, res.babel_k, res.whitened_coherence_k, res.whitened_babel_k) <= 3
     assert (res.lower, res.method, res.nullspace_k, res.exact) == (4, "nullspace", 4, False), res
-    assert res.nullspace_programs == 12 and "null-space bound 4" in res.note
+    assert res.nullspace_programs <= 12 and "null-space bound 4" in res.note
 
 
 def test_nullspace_bound_on_a_frame_of_known_coherence():
@@ -150,8 +150,8 @@ def test_nullspace_cap_and_bad_input():
     assert (res.nullspace_k, res.nullspace_programs) == (1, 0)
     rtols = [resolve_rtol(None, k, 12, x.dtype) for k in range(1, 13)]
     sp = spectrum(x, rtols)
-    capped = nullspace_bound(sp, whiten(sp, 11), start=1, seconds=0.0)
-    assert (capped.k, capped.complete) == (1, False) and "cap" in capped.note
+    capped = nullspace_bound(sp, whiten(sp, 11), start=1, seconds=0.0)  # solver-free certificates only
+    assert capped.solved == 0 and capped.complete and capped.k <= brute_kruskal_rank(x[:14])
     for bad in (-1, math.inf, True, "5"):
         with pytest.raises(ValueError, match="nullspace_seconds must be a finite number >= 0"):
             kruskal_lower_bound(x, nullspace_seconds=bad)
