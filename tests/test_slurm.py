@@ -302,3 +302,35 @@ def test_sharded_extraction_as_a_job_array_equals_one_process(cluster, tmp_path)
     with pytest.raises(AuditError, match=r"^representation 'block.7' is out of range: the model has 3 blocks"):
         extract_sharded(recipe, inputs, ["block.7"], workers=2, executor="slurm", batch_size=4, progress=False,
                         slurm=SlurmOptions(folder=str(tmp_path / "logs")))
+
+
+@pytest.mark.slow  # another job array with a gated unit: about 30 s
+def test_a_killed_driver_leaves_its_jobs_running_and_the_rerun_attaches_to_them(cluster, tmp_path):
+    """The process that submitted the array dies (SIGKILL: a lost login session); the jobs go on, and
+    running the same sweep again collects them instead of submitting them again."""
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    configs = [{**c, "workdir": str(workdir), GATE: True} for c in CONFIGS]
+    out = tmp_path / "sweep"
+    script = ("import json, sys\nimport test_slurm\nfrom auditor.lab.sweep import run_sweep\n"
+              "run_sweep(test_slurm.rank_unit, json.loads(sys.argv[1]), sys.argv[2], executor='slurm', progress=False)\n")
+    driver = subprocess.Popen([sys.executable, "-c", script, json.dumps(configs), str(out)])
+    try:
+        deadline = time.monotonic() + 120
+        while not (workdir / f"started-{GATE_AT}").exists() and time.monotonic() < deadline and driver.poll() is None:
+            time.sleep(0.2)
+        assert (workdir / f"started-{GATE_AT}").exists()
+    finally:
+        driver.kill()
+        driver.wait(timeout=30)
+    submitted = json.loads((out / "slurm" / "jobs.json").read_text())
+    live = subprocess.run(["squeue", "-h", "-r", "-o", "%i"], capture_output=True, text=True, timeout=30).stdout.split()
+    assert submitted[unit_key(configs[GATE_AT])] in live, "the gated job outlived its driver"
+
+    (workdir / "release").touch()
+    rows = run_sweep(rank_unit, configs, out, executor="slurm", progress=False)
+    assert rows["rank"].tolist() == [3, 7, 12]
+    assert json.loads((out / "slurm" / "jobs.json").read_text()) == submitted, "nothing was submitted again"
+    runs = (workdir / "runs.log").read_text().split("\n")
+    assert [runs.count(f"start {i}") for i in range(3)] == [1, 1, 1], runs
+    assert [runs.count(f"done {i}") for i in range(3)] == [1, 1, 1], runs
