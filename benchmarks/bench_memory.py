@@ -1,0 +1,192 @@
+"""Benchmark: memory of an audit grows with the audited depth, not with the checkpoint.
+
+Random Llama-style checkpoints at a 7B-class width (d = 4096, MLP 14336, 32 heads / 8 KV heads,
+vocabulary 32000, Llama-3-8B's block) with a growing number of blocks are written in bfloat16, sharded
+(1 GB shards and their index, the layout of ``save_pretrained``), under a scratch folder. For each:
+
+- ``audit DIR -w pretrained --layers 0`` (embedding and block 0; tokens computed in float32) in a
+  fresh process: its peak resident memory (``ru_maxrss``) and wall time;
+- the whole-model baseline in a fresh process: ``LlamaModel.from_pretrained(DIR)`` cast to float32 (as
+  a hook library or the auditor's ViT/BERT/GPT-2 path does) and one forward over the same batch
+  size, with its peak memory and wall time;
+
+against the checkpoint's size on disk. Each checkpoint is deleted once measured.
+
+    python benchmarks/bench_memory.py [--blocks 1,2,4,6] [--scratch /tmp/bench-memory] [--samples 64]
+
+Writes reports/benchmarks-memory.md (unless --no-report).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+GIB = 2**30
+SHARD_BYTES = 1 << 30
+
+BASELINE = r"""
+import resource, sys, time, torch, transformers
+torch.set_num_threads(int(sys.argv[3]))
+begin = time.perf_counter()
+model = transformers.LlamaModel.from_pretrained(sys.argv[1]).to(torch.float32).eval()
+ids = torch.randint(0, 32000, (int(sys.argv[2]), 32))
+with torch.inference_mode():
+    model(input_ids=ids[:32], use_cache=False)
+print(time.perf_counter() - begin, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+def llama_7b_width(blocks: int):
+    import transformers
+
+    return transformers.LlamaConfig(
+        vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=blocks,
+        num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=4096, dtype="bfloat16",
+        rope_parameters={"rope_type": "default", "rope_theta": 500000.0}, bos_token_id=1, eos_token_id=2,
+    )
+
+
+def write_checkpoint(folder: Path, blocks: int, seed: int = 0) -> tuple[int, int]:
+    """A random bfloat16 checkpoint of ``blocks`` blocks in 1 GB shards with its index; (parameters, bytes)."""
+    import torch
+    import transformers
+    from safetensors.torch import save_file
+
+    from auditor.models.partial import parameters_on_meta
+
+    config = llama_7b_width(blocks)
+    with parameters_on_meta():
+        shapes = {name: tuple(p.shape) for name, p in transformers.LlamaModel(config).named_parameters()}
+    folder.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(folder)
+    gen = torch.Generator().manual_seed(seed)
+    shard: dict[str, torch.Tensor] = {}
+    parts: list[tuple[Path, list[str]]] = []  # written shards (temporary names) and the tensors they hold
+
+    def flush() -> None:
+        path = folder / f"part-{len(parts):05d}.tmp"
+        save_file(shard, path, metadata={"format": "pt"})
+        parts.append((path, list(shard)))
+        shard.clear()
+
+    size = total = 0
+    for name, shape in shapes.items():
+        tensor = torch.ones(shape, dtype=torch.bfloat16) if name.endswith("norm.weight") else (
+            torch.randn(shape, generator=gen) * 0.02).to(torch.bfloat16)
+        if shard and size + tensor.numel() * 2 > SHARD_BYTES:
+            flush()
+            size = 0
+        shard[name] = tensor
+        size += tensor.numel() * 2
+        total += tensor.numel()
+    flush()
+    weight_map: dict[str, str] = {}
+    written = 0
+    for index, (path, names) in enumerate(parts, start=1):
+        filename = f"model-{index:05d}-of-{len(parts):05d}.safetensors"
+        path.rename(folder / filename)
+        weight_map.update({name: filename for name in names})
+        written += (folder / filename).stat().st_size
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total * 2}, "weight_map": weight_map}, indent=1))
+    return total, written
+
+
+def measure(command: list[str]) -> tuple[float, float]:
+    """(wall seconds, peak RSS in GiB) of ``command`` run in a fresh process (through :data:`_ONE`, which
+    reports the peak of that one child: ``ru_maxrss`` of children is a maximum over all of them)."""
+    begin = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", _ONE, *command], capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    wall = time.perf_counter() - begin
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
+    peak = [line for line in done.stdout.splitlines() if line.startswith("PEAK ")][-1]
+    return wall, int(peak.split()[1]) * 1024 / GIB
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--blocks", default="1,2,4,6")
+    parser.add_argument("--scratch", type=Path, default=Path("/tmp/bench-memory"))
+    parser.add_argument("--samples", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--no-baseline", action="store_true", help="skip the whole-model forward")
+    parser.add_argument("--no-report", action="store_true")
+    args = parser.parse_args()
+    depths = [int(b) for b in args.blocks.split(",")]
+    rows = []
+    audit = [sys.executable, "-m", "auditor.cli"]
+    for blocks in depths:
+        folder = args.scratch / f"llama-d4096-{blocks}blocks"
+        shutil.rmtree(folder, ignore_errors=True)
+        params, on_disk = write_checkpoint(folder, blocks)
+        # ru_maxrss of children is a running maximum: each measurement runs in its own helper process
+        wall, peak = measure([*audit, str(folder), "-w", "pretrained", "--layers", "0",
+                                 "--samples", str(args.samples), "--subsets", "200", "--no-robustness", "-q",
+                                 "--threads", str(args.threads), "--out", str(args.scratch / f"report-{blocks}")])
+        base_wall = base_peak = float("nan")
+        if not args.no_baseline:
+            base_wall, base_peak = measure([sys.executable, "-c", BASELINE, str(folder), str(args.samples),
+                                             str(args.threads)])
+        rows.append((blocks, params, on_disk / GIB, peak, wall, base_peak, base_wall))
+        print(f"{blocks} blocks, {params / 1e9:.2f}B params, {on_disk / GIB:.2f} GiB on disk: audit peak {peak:.2f} GiB "
+              f"in {wall:.0f} s; whole model {base_peak:.2f} GiB in {base_wall:.0f} s", flush=True)
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(args.scratch / f"report-{blocks}", ignore_errors=True)
+    if not args.no_report:
+        write_report(rows, args)
+
+
+# A helper that runs one command and prints the peak RSS of that command alone (its only child).
+_ONE = r"""
+import resource, subprocess, sys
+done = subprocess.run(sys.argv[1:])
+print("PEAK", resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, flush=True)
+sys.exit(done.returncode)
+"""
+
+
+def write_report(rows, args) -> None:
+    from auditor.provenance import provenance
+
+    stamp = provenance()
+    lines = [
+        "# Benchmark: memory of an audit against the checkpoint's size",
+        "",
+        "Random Llama-style checkpoints at a 7B-class width (d = 4096, MLP 14336, 32 heads / 8 KV heads,",
+        "vocabulary 32000), bfloat16, in 1 GB safetensors shards with their index. `audit DIR -w pretrained",
+        f"--layers 0 --samples {args.samples} --subsets 200 --no-robustness` reads the embedding and block 0 and",
+        "computes the tokens in float32; the whole-model baseline is `LlamaModel.from_pretrained(DIR)` cast to",
+        "float32 and one forward. Peak resident memory of each fresh process (`ru_maxrss`).",
+        "",
+        "| blocks | parameters | on disk (GiB) | audit peak RSS (GiB) | audit / disk | audit wall (s) | whole model peak RSS (GiB) | whole model wall (s) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for blocks, params, disk, peak, wall, base_peak, base_wall in rows:
+        lines.append(f"| {blocks} | {params / 1e9:.2f}B | {disk:.2f} | {peak:.2f} | {peak / disk:.2f} | {wall:.0f} | "
+                     f"{base_peak:.2f} | {base_wall:.0f} |")
+    lines += [
+        "",
+        f"Command: `python benchmarks/bench_memory.py --blocks {args.blocks} --samples {args.samples} "
+        f"--threads {args.threads}`",
+        "",
+        f"Machine: {platform.machine()}, {os.cpu_count()} logical CPUs; git {stamp.get('git_commit', '')[:12]}; "
+        f"{stamp.get('versions', '')}",
+        "",
+        "Wall times depend on the machine's load (shared by several jobs here); the memory figures do not.",
+    ]
+    (REPO / "reports" / "benchmarks-memory.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
