@@ -98,6 +98,14 @@ def temporary_path(path: Path) -> Path:
     return Path(tmp)
 
 
+def _named(err: OSError, path: Path) -> OSError:
+    """``err`` naming ``path`` when it names no file (a full disk's ENOSPC arrives from ``write`` without one)
+    or only the temporary one."""
+    if err.errno is not None and (err.filename is None or str(err.filename).endswith(TMP_SUFFIX)):
+        return type(err)(err.errno, err.strerror or os.strerror(err.errno), str(path))
+    return err
+
+
 def _write_synced(tmp: Path, text: str) -> None:
     with open(tmp, "w") as fh:
         fh.write(text)
@@ -108,10 +116,16 @@ def _write_synced(tmp: Path, text: str) -> None:
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
     """Write ``text`` to ``path`` atomically."""
     path = Path(path)
-    tmp = temporary_path(path)
+    try:
+        tmp = temporary_path(path)
+    except OSError as err:
+        raise _named(err, path.parent) from None
     try:
         _write_synced(tmp, text)
         os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise _named(err, path) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -155,11 +169,17 @@ class Staged:
     def write(self, path: str | os.PathLike[str], writer: Callable[[Path], object]) -> Path:
         """Call ``writer(temporary path)`` to fill the file that will become ``path``."""
         path = Path(path)
-        tmp = temporary_path(path)
+        try:
+            tmp = temporary_path(path)
+        except OSError as err:
+            raise _named(err, path.parent) from None
         self._pending.append((tmp, path))
-        writer(tmp)
-        with open(tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
+        try:
+            writer(tmp)
+            with open(tmp, "rb+") as fh:
+                os.fsync(fh.fileno())
+        except OSError as err:
+            raise _named(err, path) from None
         return path
 
     def text(self, path: str | os.PathLike[str], text: str) -> Path:
@@ -171,7 +191,10 @@ class Staged:
         done = []
         while self._pending:
             tmp, path = self._pending[0]
-            os.replace(tmp, path)
+            try:
+                os.replace(tmp, path)
+            except OSError as err:
+                raise _named(err, path) from None
             self._pending.pop(0)
             done.append(path)
         return done

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import socket
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -52,6 +53,38 @@ def check_resources(**amounts: float) -> None:
             raise AuditError(f"{name} must be a finite number >= 0; got {value!r}")
 
 
+RAY_CONNECT_TIMEOUT_S = 10.0  # how long --address may stay silent before the run is refused (Ray itself retries on)
+_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes.fromhex("000000040000000000")  # + empty SETTINGS
+
+
+def check_reachable(address: str | None, timeout: float | None = None) -> None:
+    """A one-line AuditError unless ``host:port`` (or ``ray://host:port``) of ``address`` answers as a gRPC server
+    (Ray's GCS and client server are) within ``timeout`` seconds (default :data:`RAY_CONNECT_TIMEOUT_S`): the HTTP/2 preface is sent and the server's
+    SETTINGS frame awaited. Ray's own client retries for ever against an address that takes the connection and
+    stays silent. None, ``auto`` and ``local`` are Ray's discovery and are left to it."""
+    if address is None or address in ("auto", "local"):
+        return
+    timeout = RAY_CONNECT_TIMEOUT_S if timeout is None else timeout
+    client = address.startswith("ray://")
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        host, port = address.removeprefix("ray://"), "10001" if client else "6379"
+    where = f"{host}:{port}"
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as sock:
+            sock.settimeout(timeout)
+            sock.sendall(_HTTP2_PREFACE)
+            head = sock.recv(9)  # the first frame's header: length (3 bytes), type (0x04 = SETTINGS), ...
+    except OSError as err:
+        reason = f"no answer within {timeout:g} s" if isinstance(err, TimeoutError) else (
+            err.strerror or type(err).__name__)
+        raise AuditError(f"cannot reach a Ray cluster at {address!r} ({where}: {reason}); check the address, start "
+                         "one with 'ray start --head', or leave out --address for a local instance") from None
+    if len(head) < 4 or head[3] != 0x04:
+        raise AuditError(f"{address!r} ({where}) answers, but not as a Ray cluster (no gRPC handshake); check the "
+                         "address (the head's GCS port, 6379 by default, or ray://host:10001)")
+
+
 def connect_ray(address: str | None) -> bool:
     """Join (or start) Ray; True when this call started it (so the caller shuts it down)."""
     require_ray()
@@ -59,6 +92,7 @@ def connect_ray(address: str | None) -> bool:
 
     if ray.is_initialized():
         return False
+    check_reachable(address)
     try:
         ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
     except (ConnectionError, RuntimeError, ValueError) as err:

@@ -31,7 +31,7 @@ from auditor.execution import EXECUTORS, check_executor
 from auditor.lab import experiment as registry
 from auditor.lab.experiment import Experiment, Option, run_experiment
 from auditor.lab.sweep import missing_parents, remove_empty
-from auditor.options import MAX_SEED, MAX_SIZE, parse_floats, parse_ints, parse_seeds, parse_sizes
+from auditor.options import MAX_SEED, MAX_SIZE, MAX_STEPS, parse_floats, parse_ints, parse_seeds, parse_sizes
 from auditor.provenance import timestamp
 from auditor.slurm import click_options as slurm_options
 from auditor.slurm import pop_options as pop_slurm_options
@@ -39,9 +39,10 @@ from auditor.slurm import pop_options as pop_slurm_options
 MAX_THREADS = 1024
 SEED = click.IntRange(0, MAX_SEED)  # a scalar seed option (lists: auditor.options.parse_seeds)
 SIZE = click.IntRange(max=MAX_SIZE)  # a scalar size option; its lower bound is the config's own check
+STEPS = click.IntRange(max=MAX_STEPS)  # a step count (--steps, --eval-every); its lower bound is the config's
 THREADS_HELP = "torch intra-op threads for this run [default: torch's default, one per core]"
 SEEDS_HELP = "Seeds of the repetitions, e.g. 0,1,2 or 0:4"
-_UNBOUNDED = ("steps", "eval_every")  # plain integers, checked by the config
+_STEP_COUNTS = ("steps", "eval_every")  # bounded by MAX_STEPS, not MAX_SIZE
 
 
 def check_threads(threads: int | None) -> None:
@@ -168,7 +169,7 @@ def _param(opt: Option, *, flag: str | None = None, name: str | None = None) -> 
     if meta.get("choices"):
         kind = click.Choice(meta["choices"])
     elif kind is int:
-        kind = SEED if "seed" in opt.field.name else click.INT if opt.field.name in _UNBOUNDED else SIZE
+        kind = SEED if "seed" in opt.field.name else STEPS if opt.field.name in _STEP_COUNTS else SIZE
     elif kind is not float or meta.get("parse") == "floats":
         kind = str
     return click.Option([flag, name], type=kind, default=None, help=help, hidden=hidden)

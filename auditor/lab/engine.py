@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 
 from auditor.atomic import write_atomic
 from auditor.errors import AuditError, did_you_mean
+from auditor.options import MAX_STEPS
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +112,9 @@ class TrainConfig:
             raise AuditError(f"target_accuracy must be in (0, 1], got {self.target_accuracy}")
         if self.eval_every < 1 or self.checkpoint_every < 1:
             raise AuditError("eval_every and checkpoint_every must be >= 1")
+        if self.steps > MAX_STEPS or self.eval_every > MAX_STEPS:
+            raise AuditError(f"steps and eval_every take at most {MAX_STEPS:,}; got steps = {self.steps}, "
+                             f"eval_every = {self.eval_every}")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise AuditError(f"betas must be two numbers in [0, 1), got {self.betas}")
         if not self.eps > 0 or not 0 <= self.momentum < 1:
