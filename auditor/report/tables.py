@@ -182,13 +182,17 @@ def bounds_table(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def kruskal_table(curves: pd.DataFrame) -> pd.DataFrame:
-    """One row per representation @ weights: the sweep's lower estimate and certified upper bound."""
+    """One row per representation @ weights: the sweep's sampled estimate as an inequality (``>= k``, or
+    ``< k`` where the smallest tested k already failed, never 0) and its certified upper bound."""
     rows = []
     for (rep, weights), frame in curves.groupby(["representation", "weights"], sort=False):
         upper = frame["upper_bound"].iloc[0]
         refined = frame.loc[frame.get("refined", pd.Series(False, index=frame.index)).astype(bool), "k"]
+        lower = int(frame["lower_estimate"].iloc[0])
+        failed = frame.loc[pd.to_numeric(frame["fraction"], errors="coerce") < 1.0, "k"]
+        estimate = f">= {lower}" if lower > 0 else (f"< {int(failed.min())}" if len(failed) else "")
         rows.append({"representation @ weights": f"{rep} @ {weights}",
-                     "lower estimate": int(frame["lower_estimate"].iloc[0]),
+                     "sampled estimate": estimate,
                      "certified upper bound": "none found" if pd.isna(upper) else int(upper),
                      "k tested": len(frame), "refined k": " ".join(str(int(k)) for k in sorted(refined)) or "-"})
     return pd.DataFrame(rows).set_index("representation @ weights")

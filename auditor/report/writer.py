@@ -152,9 +152,10 @@ def summary_text(result: AuditResult, plots: list[Path]) -> str:
                   "outside an audit across depth).", ""]
     if not result.curves.empty:
         lines += ["## Kruskal rank of the queries (from the sweep)", "", kruskal_table(result.curves).to_markdown(),
-                  "", "Lower estimate: the largest k whose sampled subsets (and those of every smaller tested k) "
-                  "were all full rank; sampling cannot prove it. Upper bound: certified by a dependent subset "
-                  "(witness) at the next k. Bisection added the refined k between the two.", ""]
+                  "", "Sampled estimate: >= the largest k whose sampled subsets (and those of every smaller "
+                  "tested k) were all full rank (sampling cannot prove it), or < the smallest tested k when that "
+                  "one already failed. Upper bound: certified by a dependent subset (witness) at the next k. "
+                  "Bisection added the refined k between the two.", ""]
     if not result.depth.empty:
         lines += ["## Across depth (depth.csv)", "", depth_table(result.depth).to_markdown(index=False,
                                                                                            disable_numparse=True), "",
