@@ -84,8 +84,10 @@ def default_out(out: str | None, name: str) -> Path:
 
 
 def _holds_progress(folder: Path) -> bool:
-    """Whether a finished sweep unit or a training checkpoint lies under ``folder``."""
-    return any(p.is_file() for pattern in ("units/*.json", "checkpoints/*") for p in folder.rglob(pattern))
+    """Whether a finished sweep unit, a training checkpoint or the record of submitted Slurm jobs (which go
+    on without this process and write their units here) lies under ``folder``."""
+    return any(p.is_file() for pattern in ("units/*.json", "checkpoints/*", "slurm/jobs.json")
+               for p in folder.rglob(pattern))
 
 
 def _earlier_run(folder: Path) -> bool:
