@@ -21,7 +21,9 @@ the vectors it tested, and every row the token geometry of its representation (:
 :func:`token_geometry`). ``layers="all"`` (``--layers``) audits the embedding and every block; such an
 audit across depth (also: two or more ``block.L``) names each layer's tests in the time per stage and
 returns its depth profile (``AuditResult.depth``, ``depth.csv``; :mod:`auditor.report.depth`). Tokens
-are extracted in as few forward passes as the memory budget allows and one group is held at a time.
+are extracted in one forward pass and held when they fit in the memory budget; otherwise the contexts
+stream (:mod:`auditor.stream`): each chunk is reduced to what the tests need and dropped, with the same
+rows; config.json says so (``contexts``).
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ from auditor.sources import (
     plan,
     read_token_files,
 )
+from auditor.stream import StreamedContexts, streamed_note
 from auditor.tokens import Tokens
 
 __all__ = ["COLUMNS", "DEFAULT_REPRESENTATIONS", "DEFAULT_SUBSETS", "DEFAULT_WEIGHTS", "MAX_SUBSETS", "QUERY_TESTS",
@@ -201,7 +204,7 @@ def kruskal_extras(row: dict[str, Any], vectors: torch.Tensor, cache: dict[str, 
             "duplicates": int(exact), "near_duplicates": int(near)}
 
 
-def token_geometry(contexts: torch.Tensor | None, queries: torch.Tensor) -> dict[str, Any]:
+def token_geometry(contexts: torch.Tensor | StreamedContexts | None, queries: torch.Tensor) -> dict[str, Any]:
     """``effective_rank``, ``stable_rank``, ``anisotropy`` of the queries (N, d), raw and mean-centred
     (``*_centred``), and ``collapse_residual`` (mean over the contexts (N, n, d) of
     ||E - 1 mean(E)||_F / ||E||_F; None without contexts); {} when this installation of probes has no
@@ -209,13 +212,19 @@ def token_geometry(contexts: torch.Tensor | None, queries: torch.Tensor) -> dict
     geometry = _probes_module("geometry")
     if geometry is None:
         return {}
-    found = geometry.token_geometry(contexts, queries)
+    if isinstance(contexts, StreamedContexts):  # the residuals were computed as the contexts streamed
+        found = dataclasses.replace(geometry.token_geometry(None, queries),
+                                    collapse_residual=contexts.collapse_residual())
+    else:
+        found = geometry.token_geometry(contexts, queries)
     values = {name: getattr(found, name, None) for name in GEOMETRY_COLUMNS}
     return {name: None if value is None else float(value) for name, value in values.items()}
 
 
-def _mixed(contexts: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
+def _mixed(contexts: torch.Tensor | StreamedContexts, queries: torch.Tensor) -> torch.Tensor:
     """The vectors Assumption 3 tests: e(t) + mean of the rows of E(t), in float64 as probes forms them."""
+    if isinstance(contexts, StreamedContexts):
+        return contexts.mixed(queries)  # (N, d)
     return queries.to(torch.float64) + contexts.to(torch.float64).mean(dim=1)  # (N, d)
 
 
@@ -238,7 +247,8 @@ def run_tests(
 
     Args:
         contexts: (N, n, d) and queries: (N, d), on the device the tests should run on. ``contexts`` may
-            be None when only queries are held (then only Assumption 1 and general position apply).
+            be None when only queries are held (then only Assumption 1 and general position apply), or
+            streamed (:class:`auditor.stream.StreamedContexts`: the same rows, from their reductions).
         on_row: called with each row as soon as its test finishes (the runner saves it to disk).
         reuse: returns the finished row of a Kruskal test from an earlier run of the same configuration
             on the same data, or None. Assumption 2 always runs (seconds; it feeds the rank histogram).
@@ -268,7 +278,9 @@ def run_tests(
                 row = {"test": name, "status": "skipped", "k": k, "N": num, "n": n, "d": d,
                        "note": f"N = {num} examples < k = {k}: too few for one {k}-subset; give at least {k} samples"}
             else:
-                result, test_ranks = test.run(contexts, queries, n, options)
+                run_test = contexts.run if isinstance(contexts, StreamedContexts) else (
+                    lambda name, *args, test=test: test.run(contexts, *args))
+                result, test_ranks = run_test(name, queries, n, options)
                 ranks = test_ranks if test_ranks is not None else ranks
                 row = _test_row(result)
                 if not test.kruskal:  # every context tested: the share is exact, its interval a point
@@ -483,19 +495,46 @@ def _torch_threads(threads: int | None) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def _timed(groups: Iterator[TokenGroup], clock: StageClock) -> Iterator[TokenGroup]:
+def _stream_stage(work: str, rep: str, saved: bool, per_layer: bool) -> str | None:
+    """The stage of work done on streamed contexts as they were extracted (``ranks``, ``means``,
+    ``geometry``, ``file``); None: it stays in the extraction's stage (a temporary contexts file, or the
+    collapse residuals outside an audit across depth)."""
+    if work == "file":
+        return SAVING_TOKENS if saved else None
+    if work == "geometry":
+        return f"geometry ({rep})" if per_layer else None
+    test = {"ranks": "assumption2", "means": "assumption3"}[work]
+    return f"{test} ({rep})" if per_layer else test
+
+
+def _timed(groups: Iterator[TokenGroup], clock: StageClock, per_layer: bool = False,
+           chunks: list[int] | None = None) -> Iterator[TokenGroup]:
     """The groups, each one's making (model, inputs, extraction) added to its stage while the run waits.
 
     No reference to a group is kept once the next is asked for: a group's tokens are released before the
-    next group's are extracted (the memory bound of :func:`auditor.sources.extracted_passes`).
+    next group's are extracted (the memory bound of :func:`auditor.sources.extracted_passes`). The work
+    done on streamed contexts while they were extracted goes to the stage it serves (:func:`_stream_stage`);
+    ``chunks`` collects the chunk size of each streamed representation.
     """
     while True:
         begin = time.perf_counter()
         group = next(groups, None)
         if group is None:
             return
+        elapsed, streamed = time.perf_counter() - begin, []
+        for item in group.items:
+            if not isinstance(item.contexts, StreamedContexts):
+                continue
+            if chunks is not None:
+                chunks.append(item.contexts.chunk)
+            for work, seconds in item.contexts.seconds.items():
+                stage = _stream_stage(work, item.representation, item.saved is not None, per_layer)
+                if stage is not None:
+                    streamed.append((stage, seconds))
         if group.stage is not None:
-            clock.add(group.stage, time.perf_counter() - begin)
+            clock.add(group.stage, elapsed - sum(seconds for _, seconds in streamed))
+        for stage, seconds in streamed:
+            clock.add(stage, seconds)
         yield group
         group = None
 
@@ -518,7 +557,8 @@ def _run_groups(config: AuditConfig, groups: Callable[[Path | None], Iterator[To
         result = AuditResult(rows=pd.DataFrame(), curves=pd.DataFrame(), config=config, out=out_path)
         try:
             per_layer = _depth_audit(config)
-            for group in _timed(groups(out_path), clock):
+            chunks: list[int] = []  # examples per chunk of each streamed representation
+            for group in _timed(groups(out_path), clock, per_layer, chunks):
                 _test_group(group, config, test_device, result, done, folder, progress, clock, per_layer)
                 del group  # released before the next group is extracted
         except KeyboardInterrupt as err:
@@ -541,8 +581,9 @@ def _run_groups(config: AuditConfig, groups: Callable[[Path | None], Iterator[To
             result.depth = depth_frame(result.rows, result.curves)
         result.stages = clock.frame()
         if folder is not None:
+            extra = {"torch_threads": torch.get_num_threads(), **({"contexts": streamed_note(chunks)} if chunks else {})}
             try:
-                written = write_report(result, folder.path, {"torch_threads": torch.get_num_threads()})
+                written = write_report(result, folder.path, extra)
             except OSError as err:
                 raise AuditError(f"cannot write the report into {str(folder.path)!r} ({err.strerror or err}); "
                                  f"the finished rows stay in {PARTIAL_CSV}: free some space or fix the folder and "
@@ -582,7 +623,10 @@ def _test_group(group: TokenGroup, config: AuditConfig, test_device: torch.devic
                 raise AuditError(f"cannot save tokens in {str(path.parent)!r} ({err.strerror or err}); free some "
                                  "space or choose another --out") from None
             folder.produced.add(path)
-        contexts = item.contexts.to(test_device) if item.contexts is not None else None
+        if item.saved is not None and folder is not None:  # written chunk by chunk as the contexts streamed
+            folder.produced.add(item.saved)
+        streamed = isinstance(item.contexts, StreamedContexts)
+        contexts = item.contexts if streamed or item.contexts is None else item.contexts.to(test_device)
         queries = item.queries.to(test_device)
         meta = item.meta
         base = {"model": config.model, "representation": rep, "layer": meta.get("layer", ""), "weights": weights,
@@ -605,5 +649,7 @@ def _test_group(group: TokenGroup, config: AuditConfig, test_device: torch.devic
                 sweep = probes.kruskal_sweep(queries, ks, subsets=config.sweep_subsets, seed=config.seed,
                                              refine=config.sweep_refine, rtol=config.rtol, progress=progress)
             done.curves.append(_curve(sweep, config.model, rep, weights, item.n))
+        if streamed:
+            item.contexts.release()  # its temporary contexts file, once every test is done
         del contexts, queries
     bar.close()

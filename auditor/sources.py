@@ -8,6 +8,10 @@ data they were made from (resume reuses a row only on equal fingerprints):
 - a model object the caller holds (:func:`object_groups`);
 - token files written by ``--save-tokens`` (:func:`read_token_files`), or tensors (``audit_tokens``).
 
+A model's tokens are held in memory when every representation's fit in the memory budget (one forward
+pass); otherwise they are streamed (:func:`token_groups`, :mod:`auditor.stream`): one forward pass in
+chunks, each chunk reduced to what the tests need and dropped.
+
 The ``check_*`` functions validate a configuration against the model's architecture read from its
 configuration alone: nothing there loads weights or touches the report folder, so a mistake costs
 nothing and never disturbs an earlier run's files.
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.util
 import inspect
 import logging
 import math
@@ -27,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 import probes
 from auditor.assumptions import ASSUMPTION_TESTS
@@ -34,11 +40,12 @@ from auditor.config import DEFAULT_REPRESENTATIONS, MAX_DEFAULT_SAMPLES, AuditCo
 from auditor.errors import AuditError
 from auditor.execution import check_executor
 from auditor.slurm import SlurmOptions
+from auditor.stream import ContextReducer, StreamedContexts, chunk_examples
 from auditor.tokens import Tokens
 
 __all__ = ["MAX_DEFAULT_SAMPLES", "Row", "TokenGroup", "TokenItem", "check_model_options", "check_object_options",
            "check_shapes", "extracted", "extracted_passes", "extraction_stage", "fingerprint", "model_groups",
-           "object_groups", "plan", "read_token_files"]
+           "object_groups", "plan", "read_token_files", "streamed", "token_groups"]
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")  # a representation name that is no path
 EMBEDDING = "embedding"
 GIB = 2**30
@@ -231,10 +238,11 @@ class TokenItem:
 
     representation: str
     queries: torch.Tensor  # (N, d)
-    contexts: torch.Tensor | None  # (N, n, d); None when only queries are held
+    contexts: torch.Tensor | StreamedContexts | None  # (N, n, d); reduced when streamed; None: queries only
     n: int
     meta: Mapping[str, str]
     tokens: Tokens | None = None  # what --save-tokens writes
+    saved: Path | None = None  # the token file a streamed extraction wrote (--save-tokens)
 
 
 @dataclass(eq=False)
@@ -295,10 +303,23 @@ def extracted_passes(loaded: Any, reps: list[str], config: AuditConfig, out: Pat
     """The tokens of ``reps`` as groups that each fit in ``config.memory_budget`` GiB (default: half the
     memory available), one forward pass each (see :func:`auditor.extract.plan_passes`). The inputs are
     read once; the caller releases a group before asking for the next, so at most one is held."""
-    from auditor.extract import available_memory, plan_passes, token_bytes
-
     inputs, first, digest = _inputs(loaded, config, out, progress)
-    budget = int(config.memory_budget * GIB) if config.memory_budget is not None else available_memory() // 2
+    yield from _passes(loaded, inputs, first, digest, reps, config, out, progress)
+
+
+def _budget(config: AuditConfig) -> int:
+    """Bytes of tokens an audit may hold: ``--memory-budget`` GiB, else half the memory available."""
+    from auditor.extract import available_memory
+
+    return int(config.memory_budget * GIB) if config.memory_budget is not None else available_memory() // 2
+
+
+def _passes(loaded: Any, inputs: Any, first: bool, digest: str, reps: list[str], config: AuditConfig,
+            out: Path | None, progress: bool) -> Iterator[TokenGroup]:
+    """The groups of :func:`extracted_passes` from inputs already read."""
+    from auditor.extract import plan_passes, token_bytes
+
+    budget = _budget(config)
     each = token_bytes(inputs.N, loaded.n, loaded.d, loaded.dtype)
     passes = plan_passes(reps, loaded.num_layers, each, budget)
     if len(passes) > 1:
@@ -309,6 +330,73 @@ def extracted_passes(loaded: Any, reps: list[str], config: AuditConfig, out: Pat
                     "them one at a time", each / GIB, budget / GIB)
     for names in passes:
         yield _extract_group(loaded, inputs, names, config, digest, first, progress, out)  # keeps no reference
+
+
+def token_groups(loaded: Any, reps: list[str], config: AuditConfig, out: Path | None,
+                 progress: bool) -> Iterator[TokenGroup]:
+    """The tokens of ``reps`` for the tests: in memory (:func:`extracted_passes`) when every
+    representation's fit in the memory budget at once, else streamed (:func:`streamed`) in one forward
+    pass. Sharded extraction (``workers > 1``) and float64 tokens are always held in memory (passes)."""
+    from auditor.extract import parse_representation, token_bytes
+
+    inputs, first, digest = _inputs(loaded, config, out, progress)
+    names = list(dict.fromkeys(parse_representation(r, loaded.num_layers).name for r in reps))
+    each = token_bytes(inputs.N, loaded.n, loaded.d, loaded.dtype)
+    if config.workers > 1 or loaded.dtype == torch.float64 or each * len(names) <= _budget(config):
+        yield from _passes(loaded, inputs, first, digest, reps, config, out, progress)
+        return
+    yield streamed(loaded, inputs, names, config, digest, first, progress, out)
+
+
+def streamed(loaded: Any, inputs: Any, reps: list[str], config: AuditConfig, digest: str, first: bool,
+             progress: bool, out: Path | None = None) -> TokenGroup:
+    """One forward pass over ``inputs`` in chunks of whole batches that fit half the memory budget; each
+    chunk's contexts are reduced to what the tests need (:class:`auditor.stream.ContextReducer`) and
+    dropped. With ``--save-tokens`` the contexts go to ``<out>/tokens`` chunk by chunk. The tokens are
+    those of one in-memory pass: the same forward on the same batches."""
+    from auditor.extract import extract, token_bytes
+    from auditor.models import resolve_device
+    from auditor.report.folder import TOKENS
+
+    num, n, d = inputs.N, loaded.n, loaded.d
+    budget = _budget(config)
+    per_example = len(reps) * token_bytes(1, n, d, loaded.dtype)
+    chunk = chunk_examples(num, config.batch_size, per_example, budget)
+    log.warning("%s: the tokens of %d representations (%.2f GiB) exceed the memory budget (%.2f GiB); streaming "
+                "the contexts in chunks of %d examples", loaded.weights, len(reps), num * per_example / GIB,
+                budget / GIB, chunk)
+    geometry = importlib.util.find_spec("probes.geometry") is not None
+    device = resolve_device(config.device)
+    reducers = {}
+    for rep in reps:
+        save = None
+        if config.save_tokens and out is not None:
+            save = Path(out) / TOKENS / f"{rep}@{loaded.weights}".replace("/", "_")
+            save = save.with_name(save.name + ".safetensors")
+        reducers[rep] = ContextReducer(num, n, d, loaded.dtype, device, tests=config.tests, rtol=config.rtol,
+                                       robustness=config.robustness, geometry=geometry, save=save, chunk=chunk)
+    metas: dict[str, Mapping[str, str]] = {}
+    bar = tqdm(total=num, disable=not progress, desc=f"extract {loaded.name} (streamed)", unit="ex")
+    try:
+        with bar:
+            for start in range(0, num, chunk):
+                part = dataclasses.replace(inputs, N=min(chunk, num - start),
+                                           tensors={k: v[start : start + chunk] for k, v in inputs.tensors.items()})
+                tokens = extract(loaded, part, reps, batch_size=config.batch_size, seed=config.seed, progress=False)
+                for rep, tok in tokens.items():
+                    reducers[rep].add(tok.contexts, tok.queries, tok.meta)
+                    metas[rep] = tok.meta
+                bar.update(part.N)
+                del tokens, part
+        items = []
+        for rep, reducer in reducers.items():
+            queries, contexts = reducer.finish()
+            items.append(TokenItem(rep, queries, contexts, n, metas[rep], saved=reducer.save))
+    except BaseException:
+        for reducer in reducers.values():
+            reducer.abort()
+        raise
+    return TokenGroup(loaded.weights, items, digest, first, stage=extraction_stage(loaded.weights))
 
 
 def _inputs(loaded: Any, config: AuditConfig, out: Path | None, progress: bool) -> tuple[Any, bool, str]:
@@ -360,7 +448,7 @@ def model_groups(config: AuditConfig, spec: Any, out: Path | None, progress: boo
             continue
         reps = config.layer_representations(reps, loaded.num_layers)  # the block count of e.g. timm: known now
         check_shapes(config, n=loaded.n, d=loaded.d, layers=loaded.num_layers, reps=reps)
-        yield from extracted_passes(loaded, reps, config, out, progress)
+        yield from token_groups(loaded, reps, config, out, progress)
         del loaded
 
 
@@ -370,6 +458,6 @@ def object_groups(config: AuditConfig, loaded: Any, out: Path | None, progress: 
 
     reps = config.layer_representations(by_weights(config)[loaded.weights], loaded.num_layers)
     with evaluating(loaded.model):
-        yield from extracted_passes(loaded, reps, config, out, progress)
+        yield from token_groups(loaded, reps, config, out, progress)
 
 

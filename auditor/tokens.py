@@ -7,11 +7,18 @@ query vectors e(t) (``queries: (N, d)``; for self-attention models the query row
 File format: one safetensors file with the tensors ``contexts`` and ``queries`` and ``meta`` as its
 string metadata (plus ``format``). safetensors never executes code when read, so a token file from
 anyone is safe to open; :meth:`Tokens.load` checks everything a rank test relies on.
+
+A streamed audit never holds all contexts: :class:`TokenWriter` writes the same file chunk by chunk
+(the header first, with the final shapes, then each chunk of contexts as it is extracted, the queries
+last), and :class:`ContextFile` reads back the contexts of chosen examples without loading the rest.
+A file written either way is read by :meth:`Tokens.load` and by any safetensors reader.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -132,3 +139,102 @@ class Tokens:
             if key in meta and meta[key] != str(size):
                 raise AuditError(f"{path}: metadata says {key}={meta[key]} but the tensors have {key}={size}")
         return cls(contexts=contexts, queries=queries, meta=meta)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Chunked files: written as the contexts are extracted, read back by example
+# ---------------------------------------------------------------------------------------------------
+
+_SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
+
+
+class TokenWriter:
+    """Writes a token file chunk by chunk: ``write(contexts)`` for consecutive chunks (b, n, d) of the N
+    examples, then ``finish(queries)`` with the (N, d) queries. The file appears (atomically renamed into
+    place) only when complete; :meth:`abort` (or an exception in between) leaves nothing behind.
+    Byte layout: the safetensors header (the final shapes and ``meta``), contexts (N, n, d), queries (N, d).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], num: int, n: int, d: int, dtype: torch.dtype,
+                 meta: dict[str, str]) -> None:
+        from auditor.atomic import temporary_path
+
+        if dtype not in _SAFETENSORS_DTYPES:
+            raise AuditError(f"tokens of dtype {dtype} cannot be saved; valid: {', '.join(map(str, _SAFETENSORS_DTYPES))}")
+        self.path, self.shape, self.dtype = Path(path), (num, n, d), dtype
+        size = torch.empty((), dtype=dtype).element_size()
+        self.context_bytes, self.row_bytes = num * n * d * size, n * d * size
+        code = _SAFETENSORS_DTYPES[dtype]
+        header = {"__metadata__": {**meta, "format": FORMAT},
+                  "contexts": {"dtype": code, "shape": [num, n, d], "data_offsets": [0, self.context_bytes]},
+                  "queries": {"dtype": code, "shape": [num, d],
+                              "data_offsets": [self.context_bytes, self.context_bytes + num * d * size]}}
+        text = json.dumps(header, separators=(",", ":")).encode()
+        text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as safetensors writes it
+        self.data_start = 8 + len(text)
+        self.rows = 0
+        self.tmp = temporary_path(self.path)
+        self._fh = open(self.tmp, "wb")  # noqa: SIM115 - closed by finish or abort
+        self._fh.write(struct.pack("<Q", len(text)) + text)
+
+    def write(self, contexts: torch.Tensor) -> None:
+        """Append the contexts (b, n, d) of the next b examples."""
+        b, n, d = contexts.shape
+        if (n, d) != self.shape[1:] or self.rows + b > self.shape[0] or contexts.dtype != self.dtype:
+            raise ValueError(f"chunk {tuple(contexts.shape)} {contexts.dtype} does not continue tokens "
+                             f"{self.shape} {self.dtype} at example {self.rows}")
+        self._fh.write(contexts.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        self.rows += b
+
+    def finish(self, queries: torch.Tensor) -> Path:
+        """Write the queries (N, d), sync and rename the file into place; returns its path."""
+        if self.rows != self.shape[0] or tuple(queries.shape) != (self.shape[0], self.shape[2]):
+            self.abort()
+            raise ValueError(f"token file {self.path}: {self.rows} of {self.shape[0]} contexts written, queries "
+                             f"{tuple(queries.shape)}")
+        try:
+            self._fh.write(queries.detach().cpu().to(self.dtype).contiguous().reshape(-1).view(torch.uint8)
+                           .numpy().tobytes())
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+            self._fh.close()
+            os.replace(self.tmp, self.path)
+        except BaseException:
+            self.abort()
+            raise
+        return self.path
+
+    def abort(self) -> None:
+        """Close and remove the unfinished file."""
+        if not self._fh.closed:
+            self._fh.close()
+        self.tmp.unlink(missing_ok=True)
+
+    def contexts_file(self) -> ContextFile:
+        """The finished file's contexts, read back by example."""
+        if not self._fh.closed or self.tmp.exists():
+            raise ValueError(f"token file {self.path} is not finished")
+        return ContextFile(self.path, self.shape, self.dtype, self.data_start)
+
+
+@dataclass(frozen=True)
+class ContextFile:
+    """Contexts (N, n, d) stored at byte ``offset`` of ``path`` (a token file's contexts), read by example."""
+
+    path: Path
+    shape: tuple[int, int, int]
+    dtype: torch.dtype
+    offset: int
+
+    def read(self, positions: torch.Tensor) -> torch.Tensor:
+        """The contexts of the examples at ``positions`` (c,), in that order: (c, n, d) on the CPU."""
+        _, n, d = self.shape
+        out = torch.empty((positions.numel(), n, d), dtype=self.dtype)  # (c, n, d)
+        flat = out.view(positions.numel(), n * d).view(torch.uint8)  # (c, n d size): the bytes of each context
+        size = flat.shape[1]
+        with open(self.path, "rb", buffering=0) as fh:
+            for row, index in enumerate(positions.tolist()):
+                fh.seek(self.offset + index * size)
+                if fh.readinto(memoryview(flat[row].numpy())) != size:
+                    raise OSError(f"{self.path}: short read of context {index}")
+        return out

@@ -1,0 +1,334 @@
+"""Streamed contexts: the tests of an audit whose context matrices do not fit in memory.
+
+The Kruskal tests need only the (N, d) queries and, for Assumption 3, the (N, d) context means;
+Assumption 2 and the collapse residual need each context once. A :class:`ContextReducer` therefore
+takes the contexts chunk by chunk as they are extracted and keeps, per representation, only
+
+- the per-context ranks, margins and bounds of Assumption 2 (:func:`probes.context_ranks`),
+- the float64 context means (Assumption 3 tests e(t) + mean E(t)),
+- the per-context collapse residuals of the token geometry,
+
+then drops the chunk: memory is bounded by the chunk and the (N, d) arrays, not by N x n x d.
+
+The rows equal those of the in-memory path bit for bit: every per-context quantity comes from the same
+probes call on the same blocks of contexts (each reduction is fed the blocks its in-memory call would
+cut, see :class:`_Aligned`), and the final verdicts are formed exactly as :mod:`probes.assumptions`
+forms them. Assumption 2's tolerance analysis (critical tolerance, tolerance grid, exact smallest
+margin) revisits a few contexts chosen only once every context is decided, so the contexts are also
+written to a token file as they stream (the ``--save-tokens`` file when asked, else a temporary file
+removed after the tests) and those few are read back from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+import time
+import weakref
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import probes
+from auditor.assumptions import ASSUMPTION_TESTS, RunOptions
+from auditor.tokens import ContextFile, TokenWriter
+from probes import _fast, robust
+from probes.assumptions import AssumptionResult, _check_n, _check_threshold, _from_kruskal
+from probes.kruskal import checked_kruskal, validate_vectors
+from probes.rank import pow2_rescale, resolve_rtol
+
+__all__ = ["ContextReducer", "StreamedContexts", "chunk_examples"]
+STREAMED_TESTS = ("assumption2", "assumption3")  # the context tests with a streamed form
+
+
+def chunk_examples(num: int, batch_size: int, bytes_per_example: int, budget: int) -> int:
+    """Examples per chunk: whole batches whose tokens (``bytes_per_example`` each, every representation
+    of the pass) fill at most half of ``budget`` bytes (the rest is left to the reductions and the (N, d)
+    arrays), at least one batch, at most all ``num``."""
+    batches = max(1, (budget // 2) // max(1, batch_size * bytes_per_example))
+    return min(num, batches * batch_size)
+
+
+class _Aligned:
+    """Feeds ``reduce`` the consecutive blocks of ``block`` contexts that one call on all N contexts would
+    cut (the probes functions work block by block), whatever the chunks that arrive: rows that do not
+    fill a block wait for the next chunk (at most ``block - 1`` are held)."""
+
+    def __init__(self, block: int, reduce: Callable[[torch.Tensor], None]) -> None:
+        self.block, self.reduce = block, reduce
+        self.pending: torch.Tensor | None = None  # (r, n, d), r < block
+
+    @property
+    def held(self) -> int:
+        return 0 if self.pending is None else int(self.pending.shape[0])
+
+    def feed(self, contexts: torch.Tensor) -> None:
+        """contexts: (b, n, d), the next b examples."""
+        rows = contexts if self.pending is None else torch.cat([self.pending, contexts])  # (r + b, n, d)
+        whole = rows.shape[0] // self.block * self.block
+        if whole:
+            self.reduce(rows[:whole])
+        self.pending = rows[whole:].clone() if whole < rows.shape[0] else None
+
+    def finish(self) -> None:
+        if self.pending is not None:
+            self.reduce(self.pending)
+            self.pending = None
+
+
+@dataclass(eq=False)
+class StreamedContexts:
+    """What the tests need of the N contexts (N, n, d) of one representation, reduced as they streamed.
+
+    Attributes:
+        shape: (N, n, d); dtype, device: of the contexts as the tests saw them.
+        ranks: Assumption 2's per-context ranks (None when it is not among the tests).
+        means: (N, d) float64 context means (None without Assumption 3).
+        residuals: (N,) float64 per-context collapse residuals (None without probes.geometry).
+        file: the contexts on disk, for Assumption 2's tolerance analysis (None when not needed).
+        chunk: examples per extracted chunk; largest: the most contexts held at once (a chunk and the
+            rows waiting for a block).
+        seconds: time spent on each reduction while streaming (``ranks``, ``means``, ``geometry``, ``file``).
+    """
+
+    shape: tuple[int, int, int]
+    dtype: torch.dtype
+    device: torch.device
+    ranks: probes.ContextRanks | None
+    means: torch.Tensor | None
+    residuals: torch.Tensor | None
+    file: ContextFile | None
+    chunk: int
+    largest: int
+    seconds: dict[str, float] = field(default_factory=dict)
+    _cleanup: Any = None  # removes a temporary file once the tests are done (or this is collected)
+
+    def release(self) -> None:
+        """Remove the temporary contexts file (a saved token file stays)."""
+        if self._cleanup is not None:
+            self._cleanup()
+
+    def mixed(self, queries: torch.Tensor) -> torch.Tensor:
+        """The vectors Assumption 3 tests: e(t) + mean of the rows of E(t), float64 (N, d)."""
+        return queries.to(torch.float64) + self.means
+
+    def collapse_residual(self) -> float | None:
+        """The mean collapse residual over the contexts, as :func:`probes.geometry.token_geometry` sums it."""
+        if self.residuals is None:
+            return None
+        total = 0.0
+        total += float(self.residuals.sum())
+        return total / self.residuals.numel()
+
+    def run(self, name: str, queries: torch.Tensor, n: int, options: RunOptions) -> tuple[Any, Any]:
+        """Test ``name`` as :data:`auditor.assumptions.ASSUMPTION_TESTS` would on the full contexts."""
+        if name == "assumption2":
+            return assumption2(self, threshold=1.0, robustness=options.robustness), self.ranks
+        if name == "assumption3":
+            return assumption3(self, queries, n, options), None
+        if ASSUMPTION_TESTS[name].needs_contexts:
+            raise ValueError(f"{name} needs the contexts, which a streamed audit does not hold; streamed: "
+                             f"{', '.join(STREAMED_TESTS)}")
+        return ASSUMPTION_TESTS[name].run(None, queries, n, options)
+
+    def matrices(self) -> robust.Matrices:
+        """The contexts as :func:`probes.robust.context_matrices` gives them, read from the file on demand."""
+        num, k, d = self.shape
+        file, device = self.file, self.device
+
+        def rows(pos: torch.Tensor) -> torch.Tensor:
+            x = file.read(pos.cpu()).to(device)  # (c, k, d)
+            scaled, _ = pow2_rescale(x, (1, 2))  # per context, as Assumption 2 scales them
+            return scaled.to(torch.float64)
+
+        def gram(pos: torch.Tensor) -> torch.Tensor:
+            x = rows(pos)
+            return x @ x.transpose(1, 2)  # (c, k, k)
+
+        return robust.Matrices(count=num, k=k, width=d, gram=gram, rows=rows, lam_cap=None,
+                               step=max(1, min(1024, _fast.chunk_size(k, d))), device=device)
+
+
+class ContextReducer:
+    """Reduces one representation's contexts chunk by chunk to a :class:`StreamedContexts`.
+
+    Args:
+        num, n, d: the shape (N, n, d) of all the contexts to come; dtype: theirs (not float64, whose
+            rescaling for Assumption 3 needs every context at once).
+        device: where the tests run (each chunk is moved there, as the in-memory path moves all).
+        tests: the audit's tests (which reductions to make); rtol, robustness: the audit's.
+        geometry: compute the collapse residuals (probes.geometry is installed).
+        save: write the contexts to this token file (``--save-tokens``); None: a temporary file, and
+            only when Assumption 2's tolerance analysis needs one.
+        chunk: examples per chunk (for the record).
+    """
+
+    def __init__(self, num: int, n: int, d: int, dtype: torch.dtype, device: torch.device, *,
+                 tests: tuple[str, ...], rtol: float | None, robustness: bool, geometry: bool,
+                 save: Path | None, chunk: int) -> None:
+        if dtype == torch.float64:
+            raise ValueError("float64 contexts are tested in memory (Assumption 3 rescales them all at once)")
+        self.shape, self.dtype, self.device, self.rtol, self.chunk = (num, n, d), dtype, torch.device(device), rtol, chunk
+        self.rows = self.largest = 0
+        self.seconds: dict[str, float] = {}
+        self.save = save
+        self.spill = save is not None or ("assumption2" in tests and robustness and n <= d)
+        self.writer: TokenWriter | None = None
+        self.queries: list[torch.Tensor] = []
+        self.means: list[torch.Tensor] | None = [] if "assumption3" in tests else None
+        self.ranks: list[probes.ContextRanks] | None = None
+        self.residuals: list[torch.Tensor] | None = None
+        self.aligned: list[_Aligned] = []
+        if "assumption2" in tests:
+            self.ranks = []
+            k, width = (n, d) if n <= d else (d, n)  # context_ranks decides the smaller problem
+            self.aligned.append(_Aligned(_fast.chunk_size(k, width), self._ranks))
+        if geometry:
+            from probes.geometry import CHUNK_BYTES
+
+            self.residuals = []
+            self.aligned.append(_Aligned(max(1, CHUNK_BYTES // (8 * n * d)), self._residuals))
+
+    def _timed(self, what: str, begin: float) -> None:
+        self.seconds[what] = self.seconds.get(what, 0.0) + time.perf_counter() - begin
+
+    def _ranks(self, block: torch.Tensor) -> None:
+        begin = time.perf_counter()
+        self.ranks.append(probes.context_ranks(block, rtol=self.rtol))
+        self._timed("ranks", begin)
+
+    def _residuals(self, block: torch.Tensor) -> None:
+        from probes.geometry import collapse_residual
+
+        begin = time.perf_counter()
+        self.residuals.append(collapse_residual(block))  # (b,)
+        self._timed("geometry", begin)
+
+    def add(self, contexts: torch.Tensor, queries: torch.Tensor, meta: Mapping[str, str]) -> None:
+        """The next chunk: contexts (b, n, d) and queries (b, d) on the CPU, with the tokens' metadata."""
+        if self.spill:
+            begin = time.perf_counter()
+            if self.writer is None:
+                self.writer = self._open(dict(meta))
+            self.writer.write(contexts)
+            self._timed("file", begin)
+        self.queries.append(queries)
+        on_device = contexts.to(self.device)  # (b, n, d)
+        self.largest = max(self.largest, int(contexts.shape[0]) + sum(a.held for a in self.aligned))
+        if self.means is not None:
+            begin = time.perf_counter()
+            self.means.append(on_device.to(torch.float64).mean(dim=1))  # (b, d), as probes forms them
+            self._timed("means", begin)
+        for aligned in self.aligned:
+            aligned.feed(on_device)
+        self.rows += int(contexts.shape[0])
+
+    def _open(self, meta: dict[str, str]) -> TokenWriter:
+        num, n, d = self.shape
+        if self.save is not None:
+            return TokenWriter(self.save, num, n, d, self.dtype, meta)
+        folder = Path(tempfile.gettempdir())
+        fd, name = tempfile.mkstemp(dir=folder, prefix="auditor-contexts-", suffix=".safetensors")
+        os.close(fd)
+        return TokenWriter(name, num, n, d, self.dtype, meta)
+
+    def abort(self) -> None:
+        """Drop everything, an unfinished file included."""
+        if self.writer is not None:
+            self.writer.abort()
+            if self.save is None:
+                self.writer.path.unlink(missing_ok=True)
+
+    def finish(self) -> tuple[torch.Tensor, StreamedContexts]:
+        """(queries (N, d) on the CPU, what the tests need of the contexts); saves the token file."""
+        num, n, d = self.shape
+        if self.rows != num:
+            self.abort()
+            raise RuntimeError(f"{self.rows} contexts streamed but N = {num} announced")
+        for aligned in self.aligned:
+            aligned.finish()
+        queries = torch.cat(self.queries)  # (N, d)
+        self.queries = []
+        file, cleanup = None, None
+        if self.writer is not None:
+            begin = time.perf_counter()
+            self.writer.finish(queries)
+            self._timed("file", begin)
+            file = self.writer.contexts_file()
+            if self.save is None:
+                cleanup = weakref.finalize(file, Path(file.path).unlink, missing_ok=True)
+        ranks = None
+        if self.ranks is not None:
+            parts = self.ranks
+            ranks = dataclasses.replace(
+                parts[0], rank=torch.cat([p.rank for p in parts]), margin=torch.cat([p.margin for p in parts]),
+                stages={key: sum(p.stages[key] for p in parts) for key in parts[0].stages},
+                bound=None if parts[0].bound is None else torch.cat([p.bound for p in parts]))
+        streamed = StreamedContexts(
+            shape=(num, n, d), dtype=self.dtype, device=self.device, ranks=ranks,
+            means=None if self.means is None else torch.cat(self.means),
+            residuals=None if self.residuals is None else torch.cat(self.residuals),
+            file=file, chunk=self.chunk, largest=self.largest, seconds=dict(self.seconds), _cleanup=cleanup)
+        return queries, streamed
+
+
+# ---------------------------------------------------------------------------------------------------
+# The context tests on streamed contexts, formed as probes.assumptions forms them on all the contexts
+# ---------------------------------------------------------------------------------------------------
+
+
+def assumption2(s: StreamedContexts, *, threshold: float = 1.0, robustness: bool = True,
+                rtol_grid: tuple[float, ...] | None = robust.DEFAULT_RTOL_GRID) -> AssumptionResult:
+    """:func:`probes.assumption2` from the streamed ranks (its tolerance analysis reads contexts back)."""
+    start = time.perf_counter()
+    threshold = _check_threshold(threshold)
+    grid = robust.check_rtol_grid(rtol_grid)
+    n_ex, n, d = s.shape
+    common = dict(test="assumption2", k=n, N=n_ex, n=n, d=d, threshold=threshold, subsets=n_ex,
+                  exhaustive=True, dtype=str(s.dtype).removeprefix("torch."), device=str(s.device), seed=None)
+    cr = s.ranks
+    full = cr.rank == n
+    bad = (~full).nonzero().flatten()
+    note = f"n = {n} > d = {d}: no context can have rank n" if n > d else ""
+    fraction = float(full.double().mean())
+    dec = _fast.Decisions(cr.rank, cr.margin, cr.stages, bound=cr.bound)
+    min_margin, margin_bound = robust.margin_summary(dec)
+    extra: dict[str, Any] = {"min_margin": min_margin, "margin_bound": margin_bound}
+    if robustness and note:
+        extra = robust.trivial(grid).fields() | {"min_margin": min_margin, "margin_bound": margin_bound}
+    elif robustness:
+        extra = robust.analyse(s.matrices(), dec, cr.rtol, threshold, grid).fields()
+    return AssumptionResult(
+        holds=not note and fraction >= threshold, fraction=fraction, rtol=cr.rtol, **extra,
+        witness=(int(bad[0]),) if bad.numel() else None,
+        rank_counts=dict(sorted(Counter(cr.rank.tolist()).items())),
+        seconds=time.perf_counter() - start, stages=cr.stages, note=note, **common,
+    )
+
+
+def assumption3(s: StreamedContexts, queries: torch.Tensor, n: int, options: RunOptions) -> AssumptionResult:
+    """:func:`probes.assumption3` from the streamed context means (tokens not in float64)."""
+    q = validate_vectors(queries, "queries")
+    num, _, d = s.shape
+    if q.shape[0] != num or q.shape[1] != d:
+        raise ValueError(f"queries {tuple(q.shape)} do not match contexts {s.shape}; expected queries (N, d) = "
+                         f"({num}, {d})")
+    n = _check_n(n)
+    threshold = _check_threshold(options.threshold)
+    mixed = q.to(torch.float64) + s.means  # (N, d)
+    rtol = resolve_rtol(options.rtol, n, d, s.dtype)  # judged at the tokens' own dtype
+    res = checked_kruskal(mixed, n, options.subsets, options.seed, rtol, rank_sample=100, progress=None,
+                          robustness=options.robustness, rtol_grid=robust.DEFAULT_RTOL_GRID, threshold=threshold)
+    res = dataclasses.replace(res, dtype=str(s.dtype).removeprefix("torch."))
+    return _from_kruskal("assumption3", res, threshold, n)
+
+
+def streamed_note(chunks: list[int]) -> str:
+    """One line for the report's config.json: how the contexts were streamed."""
+    return (f"streamed in chunks of at most {max(chunks)} examples (the tokens exceed the memory budget); "
+            "the rows are those of the in-memory audit")
