@@ -63,12 +63,11 @@ enter the inequality. LP size: 2 (m + 1) + 1 variables, at most 2 N dense rows (
 hundred).
 
 Cost. The SVD of X (O(N d min(N, d))), per whitening one product X A and one pass over the N x N
-cosines (O(N^2 p)); per vector one small LP (tens of milliseconds; u is sought in the span of z_j and its
-:data:`LP_NEIGHBOURS` most aligned rows, which keeps the program at 2 (m + 1) + 1 columns). The
-programs stop at a time cap (``seconds``), or as soon as the time they have taken projects past it,
-or as soon as one certificate shows that they cannot beat what is already proven; the null-space
-bound then proves nothing (it needs a certificate for EVERY vector) and says so, and the other bounds
-stand.
+cosines (O(N^2 p)). The null-space bound: the solver-free certificates of every vector, five batched
+passes of O(N^2 p); then one small LP per vector that holds the bound down (tens of milliseconds each),
+worst first, until the time cap (``seconds``), until that vector's LP cannot lower it enough, or until
+no vector holds it down. Stopped anywhere, the bound is valid (every vector has a certificate), only
+lower. Not tried for N > :data:`NULLSPACE_MAX_N` (two N x N matrices are kept).
 """
 
 from __future__ import annotations
@@ -87,6 +86,7 @@ BABEL_FIRST_COLUMNS = 128  # the Babel function is first computed for m <= this,
 CLIP_QUANTILES = (1.0, 0.9, 0.8, 0.67, 0.5)  # clip index c = round(q p) - 1: the whitenings tried
 LP_NEIGHBOURS = 24  # a certificate combines its vector with this many of the most aligned others
 LP_ROUNDS = 6  # most rounds of row generation per linear program
+NULLSPACE_MAX_N = 4000  # the null-space bound keeps two N x N matrices (cosines and their order)
 LOCAL_SIZES = (0, 1, 2, 4, 8)  # the solver-free certificates use this many neighbours (0: coherence)
 
 
@@ -438,6 +438,9 @@ def nullspace_bound(sp: Spectrum, w: Whitened, *, start: int, seconds: float) ->
     if top < 2 or float(deltas[1]) >= 0.5:
         return NullspaceBound(k=1, alpha=math.nan, solved=0, complete=False,
                               note="the tolerance alone keeps it below 2")
+    if n_vec > NULLSPACE_MAX_N:
+        return NullspaceBound(k=1, alpha=math.nan, solved=0, complete=False,
+                              note=f"not tried for N = {n_vec} > {NULLSPACE_MAX_N} vectors (N x N work)")
     cos = z @ z.T  # (N, N)
     cos.fill_diagonal_(0.0)
     order = cos.abs().argsort(dim=1, descending=True)  # (N, N): the most aligned rows first
