@@ -52,7 +52,9 @@ zeros: ``||v||_1 = 1``, ``||Z^T v||_2 <= delta_k / ||c||_1 <= delta_k``, and som
 
 so ``1/k <= max_j (a_j + delta_k b_j)``. Contrapositive: if ``max_j (a_j + delta_k b_j) < 1/k``, no
 k-subset is dependent; the left side grows with k and 1/k falls, so the largest k that passes
-certifies every size up to it. The certificates u_j come from one linear program per vector: u is
+certifies every size up to it. Every vector first gets a solver-free certificate (its dual vector
+against 0 to 8 of its most aligned rows, scaled; :func:`_local_certificates`); the vectors that hold
+the bound down then get a better one from a linear program each: u is
 sought in the span of z_j and its m = :data:`LP_NEIGHBOURS` most aligned rows, u = sum_l beta_l z_l,
 minimising ``||e_j - Z u||_inf + delta sum |beta_l|`` (``||u||_2 <= ||beta||_1`` for unit rows;
 u = z_j / (1 + max_i |cos(z_i, z_j)|) is feasible, so no certificate is worse than the coherence of
