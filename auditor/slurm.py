@@ -30,6 +30,7 @@ import logging
 import math
 import os
 import pickle
+import pwd
 import re
 import shutil
 import subprocess
@@ -50,6 +51,7 @@ POLL_S = 0.5  # how often result files are looked for (a stat per unfinished tas
 SQUEUE_EVERY_S = 5.0  # how often squeue is asked which tasks still run (the load a login node tolerates)
 SQUEUE_GIVE_UP_S = 600.0  # squeue failing this long in a row: stop waiting (the jobs keep running)
 DEFAULT_TIME = "60"  # minutes per job when --slurm-time is not given
+MAX_PICKLE_GB = 16.0  # the calls of one array, pickled to the shared folder (shards carry their inputs)
 _MANAGED = {"array", "output", "error", "job-name", "partition", "time", "cpus-per-task", "gpus-per-node",
             "gpus", "gpus-per-task", "gres", "signal", "open-mode", "wrap"}
 _FLAG = re.compile(r"--?([A-Za-z][A-Za-z0-9-]*)(?:=(.*))?$", re.S)
@@ -212,8 +214,9 @@ def pop_options(values: dict[str, Any]) -> SlurmOptions:
 
 def _first_line(text: str) -> str:
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    errors = [ln for ln in lines if "error" in ln.lower() or "fatal" in ln.lower()]
-    return (errors or lines or [""])[0]
+    fatal = [ln for ln in lines if "fatal" in ln.lower()]
+    errors = [ln for ln in lines if "error" in ln.lower()]
+    return (fatal or errors or lines or [""])[0]
 
 
 def slurm_command(args: Sequence[str], *, what: str) -> str:
@@ -247,7 +250,8 @@ def check_cluster(options: SlurmOptions) -> None:
 
 def live_tasks() -> set[str]:
     """Ids (``123_4``, ``125``) of this user's jobs that are queued or running."""
-    out = slurm_command(["squeue", "--noheader", "--array", "--me", "--format=%i"], what="asking for the jobs")
+    user = pwd.getpwuid(os.getuid()).pw_name
+    out = slurm_command(["squeue", "--noheader", "--array", f"--user={user}", "--format=%i"], what="asking for the jobs")
     return {line.strip() for line in out.splitlines() if line.strip()}
 
 
@@ -308,7 +312,7 @@ def _submit(fn: Callable[..., Any], calls: Sequence[tuple], options: SlurmOption
 
     folder = Path(options.folder)
     try:
-        executor = submitit.SlurmExecutor(folder=folder)
+        executor = submitit.SlurmExecutor(folder=folder, max_pickle_size_gb=MAX_PICKLE_GB)
         executor.update_parameters(**options.parameters(_job_name(name)))
         return executor.map_array(in_job, [fn] * len(calls), list(calls), [options.cpus_per_task] * len(calls))
     except (subprocess.SubprocessError, submitit.core.utils.FailedJobError, OSError, RuntimeError, ValueError) as err:
