@@ -216,3 +216,29 @@ def test_the_plot_and_summary_tell_converged_step_limited_and_unrecorded_rows_ap
     result = CliRunner().invoke(bits_command, [str(folder), "--out", str(tmp_path / "bits"), "--no-plots"])
     assert result.exit_code == 0, result.output
     assert "median (converged)" in result.output and "over the converged rows only" in result.output
+
+
+LAYER = {"heads": [1, 2], "context": [3, 3], "d_h": [4, 4], "d": [4, 4], "N": [8, 8], "seed": [0, 0]}
+
+
+@pytest.mark.parametrize("rows, fragment", [
+    ({**LAYER, "memorized": [5, -3], "classes": [4, 4], "parameters": [100, 100]},
+     "line 3 cannot be counted (memorize room): stored bits -6 are negative"),
+    ({**LAYER, "memorized": [5, 5], "classes": [4, 0], "parameters": [100, 100]},
+     "line 3 cannot be counted (memorize room): stored bits -inf (from its counts) are not a finite number"),
+    ({**LAYER, "memorized": [5, 5], "classes": [4, 4], "parameters": [100, 0]},
+     "line 3 cannot be counted (memorize room): its parameters 0 are not positive"),
+    ({"capacity": [8, 8], "kind": ["linear", "mlp"], "d": [4, 4], "width": [2, 2], "seed": [0, 0],
+      "parameters": [-16, 16]}, "line 2 cannot be counted (assoc room): its parameters -16 are not positive"),
+])
+def test_rows_that_cannot_be_counted_are_refused_naming_file_and_line(tmp_path, capsys, rows, fragment):
+    """A foreign CSV whose columns look like a room's used to give negative or infinite bits per parameter."""
+    folder = tmp_path / "foreign"
+    folder.mkdir()
+    pd.DataFrame(rows).to_csv(folder / "results.csv", index=False)
+    with pytest.raises(AuditError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
+        bits_table([folder])
+    assert main(["bits", str(folder), "--out", str(tmp_path / "bits")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(folder / "results.csv") in err
+    assert not (tmp_path / "bits").exists()  # refused before anything is written

@@ -111,3 +111,76 @@ def test_bad_references_are_one_line_errors(tmp_path, capsys):
     assert main(["compare", str(tmp_path / "nosuch")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: no report folder or model") and err.count("\n") == 1
+
+
+# ---------------------------------------------------------------------------------------------------
+# Every input checked before any work: one line naming the file and what is wrong
+# ---------------------------------------------------------------------------------------------------
+
+
+def _audit_rows(model: str, seed: int) -> pd.DataFrame:
+    """A small audit's rows under the model name ``model`` (as `audit MODEL` would write them)."""
+    frame = pd.read_csv(REPO / "reports" / "minilm-wikitext2" / "results.csv", dtype=str).head(4 + seed)
+    return frame.assign(model=model)
+
+
+def test_a_model_name_means_that_model_and_no_other_sharing_its_prefix(tmp_path):
+    reports = tmp_path / "reports"
+    for folder, model in (("gpt2-20260101", "gpt2"), ("gpt2-large-20260301", "gpt2-large")):
+        (reports / folder).mkdir(parents=True)
+        _audit_rows(model, 0).to_csv(reports / folder / "results.csv", index=False)
+    os.utime(reports / "gpt2-large-20260301" / "results.csv", (2_000_000, 2_000_000))  # newer than gpt2's
+    os.utime(reports / "gpt2-20260101" / "results.csv", (1_000_000, 1_000_000))
+    folder, note = resolve_report("gpt2", tmp_path)
+    assert folder == reports / "gpt2-20260101" and "model 'gpt2'" in note
+    assert resolve_report("gpt2-large", tmp_path)[0] == reports / "gpt2-large-20260301"
+    with pytest.raises(AuditError, match="models with reports there: gpt2, gpt2-large"):
+        resolve_report("gpt", tmp_path)
+
+
+def _one_line_error(capsys, *argv: str) -> str:
+    assert main(["compare", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    return err
+
+
+@pytest.mark.parametrize("damage, fragment", [
+    (lambda text: "", "empty file (0 bytes)"),
+    (lambda text: text[: text.index("\n", text.index("\n") + 1) + 40], "cells where the header has"),  # cut mid-row
+    (lambda text: text.rstrip("\n")[:-3], "ends mid-row"),  # the last row cut in its last cell
+    (lambda text: text.split("\n")[0] + "\n", "a header without rows"),
+    (lambda text: text.replace(",True,", ",maybe,", 1), "'maybe' is not True or False"),
+    (lambda text: text.replace(",ok,", ",done,", 1), "'done' is not a status"),
+    (lambda text: b"\xff\xfe\x00garbage".decode("latin-1"), "not a text file"),
+])
+def test_a_damaged_results_csv_is_refused_naming_the_file(tmp_path, capsys, damage, fragment):
+    folder = tmp_path / "damaged"
+    folder.mkdir()
+    text = (REPO / "reports" / "minilm-wikitext2" / "results.csv").read_text()
+    data = damage(text)
+    (folder / "results.csv").write_bytes(data.encode("latin-1") if fragment == "not a text file" else data.encode())
+    err = _one_line_error(capsys, str(folder), "--out", str(tmp_path / "cmp"))
+    assert str(folder / "results.csv") in err and fragment in err
+    assert not (tmp_path / "cmp").exists()  # refused before any work
+
+
+def test_a_lab_folder_or_a_foreign_csv_is_not_an_audit_report(tmp_path, capsys):
+    lab = tmp_path / "lab"
+    assert main(["facts", "width", "--scale", "quick", "--threads", "1", "--no-plots", "--out", str(lab)]) == 0
+    capsys.readouterr()
+    err = _one_line_error(capsys, str(lab), "--out", str(tmp_path / "cmp"))
+    assert str(lab / "results.csv") in err and "results of a lab sweep" in err
+    other = tmp_path / "other"
+    other.mkdir()
+    pd.DataFrame({"name": ["a"], "value": [1]}).to_csv(other / "results.csv", index=False)
+    err = _one_line_error(capsys, str(other), "--out", str(tmp_path / "cmp"))
+    assert "not an audit's results.csv (no column model, representation, weights, test, status)" in err
+
+
+def test_an_empty_depth_csv_is_refused_naming_the_file(tmp_path, capsys):
+    folder = tmp_path / "r"
+    _report(folder, seed=0)
+    (folder / "depth.csv").write_text("")
+    err = _one_line_error(capsys, str(folder), "--out", str(tmp_path / "cmp"))
+    assert str(folder / "depth.csv") in err and "empty file" in err

@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from auditor.data.hf import load_hf_dataset
 from auditor.data.inputs import HF_PREFIX, Inputs
-from auditor.data.selection import reading_order, selection_note, visible_files
+from auditor.data.selection import left_out_note, reading_order, selection_note, visible_files
 from auditor.errors import AuditError
 from auditor.models.base import ImagePreprocessor, LoadedModel
 
@@ -47,7 +47,8 @@ def list_image_files(folder: Path, exclude: str | Path | None = None) -> list[Pa
         raise AuditError(f"{str(folder)!r} is not a folder; give a folder of images")
     files = visible_files(folder, IMAGE_SUFFIXES, exclude)
     if not files:
-        raise AuditError(f"no image files ({', '.join(IMAGE_SUFFIXES)}) under {str(folder)!r}")
+        raise AuditError(f"no image files ({', '.join(IMAGE_SUFFIXES)}) under {str(folder)!r}"
+                         + left_out_note(folder, IMAGE_SUFFIXES, exclude))
     return files
 
 

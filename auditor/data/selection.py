@@ -53,6 +53,20 @@ def is_report_folder(folder: Path) -> bool:
     return any(all((folder / name).is_file() for name in names) for names in REPORT_MARKERS)
 
 
+def left_out_note(folder: Path, suffixes: Iterable[str], exclude: str | Path | None = None) -> str:
+    """For an error when :func:`visible_files` found nothing: why the files with ``suffixes`` under ``folder``
+    (if any) were left out ("" when there are none)."""
+    wanted = {s.lower() for s in suffixes}
+    found = [p for p in folder.rglob("*") if p.suffix.lower() in wanted and p.is_file()]
+    if not found:
+        return ""
+    out = Path(exclude).expanduser().resolve() if exclude is not None else None
+    inside = sum(1 for p in found if out is not None and out in p.resolve().parents)
+    reasons = ([f"{inside} inside the output folder --out {str(exclude)!r}"] if inside else []) + (
+        [f"{len(found) - inside} in hidden folders or audit report folders"] if len(found) > inside else [])
+    return f" ({len(found)} found, none read as data: {', '.join(reasons)}; put the data in a folder of its own)"
+
+
 def visible_files(folder: Path, suffixes: Iterable[str], exclude: str | Path | None = None) -> list[Path]:
     """Files under ``folder`` with one of ``suffixes`` (case-insensitive), sorted by relative path, leaving
     out ``exclude``, audit reports, hidden folders/files and ``__pycache__``."""

@@ -26,7 +26,7 @@ import torch
 from tqdm.auto import tqdm
 
 from auditor.data.inputs import HF_PREFIX, Inputs
-from auditor.data.selection import random_order, visible_files
+from auditor.data.selection import left_out_note, random_order, visible_files
 from auditor.errors import AuditError
 from auditor.models.base import LoadedModel, TextTokenizer
 
@@ -100,7 +100,7 @@ def read_documents(
         return (read_text_file(p, counts) for p in [path]), f"{path} (text file)"
     files = visible_files(path, (".txt",), exclude)
     if not files:
-        raise AuditError(f"no .txt files under {str(path)!r}")
+        raise AuditError(f"no .txt files under {str(path)!r}" + left_out_note(path, (".txt",), exclude))
     return (read_text_file(p, counts) for p in files), f"{path} (folder, {len(files)} .txt files, sorted)"
 
 

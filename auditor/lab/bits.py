@@ -233,7 +233,7 @@ def _check_counts(rows: pd.DataFrame, file: Path, room: str) -> None:
             index = bad[bad].index[0]
             value = params[index] if "parameters" in what else bits[index]
             line = index + 2 if isinstance(index, int | np.integer) else index
-            raise AuditError(f"{file}: line {line} cannot be counted as a {room} result: "
+            raise AuditError(f"{file}: line {line} cannot be counted ({room} room): "
                              + what.format(f"{value:g}") + f"; {bad.sum()} of {len(rows)} rows are like it")
 
 
