@@ -9,7 +9,7 @@ Kruskal rank >= k. Two things fill that gap:
   ALL k-subsets that are full rank (a statement about the population of subsets, not a proof);
 - :func:`kruskal_lower_bound`: a proof that EVERY k-subset is full rank for k up to a bound, from an
   exhaustive search of the small k, the mutual coherence and the Babel function of the vectors, the
-  same two after whitening, and a null-space bound from linear programs (:mod:`probes.certify`).
+  same two after whitening, and a null-space bound from linear programs (:mod:`probes.spark`).
 
 The coherence and Babel bounds of the raw vectors are worst-case bounds: on strongly correlated vectors
 (most trained transformer tokens) they certify only 1 or 2. Whitening removes the shared directions
@@ -34,7 +34,9 @@ import numpy as np
 import torch
 from scipy import stats
 
-from probes.certify import (
+from probes.kruskal import kruskal_test, pool64, validate_vectors
+from probes.rank import Array, check_int, numerical_rank, resolve_rtol
+from probes.spark import (
     BABEL_FIRST_COLUMNS,
     cosine_pass,
     nullspace_bound,
@@ -42,8 +44,6 @@ from probes.certify import (
     unit_rows,
     whitened_bound,
 )
-from probes.kruskal import kruskal_test, pool64, validate_vectors
-from probes.rank import Array, check_int, numerical_rank, resolve_rtol
 
 EPS64 = torch.finfo(torch.float64).eps
 # the proofs behind a lower bound, in the order that breaks ties (the simpler proof first)
@@ -199,7 +199,7 @@ def kruskal_lower_bound(
 
     (d) The coherence and Babel bounds of the vectors after clipped whitenings (``"whitened-coherence"``,
         ``"whitened-babel"``), and (e) a null-space bound, spark >= 1 / alpha, from one linear program
-        per vector (``"nullspace"``), both made valid at rtol with the proofs in :mod:`probes.certify`.
+        per vector (``"nullspace"``), both made valid at rtol with the proofs in :mod:`probes.spark`.
         They run only while (b) and (c) leave k below min(k_max, d); (e) only when (d) did not reach
         it either, within ``nullspace_seconds``.
 

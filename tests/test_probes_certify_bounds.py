@@ -1,4 +1,4 @@
-"""Whitened coherence / Babel bounds and the null-space bound (probes.certify) against brute force:
+"""Whitened coherence / Babel bounds and the null-space bound (probes.spark) against brute force:
 never above the numerical Kruskal rank, equal to it where the bound can reach it."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from probes.bounds import METHODS, kruskal_lower_bound
-from probes.certify import nullspace_bound, spectrum, whiten, whitened_bound
 from probes.kruskal import check_witness
 from probes.rank import numerical_rank, resolve_rtol
+from probes.spark import nullspace_bound, spectrum, whiten, whitened_bound
 
 EPS64 = float(np.finfo(np.float64).eps)
 
