@@ -138,7 +138,7 @@ class SlurmOptions:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise AuditError(f"{name} takes an integer >= {low}; got {value!r}")
-        object.__setattr__(self, "sbatch", tuple(self.sbatch))
+        object.__setattr__(self, "sbatch", (self.sbatch,) if isinstance(self.sbatch, str) else tuple(self.sbatch))
         object.__setattr__(self, "minutes", parse_time(self.time))
         object.__setattr__(self, "extra", parse_sbatch(self.sbatch))
 
@@ -159,7 +159,8 @@ class SlurmOptions:
     def parameters(self, name: str) -> dict[str, Any]:
         """submitit's ``SlurmExecutor.update_parameters`` for jobs called ``name``."""
         params: dict[str, Any] = {"job_name": name, "time": self.minutes, "cpus_per_task": self.cpus_per_task,
-                                  "additional_parameters": dict(self.extra)}
+                                  "additional_parameters": dict(self.extra),
+                                  "wckey": None}  # submitit's default wckey is refused where wckeys are enforced
         if self.partition:
             params["partition"] = self.partition
         if self.gpus_per_task:
