@@ -309,3 +309,95 @@ def test_resuming_from_a_truncated_training_checkpoint_is_refused_and_left_alone
     after = snapshot(tmp_path)
     assert {p for p in after if p not in before} <= {str(tmp_path / "units")}  # the (empty) ledger only
     assert not list((tmp_path / "units").glob("*")) and not (tmp_path / "results.csv").exists()
+
+
+# ---------------------------------------------------------------------------------------------------
+# The Python API in its own words: paths, non-numeric arrays, tensors that require grad
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_audit_tokens_says_what_to_pass_for_paths_and_non_numeric_arrays(tmp_path):
+    import numpy as np
+
+    from auditor import audit_tokens
+
+    contexts = torch.randn(12, 3, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)  # (N, n, d)
+    cases = [(("tokens.safetensors", contexts[:, 0]), "audit_tokens takes tensors, not files"),
+             ((tmp_path / "t.safetensors", contexts[:, 0]), "load a token file with auditor.tokens.Tokens.load"),
+             ((np.array([[["a"] * 4] * 3] * 12, dtype=object), contexts[:, 0]), "array of numbers; got ndarray of "
+              "dtype object"),
+             ((contexts, contexts[:, 0].to(torch.complex128)), "queries must hold real numbers")]
+    for args, fragment in cases:
+        with pytest.raises(TypeError) as info:
+            audit_tokens(*args, subsets=5, progress=False)
+        assert fragment in str(info.value) and "\n" not in str(info.value)
+    assert not any(tmp_path.iterdir())
+
+
+def test_tensors_that_require_grad_give_the_rows_of_their_values():
+    import probes
+    from auditor import audit_tokens
+
+    contexts = torch.randn(12, 3, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)  # (N, n, d)
+    graded = contexts.clone().requires_grad_(True)
+    plain = audit_tokens(contexts, contexts[:, 0], subsets=20, progress=False)
+    rows = audit_tokens(graded, graded[:, 0], subsets=20, progress=False)
+    assert rows["fraction"].tolist() == plain["fraction"].tolist() and rows["holds"].tolist() == plain["holds"].tolist()
+    result = probes.kruskal_test(graded[:, 0], 3, subsets=20, seed=0)
+    assert result.fraction == probes.kruskal_test(contexts[:, 0], 3, subsets=20, seed=0).fraction
+    assert graded.grad is None  # nothing was differentiated
+
+
+def test_probes_refuse_paths_and_non_numeric_arrays_in_their_own_words():
+    import numpy as np
+
+    import probes
+
+    with pytest.raises(ValueError, match="got the path 'tokens.pt'; the probes take tensors"):
+        probes.kruskal_test("tokens.pt", 2)
+    with pytest.raises(TypeError, match="must hold numbers .* dtype <U1"):
+        probes.numerical_rank(np.array([["a", "b"], ["c", "d"]]))
+
+
+# ---------------------------------------------------------------------------------------------------
+# OS errors name their path
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_a_lock_that_is_a_folder_is_named(files, tmp_path, capsys):
+    out = tmp_path / "report"
+    (out / ".lock").mkdir(parents=True)
+    argv = [str(files["vit"]), "--data", str(shared_data("imagenet-sample")), "--samples", "4", "-w", "random",
+            "--out", str(out), "--quiet"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"error: {str(out / '.lock')!r} is a folder where the audit keeps its lock file; remove it or "
+                   "choose another --out")
+    assert sorted(p.name for p in out.iterdir()) == [".lock"]
+
+
+def test_a_full_disk_names_the_file_it_could_not_write(tmp_path, capsys, monkeypatch):
+    import errno
+
+    from auditor import atomic
+
+    def full(tmp, text):  # what write() raises on a full disk: no file name attached
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(atomic, "_write_synced", full)
+    out = tmp_path / "run"
+    assert main(["facts", "width", "--scale", "quick", "--threads", "1", "--no-plots", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: No space left on device: ") and str(out / "units") in err
+    assert not out.exists()  # nothing finished: the folder it made is gone
+
+
+def test_text_data_inside_out_is_said_to_be_left_out(tmp_path):
+    from auditor.data.text import read_documents
+    from auditor.errors import AuditError
+
+    (tmp_path / "report").mkdir()
+    (tmp_path / "report" / "notes.txt").write_text("some text\n")
+    with pytest.raises(AuditError, match=r"no \.txt files under .* \(1 found, none read as data: 1 inside the "
+                                         r"output folder --out"):
+        read_documents(str(tmp_path), exclude=tmp_path / "report")

@@ -318,3 +318,43 @@ def test_help_texts_cite_no_internal_document(name, capsys):
     assert main([*name.split(), "--help"]) == 0
     text = capsys.readouterr().out
     assert "--threads" in text and "SPEC" not in text
+
+
+@pytest.mark.parametrize("argv", [["memorize", "--steps", "10000001"], ["facts", "width", "--steps", str(2**40)],
+                                  ["certify", "--steps", TOO_BIG], ["memorize", "--eval-every", "10000001"]])
+def test_step_counts_have_a_bound(argv, tmp_path, capsys):
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "is not in the range x<=10000000" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_ray_address_that_does_not_answer_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
+    """Ray's client retries for ever against an address that takes the connection and stays silent."""
+    import socket
+    import threading
+
+    pytest.importorskip("ray")
+    monkeypatch.setattr(execution, "RAY_CONNECT_TIMEOUT_S", 0.5)
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    held: list[socket.socket] = []
+    threading.Thread(target=lambda: [held.append(silent.accept()[0]) for _ in range(8)], daemon=True).start()
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))  # bound, never listening: the connection is refused
+    try:
+        for port, fragment in ((silent.getsockname()[1], "no answer within 0.5 s"),
+                               (closed.getsockname()[1], "Connection refused")):
+            argv = ["assoc", "--scale", "quick", "--executor", "ray", "--address", f"127.0.0.1:{port}",
+                    "--out", str(tmp_path / "out")]
+            assert main(argv) == 2  # (without the check, Ray's client retried for ever here)
+            err = capsys.readouterr().err.strip()
+            assert err.count("\n") == 0 and f"cannot reach a Ray cluster at '127.0.0.1:{port}'" in err
+            assert fragment in err
+            assert not (tmp_path / "out").exists()
+    finally:
+        silent.close()
+        closed.close()
+        for conn in held:
+            conn.close()
