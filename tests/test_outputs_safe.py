@@ -123,6 +123,20 @@ def test_lab_commands_write_nothing_through_links(tmp_path, command):
     check_confined(tmp_path, lambda out: main([*command, "--threads", "1", "--out", str(out)]))
 
 
+def test_facts_rank_writes_nothing_through_links(tmp_path):
+    database = tmp_path / "db.csv"
+    assert main(["facts", "generate", "-o", str(database), "--keys", "8", "--queries", "4"]) == 0
+    check_confined(tmp_path / "rank", lambda out: main(["facts", "rank", str(database), "--scale", "quick",
+                                                        "--threads", "1", "--out", str(out)]))
+
+
+@pytest.mark.slow
+def test_capacity_writes_nothing_through_links(tmp_path, vit, images):
+    """Tokens, checkpoints, histories, units and plots of `audit capacity` on a tiny ViT."""
+    check_confined(tmp_path, lambda out: main(["capacity", vit, "--data", str(images), "--samples", "20", "--scale",
+                                               "quick", "--threads", "1", "--out", str(out)]))
+
+
 @pytest.mark.slow
 def test_recall_all_writes_nothing_through_links(tmp_path):
     check_confined(tmp_path, lambda out: main(["recall", "all", "--scale", "quick", "--threads", "1", "--out",
