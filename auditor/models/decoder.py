@@ -14,9 +14,11 @@ The BOS replaces the first token of each window, so n stays the context length. 
 the model's own code runs it (sliding windows, Gemma 2's soft-capping with eager attention); the
 report's details say, per model, the rotary base and whether a sliding window is shorter than n.
 
-Default n: 128 tokens (within the position table and d / 2): enough for k = n Kruskal tests at every
-width here, and a default audit of an 8B model that stays in minutes on a laptop CPU; give
-``--context-length`` (up to the position table) for longer contexts.
+Default n: 128 tokens, halved while one block over the default sample (512 windows of n tokens) would
+cost more than ``DEFAULT_AUDIT_FLOPS``, so that ``audit <name>`` with no options stays within minutes on
+two CPU cores at any size (qwen2.5-0.5b and llama-3.2-1b: 128; gemma-2-2b and phi-3-mini: 64;
+mistral-7b and llama-3.1-8b: 32). Give ``--context-length`` (up to the position table and d) for longer
+contexts.
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ from auditor.models.registry import register, register_adapter
 from auditor.models.tokenizers import byte_tokenizer, saved_tokenizer
 
 DECODER_DEFAULT_N = 128
+DEFAULT_WINDOWS = 512  # N of a default audit on the bundled text (auditor.data.default_samples)
+# One block's multiply-adds x 2 over the default sample, at most: measured on this project's 2-core CPU
+# (about 30 GFLOP/s in float32), the block-0 forward of a default audit then takes at most ~4 minutes.
+DEFAULT_AUDIT_FLOPS = 8e12
 # Whether the family's tokenizer puts a BOS token first (used when no tokenizer comes with the weights).
 ADDS_BOS = {"llama": True, "mistral": True, "gemma": True, "gemma2": True, "gemma3_text": True,
             "qwen2": False, "qwen3": False, "phi3": False, "olmo": False, "olmo2": False, "gpt_neox": False}
@@ -47,6 +53,16 @@ def special_ids(config: Any) -> list[int]:
         value = getattr(config, key, None)
         out.extend(value if isinstance(value, list) else [] if value is None else [value])
     return [int(v) for v in out]
+
+
+def block_parameters(config: Any) -> int:
+    """Weights of one decoder block (attention and MLP; norms are negligible), from the config alone."""
+    d, heads = int(config.hidden_size), int(config.num_attention_heads)
+    head = int(getattr(config, "head_dim", None) or d // heads)
+    kv = int(getattr(config, "num_key_value_heads", None) or heads)
+    ff = int(config.intermediate_size)
+    gated = config.model_type != "gpt_neox"  # SwiGLU/GeGLU: gate, up and down projections
+    return 2 * d * heads * head + 2 * d * kv * head + (3 if gated else 2) * d * ff
 
 
 def byte_offset(config: Any) -> int:
@@ -69,6 +85,8 @@ class DecoderAdapter(PartialAdapter):
         config = self.tower(config)
         positions = int(config.max_position_embeddings)
         default = default_context_length(DECODER_DEFAULT_N, positions, int(config.hidden_size))
+        while default > 16 and 2 * block_parameters(config) * DEFAULT_WINDOWS * default > DEFAULT_AUDIT_FLOPS:
+            default //= 2
         return check_context_length(requested, default, positions, config.model_type)
 
     def query_index(self, n: int) -> int:
@@ -198,4 +216,5 @@ for _name, _hub, _config, _what in (
     ("gemma-2-2b", "google/gemma-2-2b", gemma_2_2b, "Gemma 2 2B (d 2304, 26 blocks)"),
     ("phi-3-mini", "microsoft/Phi-3-mini-4k-instruct", phi_3_mini, "Phi-3 mini 4k (d 3072, 32 blocks)"),
 ):
-    register(ModelSpec(_name, DECODER, _hub, _config, f"{_what}; n = {DECODER_DEFAULT_N}"))
+    _n = DECODER.context_length(_config(), None)
+    register(ModelSpec(_name, DECODER, _hub, _config, f"{_what}; n = {_n}"))
