@@ -52,9 +52,9 @@ def _ints(value: str | None) -> tuple[int, ...] | None:
               help=f"Audit the embedding and these blocks, one representation each: {LAYERS_FORMS}. Adds "
                    "to -r when -r is given (e.g. -r random-attention), else replaces its default. Writes depth.csv.")
 @click.option("--memory-budget", type=float, default=_D["memory_budget"], metavar="GIB",
-              help="Most memory the extracted tokens may take at once; layers that do not fit together are "
-                   "extracted in several forward passes and tested one group at a time (default: half the "
-                   "available memory).")
+              help="Most memory the extracted tokens may take at once; tokens that do not fit are streamed: "
+                   "one forward pass in chunks, each tested as it is extracted and dropped, with the same rows "
+                   "(default: half the available memory).")
 @click.option("--robustness/--no-robustness", default=_D["robustness"], show_default=True,
               help="Say how much each verdict depends on the rank tolerance: the tolerance at which it flips, "
                    "the fraction from 0.1x to 10x rtol, and the exact smallest margin (costs about one to three "

@@ -362,9 +362,9 @@ def streamed(loaded: Any, inputs: Any, reps: list[str], config: AuditConfig, dig
     budget = _budget(config)
     per_example = len(reps) * token_bytes(1, n, d, loaded.dtype)
     chunk = chunk_examples(num, config.batch_size, per_example, budget)
-    log.warning("%s: the tokens of %d representations (%.2f GiB) exceed the memory budget (%.2f GiB); streaming "
-                "the contexts in chunks of %d examples", loaded.weights, len(reps), num * per_example / GIB,
-                budget / GIB, chunk)
+    log.warning("%s: the tokens of %d representation(s) (%.2f GiB) exceed the memory budget (%.2f GiB); "
+                "streaming the contexts in chunks of %d examples (same rows)", loaded.weights, len(reps),
+                num * per_example / GIB, budget / GIB, chunk)
     geometry = importlib.util.find_spec("probes.geometry") is not None
     device = resolve_device(config.device)
     reducers = {}
