@@ -243,7 +243,7 @@ def check_cluster(options: SlurmOptions) -> None:
     if conf and not Path(conf).is_file():
         raise AuditError(f"SLURM_CONF names {conf!r}, which is not a file; point it at the cluster's slurm.conf "
                          "or unset it")
-    listed = slurm_command(["sinfo", "--noheader", "--format=%R"], what="listing the partitions")
+    listed = slurm_command(["sinfo", "--all", "--noheader", "--format=%R"], what="listing the partitions")
     partitions = sorted({p.strip() for p in listed.split()})
     if options.partition and options.partition not in partitions:
         raise did_you_mean("Slurm partition", options.partition, partitions)
