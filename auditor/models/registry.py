@@ -3,7 +3,8 @@
 Registered names (``vit-base``, ``bert-large``, ``gpt2``, ``minilm``, ...) carry their architecture in
 code, so ``weights="random"`` works offline. Other names are accepted when they are unambiguous:
 ``timm:<name>`` (a ViT from timm), a Hugging Face hub id ``owner/name`` or a local ``save_pretrained``
-folder whose config is a ViT, BERT or GPT-2. Each family module registers its adapter and its named
+folder whose config ``model_type`` has an adapter (ViT, BERT, GPT-2, the decoder LLMs, RoBERTa, DeBERTa-v2,
+ModernBERT, DINOv2, CLIP, SigLIP). Each family module registers its adapter and its named
 models in one line each; a duplicate name is an error.
 """
 
@@ -153,7 +154,7 @@ def load_model(
     rank n), before any weights are read when the architecture is known. ``config_overrides`` change architecture fields of a random model (tests use it for
     tiny models: ``{"num_hidden_layers": 2}``; for timm they are ``create_model`` keyword arguments).
     ``trust_remote_code`` is passed to ``AutoConfig`` when a hub id is resolved; the model classes used
-    (ViTModel, BertModel, GPT2Model, timm, and those of the families in ``auditor.models.families``) never
+    (ViTModel, BertModel, GPT2Model, timm, and the transformers classes of ``decoder``, ``encoders`` and ``vision``) never
     run code from a checkpoint. ``query`` (``mean`` | ``first``) picks the query of a model without a CLS
     token (SigLIP); ``bos`` puts (True) or leaves out (False) the BOS token of a decoder LLM at position 0
     (None: as the model's tokenizer does). Either is an error for a family it does not apply to.
