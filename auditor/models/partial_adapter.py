@@ -122,13 +122,7 @@ class PartialAdapter(HFAdapter):
         return obj
 
     def forward(self, model: nn.Module, batch: Mapping[str, torch.Tensor]) -> None:
-        net = model.net if isinstance(model, PartialModel) else model
-        if net is None:
-            raise RuntimeError("the network is not built yet: call prepare() first")
-        self.run(net, batch)
-
-    def run(self, net: nn.Module, batch: Mapping[str, torch.Tensor]) -> None:
-        """Call the network on one batch."""
+        """Call ``model.net`` (built by :meth:`prepare`) on one batch."""
         raise NotImplementedError
 
     # -- per-family inputs and notes ------------------------------------------------------------------
@@ -167,7 +161,7 @@ class PartialAdapter(HFAdapter):
         if kind == "random":
             config = apply_overrides(self.build_config(spec, None), overrides)
             source = None
-            read_from = f"random init (torch.manual_seed({seed}))"
+            read_from = f"random init (seed {seed}, drawn block by block: see reinitialise)"
         else:
             source = str(Path(weights).expanduser()) if kind == "folder" else self.pretrained_source(spec)
             reader = CheckpointReader(source)
