@@ -161,7 +161,7 @@ class PartialAdapter(HFAdapter):
         if kind == "random":
             config = apply_overrides(self.build_config(spec, None), overrides)
             source = None
-            read_from = f"random init (seed {seed}, drawn block by block: see reinitialise)"
+            read_from = f"random init (torch.manual_seed({seed}) outside the blocks, block L from seed ({seed}, L))"
         else:
             source = str(Path(weights).expanduser()) if kind == "folder" else self.pretrained_source(spec)
             reader = CheckpointReader(source)
