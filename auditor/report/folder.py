@@ -40,11 +40,13 @@ TOKENS = "tokens"
 OWNED_FILES = ("results.csv", "sweep.csv", "depth.csv", "config.json", "summary.md", "kruskal_curve.png",
                "context_ranks.png", "margins.png", "rtol_sweep.png", "depth_kruskal.png", "depth_geometry.png",
                "depth_fractions.png", PARTIAL_CSV, PARTIAL_CONFIG)
+# ... and the PDF written beside each figure
+OWNED_NAMES = OWNED_FILES + tuple(n.removesuffix(".png") + ".pdf" for n in OWNED_FILES if n.endswith(".png"))
 
 
 def _owned_name(name: str) -> bool:
     """A name the audit writes (or removes) in its report folder."""
-    return name in OWNED_FILES or name == TOKENS or (name.endswith(".pdf") and name[:-4] + ".png" in OWNED_FILES)
+    return name in OWNED_NAMES or name == TOKENS
 
 
 def _is_audit_report(path: Path) -> bool:
@@ -68,19 +70,22 @@ def _is_audit_report(path: Path) -> bool:
 
 
 def check_report_folder(path: Path) -> None:
-    """Refuse an existing ``--out`` that is not an audit's report folder: one holding visible files the audit
-    does not write (``--out .`` in a project), or files of the audit's names that no audit wrote (a
-    ``config.json`` without an audit's rows). A report's figures (``*.png``, ``*.pdf``) count as its own."""
-    report = _is_audit_report(path)
-    foreign = foreign_entries(path, lambda n: _owned_name(n) or (report and n.endswith((".png", ".pdf"))))
-    valid = ", or the folder of an earlier audit to resume or redo it"
-    refuse_foreign(path, foreign, "an audit", valid)
-    if not report:
-        clashing = foreign_entries(path, lambda n: n not in OWNED_FILES)  # the files of the audit's names
-        if clashing:
-            raise AuditError(f"--out {str(path)!r} holds {', '.join(clashing)} but no audit's results (results.csv "
-                             f"or {PARTIAL_CSV} with an audit's columns); an audit would replace them: give a new or "
-                             "empty folder")
+    """Refuse an existing ``--out`` that is not an audit's report folder and holds visible files: the audit would
+    write among them (``--out .`` in a project) or replace some (a ``config.json`` or ``summary.md`` of the
+    user's; ``tidy`` would remove a ``sweep.csv``). A report folder (its rows or its configuration are an
+    audit's) is accepted with whatever else the user keeps in it: only the audit's own files are written or
+    removed. Links with the audit's names and its ``tokens`` folder are accepted anywhere: they are replaced,
+    never followed, so nothing of the user's is touched."""
+    if _is_audit_report(path):
+        return
+    foreign = foreign_entries(path, lambda n: (_owned_name(n) and (path / n).is_symlink()) or n == TOKENS)
+    clashing = [n for n in foreign if _owned_name(n)]  # the audit's names, as the user's own files
+    others = [n for n in foreign if not _owned_name(n)]
+    refuse_foreign(path, others, "an audit", ", or the folder of an earlier audit to resume or redo it")
+    if clashing:
+        raise AuditError(f"--out {str(path)!r} holds {', '.join(clashing)} but no audit's results (results.csv "
+                         f"or {PARTIAL_CSV} with an audit's columns); an audit would replace them: give a new or "
+                         "empty folder")
 
 
 def _missing_folders(path: Path) -> list[Path]:
@@ -200,7 +205,7 @@ class ReportFolder:
         """
         kept = {p.absolute() for p in (*keep, *self.produced)}
         inputs = {p.resolve() for p in keep}
-        candidates = [self.path / name for name in OWNED_FILES]
+        candidates = [self.path / name for name in OWNED_NAMES]
         candidates += [p for p in self.path.glob(f".*{TMP_SUFFIX}") if _is_owned_temporary(p.name)]
         tokens = self.path / TOKENS
         if tokens.is_dir() and not tokens.is_symlink():
@@ -220,7 +225,7 @@ class ReportFolder:
 
 def _is_owned_temporary(name: str) -> bool:
     """A temporary file left by an interrupted atomic write of one of this tool's files."""
-    return any(name.startswith(f".{owned}.") for owned in OWNED_FILES)
+    return any(name.startswith(f".{owned}.") for owned in OWNED_NAMES)
 
 
 # ---------------------------------------------------------------------------------------------------
