@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from auditor.errors import AuditError
+
 TMP_SUFFIX = ".tmp"
 
 
@@ -228,8 +230,6 @@ def refuse_foreign(folder: str | os.PathLike[str], foreign: Iterable[str], comma
     foreign = list(foreign)
     if not foreign:
         return
-    from auditor.errors import AuditError
-
     shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
     raise AuditError(f"--out {str(folder)!r} already holds files that {command} did not write ({shown}); "
                      f"give a new or empty folder{valid}")
