@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from auditor.atomic import real_folder, write_text_atomic
 from auditor.errors import AuditError, did_you_mean
 
 log = logging.getLogger(__name__)
@@ -299,9 +300,7 @@ class _Record:
             self.jobs = {}
 
     def save(self) -> None:
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(self.jobs, indent=0, sort_keys=True))
-        os.replace(tmp, self.path)
+        write_text_atomic(self.path, json.dumps(self.jobs, indent=0, sort_keys=True))  # a link there: replaced
 
 
 def _job_name(name: str) -> str:
@@ -370,7 +369,7 @@ def run_array(fn: Callable[..., Any], calls: Sequence[tuple], options: SlurmOpti
         return
     check_cluster(options)
     folder = Path(options.folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    real_folder(folder)  # inside --out, a link planted at the log folder is replaced, never followed
     record = _Record(folder) if keys is not None else None
     jobs: dict[int, Any] = {}
     if record is not None and record.jobs:  # attach to the jobs of an earlier run that still queue or run
