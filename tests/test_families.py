@@ -337,3 +337,6 @@ def test_saved_folder_audits_end_to_end(model_type, tmp_path):
     rows = result.rows
     assert set(rows["status"]) == {"ok"} and set(rows["representation"]) == {"embedding", "block.0", "block.2"}
     assert set(rows["dtype"]) == {"float32"}
+    note = {"llama": "; BOS id 1 at position 0", "roberta": "", "dinov2_with_registers": "; CLS query; 4 registers in",
+            "siglip_vision_model": "; query = mean of the n patch tokens"}[model_type]
+    assert rows["tokenizer"].str.contains(note, regex=False).all()  # the rows say how inputs became tokens

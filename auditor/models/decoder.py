@@ -23,6 +23,7 @@ contexts.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -114,7 +115,8 @@ class DecoderAdapter(PartialAdapter):
 
             raise AuditError(f"{spec.name} has no BOS token (bos_token_id is unset); audit it without --bos")
         state = {"bos_id": int(bos_id) if use else None, "why": "as its tokenizer does" if want is None else "as asked"}
-        return tokenizer, None, state
+        bos_note = f"BOS id {bos_id} at position 0" if use else "no BOS"
+        return dataclasses.replace(tokenizer, name=f"{tokenizer.name}; {bos_note}"), None, state  # rows say it
 
     def notes(self, config: Any, n: int, state: Mapping[str, Any]) -> dict[str, str]:
         bos_id, why = state["bos_id"], state["why"]

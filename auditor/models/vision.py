@@ -16,6 +16,7 @@ and crops 224, SigLIP resizes to 224 x 224; all bicubic, each with its own mean 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -83,7 +84,12 @@ class VisionAdapter(PartialAdapter):
 
     def make_loaded_inputs(self, spec: ModelSpec, kind: str, source: str | None, config: Any,
                            options: Mapping[str, Any]):
-        return None, self.preprocessor(config), dict(options)
+        state = dict(options)
+        preprocessor = self.preprocessor(config)
+        token_note = self.notes(config, self.context_length(config, None), state).get("tokens")
+        if token_note:  # the rows' tokenizer column names how the image became these tokens
+            preprocessor = dataclasses.replace(preprocessor, name=f"{preprocessor.name}; {token_note}")
+        return None, preprocessor, state
 
     def forward(self, model: nn.Module, batch: Mapping[str, torch.Tensor]) -> None:
         model.net(pixel_values=batch["pixel_values"])
@@ -111,6 +117,7 @@ class Dinov2Adapter(VisionAdapter):
                "query": "CLS (row 0)"}
         if regs:
             out["registers"] = f"{regs} register tokens at rows 1..{regs}, part of the context (every block attends to them)"
+            out["tokens"] = f"CLS query; {regs} registers in the context"
         return out
 
 
@@ -158,7 +165,7 @@ class SiglipVisionAdapter(ClipVisionAdapter):
         rule = state.get("query", "mean")
         query = ("mean of the n patch tokens (no CLS token)" if rule == "mean"
                  else "the top-left patch (row 0; no CLS token)")
-        return {"positions": "learned absolute positions", "query": query,
+        return {"positions": "learned absolute positions", "query": query, "tokens": f"query = {query}",
                 "tower": "the vision tower (the text tower is never read)"}
 
 
