@@ -7,9 +7,18 @@ from pathlib import Path
 
 import click
 
-from auditor.config import LAYERS_FORMS, MAX_DEFAULT_SAMPLES, MAX_SUBSETS, RTOL_RULE, AuditConfig
+from auditor.config import (
+    LAYERS_FORMS,
+    MAX_DEFAULT_SAMPLES,
+    MAX_SUBSETS,
+    MAX_SWEEP_REFINE,
+    MAX_THREADS,
+    RTOL_RULE,
+    AuditConfig,
+)
 from auditor.errors import AuditError
 from auditor.execution import EXECUTORS
+from auditor.options import MAX_SIZE
 from auditor.slurm import pop_options as pop_slurm_options
 from auditor.slurm import with_click_options as slurm_options
 
@@ -40,8 +49,8 @@ def _ints(value: str | None) -> tuple[int, ...] | None:
               help="Image folder (ImageNet layout or flat), .txt file/folder, or hf:<dataset>. "
                    "Default: a small real sample bundled with installed packages (labelled as such).")
 @click.option("--samples", type=int, default=_D["samples"],
-              help=f"Examples N to use (default: all, at most {MAX_DEFAULT_SAMPLES}); a seeded random draw "
-                   "unless --first.")
+              help=f"Examples N to use, at most {MAX_SIZE:,} (default: all, at most {MAX_DEFAULT_SAMPLES}); a seeded "
+                   "random draw unless --first.")
 @click.option("--first", is_flag=True, default=_D["first"], help="Take the first N examples instead of a seeded "
               "random draw.")
 @click.option("--subsets", type=int, default=_D["subsets"], show_default=True,
@@ -71,9 +80,9 @@ def _ints(value: str | None) -> tuple[int, ...] | None:
 @click.option("--seed", type=int, default=_D["seed"], show_default=True,
               help="Seed for the example draw, random weights and subsets (64-bit integer).")
 @click.option("--device", default=_D["device"], show_default=True, help="auto, cpu, cuda or cuda:N.")
-@click.option("--batch-size", type=int, default=_D["batch_size"], show_default=True, help="Examples per forward pass.")
+@click.option("--batch-size", type=int, default=_D["batch_size"], show_default=True, help=f"Examples per forward pass (at most {MAX_SIZE:,}).")
 @click.option("--context-length", type=int, default=_D["context_length"],
-              help="n for text models (default BERT 512, GPT-2 1024).")
+              help=f"n for text models (default BERT 512, GPT-2 1024; at most {MAX_SIZE:,}).")
 @click.option("--dtype", default=_D["dtype"], show_default=True,
               help="dtype the audited blocks compute tokens in (float32, float64, bfloat16, float16); weights "
                    "stored in another dtype are cast as they are read. The rank tolerance follows it.")
@@ -85,17 +94,19 @@ def _ints(value: str | None) -> tuple[int, ...] | None:
               help="Also trace the Kruskal curve: full-rank share against k.")
 @click.option("--sweep-ks", default=_D["sweep_ks"], help="Comma list of k for --sweep (default: 16 steps up to min(N, d)).")
 @click.option("--sweep-subsets", type=int, default=_D["sweep_subsets"], show_default=True,
-              help="Subsets per k in --sweep.")
+              help=f"Subsets per k in --sweep (at most {MAX_SUBSETS:,}).")
 @click.option("--sweep-refine", type=int, default=_D["sweep_refine"], show_default=True,
-              help="Extra k placed by bisection where the curve leaves 1.0 (pins the Kruskal rank estimate).")
+              help=f"Extra k placed by bisection where the curve leaves 1.0 (pins the Kruskal rank estimate; at "
+                   f"most {MAX_SWEEP_REFINE}).")
 @click.option("--save-tokens", is_flag=True, default=_D["save_tokens"],
               help="Write contexts and queries as safetensors (for --tokens and audit capacity).")
 @click.option("--tokens", "tokens", multiple=True, metavar="FILE",
               help="Test token files written by --save-tokens again, without loading MODEL or extracting "
                    "(repeatable, or a comma list).")
-@click.option("--threads", type=int, default=_D["threads"], help="torch threads (default: torch's own choice).")
+@click.option("--threads", type=int, default=_D["threads"], help=f"torch threads (default: torch's own choice; at most {MAX_THREADS}).")
 @click.option("--workers", type=int, default=_D["workers"], show_default=True,
-              help="Shard token extraction across this many workers (tokens are identical to one process).")
+              help=f"Shard token extraction across this many workers (tokens are identical to one process; at "
+                   f"most {MAX_THREADS}).")
 @click.option("--executor", type=click.Choice(EXECUTORS), default=_D["executor"], show_default=True,
               help="Where --workers run: this process, Ray tasks or one Slurm job array.")
 @click.option("--address", default=_D["address"], help="Ray cluster address for --executor ray (e.g. auto).")

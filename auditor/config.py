@@ -17,6 +17,7 @@ import probes
 from auditor.assumptions import TESTS
 from auditor.errors import AuditError, did_you_mean
 from auditor.execution import EXECUTORS
+from auditor.options import MAX_SIZE
 from auditor.slurm import SlurmOptions
 
 DEFAULT_REPRESENTATIONS = ("embedding", "random-attention", "block.0")
@@ -78,8 +79,8 @@ class AuditConfig:
         bounded("subsets", self.subsets, 1, MAX_SUBSETS)
         bounded("sweep_subsets", self.sweep_subsets, 1, MAX_SUBSETS)
         bounded("sweep_refine", self.sweep_refine, 0, MAX_SWEEP_REFINE)
-        positive("batch_size", self.batch_size)
-        positive("workers", self.workers)
+        bounded("batch_size", self.batch_size, 1, MAX_SIZE)
+        bounded("workers", self.workers, 1, MAX_THREADS)
         if self.threads is not None:
             bounded("threads", self.threads, 1, MAX_THREADS)
         if self.executor not in EXECUTORS:
@@ -96,9 +97,9 @@ class AuditConfig:
         if self.bos is not None and not isinstance(self.bos, bool):
             raise AuditError(f"bos must be True, False or None (as the tokenizer does); got {self.bos!r}")
         if self.samples is not None:
-            positive("samples", self.samples)
+            bounded("samples", self.samples, 1, MAX_SIZE)
         if self.context_length is not None:
-            positive("context_length", self.context_length)
+            bounded("context_length", self.context_length, 1, MAX_SIZE)
         for name in ("first", "sweep", "save_tokens", "trust_remote_code"):
             if not isinstance(getattr(self, name), bool):
                 raise AuditError(f"{name} must be True or False; got {getattr(self, name)!r}")
@@ -122,7 +123,7 @@ class AuditConfig:
                 raise AuditError("empty weights name; valid: random, pretrained, or a save_pretrained folder")
         if self.sweep_ks is not None:
             for k in self.sweep_ks:
-                positive("sweep k", k)
+                bounded("sweep k", k, 1, MAX_SIZE)
         if self.tokens is not None and not self.tokens:
             raise AuditError("tokens lists no file; give at least one token file (written by --save-tokens)")
         if self.layers is not None:
