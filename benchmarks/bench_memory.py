@@ -185,7 +185,12 @@ def write_report(rows, args) -> None:
         "",
         "Wall times depend on the machine's load (shared by several jobs here); the memory figures do not.",
     ]
-    (REPO / "reports" / "benchmarks-memory.md").write_text("\n".join(lines) + "\n")
+    path = REPO / "reports" / "benchmarks-memory.md"
+    # the file holds other sections too (streaming against N): only the table and its context are replaced,
+    # up to the "Reading the figures" notes, which are written by hand and kept
+    old = path.read_text() if path.is_file() else ""
+    keep = old[old.index("\n## Reading the figures"):] if "\n## Reading the figures" in old else ""
+    path.write_text("\n".join(lines) + "\n" + keep)
 
 
 if __name__ == "__main__":
