@@ -276,7 +276,7 @@ def _stage_figures(table: pd.DataFrame, reports: Sequence[Report], out: Path, st
 
     labels = {str(r.folder): r.label for r in reports}
     drawings = []
-    if table["test"].isin(KRUSKAL_TESTS).any() and table["fraction"].notna().any():
+    if (table["test"].isin(KRUSKAL_TESTS) & table["fraction"].notna()).any():
         drawings.append(("compare_kruskal.png", lambda: kruskal_by_test(table, labels)))
     depths = {r.label: pd.read_csv(r.depth_csv) for r in reports if r.depth_csv.is_file()}
     depths = {label: frame for label, frame in depths.items() if not frame.empty and "depth" in frame.columns}

@@ -225,11 +225,21 @@ def test_token_files_are_tested_again_without_loading_the_model(vit, images, tmp
 
 def test_every_option_has_the_same_default_in_python_and_on_the_command_line():
     from auditor.commands import DEPRECATED, audit_command
+    from auditor.slurm import _CLI as SLURM_CLI
+    from auditor.slurm import SlurmOptions
 
     defaults = {f.name: f.default for f in dataclasses.fields(AuditConfig)}
+    slurm_fields = {flag[2:].replace("-", "_"): name for flag, name, _ in SLURM_CLI}
+    slurm_defaults = SlurmOptions()
     checked = set()
     for param in audit_command.params:
         if param.name in ("model", "out", "quiet"):
+            continue
+        if param.name in slurm_fields:  # gathered into AuditConfig.slurm (a SlurmOptions; None: these defaults)
+            value = (tuple(param.default) if isinstance(param.default, list | tuple) else ()) if param.multiple \
+                else param.default
+            assert value == getattr(slurm_defaults, slurm_fields[param.name]), param.name
+            checked.add("slurm")
             continue
         if param.name in DEPRECATED:  # an old name of another option: hidden, nothing unless given
             assert param.hidden and param.default is None and DEPRECATED[param.name] in defaults

@@ -22,6 +22,11 @@ WALL_CLOCK = ["seconds"]
 PROVENANCE = ["seed", "dtype", "device", "git_commit", "versions"]
 
 
+# token geometry, raw and centred: computed from the tokens, so equal only within float32 noise across kernels
+GEOMETRY = ["effective_rank", "stable_rank", "anisotropy", "effective_rank_centred", "stable_rank_centred",
+            "anisotropy_centred", "collapse_residual"]
+
+
 @pytest.fixture(scope="module")
 def vit_folder(tmp_path_factory):
     from transformers import ViTConfig, ViTModel
@@ -61,7 +66,7 @@ def test_batch_size_keeps_verdicts_ranks_and_witnesses_and_margins_within_float_
     inside the float32 noise themselves."""
     five, one = audits["first"], audits["one-batch"]
     brackets = ["critical_rtol", "critical_rtol_low", "critical_rtol_high", "verdict_margin", "margin_bound"]
-    geometry = ["effective_rank", "stable_rank", "anisotropy", "collapse_residual"]
+    geometry = GEOMETRY
     exact = [c for c in five.columns if c not in WALL_CLOCK + ["min_margin"] + brackets + geometry]
     pd.testing.assert_frame_equal(five[exact], one[exact], check_exact=True)
     checked = 0
@@ -108,13 +113,13 @@ def test_an_audit_row_is_reproduced_from_its_own_line(audits, vit_folder):
     # with other kernels: everything is identical but the margin, the critical-tolerance bracket and the
     # geometry, which agree within float32 noise
     noisy = WALL_CLOCK + ["min_margin", "critical_rtol", "critical_rtol_low", "critical_rtol_high", "verdict_margin",
-                          "margin_bound", "effective_rank", "stable_rank", "anisotropy", "collapse_residual"]
+                          "margin_bound", *GEOMETRY]
     assert again.drop(noisy).to_dict() == row.drop(noisy).to_dict()
     d, k = int(row["d"]), int(row["k"])
     rel = d * torch.finfo(torch.float32).eps * math.sqrt(k * d)
     assert row["critical_rtol_low"] - 2 * rel <= again["critical_rtol_high"]
     assert again["critical_rtol_low"] - 2 * rel <= row["critical_rtol_high"]
-    for column in ("effective_rank", "stable_rank", "anisotropy", "collapse_residual"):
+    for column in GEOMETRY:
         assert again[column] == pytest.approx(row[column], rel=1e-3, abs=1e-6), column
     tol = margin_atol(min(row["min_margin"], again["min_margin"]), float(row["rtol"]), rel)
     assert abs(again["min_margin"] - row["min_margin"]) <= 2 * tol

@@ -173,8 +173,9 @@ def test_a_full_disk_while_plotting_leaves_no_png_and_keeps_the_rows_for_a_resum
     assert len(count_assumption1) == 2  # both Kruskal rows came from the partial file
     rows = pd.read_csv(out / "results.csv")
     assert rows.loc[rows.test == "assumption1", "note"].str.contains("reused from the interrupted run").all()
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "context_ranks.png", "margins.png",
-                                                     "results.csv", "rtol_sweep.png", "summary.md"]
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "context_ranks.pdf", "context_ranks.png",
+                                                     "margins.pdf", "margins.png", "results.csv", "rtol_sweep.pdf",
+                                                     "rtol_sweep.png", "summary.md"]
 
 
 def test_a_failed_run_leaves_no_folder_it_created(vit, images, tmp_path, monkeypatch):
@@ -280,8 +281,9 @@ def test_a_run_without_sweep_or_tokens_removes_the_previous_ones(vit, images, tm
     (out / "notes.md").write_text("a file of the user's\n")
     assert {"sweep.csv", "kruskal_curve.png", "tokens"} <= {p.name for p in out.iterdir()}
     assert main(argv(vit, images, out)) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "context_ranks.png", "margins.png", "notes.md",
-                                                     "results.csv", "rtol_sweep.png", "summary.md"]
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "context_ranks.pdf", "context_ranks.png",
+                                                     "margins.pdf", "margins.png", "notes.md", "results.csv",
+                                                     "rtol_sweep.pdf", "rtol_sweep.png", "summary.md"]
     summary = (out / "summary.md").read_text()
     assert "kruskal_curve" not in summary and "Kruskal rank of the queries" not in summary
     assert json.loads((out / "config.json").read_text())["sweep"] is False

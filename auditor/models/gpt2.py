@@ -30,19 +30,12 @@ from auditor.models.base import (
     hub_reachable,
 )
 from auditor.models.registry import register, register_adapter
-from auditor.models.tokenizers import wrap_hf_tokenizer
+from auditor.models.tokenizers import gpt2_byte_order, wrap_hf_tokenizer
 
 GPT2_DEFAULT_N = 1024  # the paper's gpt2-large setting; narrower models: see default_context_length
 GPT2_TOKENIZER_ID = "openai-community/gpt2"  # all GPT-2 sizes share one BPE vocabulary
 GPT2_TOKENIZER_FILES = ("tokenizer.json", "vocab.json")
 BYTE_FALLBACK_NAME = "gpt2-bytes (offline fallback, no BPE merges)"
-
-
-def gpt2_byte_order() -> list[int]:
-    """Bytes in the order of GPT-2's first 256 vocabulary entries (id i encodes byte ``order[i]``)."""
-    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
-    rest = [b for b in range(256) if b not in set(printable)]
-    return printable + rest
 
 
 _BYTE_TO_ID = np.empty(256, dtype=np.int64)

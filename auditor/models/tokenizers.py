@@ -58,13 +58,18 @@ def bundled_wordpiece() -> TextTokenizer | None:
     )
 
 
+def gpt2_byte_order() -> list[int]:
+    """Bytes in the order of GPT-2's first 256 vocabulary entries (id i encodes byte ``order[i]``)."""
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    rest = [b for b in range(256) if b not in set(printable)]
+    return printable + rest
+
+
 def byte_tokenizer(offset: int = 0, *, cls_id: int | None = None, sep_id: int | None = None) -> TextTokenizer:
     """UTF-8 bytes -> ids ``offset + r``, r the byte's rank in GPT-2's byte order (offline fallback, one
     token per byte, no merges). ``offset`` keeps the ids clear of a vocabulary's special tokens; for
     random weights any valid ids serve, for trained weights the ids are only as meaningful as the
     vocabulary's byte tokens are at those ids (the name says so in every report)."""
-    from auditor.models.gpt2 import gpt2_byte_order
-
     rank = np.empty(256, dtype=np.int64)
     rank[np.array(gpt2_byte_order())] = np.arange(256) + offset
 
