@@ -26,7 +26,6 @@ import os
 import tempfile
 import time
 import weakref
-from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +37,13 @@ import probes
 from auditor.assumptions import ASSUMPTION_TESTS, RunOptions
 from auditor.tokens import ContextFile, TokenWriter
 from probes import _fast, robust
-from probes.assumptions import AssumptionResult, _check_n, _check_threshold, _from_kruskal
+from probes.assumptions import (
+    AssumptionResult,
+    _check_n,
+    _check_threshold,
+    _from_kruskal,
+    assumption2_from_ranks,
+)
 from probes.kruskal import checked_kruskal, validate_vectors
 from probes.rank import pow2_rescale, resolve_rtol
 
@@ -288,27 +293,8 @@ def assumption2(s: StreamedContexts, *, threshold: float = 1.0, robustness: bool
     start = time.perf_counter()
     threshold = _check_threshold(threshold)
     grid = robust.check_rtol_grid(rtol_grid)
-    n_ex, n, d = s.shape
-    common = dict(test="assumption2", k=n, N=n_ex, n=n, d=d, threshold=threshold, subsets=n_ex,
-                  exhaustive=True, dtype=str(s.dtype).removeprefix("torch."), device=str(s.device), seed=None)
-    cr = s.ranks
-    full = cr.rank == n
-    bad = (~full).nonzero().flatten()
-    note = f"n = {n} > d = {d}: no context can have rank n" if n > d else ""
-    fraction = float(full.double().mean())
-    dec = _fast.Decisions(cr.rank, cr.margin, cr.stages, bound=cr.bound)
-    min_margin, margin_bound = robust.margin_summary(dec)
-    extra: dict[str, Any] = {"min_margin": min_margin, "margin_bound": margin_bound}
-    if robustness and note:
-        extra = robust.trivial(grid).fields() | {"min_margin": min_margin, "margin_bound": margin_bound}
-    elif robustness:
-        extra = robust.analyse(s.matrices(), dec, cr.rtol, threshold, grid).fields()
-    return AssumptionResult(
-        holds=not note and fraction >= threshold, fraction=fraction, rtol=cr.rtol, **extra,
-        witness=(int(bad[0]),) if bad.numel() else None,
-        rank_counts=dict(sorted(Counter(cr.rank.tolist()).items())),
-        seconds=time.perf_counter() - start, stages=cr.stages, note=note, **common,
-    )
+    return assumption2_from_ranks(s.ranks, s.shape, s.dtype, s.device, s.matrices, threshold=threshold,
+                                  robustness=robustness, grid=grid, start=start)
 
 
 def assumption3(s: StreamedContexts, queries: torch.Tensor, n: int, options: RunOptions) -> AssumptionResult:

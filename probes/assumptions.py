@@ -20,6 +20,7 @@ import math
 import numbers
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -314,10 +315,21 @@ def assumption2(
     if not isinstance(robustness, bool | np.bool_):
         raise ValueError(f"robustness must be True or False, got {robustness!r}")
     grid = robust.check_rtol_grid(rtol_grid)
-    n_ex, n, d = e.shape
-    common = dict(test="assumption2", k=n, N=n_ex, n=n, d=d, threshold=threshold, subsets=n_ex,
-                  exhaustive=True, dtype=str(e.dtype).removeprefix("torch."), device=str(e.device), seed=None)
     cr = ranks if ranks is not None else context_ranks(e, rtol)
+    return assumption2_from_ranks(cr, tuple(e.shape), e.dtype, e.device,
+                                  lambda: robust.context_matrices(pow2_rescale(e, (1, 2))[0]),
+                                  threshold=threshold, robustness=robustness, grid=grid, start=start)
+
+
+def assumption2_from_ranks(cr: ContextRanks, shape: tuple[int, int, int], dtype: torch.dtype, device: torch.device,
+                           matrices: Callable[[], Any], *, threshold: float, robustness: bool,
+                           grid: tuple[float, ...] | None, start: float) -> AssumptionResult:
+    """The Assumption 2 result from the contexts' ranks ``cr`` (shape ``(N, n, d)``), as :func:`assumption2`
+    forms it; ``matrices()`` gives the contexts for the tolerance analysis, called only when it runs (so a
+    caller that streamed its contexts reads them back only then). ``threshold`` and ``grid`` checked."""
+    n_ex, n, d = shape
+    common = dict(test="assumption2", k=n, N=n_ex, n=n, d=d, threshold=threshold, subsets=n_ex,
+                  exhaustive=True, dtype=str(dtype).removeprefix("torch."), device=str(device), seed=None)
     full = cr.rank == n
     bad = (~full).nonzero().flatten()
     note = f"n = {n} > d = {d}: no context can have rank n" if n > d else ""
@@ -328,8 +340,7 @@ def assumption2(
     if robustness and note:
         extra = robust.trivial(grid).fields() | {"min_margin": min_margin, "margin_bound": margin_bound}
     elif robustness:
-        scaled, _ = pow2_rescale(e, (1, 2))
-        extra = robust.analyse(robust.context_matrices(scaled), dec, cr.rtol, threshold, grid).fields()
+        extra = robust.analyse(matrices(), dec, cr.rtol, threshold, grid).fields()
     return AssumptionResult(
         holds=not note and fraction >= threshold, fraction=fraction, rtol=cr.rtol, **extra,
         witness=(int(bad[0]),) if bad.numel() else None,
