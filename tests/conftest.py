@@ -13,6 +13,7 @@
 
 from __future__ import annotations  # noqa: I001 -- probes is imported before torch, on purpose
 
+import itertools
 import math
 import os
 import random
@@ -162,3 +163,14 @@ def _seed_everything() -> None:
     random.seed(0)
     np.random.seed(0)
     torch.manual_seed(0)
+
+
+def brute_kruskal_rank(x: torch.Tensor, rtol: float | None = None) -> int:
+    """Numerical Kruskal rank from a plain float64 SVD of every subset (the rule of numerical_rank)."""
+    n_vec, d = x.shape
+    for k in range(1, min(n_vec, d) + 1):
+        idx = torch.tensor(list(itertools.combinations(range(n_vec), k)))  # (C(N, k), k)
+        ranks = probes.rank.numerical_rank(x[idx], probes.rank.resolve_rtol(rtol, k, d, x.dtype)).rank  # (C(N, k),)
+        if bool((ranks < k).any()):
+            return k - 1
+    return min(n_vec, d)

@@ -9,23 +9,12 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import brute_kruskal_rank
 from scipy import stats
 from scipy.linalg import hadamard
 
 from probes.bounds import DuplicateCounts, KruskalLowerBound, clopper_pearson, duplicates, kruskal_lower_bound
 from probes.kruskal import check_witness
-from probes.rank import numerical_rank, resolve_rtol
-
-
-def brute_kruskal_rank(x: torch.Tensor, rtol: float | None = None) -> int:
-    """Numerical Kruskal rank from a plain float64 SVD of every subset (the rule of numerical_rank)."""
-    n_vec, d = x.shape
-    for k in range(1, min(n_vec, d) + 1):
-        idx = torch.tensor(list(itertools.combinations(range(n_vec), k)))  # (C(N, k), k)
-        ranks = numerical_rank(x[idx], resolve_rtol(rtol, k, d, x.dtype)).rank  # (C(N, k),)
-        if bool((ranks < k).any()):
-            return k - 1
-    return min(n_vec, d)
 
 
 def random_sets():

@@ -3,30 +3,19 @@ never above the numerical Kruskal rank, equal to it where the bound can reach it
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import numpy as np
 import pytest
 import torch
+from conftest import brute_kruskal_rank
 
 from probes.bounds import METHODS, kruskal_lower_bound
 from probes.kruskal import check_witness
-from probes.rank import numerical_rank, resolve_rtol
+from probes.rank import resolve_rtol
 from probes.spark import nullspace_bound, spectrum, whiten, whitened_bound
 
 EPS64 = float(np.finfo(np.float64).eps)
-
-
-def brute_kruskal_rank(x: torch.Tensor, rtol: float | None = None) -> int:
-    """Numerical Kruskal rank from a plain float64 SVD of every subset (the rule of numerical_rank)."""
-    n_vec, d = x.shape
-    for k in range(1, min(n_vec, d) + 1):
-        idx = torch.tensor(list(itertools.combinations(range(n_vec), k)))  # (C(N, k), k)
-        ranks = numerical_rank(x[idx], resolve_rtol(rtol, k, d, x.dtype)).rank  # (C(N, k),)
-        if bool((ranks < k).any()):
-            return k - 1
-    return min(n_vec, d)
 
 
 def token_like(seed: int, n_vec: int, d: int, mean: float = 30.0, dtype=torch.float64) -> torch.Tensor:
