@@ -285,16 +285,10 @@ def kruskal_lower_bound(
         coherence_k = _gershgorin_passes((ks - 1).double() * mu, ks, ratio, rtol_k, d)
 
     # (d), (e): whitened Gershgorin bounds, then the null-space programs, while k is left to prove
-    white_c = white_b = null_k = 1
-    white_mu, programs, extra_note = math.nan, 0, ""
+    white_c, white_b, null_k, white_mu, programs, extra_note = 1, 1, 1, math.nan, 0, ""
     if whiten and top >= 2 and max(babel_k, coherence_k) < top:
-        sp = spectrum(pool64(x), rtols)
-        white = whitened_bound(sp, start=max(babel_k, coherence_k))
-        white_c, white_b, white_mu = white.coherence_k, white.babel_k, white.coherence
-        proven = max(babel_k, coherence_k, white_c, white_b)
-        if nullspace_seconds > 0 and proven < top and white.whitened is not None:
-            null = nullspace_bound(sp, white.whitened, start=proven, seconds=float(nullspace_seconds))
-            null_k, programs, extra_note = null.k, null.solved, null.note
+        white_c, white_b, null_k, white_mu, programs, extra_note = _whitened_and_nullspace(
+            x, rtols, max(babel_k, coherence_k), top, float(nullspace_seconds))
 
     # (a) exhaustive search above what (b)-(e) proved; single vectors are settled (none is zero).
     exhaustive_k, tested, witness = max(babel_k, coherence_k, white_c, white_b, null_k), n_vec, None
@@ -406,3 +400,17 @@ def duplicates(vectors: Array, *, cosine: float = 0.9999) -> DuplicateCounts:
     zero = int((~(x != 0).any(dim=1)).sum())
     return DuplicateCounts(N=n_vec, exact_duplicates=n_vec - distinct, near_duplicate_pairs=cos.pairs_above,
                            cosine=float(cosine), coherence=cos.coherence, zero_vectors=zero)
+
+
+def _whitened_and_nullspace(x: torch.Tensor, rtols: list[float], proven: int, top: int,
+                            seconds: float) -> tuple[int, int, int, float, int, str]:
+    """Steps (d) and (e) of :func:`kruskal_lower_bound` above the ``proven`` Gershgorin bound: (whitened
+    coherence k, whitened Babel k, null-space k, whitened coherence, programs solved, note)."""
+    sp = spectrum(pool64(x), rtols)
+    white = whitened_bound(sp, start=proven)
+    proven = max(proven, white.coherence_k, white.babel_k)
+    null_k, programs, note = 1, 0, ""
+    if seconds > 0 and proven < top and white.whitened is not None:
+        null = nullspace_bound(sp, white.whitened, start=proven, seconds=seconds)
+        null_k, programs, note = null.k, null.solved, null.note
+    return white.coherence_k, white.babel_k, null_k, white.coherence, programs, note
