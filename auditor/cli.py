@@ -17,8 +17,8 @@ import click
 
 # subcommand name -> "module:attribute" of a click.Command
 SUBCOMMANDS: dict[str, str] = {
-    "models": "auditor.commands:models_command",
-    "compare": "auditor.compare:compare_command",
+    "models": "auditor.audit.commands:models_command",
+    "compare": "auditor.audit.compare:compare_command",
     "bits": "auditor.lab.bits:bits_command",
     "memorize": "auditor.lab.memorize.cli:memorize_command",
     "certify": "auditor.lab.memorize.cli:certify_command",
@@ -28,7 +28,7 @@ SUBCOMMANDS: dict[str, str] = {
     "recall": "auditor.lab.assoc.cli:recall_command",
 }
 DEFAULT_COMMAND = "model"  # `audit vit-base ...` is `audit model vit-base ...`
-_DEFAULT_TARGET = "auditor.commands:audit_command"
+_DEFAULT_TARGET = "auditor.audit.commands:audit_command"
 
 
 def _load(target: str) -> click.Command:

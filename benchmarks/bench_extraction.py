@@ -21,10 +21,10 @@ from pathlib import Path
 
 import torch
 
+from auditor.audit.extract import extract
+from auditor.core.provenance import provenance
 from auditor.data import load_inputs
-from auditor.extract import extract
 from auditor.models import load_model
-from auditor.provenance import provenance
 
 REPO = Path(__file__).resolve().parent.parent
 DATA_CANDIDATES = (
@@ -117,7 +117,7 @@ def _write_report(path: Path, args: argparse.Namespace, lines: list[str]) -> Non
         "# Benchmark: token extraction with early exit",
         "",
         "Reading `embedding` and `block.0` of ViT-base: hooks that stop the forward after block 0",
-        "(`auditor.extract.extract`) against a full forward with `output_hidden_states=True`, same images,",
+        "(`auditor.audit.extract.extract`) against a full forward with `output_hidden_states=True`, same images,",
         "same batches, same process, interleaved runs; both give bit-identical tokens (checked).",
         "",
         "```",

@@ -157,7 +157,7 @@ sys.exit(done.returncode)
 
 
 def write_report(rows, args) -> None:
-    from auditor.provenance import provenance
+    from auditor.core.provenance import provenance
 
     stamp = provenance()
     lines = [

@@ -41,9 +41,9 @@ def main() -> None:
 
     import torch
 
-    import auditor.sources as sources
-    from auditor.config import AuditConfig
-    from auditor.runner import run
+    import auditor.audit.sources as sources
+    from auditor.audit.config import AuditConfig
+    from auditor.audit.runner import run
 
     torch.set_num_threads(args.threads)
     peaks: dict[str, float] = {}

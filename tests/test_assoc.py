@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from auditor.cli import main
-from auditor.errors import AuditError
+from auditor.core.errors import AuditError
 from auditor.lab.assoc.capacity import (
     Bisection,
     fit_guide_constant,

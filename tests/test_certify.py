@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
-from auditor.errors import AuditError
+from auditor.core.errors import AuditError
 from auditor.lab.engine import TrainConfig, train
 from auditor.lab.memorize.certify import (
     attention_features,

@@ -12,10 +12,10 @@ import torch
 from PIL import Image
 
 import auditor
+from auditor.audit.compare import COMPARE_COLUMNS, compare, resolve_report
+from auditor.audit.report.schema import read_rows
 from auditor.cli import main
-from auditor.compare import COMPARE_COLUMNS, compare, resolve_report
-from auditor.errors import AuditError
-from auditor.report.schema import read_rows
+from auditor.core.errors import AuditError
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -11,6 +11,7 @@ import torch
 from conftest import shared_data, tiny_model
 from PIL import Image
 
+from auditor.core.errors import AuditError
 from auditor.data import Inputs, load_inputs
 from auditor.data.images import list_image_files
 from auditor.data.samples import (
@@ -24,7 +25,6 @@ from auditor.data.samples import (
 )
 from auditor.data.selection import random_order, selection_note
 from auditor.data.text import chunks, pair_windows, read_text_file, split_sentences, stream_windows
-from auditor.errors import AuditError
 from auditor.models import TextTokenizer, hub_reachable
 from auditor.models.gpt2 import _BYTE_TO_ID, byte_fallback_tokenizer
 

@@ -15,14 +15,14 @@ import pytest
 import torch
 from conftest import shared_data, tiny_model, tiny_vit
 
+from auditor.audit.config import DEFAULT_REPRESENTATIONS, AuditConfig, parse_layers, representation_depth
+from auditor.audit.extract import extract, plan_passes, token_bytes
+from auditor.audit.report.depth import CRITICAL_COLUMNS, GEOMETRY_COLUMNS, KRANK_COLUMNS, PROVENANCE_COLUMNS
+from auditor.audit.runner import run
+from auditor.audit.sources import extracted_passes, load_inputs_for, plan
 from auditor.cli import main
-from auditor.config import DEFAULT_REPRESENTATIONS, AuditConfig, parse_layers, representation_depth
+from auditor.core.errors import AuditError
 from auditor.data import load_inputs
-from auditor.errors import AuditError
-from auditor.extract import extract, plan_passes, token_bytes
-from auditor.report.depth import CRITICAL_COLUMNS, GEOMETRY_COLUMNS, KRANK_COLUMNS, PROVENANCE_COLUMNS
-from auditor.runner import run
-from auditor.sources import extracted_passes, load_inputs_for, plan
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.filterwarnings("ignore")]
 BLOCKS = 4

@@ -16,7 +16,7 @@ import pytest
 import torch
 from conftest import margin_atol, shared_data, tiny_vit
 
-from auditor.runner import AuditConfig, run
+from auditor.audit.runner import AuditConfig, run
 
 WALL_CLOCK = ["seconds"]
 PROVENANCE = ["seed", "dtype", "device", "git_commit", "versions"]

@@ -80,7 +80,7 @@ def check_row_properties(rows: pd.DataFrame, num: int, subsets: int) -> None:
 def test_the_audit_reports_what_n_examples_allow(vit, tmp_path, num):
     model, processor = vit
     data = image_folder(tmp_path / "images", num)
-    rows = auditor.audit(model, processor, data=str(data), samples=num, first=True, representations="block.0",
+    rows = auditor.audit_model(model, processor, data=str(data), samples=num, first=True, representations="block.0",
                          subsets=SUBSETS, device="cpu", progress=False,
                          out=tmp_path / "report" if num <= 2 else None)  # the report's plots with one or two examples
     planned = {"assumption1", "assumption2", "assumption3", "general_position"}
@@ -94,7 +94,7 @@ def test_one_readable_image_among_unreadable_files_is_audited(vit, tmp_path):
     model, processor = vit
     data = image_folder(tmp_path / "images", 1)
     (data / "broken.JPEG").write_bytes(b"not an image")
-    rows = auditor.audit(model, processor, data=str(data), samples=2, representations="embedding",
+    rows = auditor.audit_model(model, processor, data=str(data), samples=2, representations="embedding",
                          tests="assumption2,general_position", subsets=SUBSETS, device="cpu", progress=False)
     assert (rows["N"] == 1).all() and set(rows["status"]) == {"ok"}
     assert rows["anisotropy"].isna().all()

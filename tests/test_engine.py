@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from auditor.errors import AuditError
+from auditor.core.errors import AuditError
 from auditor.lab.engine import Ensemble, TrainConfig, _MaskedOptimizer, train
 
 

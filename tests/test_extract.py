@@ -10,12 +10,12 @@ import torch
 import torch.nn.functional as F
 from conftest import forward_atol, shared_data, tiny_model, tiny_vit
 
+from auditor.audit.extract import RandomAttention, capture, extract, parse_representation
+from auditor.audit.tokens import Tokens
+from auditor.core.errors import AuditError
 from auditor.data import load_inputs
-from auditor.errors import AuditError
-from auditor.extract import RandomAttention, capture, extract, parse_representation
 from auditor.models import load_model
 from auditor.models.minilm import bundled_minilm_dir
-from auditor.tokens import Tokens
 
 FAMILIES = ["vit-base", "bert-base", "gpt2", "minilm", "timm:vit_tiny_patch16_224"]
 

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import sympy
 
-from auditor.errors import AuditError
+from auditor.core.errors import AuditError
 from auditor.lab.facts.cp import CPConfig, batched_cp_als, eckart_young_floor, estimate_cp_rank
 from auditor.lab.facts.database import DatabaseSpec, from_frame, from_indices, load_csv
 from auditor.lab.facts.exact import exact_rank, pencil_rank

@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 
-from auditor.errors import AuditError
+from auditor.core.errors import AuditError
 from auditor.lab.facts.claims import argmax_inflation, tau_tracking, write_claims
 from auditor.lab.facts.plots import plot_argmax, plot_tau_tracking
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from auditor.errors import AuditError
+from auditor.core.errors import AuditError
 from auditor.lab.engine import TrainConfig
 from auditor.lab.facts.database import DatabaseSpec, from_indices
 from auditor.lab.facts.effective import (

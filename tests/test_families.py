@@ -12,14 +12,14 @@ import transformers
 from conftest import forward_atol
 from safetensors.torch import load_file, save_file
 
+from auditor.audit.extract import extract
+from auditor.audit.runner import AuditConfig, run
+from auditor.core.errors import AuditError
 from auditor.data import load_inputs
-from auditor.errors import AuditError
-from auditor.extract import extract
 from auditor.models import WeightsUnavailable, known_models, load_model, resolve
 from auditor.models.devices import check_precision
 from auditor.models.partial import cut_config, parameters_on_meta
 from auditor.models.partial_adapter import PartialAdapter
-from auditor.runner import AuditConfig, run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

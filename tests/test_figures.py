@@ -8,10 +8,10 @@ import pytest
 import torch
 from conftest import shared_data, tiny_vit
 
-from auditor.config import AuditConfig
-from auditor.report import plots
-from auditor.report.style import DPI, figure_style
-from auditor.runner import run
+from auditor.audit.config import AuditConfig
+from auditor.audit.report import plots
+from auditor.audit.report.style import DPI, figure_style
+from auditor.audit.runner import run
 
 # one --layers all audit with a sweep (about 30 s on a shared 2-core machine)
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread"), pytest.mark.filterwarnings("ignore")]
@@ -86,15 +86,15 @@ def test_depth_kruskal_draws_the_proven_interval_never_a_zero(depth_report):
 
 
 def test_the_figures_of_compare_print(depth_report, tmp_path):
-    from auditor.compare import compare
+    from auditor.audit.compare import compare
 
     _, out = depth_report
     compare([out, out], tmp_path / "cmp", root=tmp_path)
     import matplotlib.pyplot as plt
     import pandas as pd
 
-    from auditor.compare import compare_table
-    from auditor.report.compare_plots import depth_overlay, kruskal_by_test
+    from auditor.audit.compare import compare_table
+    from auditor.audit.report.compare_plots import depth_overlay, kruskal_by_test
 
     for draw in (lambda: depth_overlay({"tiny": pd.read_csv(out / "depth.csv")}),
                  lambda: kruskal_by_test(compare_table([_report(out)]), {str(out): "tiny"})):
@@ -109,6 +109,6 @@ def test_the_figures_of_compare_print(depth_report, tmp_path):
 
 
 def _report(folder):
-    from auditor.compare import Report
+    from auditor.audit.compare import Report
 
     return Report(folder, "tiny")

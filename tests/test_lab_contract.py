@@ -140,7 +140,7 @@ def test_seeds_on_an_experiment_without_seeds_is_one_clear_line(tmp_path, capsys
 def _inputs(name: str, folder: Path) -> list[str]:
     """The arguments an experiment needs besides its options: a token file or a database."""
     if name == "capacity":
-        from auditor.tokens import Tokens
+        from auditor.audit.tokens import Tokens
 
         contexts = torch.randn(24, 6, 8, generator=torch.Generator().manual_seed(0))  # (N, n, d)
         Tokens(contexts, contexts[:, 0].clone(), {"model": "synthetic", "representation": "block.0",
@@ -220,7 +220,7 @@ def test_no_module_imports_another_in_a_cycle():
         if name not in state:
             walk(name, [name])
     assert not cycles, [" -> ".join(c) for c in cycles]
-    # shared by the audit and the lab, depends on neither (auditor.slurm is its Slurm branch)
-    assert not graph["auditor.execution"] - {"auditor.errors", "auditor.slurm"}
-    assert not graph["auditor.slurm"] - {"auditor.errors", "auditor.atomic"}  # its job records: the safe writer
-    assert not graph["auditor.atomic"] - {"auditor.errors"}  # every command's files: shared, depends on nothing
+    # shared by the audit and the lab, depends on neither (auditor.core.slurm is its Slurm branch)
+    assert not graph["auditor.core.execution"] - {"auditor.core.errors", "auditor.core.slurm"}
+    assert not graph["auditor.core.slurm"] - {"auditor.core.errors", "auditor.core.atomic"}  # its job records: the safe writer
+    assert not graph["auditor.core.atomic"] - {"auditor.core.errors"}  # every command's files: shared, depends on nothing

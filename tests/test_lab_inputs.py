@@ -15,15 +15,15 @@ import click
 import pytest
 import torch
 
-from auditor import execution
 from auditor.cli import main
-from auditor.errors import AuditError
+from auditor.core import execution
+from auditor.core.errors import AuditError
+from auditor.core.options import MAX_SEED, MAX_VALUES, parse_floats, parse_ints, parse_seeds, parse_sizes
 from auditor.lab import sweep
 from auditor.lab.assoc.cli import assoc_command, recall_command
 from auditor.lab.cli import output_folder, torch_threads
 from auditor.lab.facts.cli import facts_command
 from auditor.lab.memorize.cli import capacity_command, certify_command, memorize_command
-from auditor.options import MAX_SEED, MAX_VALUES, parse_floats, parse_ints, parse_seeds, parse_sizes
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -126,7 +126,7 @@ def test_executor_ray_without_ray_is_one_line_and_leaves_nothing(args, no_ray, w
 
 def test_connect_ray_and_run_sweep_without_ray(no_ray, tmp_path):
     with pytest.raises(AuditError, match="not installed") as err:
-        execution.connect_ray(None)  # also the entry of auditor.shard's Ray executor
+        execution.connect_ray(None)  # also the entry of auditor.audit.shard's Ray executor
     assert 'pip install "attention-auditor[ray]"' in str(err.value)
     with pytest.raises(AuditError, match="--executor local"):
         sweep.run_sweep(lambda config: {"x": 1}, [{"i": 0}], tmp_path / "s", executor="ray")

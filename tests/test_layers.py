@@ -136,12 +136,12 @@ def test_the_graph_reader_sees_function_level_and_relative_imports(tmp_path):
     edges = {"p.a": {"p.b": 1}, "p.b": {"p.c": 1}, "p.c": {"p.a": 9}, "p.d": {"p.a": 1}}
     assert cycles(edges) == [["p.a", "p.b", "p.c"]]
     assert cycles({"p.a": {"p.b": 1}, "p.b": {}}) == []
-    report = REPO / "auditor" / "report" / "tables.py"
-    names = {name for name, _ in _imported_names("auditor.report.tables", report)}
-    assert "auditor.report.schema" in names  # `from auditor.report.schema import ...`
+    report = REPO / "auditor" / "audit" / "report" / "tables.py"
+    names = {name for name, _ in _imported_names("auditor.audit.report.tables", report)}
+    assert "auditor.audit.report.schema" in names  # `from auditor.audit.report.schema import ...`
     source = tmp_path / "mod.py"
     source.write_text("def f():\n    from . import sibling\n    from .. import up\n")
-    assert [n for n, _ in _imported_names("auditor.report.mod", source)] == ["auditor.report", "auditor"]
+    assert [n for n, _ in _imported_names("auditor.audit.report.mod", source)] == ["auditor.audit.report", "auditor.audit"]
 
 
 def test_no_import_cycles_beyond_the_known_ones():
@@ -157,9 +157,9 @@ def test_the_known_cycle_edges_still_exist():
     assert not stale, f"remove from KNOWN_CYCLE_EDGES (the import is gone): {', '.join(stale)}"
 
 
-@pytest.mark.parametrize("module", ["auditor.runner", "auditor.report", "auditor.report.tables",
-                                    "auditor.report.plots", "auditor.report.writer", "auditor.sources",
-                                    "auditor.shard", "auditor.commands", "auditor.config", "auditor.assumptions"])
+@pytest.mark.parametrize("module", ["auditor.audit.runner", "auditor.audit.report", "auditor.audit.report.tables",
+                                    "auditor.audit.report.plots", "auditor.audit.report.writer", "auditor.audit.sources",
+                                    "auditor.audit.shard", "auditor.audit.commands", "auditor.audit.config", "auditor.audit.assumptions"])
 def test_the_audit_is_in_no_cycle_at_all(module):
     """The audit's own modules are in no cycle, not even through a known edge elsewhere."""
     for component in cycles(graph()):
@@ -168,8 +168,8 @@ def test_the_audit_is_in_no_cycle_at_all(module):
 
 def test_the_report_never_imports_the_runner():
     for module, targets in graph().items():
-        if module == "auditor.report" or module.startswith("auditor.report."):
-            assert "auditor.runner" not in targets, f"{module} imports auditor.runner"
+        if module == "auditor.audit.report" or module.startswith("auditor.audit.report."):
+            assert "auditor.audit.runner" not in targets, f"{module} imports auditor.audit.runner"
 
 
 def test_only_the_lab_and_the_dispatcher_import_the_lab():

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from auditor.cli import main
-from auditor.errors import AuditError
+from auditor.core.errors import AuditError
 from auditor.lab.engine import TrainConfig, train
 from auditor.lab.memorize.data import DataConfig, MemorizeData, make_data
 from auditor.lab.memorize.model import MHAConfig, MHAEnsemble, sinusoidal_positions
@@ -305,7 +305,7 @@ def test_memorize_data_rejects_mismatched_shapes():
 
 # -- the capacity pipeline --------------------------------------------------------------------------
 def _tokens(tmp_path, name: str, same_queries: bool):
-    from auditor.tokens import Tokens
+    from auditor.audit.tokens import Tokens
 
     g = torch.Generator().manual_seed(0)
     contexts = torch.randn(40, 12, 24, generator=g)  # (N, n, d)

@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import tiny_bert, tiny_gpt2, tiny_model, tiny_vit
 
-from auditor.errors import AuditError
+from auditor.core.errors import AuditError
 from auditor.models import (
     ModelSpec,
     WeightsUnavailable,

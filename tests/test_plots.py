@@ -10,12 +10,19 @@ import torch
 from matplotlib.colors import to_hex
 from PIL import Image
 
-from auditor.atomic import Staged
-from auditor.config import AuditConfig
-from auditor.report import plots
-from auditor.report.result import AuditResult
-from auditor.report.schema import rows_frame
-from auditor.report.style import COLUMN_WIDTH, DPI, RANDOM_ATTENTION_COLOR, Palette, depth_of, figure_style
+from auditor.audit.config import AuditConfig
+from auditor.audit.report import plots
+from auditor.audit.report.result import AuditResult
+from auditor.audit.report.schema import rows_frame
+from auditor.audit.report.style import (
+    COLUMN_WIDTH,
+    DPI,
+    RANDOM_ATTENTION_COLOR,
+    Palette,
+    depth_of,
+    figure_style,
+)
+from auditor.core.atomic import Staged
 
 REPS = ("embedding", "random-attention", "block.0", "block.1")
 REPS_IN_ORDER = ("embedding", "random-attention", "block.0", "block.1")  # panels: embedding, random-attention, blocks

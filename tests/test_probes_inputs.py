@@ -37,7 +37,7 @@ def verdict(res: probes.KruskalResult) -> tuple:
 
 
 def test_library_defaults_equal_the_cli_defaults():
-    from auditor.runner import AuditConfig
+    from auditor.audit.runner import AuditConfig
 
     config = {f.name: f.default for f in dataclasses.fields(AuditConfig)}
     assert inspect.signature(probes.kruskal_sweep).parameters["subsets"].default == config["sweep_subsets"]

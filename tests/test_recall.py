@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from auditor.cli import main
-from auditor.errors import AuditError
+from auditor.core.errors import AuditError
 from auditor.lab.assoc.dynamics import DynamicsConfig, LinearAttentionOneHot, run_dynamics
 from auditor.lab.assoc.facts import FactBank, FactTable, member_generator
 from auditor.lab.assoc.recall import RecallMember, build_recall, recall_parameters

@@ -179,7 +179,7 @@ def test_a_full_disk_while_plotting_leaves_no_png_and_keeps_the_rows_for_a_resum
 
 
 def test_a_failed_run_leaves_no_folder_it_created(vit, images, tmp_path, monkeypatch):
-    from auditor.tokens import Tokens
+    from auditor.audit.tokens import Tokens
 
     def full(self, path):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

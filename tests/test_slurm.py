@@ -26,11 +26,11 @@ import pytest
 import torch
 
 import probes
-from auditor import slurm as slurm_module
 from auditor.cli import main
-from auditor.errors import AuditError
+from auditor.core import slurm as slurm_module
+from auditor.core.errors import AuditError
+from auditor.core.slurm import SlurmOptions, parse_sbatch, parse_time
 from auditor.lab.sweep import run_sweep, unit_key
-from auditor.slurm import SlurmOptions, parse_sbatch, parse_time
 
 TESTS = Path(__file__).resolve().parent
 SCRIPT = TESTS.parent / "scripts" / "slurm-local.sh"
@@ -281,9 +281,9 @@ def test_unreachable_or_misconfigured_slurm_is_one_line_and_no_hang(cluster, tmp
 def test_sharded_extraction_as_a_job_array_equals_one_process(cluster, tmp_path):
     from conftest import shared_data, tiny_vit
 
+    from auditor.audit.extract import extract
+    from auditor.audit.shard import ModelRecipe, extract_sharded
     from auditor.data import load_inputs
-    from auditor.extract import extract
-    from auditor.shard import ModelRecipe, extract_sharded
 
     recipe = ModelRecipe("vit-base", device="cpu", seed=1, config_overrides=tiny_vit())
     loaded = recipe.load()

@@ -16,14 +16,14 @@ import torch
 from conftest import shared_data, tiny_gpt2, tiny_vit, with_singular_values
 
 import probes
-from auditor.assumptions import RunOptions
-from auditor.config import AuditConfig
-from auditor.runner import run
-from auditor.sources import load_inputs_for, streamed, token_groups
-from auditor.stream import ContextReducer, StreamedContexts, _Aligned
-from auditor.stream import assumption2 as streamed_assumption2
-from auditor.stream import assumption3 as streamed_assumption3
-from auditor.tokens import Tokens, TokenWriter
+from auditor.audit.assumptions import RunOptions
+from auditor.audit.config import AuditConfig
+from auditor.audit.runner import run
+from auditor.audit.sources import load_inputs_for, streamed, token_groups
+from auditor.audit.stream import ContextReducer, StreamedContexts, _Aligned
+from auditor.audit.stream import assumption2 as streamed_assumption2
+from auditor.audit.stream import assumption3 as streamed_assumption3
+from auditor.audit.tokens import Tokens, TokenWriter
 from probes import _fast
 from probes.geometry import CHUNK_BYTES
 
@@ -127,7 +127,7 @@ def test_memory_is_bounded_by_the_chunk_not_by_n(folders):
 
 
 def test_the_chunks_are_whole_batches_of_the_same_forward_pass(folders):
-    from auditor.extract import extract
+    from auditor.audit.extract import extract
     from auditor.models import load_model
 
     config = _config(folders, "gpt2", memory_budget=TINY)

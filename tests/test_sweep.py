@@ -25,10 +25,10 @@ import torch
 from conftest import shared_data, tiny_gpt2, tiny_vit
 
 import probes
-from auditor.errors import AuditError
+from auditor.core.errors import AuditError
+from auditor.core.provenance import provenance
 from auditor.lab import sweep
 from auditor.lab.sweep import collect, run_sweep, unit_key
-from auditor.provenance import provenance
 
 TESTS = Path(__file__).resolve().parent
 GATE_ENV = "AUDITOR_TEST_SWEEP_GATE"  # units with index >= GATE_AT wait for this file (kill test only)
@@ -338,7 +338,7 @@ def test_memorize_room_with_ray_executor_matches_local(ray_local, tmp_path):
 
 
 def test_shard_bounds_cover_the_examples_on_batch_boundaries():
-    from auditor.shard import shard_bounds
+    from auditor.audit.shard import shard_bounds
 
     for num in (1, 7, 23, 64, 100):
         for workers in (1, 2, 3, 8):
@@ -357,8 +357,8 @@ def test_shard_bounds_cover_the_examples_on_batch_boundaries():
 @pytest.fixture(scope="module")
 def tiny_models():
     """(recipe, inputs) of a tiny random ViT on real ImageNet images and a tiny GPT-2 on WikiText."""
+    from auditor.audit.shard import ModelRecipe
     from auditor.data import load_inputs
-    from auditor.shard import ModelRecipe
 
     vit = ModelRecipe("vit-base", device="cpu", seed=1, config_overrides=tiny_vit())
     gpt = ModelRecipe("gpt2", device="cpu", seed=2, context_length=24, config_overrides=tiny_gpt2())
@@ -374,9 +374,9 @@ def tiny_models():
 
 @pytest.mark.parametrize("executor", ["local", "ray"])
 def test_sharded_extraction_equals_one_process_and_so_does_the_report(executor, tiny_models, request):
-    from auditor.extract import extract
-    from auditor.runner import AuditConfig, run_tests
-    from auditor.shard import extract_sharded
+    from auditor.audit.extract import extract
+    from auditor.audit.runner import AuditConfig, run_tests
+    from auditor.audit.shard import extract_sharded
 
     if executor == "ray":
         request.getfixturevalue("ray_local")
@@ -404,7 +404,7 @@ def test_sharded_extraction_equals_one_process_and_so_does_the_report(executor, 
 
 
 def test_sharded_extraction_reports_worker_errors_as_one_line(ray_local, tiny_models):
-    from auditor.shard import ModelRecipe, extract_sharded
+    from auditor.audit.shard import ModelRecipe, extract_sharded
 
     recipe, loaded, inputs = tiny_models[0]
     with pytest.raises(AuditError, match=r"^representation 'block.7' is out of range: the model has 3 blocks"):
@@ -417,7 +417,7 @@ def test_sharded_extraction_reports_worker_errors_as_one_line(ray_local, tiny_mo
 
 
 def test_atomic_files_get_the_umask_mode_not_a_private_one(tmp_path):
-    from auditor.atomic import write_csv_atomic, write_text_atomic
+    from auditor.core.atomic import write_csv_atomic, write_text_atomic
 
     old = os.umask(0o022)
     try:

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from auditor.core.errors import AuditError
 from auditor.data.inputs import HF_PREFIX, Inputs  # noqa: F401  (public here)
-from auditor.errors import AuditError
 from auditor.models.base import LoadedModel
 
 BUNDLED_MIN_SAMPLES = 512

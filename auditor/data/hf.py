@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from auditor.core.errors import AuditError
 from auditor.data.inputs import HF_PREFIX
 from auditor.data.selection import visible_files
-from auditor.errors import AuditError
 from auditor.models.hub import first_line, hub_reachable
 
 

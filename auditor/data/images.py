@@ -21,10 +21,10 @@ import torch
 from PIL import Image
 from tqdm.auto import tqdm
 
+from auditor.core.errors import AuditError
 from auditor.data.hf import load_hf_dataset
 from auditor.data.inputs import HF_PREFIX, Inputs
 from auditor.data.selection import left_out_note, reading_order, selection_note, visible_files
-from auditor.errors import AuditError
 from auditor.models.base import ImagePreprocessor, LoadedModel
 
 log = logging.getLogger(__name__)

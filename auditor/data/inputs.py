@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from auditor.errors import AuditError
+from auditor.core.errors import AuditError
 
 HF_PREFIX = "hf:"
 

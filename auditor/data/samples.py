@@ -33,7 +33,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from auditor.errors import AuditError
+from auditor.core.errors import AuditError
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from auditor.errors import AuditError
+from auditor.core.errors import AuditError
 
 REPORT_MARKERS = (("results.csv", "summary.md"), ("results.partial.json",))
 

@@ -25,9 +25,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from auditor.core.errors import AuditError
 from auditor.data.inputs import HF_PREFIX, Inputs
 from auditor.data.selection import left_out_note, random_order, visible_files
-from auditor.errors import AuditError
 from auditor.models.base import LoadedModel, TextTokenizer
 
 CHUNK_CHARS = 1 << 16

@@ -35,8 +35,8 @@ import click
 import numpy as np
 import pandas as pd
 
-from auditor.atomic import check_output_folder, confined, real_folder
-from auditor.errors import AuditError
+from auditor.core.atomic import check_output_folder, confined, real_folder
+from auditor.core.errors import AuditError
 from auditor.lab.stats import is_true
 
 OUT_FILES = ("bits.csv", "bits.png")  # what `audit bits` writes into --out

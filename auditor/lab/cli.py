@@ -25,19 +25,27 @@ from typing import Any
 import click
 import torch
 
-from auditor.atomic import confined, foreign_entries, refuse_foreign, write_text_atomic
-from auditor.errors import AuditError, did_you_mean
-from auditor.execution import EXECUTORS, check_executor
+from auditor.core.atomic import confined, foreign_entries, refuse_foreign, write_text_atomic
+from auditor.core.errors import AuditError, did_you_mean
+from auditor.core.execution import EXECUTORS, check_executor
+from auditor.core.options import (
+    MAX_SEED,
+    MAX_SIZE,
+    MAX_STEPS,
+    parse_floats,
+    parse_ints,
+    parse_seeds,
+    parse_sizes,
+)
+from auditor.core.provenance import timestamp
+from auditor.core.slurm import click_options as slurm_options
+from auditor.core.slurm import pop_options as pop_slurm_options
 from auditor.lab import experiment as registry
 from auditor.lab.experiment import Experiment, Option, run_experiment
 from auditor.lab.sweep import missing_parents, remove_empty
-from auditor.options import MAX_SEED, MAX_SIZE, MAX_STEPS, parse_floats, parse_ints, parse_seeds, parse_sizes
-from auditor.provenance import timestamp
-from auditor.slurm import click_options as slurm_options
-from auditor.slurm import pop_options as pop_slurm_options
 
 MAX_THREADS = 1024
-SEED = click.IntRange(0, MAX_SEED)  # a scalar seed option (lists: auditor.options.parse_seeds)
+SEED = click.IntRange(0, MAX_SEED)  # a scalar seed option (lists: auditor.core.options.parse_seeds)
 SIZE = click.IntRange(max=MAX_SIZE)  # a scalar size option; its lower bound is the config's own check
 STEPS = click.IntRange(max=MAX_STEPS)  # a step count (--steps, --eval-every); its lower bound is the config's
 THREADS_HELP = "torch intra-op threads for this run [default: torch's default, one per core]"
@@ -107,7 +115,7 @@ def check_lab_folder(path: Path) -> None:
 @contextlib.contextmanager
 def output_folder(path: Path) -> Iterator[Path]:
     """Create ``path`` (and missing parents) for the body, whose files are written confined to it (see
-    :func:`auditor.atomic.confined`); if the body raises, remove what was created here unless it holds
+    :func:`auditor.core.atomic.confined`); if the body raises, remove what was created here unless it holds
     progress a rerun would resume from. A folder that existed is never removed; one that holds files but
     no earlier run is refused."""
     path = Path(path)

@@ -28,9 +28,9 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from auditor.atomic import write_atomic
-from auditor.errors import AuditError, did_you_mean
-from auditor.options import MAX_STEPS
+from auditor.core.atomic import write_atomic
+from auditor.core.errors import AuditError, did_you_mean
+from auditor.core.options import MAX_STEPS
 
 log = logging.getLogger(__name__)
 

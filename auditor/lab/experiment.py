@@ -30,8 +30,8 @@ from typing import Any
 
 import pandas as pd
 
-from auditor.errors import did_you_mean
-from auditor.slurm import SlurmOptions
+from auditor.core.errors import did_you_mean
+from auditor.core.slurm import SlurmOptions
 
 # name -> "module:attribute" of its Experiment, imported when used. A name with a space is a
 # subcommand: "facts width" is `audit facts width`.

@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from auditor.atomic import save_figure  # noqa: E402
+from auditor.core.atomic import save_figure  # noqa: E402
 
 __all__ = ["heatmap", "plt", "save"]
 

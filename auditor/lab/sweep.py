@@ -17,11 +17,11 @@ resolved configuration as JSON): calling the sweep's unit function on ``json.loa
 at the row's ``git_commit`` reproduces the row. Side tables a unit writes (training histories,
 tolerance curves) go through :func:`write_table`, which stamps the same columns.
 
-Executors (:mod:`auditor.execution`): ``local`` (in this process, one unit after the other), ``ray``
+Executors (:mod:`auditor.core.execution`): ``local`` (in this process, one unit after the other), ``ray``
 (each unit a Ray task) and ``slurm`` (each unit a task of one Slurm job array, logs in ``<out>/slurm``).
 Under ``local`` and ``ray`` only this process writes unit files (Ray workers return rows); a Slurm job
 writes its own unit's file, through the same atomic write, so units finished by jobs survive this
-process, and a rerun attaches to the jobs still queued or running (:mod:`auditor.slurm`). One sweep at a
+process, and a rerun attaches to the jobs still queued or running (:mod:`auditor.core.slurm`). One sweep at a
 time may write into a folder (an advisory lock on ``<out>/units``); leftover temporary files of a killed
 sweep are removed on resume.
 """
@@ -40,11 +40,18 @@ from typing import Any
 import pandas as pd
 from tqdm.auto import tqdm
 
-from auditor.atomic import TMP_SUFFIX, confined, output_root, real_folder, write_csv_atomic, write_text_atomic
-from auditor.errors import AuditError
-from auditor.execution import check_executor, check_resources, run_each
-from auditor.provenance import provenance
-from auditor.slurm import SlurmOptions
+from auditor.core.atomic import (
+    TMP_SUFFIX,
+    confined,
+    output_root,
+    real_folder,
+    write_csv_atomic,
+    write_text_atomic,
+)
+from auditor.core.errors import AuditError
+from auditor.core.execution import check_executor, check_resources, run_each
+from auditor.core.provenance import provenance
+from auditor.core.slurm import SlurmOptions
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +133,7 @@ def _as_rows(result: Any, config: dict[str, Any]) -> list[dict[str, Any]]:
 
 def run_unit(fn: UnitFn, config: dict[str, Any], root: str | None = None) -> list[dict[str, Any]]:
     """Run one unit and stamp its rows (in the process that ran it, so a worker reports its own versions).
-    ``root``: the output folder its side files are confined to (:func:`auditor.atomic.confined`; a Ray
+    ``root``: the output folder its side files are confined to (:func:`auditor.core.atomic.confined`; a Ray
     worker does not share the driver's)."""
     with confined(root):
         return [stamp(row, seed=config.get("seed")) for row in _as_rows(fn(config), config)]
@@ -231,7 +238,7 @@ def run_sweep(fn: UnitFn, configs: Sequence[dict[str, Any]], out: str | Path, *,
         columns: the row schema: a unit returning a column outside it (and outside the provenance
             columns) is a programming error; columns are written in this order.
         renamed: old column name -> new, applied to unit files written by an earlier release.
-        slurm: the resources of each Slurm job (``slurm``; default :class:`~auditor.slurm.SlurmOptions`),
+        slurm: the resources of each Slurm job (``slurm``; default :class:`~auditor.core.slurm.SlurmOptions`),
             logs in ``<out>/slurm`` unless it names a folder.
 
     A unit that raises stops a local sweep at once; under Ray and Slurm the units already submitted still

@@ -21,7 +21,7 @@ import torch
 from PIL import Image
 from torch import nn
 
-from auditor.errors import AuditError
+from auditor.core.errors import AuditError
 from auditor.models.devices import dtype_name, resolve_device, resolve_dtype, valid_devices  # noqa: F401
 from auditor.models.hub import (  # noqa: F401
     WEIGHTS_HELP,
@@ -240,7 +240,7 @@ def check_width(name: str, n: int, d: int, fixed: bool = False) -> None:
 
 def apply_overrides(config: Any, overrides: Mapping[str, Any] | None) -> Any:
     """Set fields of a Hugging Face config; an unknown field is a user error with close matches."""
-    from auditor.errors import did_you_mean
+    from auditor.core.errors import did_you_mean
 
     for key, value in (overrides or {}).items():
         if not hasattr(config, key):

@@ -15,7 +15,7 @@ from typing import Any
 
 from transformers import AutoTokenizer, BertConfig, BertModel
 
-from auditor.errors import AuditError
+from auditor.core.errors import AuditError
 from auditor.models.base import (
     HFAdapter,
     ModelSpec,

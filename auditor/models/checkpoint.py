@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from auditor.errors import AuditError
+from auditor.core.errors import AuditError
 from auditor.models.hub import WeightsUnavailable, first_line, hub_reachable, quiet_transformers
 
 SAFETENSORS, TORCH_BIN = "model.safetensors", "pytorch_model.bin"

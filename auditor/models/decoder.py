@@ -111,7 +111,7 @@ class DecoderAdapter(PartialAdapter):
         want = options.get("bos")
         use = adds if want is None else bool(want)
         if use and bos_id is None:
-            from auditor.errors import AuditError
+            from auditor.core.errors import AuditError
 
             raise AuditError(f"{spec.name} has no BOS token (bos_token_id is unset); audit it without --bos")
         state = {"bos_id": int(bos_id) if use else None, "why": "as its tokenizer does" if want is None else "as asked"}

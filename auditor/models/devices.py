@@ -6,7 +6,7 @@ import re
 
 import torch
 
-from auditor.errors import AuditError
+from auditor.core.errors import AuditError
 
 _DTYPES = {
     "float32": torch.float32,

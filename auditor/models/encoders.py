@@ -18,7 +18,7 @@ import torch
 import transformers
 from torch import nn
 
-from auditor.errors import AuditError
+from auditor.core.errors import AuditError
 from auditor.models.base import ModelSpec, check_context_length, default_context_length
 from auditor.models.decoder import byte_offset
 from auditor.models.partial_adapter import PartialAdapter

@@ -1,6 +1,6 @@
 """A model the user already holds (a transformers ``PreTrainedModel``) as a :class:`LoadedModel`.
 
-``auditor.audit(model, processor, data)`` audits a ViT, BERT or GPT-2 family model built or loaded by
+``auditor.audit_model(model, processor, data)`` audits a ViT, BERT or GPT-2 family model built or loaded by
 the caller, fed by its own image processor or tokenizer. The family comes from
 ``model.config.model_type`` and its registered adapter does the rest exactly as for a model loaded by
 name (blocks, forward pass, context length, query row). A model with a task head
@@ -20,7 +20,7 @@ from typing import Any
 from PIL import Image
 from torch import nn
 
-from auditor.errors import AuditError
+from auditor.core.errors import AuditError
 from auditor.models.base import HFAdapter, ImagePreprocessor, LoadedModel, ModelSpec, TextTokenizer
 from auditor.models.registry import _ADAPTERS
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlparse
 
-from auditor.errors import AuditError
+from auditor.core.errors import AuditError
 
 WEIGHTS_HELP = "weights must be 'random', 'pretrained' or a folder written by save_pretrained"
 

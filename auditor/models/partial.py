@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from auditor.errors import AuditError
+from auditor.core.errors import AuditError
 from auditor.models.hub import WeightsUnavailable, first_line, hub_reachable
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -293,7 +293,7 @@ class PartialModel(nn.Module):
         return self.net
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:  # pragma: no cover - the adapter calls .net
-        raise RuntimeError("a PartialModel is run through its adapter (auditor.extract)")
+        raise RuntimeError("a PartialModel is run through its adapter (auditor.audit.extract)")
 
 
 _BLOCK_KEY = re.compile(r"(?:^|\.)(\d+)\.")

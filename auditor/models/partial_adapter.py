@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from auditor.errors import AuditError
+from auditor.core.errors import AuditError
 from auditor.models.base import HFAdapter, LoadedModel, ModelSpec, apply_overrides
 from auditor.models.hub import (
     WeightsUnavailable,

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from auditor.errors import AuditError, did_you_mean
+from auditor.core.errors import AuditError, did_you_mean
 from auditor.models.base import (
     Adapter,
     LoadedModel,
@@ -144,7 +144,7 @@ def load_model(
     query: str | None = None,
     bos: bool | None = None,
 ) -> LoadedModel:
-    """Build or load a model, in eval mode on ``device``, ready for :func:`auditor.extract.extract`.
+    """Build or load a model, in eval mode on ``device``, ready for :func:`auditor.audit.extract.extract`.
 
     weights: ``"random"`` (the architecture from code, initialised after ``torch.manual_seed(seed)``),
     ``"pretrained"`` (the hub or an installed copy; :class:`WeightsUnavailable` when it cannot be read),

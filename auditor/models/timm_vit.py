@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from auditor.errors import AuditError
+from auditor.core.errors import AuditError
 from auditor.models.base import (
     Adapter,
     ImagePreprocessor,

@@ -25,7 +25,7 @@ import transformers
 from PIL import Image
 from torch import nn
 
-from auditor.errors import AuditError, did_you_mean
+from auditor.core.errors import AuditError, did_you_mean
 from auditor.models.base import ImagePreprocessor, ModelSpec
 from auditor.models.partial_adapter import PartialAdapter
 from auditor.models.registry import register, register_adapter

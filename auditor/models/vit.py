@@ -14,7 +14,7 @@ from typing import Any
 from PIL import Image
 from transformers import ViTConfig, ViTModel
 
-from auditor.errors import AuditError
+from auditor.core.errors import AuditError
 from auditor.models.base import HFAdapter, ImagePreprocessor, ModelSpec, hub_reachable
 from auditor.models.registry import register, register_adapter
 

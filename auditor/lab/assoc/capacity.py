@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-from auditor.errors import AuditError
+from auditor.core.errors import AuditError
 
 # guide lines of the papers, drawn and fitted against
 GUIDE_CONSTANT = {"linear": 1.3, "mlp": 0.35}  # c in d^2 (linear) or m d (MLP) = c N ln N

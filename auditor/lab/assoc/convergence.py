@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from auditor.errors import AuditError
+from auditor.core.errors import AuditError
 
 # A run that ends below the threshold counts as converged when its accuracy rose by less than
 # PLATEAU_GAIN over the last PLATEAU_WINDOW of its budget (it had stopped improving); otherwise its

@@ -33,8 +33,8 @@ import pandas as pd
 import torch
 from torch import nn
 
-from auditor.atomic import write_text_atomic
-from auditor.errors import AuditError
+from auditor.core.atomic import write_text_atomic
+from auditor.core.errors import AuditError
 from auditor.lab.assoc.facts import DEFAULT_PROMPT_LENGTH, FactBank, FactTable, PromptBatch, member_generator
 from auditor.lab.assoc.stages import Stages, detect_stages
 from auditor.lab.engine import Ensemble, TrainConfig, train

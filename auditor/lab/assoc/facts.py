@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from auditor.errors import AuditError
+from auditor.core.errors import AuditError
 
 DEFAULT_PROMPT_LENGTH = 32
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from auditor.errors import AuditError, did_you_mean
+from auditor.core.errors import AuditError, did_you_mean
 from auditor.lab.engine import Ensemble
 
 MEMORY_KINDS = ("linear", "mlp")

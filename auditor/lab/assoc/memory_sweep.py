@@ -29,8 +29,8 @@ from typing import Any
 
 import pandas as pd
 
-from auditor.atomic import write_text_atomic
-from auditor.errors import AuditError, did_you_mean
+from auditor.core.atomic import write_text_atomic
+from auditor.core.errors import AuditError, did_you_mean
 from auditor.lab.assoc.capacity import GUIDE_CONSTANT, Bisection, invert_n_log_n, search_all
 from auditor.lab.assoc.convergence import PLATEAU_GAIN, plateau_gain
 from auditor.lab.assoc.memories import MEMORY_KINDS, MemoryMember, build_memory, memory_parameters

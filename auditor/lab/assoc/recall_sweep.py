@@ -32,8 +32,8 @@ from typing import Any
 
 import pandas as pd
 
-from auditor.atomic import write_text_atomic
-from auditor.errors import AuditError
+from auditor.core.atomic import write_text_atomic
+from auditor.core.errors import AuditError
 from auditor.lab.assoc.capacity import FACTS_PER_PARAMETER_GUIDE, Bisection, search_all
 from auditor.lab.assoc.convergence import PLATEAU_GAIN, accuracy_at, plateau_gain
 from auditor.lab.assoc.facts import DEFAULT_PROMPT_LENGTH, FactTable

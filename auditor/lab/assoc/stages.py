@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from scipy.ndimage import median_filter
 
-from auditor.errors import AuditError
+from auditor.core.errors import AuditError
 
 
 @dataclass(frozen=True)

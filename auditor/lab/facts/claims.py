@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from auditor.atomic import real_folder, write_csv_atomic
-from auditor.errors import AuditError
+from auditor.core.atomic import real_folder, write_csv_atomic
+from auditor.core.errors import AuditError
 
 
 def _need(frame: pd.DataFrame, columns: tuple[str, ...], what: str) -> None:

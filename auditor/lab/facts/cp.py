@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from auditor.errors import AuditError, did_you_mean
+from auditor.core.errors import AuditError, did_you_mean
 from auditor.lab.facts.database import FactDatabase
 from auditor.lab.facts.tensor import compress, dense_tensor, flattening, rank_bounds
 

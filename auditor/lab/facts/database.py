@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from auditor.errors import AuditError, did_you_mean
+from auditor.core.errors import AuditError, did_you_mean
 
 GENERATORS = ("random", "planted")
 COLUMNS = ("key", "query", "value")

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from auditor.errors import AuditError
+from auditor.core.errors import AuditError
 from auditor.lab.engine import Ensemble, TrainConfig, train
 from auditor.lab.facts.database import FactDatabase
 from auditor.lab.facts.tensor import rank_bounds

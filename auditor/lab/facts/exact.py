@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from auditor.errors import AuditError
+from auditor.core.errors import AuditError
 from auditor.lab.facts.database import FactDatabase
 from auditor.lab.facts.tensor import compress, dense_tensor, exact_matrix_rank, flattening
 

@@ -35,8 +35,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from auditor.atomic import real_folder
-from auditor.errors import AuditError, did_you_mean
+from auditor.core.atomic import real_folder
+from auditor.core.errors import AuditError, did_you_mean
 from auditor.lab.engine import TrainConfig
 from auditor.lab.experiment import Experiment, option
 from auditor.lab.facts import plots

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 import probes
-from auditor.errors import AuditError
+from auditor.core.errors import AuditError
 from auditor.lab.facts.database import FactDatabase, from_indices
 from auditor.lab.facts.model import FactLayer, LayerConfig, numpy_member
 from auditor.lab.facts.tensor import flattening, rank_of_singular_values

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from auditor.errors import AuditError
+from auditor.core.errors import AuditError
 from auditor.lab.engine import Ensemble
 
 

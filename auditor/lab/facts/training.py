@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
-from auditor.errors import AuditError
+from auditor.core.errors import AuditError
 from auditor.lab.engine import TrainConfig, TrainResult, train
 from auditor.lab.facts.database import FactDatabase
 from auditor.lab.facts.model import FactLayer, LayerConfig

@@ -45,7 +45,7 @@ import scipy.linalg
 import torch
 
 import probes
-from auditor.errors import AuditError
+from auditor.core.errors import AuditError
 from auditor.lab.memorize.data import MemorizeData
 from auditor.lab.memorize.model import MHAEnsemble
 from probes.rank import margins_from_singular_values

@@ -25,7 +25,7 @@ import pandas as pd
 import torch
 
 import probes
-from auditor.errors import AuditError
+from auditor.core.errors import AuditError
 from auditor.lab.engine import TrainConfig, train
 from auditor.lab.experiment import Experiment, option, table
 from auditor.lab.memorize.certify import (

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from auditor.errors import AuditError, did_you_mean
+from auditor.core.errors import AuditError, did_you_mean
 
 TASKS = ("classification", "regression")
 

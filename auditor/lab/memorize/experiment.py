@@ -21,7 +21,7 @@ from typing import Any
 
 import pandas as pd
 
-from auditor.errors import AuditError
+from auditor.core.errors import AuditError
 from auditor.lab.experiment import Experiment, option, table
 from auditor.lab.memorize import plots, train
 from auditor.lab.memorize.data import TASKS

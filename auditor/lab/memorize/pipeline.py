@@ -14,7 +14,7 @@ tokens are reduced, and every row says how: ``rows`` context rows are kept (the 
 drawn once, the same for every example) and the width is projected to ``dim`` by the top right
 singular vectors of the pooled kept tokens (``svd``, no centring, so convex combinations stay convex
 combinations) or by a seeded Gaussian matrix (``random``), then scaled to unit RMS. Tokens come from
-the audit's own extraction (:func:`auditor.sources.extracted`, the same inputs and forward passes as
+the audit's own extraction (:func:`auditor.audit.sources.extracted`, the same inputs and forward passes as
 ``audit MODEL --save-tokens``) or from token files.
 """
 
@@ -29,7 +29,8 @@ import pandas as pd
 import torch
 
 import probes
-from auditor.errors import AuditError, did_you_mean
+from auditor.audit.tokens import Tokens
+from auditor.core.errors import AuditError, did_you_mean
 from auditor.lab.experiment import Experiment, option, table
 from auditor.lab.memorize.certify import lower_bound
 from auditor.lab.memorize.data import MemorizeData, derived_seed, random_labels
@@ -44,7 +45,6 @@ from auditor.lab.memorize.train import (
     fit_bucket,
 )
 from auditor.lab.sweep import file_fingerprint, run_sweep, unit_key, write_table
-from auditor.tokens import Tokens
 
 PROJECTIONS = ("svd", "random", "none")
 EXTRACTED_SAMPLES = 256  # examples extracted when --samples is not given
@@ -195,9 +195,9 @@ def extract_tokens(model: str, weights: str, data: str | None, samples: int, rep
     """Extract the representations once, as the audit does, and save each as
     ``out/tokens/<representation>.safetensors``. ``config_overrides`` change a random model's
     architecture (tests build tiny ViTs with it)."""
-    from auditor.config import AuditConfig
+    from auditor.audit.config import AuditConfig
+    from auditor.audit.sources import extracted
     from auditor.models import load_model
-    from auditor.sources import extracted
 
     loaded = load_model(model, weights, device=device, seed=seed, config_overrides=config_overrides)
     config = AuditConfig(model=model, data=data, samples=samples, seed=seed, batch_size=batch_size)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from auditor.errors import AuditError
+from auditor.core.errors import AuditError
 from auditor.lab.figures import plt, save
 from auditor.lab.stats import is_true, mean_ci
 

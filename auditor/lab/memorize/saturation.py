@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from auditor.errors import AuditError
+from auditor.core.errors import AuditError
 
 DEFAULT_THRESHOLD = 0.99
 

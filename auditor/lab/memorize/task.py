@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
-from auditor.errors import AuditError
+from auditor.core.errors import AuditError
 from auditor.lab.memorize.data import MemorizeData
 from auditor.lab.memorize.model import MHAEnsemble
 

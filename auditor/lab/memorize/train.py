@@ -30,7 +30,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from auditor.errors import AuditError
+from auditor.core.errors import AuditError
 from auditor.lab.engine import TrainConfig, train
 from auditor.lab.experiment import option
 from auditor.lab.memorize.certify import (

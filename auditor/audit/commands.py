@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from auditor.config import (
+from auditor.audit.config import (
     LAYERS_FORMS,
     MAX_DEFAULT_SAMPLES,
     MAX_SUBSETS,
@@ -16,11 +16,11 @@ from auditor.config import (
     RTOL_RULE,
     AuditConfig,
 )
-from auditor.errors import AuditError
-from auditor.execution import EXECUTORS
-from auditor.options import MAX_SIZE
-from auditor.slurm import pop_options as pop_slurm_options
-from auditor.slurm import with_click_options as slurm_options
+from auditor.core.errors import AuditError
+from auditor.core.execution import EXECUTORS
+from auditor.core.options import MAX_SIZE
+from auditor.core.slurm import pop_options as pop_slurm_options
+from auditor.core.slurm import with_click_options as slurm_options
 
 _D = {f.name: f.default for f in dataclasses.fields(AuditConfig)}  # the CLI's defaults are the config's
 DEPRECATED = {"tolerance": "rtol"}  # old option name -> the option it is an alias of (still accepted)
@@ -132,8 +132,8 @@ def audit_command(model: str, out: Path | None, quiet: bool, representations: st
       audit vit-base --layers all --data ../shared/data/imagenet-sample --samples 300   # every depth
       audit vit-base --tokens reports/vit/tokens/block.0@random.safetensors --subsets 20000
     """
-    from auditor.report import stage_table, summary_table
-    from auditor.runner import default_out, run
+    from auditor.audit.report import stage_table, summary_table
+    from auditor.audit.runner import default_out, run
 
     if tolerance is not None:
         if options["rtol"] is not None:

@@ -34,8 +34,8 @@ from typing import Any
 import torch
 
 import probes
-from auditor.assumptions import ASSUMPTION_TESTS, RunOptions
-from auditor.tokens import ContextFile, TokenWriter
+from auditor.audit.assumptions import ASSUMPTION_TESTS, RunOptions
+from auditor.audit.tokens import ContextFile, TokenWriter
 from probes import _fast, robust
 from probes.assumptions import (
     AssumptionResult,
@@ -131,7 +131,7 @@ class StreamedContexts:
         return total / self.residuals.numel()
 
     def run(self, name: str, queries: torch.Tensor, n: int, options: RunOptions) -> tuple[Any, Any]:
-        """Test ``name`` as :data:`auditor.assumptions.ASSUMPTION_TESTS` would on the full contexts."""
+        """Test ``name`` as :data:`auditor.audit.assumptions.ASSUMPTION_TESTS` would on the full contexts."""
         if name == "assumption2":
             return assumption2(self, threshold=1.0, robustness=options.robustness), self.ranks
         if name == "assumption3":

@@ -16,10 +16,10 @@
 Small multiples rather than one crowded axis: at every depth each panel keeps a handful of lines, and
 every figure is also written as a vector PDF beside its PNG.
 
-A representation has the same colour in every figure (:mod:`auditor.report.style`); its random and
+A representation has the same colour in every figure (:mod:`auditor.audit.report.style`); its random and
 pretrained versions share it and differ by line style and marker. Each figure function takes the result
 (and optionally the palette) and returns a figure; :func:`write_plots` picks those that apply and stages
-them through a :class:`~auditor.atomic.Staged` writer, so a failed save leaves no partial file. A column
+them through a :class:`~auditor.core.atomic.Staged` writer, so a failed save leaves no partial file. A column
 an older report lacks (``margin_bound``, ``rtol_grid``, ``fraction_low``, ...) leaves out what it draws.
 """
 
@@ -41,7 +41,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from auditor.report.style import (  # noqa: E402
+from auditor.audit.report.style import (  # noqa: E402
     COLUMN_WIDTH,
     DPI,
     REFERENCE_COLOR,
@@ -56,8 +56,8 @@ from auditor.report.style import (  # noqa: E402
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from auditor.atomic import Staged
-    from auditor.report.result import AuditResult
+    from auditor.audit.report.result import AuditResult
+    from auditor.core.atomic import Staged
 
 PLOT_FILES = ("kruskal_curve.png", "context_ranks.png", "margins.png", "rtol_sweep.png", "depth_kruskal.png",
               "depth_geometry.png", "depth_fractions.png")

@@ -1,5 +1,5 @@
 """Figures of ``audit compare``: the Kruskal fractions of several reports by test, and their depth
-profiles overlaid. Same look as the audit's figures (:mod:`auditor.report.style`)."""
+profiles overlaid. Same look as the audit's figures (:mod:`auditor.audit.report.style`)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from auditor.assumptions import KRUSKAL_TESTS  # noqa: E402
-from auditor.report.style import (  # noqa: E402
+from auditor.audit.assumptions import KRUSKAL_TESTS  # noqa: E402
+from auditor.audit.report.style import (  # noqa: E402
     COLUMN_WIDTH,
     OTHER_COLORS,
     REFERENCE_COLOR,
@@ -45,7 +45,7 @@ def kruskal_by_test(table: pd.DataFrame, labels: Mapping[str, str]) -> Figure:
     """Dot plot: one panel per Kruskal test, one line of the y axis per report x representation @ weights,
     the fraction with its 95% interval (where the report has it); colour = representation, marker = weights.
 
-    ``table``: the rows of :func:`auditor.compare.compare_table`; ``labels``: report folder -> its name.
+    ``table``: the rows of :func:`auditor.audit.compare.compare_table`; ``labels``: report folder -> its name.
     """
     kruskal = table[table["test"].isin(KRUSKAL_TESTS) & table["fraction"].notna()]
     tests = [t for t in KRUSKAL_TESTS if t in set(kruskal["test"])]

@@ -9,10 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from auditor.atomic import Staged
-from auditor.config import RTOL_RULE
-from auditor.report.schema import csv_text
-from auditor.report.tables import (
+from auditor.audit.config import RTOL_RULE
+from auditor.audit.report.schema import csv_text
+from auditor.audit.report.tables import (
     ROBUST_FACTOR,
     bounds_table,
     kruskal_table,
@@ -20,9 +19,10 @@ from auditor.report.tables import (
     stage_table,
     summary_table,
 )
+from auditor.core.atomic import Staged
 
 if TYPE_CHECKING:
-    from auditor.report.result import AuditResult
+    from auditor.audit.report.result import AuditResult
 
 
 def write_report(result: AuditResult, out: Path, extra_config: dict[str, Any] | None = None) -> list[Path]:
@@ -32,7 +32,7 @@ def write_report(result: AuditResult, out: Path, extra_config: dict[str, Any] | 
     replaced, never written through). ``extra_config``: more keys for config.json (e.g. the torch threads
     used). Returns the paths written; an OSError (full disk, read-only folder) leaves the folder as it was.
     """
-    from auditor.report.plots import write_plots  # matplotlib: only when a report is written
+    from auditor.audit.report.plots import write_plots  # matplotlib: only when a report is written
 
     out = Path(out)
     config = {k: (list(v) if isinstance(v, tuple) else v) for k, v in result.config.__dict__.items()}

@@ -1,6 +1,6 @@
 """The rows of an audit: their columns, their types in Python and their text form in ``results.csv``.
 
-In memory (the DataFrame ``auditor.audit`` returns) a row is typed: counts are nullable integers
+In memory (the DataFrame ``auditor.audit_model`` returns) a row is typed: counts are nullable integers
 (``Int64``: ``k``, ``N``, ``n``, ``d``, ``subsets``, ``seed``), verdicts nullable booleans (``holds``,
 ``exhaustive``, ``first``), ``rank_counts`` a ``{rank: count}`` dict and ``witness`` a list of example
 indices (None when no subset was found dependent). Skipped rows hold ``<NA>`` where nothing was measured.

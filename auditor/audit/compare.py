@@ -22,10 +22,8 @@ from pathlib import Path
 import click
 import pandas as pd
 
-from auditor.assumptions import KRUSKAL_TESTS
-from auditor.atomic import Staged, check_output_folder, confined, real_folder
-from auditor.errors import AuditError
-from auditor.report.schema import (
+from auditor.audit.assumptions import KRUSKAL_TESTS
+from auditor.audit.report.schema import (
     BOOL_COLUMNS,
     FLOAT_COLUMNS,
     INT_COLUMNS,
@@ -34,6 +32,8 @@ from auditor.report.schema import (
     parse_witness,
     read_rows,
 )
+from auditor.core.atomic import Staged, check_output_folder, confined, real_folder
+from auditor.core.errors import AuditError
 
 COMPARE_COLUMNS = ("report", "model", "weights", "representation", "test", "fraction", "fraction_low",
                    "fraction_high", "verdict", "rtol", "critical_rtol", "critical_rtol_low", "critical_rtol_high",
@@ -271,8 +271,8 @@ def compare(references: Sequence[str | Path], out: str | Path | None = None, *, 
 def _stage_figures(table: pd.DataFrame, reports: Sequence[Report], out: Path, staged: Staged) -> None:
     import matplotlib.pyplot as plt  # only when drawing: `audit compare --no-plots` stays light
 
-    from auditor.report.compare_plots import depth_overlay, kruskal_by_test
-    from auditor.report.style import DPI, figure_style
+    from auditor.audit.report.compare_plots import depth_overlay, kruskal_by_test
+    from auditor.audit.report.style import DPI, figure_style
 
     labels = {str(r.folder): r.label for r in reports}
     drawings = []
@@ -313,8 +313,8 @@ def _fraction_cell(row: dict) -> str:
 
 def _critical_cell(row: dict) -> str:
     """The critical tolerance as a multiple of rtol, quoted as it was proven (see
-    :func:`auditor.report.tables.critical_cell`)."""
-    from auditor.report.tables import critical_cell
+    :func:`auditor.audit.report.tables.critical_cell`)."""
+    from auditor.audit.report.tables import critical_cell
 
     return critical_cell(pd.Series(row))
 

@@ -9,7 +9,7 @@ data they were made from (resume reuses a row only on equal fingerprints):
 - token files written by ``--save-tokens`` (:func:`read_token_files`), or tensors (``audit_tokens``).
 
 A model's tokens are held in memory when every representation's fit in the memory budget (one forward
-pass); otherwise they are streamed (:func:`token_groups`, :mod:`auditor.stream`): one forward pass in
+pass); otherwise they are streamed (:func:`token_groups`, :mod:`auditor.audit.stream`): one forward pass in
 chunks, each chunk reduced to what the tests need and dropped.
 
 The ``check_*`` functions validate a configuration against the model's architecture read from its
@@ -35,13 +35,13 @@ import torch
 from tqdm.auto import tqdm
 
 import probes
-from auditor.assumptions import ASSUMPTION_TESTS
-from auditor.config import DEFAULT_REPRESENTATIONS, MAX_DEFAULT_SAMPLES, AuditConfig
-from auditor.errors import AuditError
-from auditor.execution import check_executor
-from auditor.slurm import SlurmOptions
-from auditor.stream import ContextReducer, StreamedContexts, chunk_examples
-from auditor.tokens import Tokens
+from auditor.audit.assumptions import ASSUMPTION_TESTS
+from auditor.audit.config import DEFAULT_REPRESENTATIONS, MAX_DEFAULT_SAMPLES, AuditConfig
+from auditor.audit.stream import ContextReducer, StreamedContexts, chunk_examples
+from auditor.audit.tokens import Tokens
+from auditor.core.errors import AuditError
+from auditor.core.execution import check_executor
+from auditor.core.slurm import SlurmOptions
 
 __all__ = ["MAX_DEFAULT_SAMPLES", "Row", "TokenGroup", "TokenItem", "check_model_options", "check_object_options",
            "check_shapes", "extracted", "extracted_passes", "extraction_stage", "fingerprint", "model_groups",
@@ -152,7 +152,7 @@ def check_shapes(config: AuditConfig, *, n: int, d: int, layers: int | None = No
                  reps: list[str] | None = None, num: int | None = None) -> None:
     """Representations in range, n <= d, and subsets that fit in memory, for a model of this shape."""
     if reps:
-        from auditor.extract import parse_representation
+        from auditor.audit.extract import parse_representation
 
         for rep in reps:
             parse_representation(rep, layers)
@@ -301,7 +301,7 @@ def extracted(loaded: Any, reps: list[str], config: AuditConfig, out: Path | Non
 def extracted_passes(loaded: Any, reps: list[str], config: AuditConfig, out: Path | None,
                      progress: bool) -> Iterator[TokenGroup]:
     """The tokens of ``reps`` as groups that each fit in ``config.memory_budget`` GiB (default: half the
-    memory available), one forward pass each (see :func:`auditor.extract.plan_passes`). The inputs are
+    memory available), one forward pass each (see :func:`auditor.audit.extract.plan_passes`). The inputs are
     read once; the caller releases a group before asking for the next, so at most one is held."""
     inputs, first, digest = _inputs(loaded, config, out, progress)
     yield from _passes(loaded, inputs, first, digest, reps, config, out, progress)
@@ -309,7 +309,7 @@ def extracted_passes(loaded: Any, reps: list[str], config: AuditConfig, out: Pat
 
 def _budget(config: AuditConfig) -> int:
     """Bytes of tokens an audit may hold: ``--memory-budget`` GiB, else half the memory available."""
-    from auditor.extract import available_memory
+    from auditor.audit.extract import available_memory
 
     return int(config.memory_budget * GIB) if config.memory_budget is not None else available_memory() // 2
 
@@ -317,7 +317,7 @@ def _budget(config: AuditConfig) -> int:
 def _passes(loaded: Any, inputs: Any, first: bool, digest: str, reps: list[str], config: AuditConfig,
             out: Path | None, progress: bool) -> Iterator[TokenGroup]:
     """The groups of :func:`extracted_passes` from inputs already read."""
-    from auditor.extract import plan_passes, token_bytes
+    from auditor.audit.extract import plan_passes, token_bytes
 
     budget = _budget(config)
     each = token_bytes(inputs.N, loaded.n, loaded.d, loaded.dtype)
@@ -337,7 +337,7 @@ def token_groups(loaded: Any, reps: list[str], config: AuditConfig, out: Path | 
     """The tokens of ``reps`` for the tests: in memory (:func:`extracted_passes`) when every
     representation's fit in the memory budget at once, else streamed (:func:`streamed`) in one forward
     pass. Sharded extraction (``workers > 1``) and float64 tokens are always held in memory (passes)."""
-    from auditor.extract import parse_representation, token_bytes
+    from auditor.audit.extract import parse_representation, token_bytes
 
     inputs, first, digest = _inputs(loaded, config, out, progress)
     names = list(dict.fromkeys(parse_representation(r, loaded.num_layers).name for r in reps))
@@ -351,12 +351,12 @@ def token_groups(loaded: Any, reps: list[str], config: AuditConfig, out: Path | 
 def streamed(loaded: Any, inputs: Any, reps: list[str], config: AuditConfig, digest: str, first: bool,
              progress: bool, out: Path | None = None) -> TokenGroup:
     """One forward pass over ``inputs`` in chunks of whole batches that fit half the memory budget; each
-    chunk's contexts are reduced to what the tests need (:class:`auditor.stream.ContextReducer`) and
+    chunk's contexts are reduced to what the tests need (:class:`auditor.audit.stream.ContextReducer`) and
     dropped. With ``--save-tokens`` the contexts go to ``<out>/tokens`` chunk by chunk. The tokens are
     those of one in-memory pass: the same forward on the same batches."""
-    from auditor.extract import extract, token_bytes
+    from auditor.audit.extract import extract, token_bytes
+    from auditor.audit.report.folder import TOKENS
     from auditor.models import resolve_device
-    from auditor.report.folder import TOKENS
 
     num, n, d = inputs.N, loaded.n, loaded.d
     budget = _budget(config)
@@ -411,10 +411,10 @@ def _inputs(loaded: Any, config: AuditConfig, out: Path | None, progress: bool) 
 def _extract_group(loaded: Any, inputs: Any, reps: list[str], config: AuditConfig, digest: str, first: bool,
                    progress: bool, out: Path | None = None) -> TokenGroup:
     """One forward pass over ``inputs`` (sharded across workers when asked) for ``reps``, as a group."""
-    from auditor.extract import extract
+    from auditor.audit.extract import extract
 
     if config.workers > 1:  # shard extraction across processes / Ray workers; tokens are identical
-        from auditor.shard import ModelRecipe, extract_sharded
+        from auditor.audit.shard import ModelRecipe, extract_sharded
 
         recipe = ModelRecipe.of(loaded, device=config.device, context_length=config.context_length,
                                 trust_remote_code=config.trust_remote_code)

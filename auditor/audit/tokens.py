@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from auditor.errors import AuditError
+from auditor.core.errors import AuditError
 
 FORMAT = "attention-auditor-tokens/1"
 META_KEYS = (
@@ -94,7 +94,7 @@ class Tokens:
         """Write a safetensors file (atomically: a reader never sees a partial file)."""
         from safetensors.torch import save_file
 
-        from auditor.atomic import temporary_path
+        from auditor.core.atomic import temporary_path
 
         path = Path(path)
         tensors = {"contexts": self.contexts.contiguous().cpu(), "queries": self.queries.contiguous().cpu()}
@@ -157,7 +157,7 @@ class TokenWriter:
 
     def __init__(self, path: str | os.PathLike[str], num: int, n: int, d: int, dtype: torch.dtype,
                  meta: dict[str, str]) -> None:
-        from auditor.atomic import temporary_path
+        from auditor.core.atomic import temporary_path
 
         if dtype not in _SAFETENSORS_DTYPES:
             raise AuditError(f"tokens of dtype {dtype} cannot be saved; valid: {', '.join(map(str, _SAFETENSORS_DTYPES))}")

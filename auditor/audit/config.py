@@ -3,7 +3,7 @@
 :class:`AuditConfig` has one field per option of ``audit MODEL`` (same names with ``-`` for ``_``, same
 defaults) and is recorded in every report (``config.json``). Its checks need no model and no data, so a
 bad value is refused before any work; what depends on the model's shape is checked by
-:mod:`auditor.sources`.
+:mod:`auditor.audit.sources`.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import probes
-from auditor.assumptions import TESTS
-from auditor.errors import AuditError, did_you_mean
-from auditor.execution import EXECUTORS
-from auditor.options import MAX_SIZE
-from auditor.slurm import SlurmOptions
+from auditor.audit.assumptions import TESTS
+from auditor.core.errors import AuditError, did_you_mean
+from auditor.core.execution import EXECUTORS
+from auditor.core.options import MAX_SIZE
+from auditor.core.slurm import SlurmOptions
 
 DEFAULT_REPRESENTATIONS = ("embedding", "random-attention", "block.0")
 DEFAULT_WEIGHTS = ("random", "pretrained")
@@ -65,7 +65,7 @@ class AuditConfig:
     query: str | None = None  # SigLIP (no CLS token): "mean" of the patch tokens (None: mean) or "first" patch
     bos: bool | None = None  # decoder LLMs: BOS at position 0 (True) or not (False); None: as the tokenizer does
     threads: int | None = None  # torch threads for the run (None: torch's default)
-    workers: int = 1  # > 1: shard extraction across workers (see auditor.shard)
+    workers: int = 1  # > 1: shard extraction across workers (see auditor.audit.shard)
     executor: str = "local"  # "local" (in this process) | "ray" | "slurm"
     address: str | None = None  # Ray cluster address for executor="ray"
     slurm: SlurmOptions | None = None  # Slurm jobs' resources for executor="slurm" (None: the defaults)
@@ -87,7 +87,7 @@ class AuditConfig:
             raise did_you_mean("executor", self.executor, EXECUTORS)
         if self.slurm is not None:
             if not isinstance(self.slurm, SlurmOptions):
-                raise AuditError(f"slurm must be SlurmOptions (auditor.slurm); got {type(self.slurm).__name__}")
+                raise AuditError(f"slurm must be SlurmOptions (auditor.core.slurm); got {type(self.slurm).__name__}")
             self.slurm.check_executor(self.executor)
         from auditor.models.devices import resolve_dtype
 
@@ -138,7 +138,7 @@ class AuditConfig:
     def layer_representations(self, representations: list[str], num_layers: int) -> list[str]:
         """``representations`` of one weights source with the blocks of :attr:`layers` added, for a model of
         ``num_layers`` blocks: ``embedding``, then ``block.L`` for each chosen L, then the others given
-        (the plan of :func:`auditor.sources.plan`, where representations left at their default add
+        (the plan of :func:`auditor.audit.sources.plan`, where representations left at their default add
         nothing to ``layers``).
         """
         if self.layers is None:

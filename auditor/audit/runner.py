@@ -1,28 +1,28 @@
 """The audit: model -> inputs -> tokens -> probes -> rows -> report.
 
-``audit("vit-base")`` (also ``auditor.audit``) loads the model once per weights source, extracts every
+``audit_model("vit-base")`` (also ``auditor.audit_model``) loads the model once per weights source, extracts every
 requested representation in one early-exit pass, runs the assumption tests of :mod:`probes` on the
 tokens (on the GPU when there is one) and returns one typed row per representation x test as a
-DataFrame (columns and types: :mod:`auditor.report.schema`); with ``out`` it also writes
+DataFrame (columns and types: :mod:`auditor.audit.report.schema`); with ``out`` it also writes
 ``results.csv``, ``summary.md``, plots and (optionally) the tokens. The same pipeline takes a
-transformers model object the caller holds (``audit(model, processor, data)``), saved token files
+transformers model object the caller holds (``audit_model(model, processor, data)``), saved token files
 (``tokens=``, ``audit MODEL --tokens FILE``) or tensors (:func:`audit_tokens`).
 
-Every option (:class:`~auditor.config.AuditConfig`) is checked before a model loads or the report
+Every option (:class:`~auditor.audit.config.AuditConfig`) is checked before a model loads or the report
 folder is touched, so a mistake costs nothing and never disturbs an interrupted run's
 ``results.partial.*``. Rows are named by representation and weights: the default plan is ``embedding``,
 ``random-attention`` and ``block.0``, each with random and with pretrained weights. A pretrained row
 whose weights cannot be loaded (offline) is kept as a *skipped* row with the reason. The tests come from
-one table (:mod:`auditor.assumptions`); the wall time of each stage (extraction per weights source, each
+one table (:mod:`auditor.audit.assumptions`); the wall time of each stage (extraction per weights source, each
 test, the sweep) is recorded with ``time.perf_counter`` and reported as ``stage | seconds | share``.
 
 Each Kruskal row also carries a Clopper-Pearson interval of its share and bounds on the Kruskal rank of
 the vectors it tested, and every row the token geometry of its representation (:func:`kruskal_extras`,
 :func:`token_geometry`). ``layers="all"`` (``--layers``) audits the embedding and every block; such an
 audit across depth (also: two or more ``block.L``) names each layer's tests in the time per stage and
-returns its depth profile (``AuditResult.depth``, ``depth.csv``; :mod:`auditor.report.depth`). Tokens
+returns its depth profile (``AuditResult.depth``, ``depth.csv``; :mod:`auditor.audit.report.depth`). Tokens
 are extracted in one forward pass and held when they fit in the memory budget; otherwise the contexts
-stream (:mod:`auditor.stream`): each chunk is reduced to what the tests need and dropped, with the same
+stream (:mod:`auditor.audit.stream`): each chunk is reduced to what the tests need and dropped, with the same
 rows; config.json says so (``contexts``).
 """
 
@@ -44,8 +44,8 @@ import torch
 from tqdm.auto import tqdm
 
 import probes
-from auditor.assumptions import ASSUMPTION_TESTS, QUERY_TESTS, TESTS, RunOptions
-from auditor.config import (
+from auditor.audit.assumptions import ASSUMPTION_TESTS, QUERY_TESTS, TESTS, RunOptions
+from auditor.audit.config import (
     DEFAULT_REPRESENTATIONS,
     DEFAULT_SUBSETS,
     DEFAULT_WEIGHTS,
@@ -54,14 +54,12 @@ from auditor.config import (
     positive,
     representation_depth,
 )
-from auditor.errors import AuditError
-from auditor.provenance import provenance, timestamp
-from auditor.report import AuditResult, write_report
-from auditor.report.depth import depth_frame
-from auditor.report.folder import PARTIAL_CSV, ReportFolder, RowStore
-from auditor.report.schema import COLUMNS, rows_frame
-from auditor.report.tables import stage_frame
-from auditor.sources import (
+from auditor.audit.report import AuditResult, write_report
+from auditor.audit.report.depth import depth_frame
+from auditor.audit.report.folder import PARTIAL_CSV, ReportFolder, RowStore
+from auditor.audit.report.schema import COLUMNS, rows_frame
+from auditor.audit.report.tables import stage_frame
+from auditor.audit.sources import (
     Row,
     TokenGroup,
     TokenItem,
@@ -74,11 +72,13 @@ from auditor.sources import (
     plan,
     read_token_files,
 )
-from auditor.stream import StreamedContexts, streamed_note
-from auditor.tokens import Tokens
+from auditor.audit.stream import StreamedContexts, streamed_note
+from auditor.audit.tokens import Tokens
+from auditor.core.errors import AuditError
+from auditor.core.provenance import provenance, timestamp
 
 __all__ = ["COLUMNS", "DEFAULT_REPRESENTATIONS", "DEFAULT_SUBSETS", "DEFAULT_WEIGHTS", "MAX_SUBSETS", "QUERY_TESTS",
-           "TESTS", "AuditConfig", "AuditResult", "StageClock", "audit", "audit_tokens", "default_out", "plan", "run",
+           "TESTS", "AuditConfig", "AuditResult", "StageClock", "audit_model", "audit_tokens", "default_out", "plan", "run",
            "run_tests"]
 
 TENSORS = "tensors"  # the model column of audit_tokens rows
@@ -243,12 +243,12 @@ def run_tests(
     *, n: int | None = None, clock: StageClock | None = None, layer: str | None = None,
 ) -> tuple[list[dict[str, Any]], probes.ContextRanks | None]:
     """The assumption tests of ``config.tests`` on one representation's tokens (each as its entry in
-    :data:`auditor.assumptions.ASSUMPTION_TESTS` says).
+    :data:`auditor.audit.assumptions.ASSUMPTION_TESTS` says).
 
     Args:
         contexts: (N, n, d) and queries: (N, d), on the device the tests should run on. ``contexts`` may
             be None when only queries are held (then only Assumption 1 and general position apply), or
-            streamed (:class:`auditor.stream.StreamedContexts`: the same rows, from their reductions).
+            streamed (:class:`auditor.audit.stream.StreamedContexts`: the same rows, from their reductions).
         on_row: called with each row as soon as its test finishes (the runner saves it to disk).
         reuse: returns the finished row of a Kruskal test from an earlier run of the same configuration
             on the same data, or None. Assumption 2 always runs (seconds; it feeds the rank histogram).
@@ -256,7 +256,7 @@ def run_tests(
         clock: adds the seconds of each test (with its row's bounds, see :func:`kruskal_extras`) to the
             stage named after it, or after it and ``layer`` (``"assumption1 (block.3)"``) when given.
     Returns:
-        rows (one per test; typed values, see :mod:`auditor.report.schema`) and the per-context ranks.
+        rows (one per test; typed values, see :mod:`auditor.audit.report.schema`) and the per-context ranks.
     """
     _check_contexts_given(config.tests, contexts is not None)
     num, d = queries.shape
@@ -336,7 +336,7 @@ def _options(options: dict[str, Any]) -> dict[str, Any]:
     return options
 
 
-def audit(model: Any = "vit-base", processor: Any = None, data: str | None = None, *,
+def audit_model(model: Any = "vit-base", processor: Any = None, data: str | None = None, *,
           out: str | Path | None = None, progress: bool = True, **options: Any) -> pd.DataFrame:
     """Run the assumption audit of ``model``; return one typed row per representation x test.
 
@@ -425,7 +425,7 @@ def _given_tensor(value: Any, name: str) -> torch.Tensor:
     only); a path, a string or anything that holds no numbers is a TypeError that says what to pass."""
     if isinstance(value, str | bytes | Path):
         raise TypeError(f"audit_tokens takes tensors, not files: {name} is {str(value)!r}; load a token file with "
-                        "auditor.tokens.Tokens.load(path), or audit it with auditor.audit(tokens=path)")
+                        "auditor.audit.tokens.Tokens.load(path), or audit it with auditor.audit_model(tokens=path)")
     if isinstance(value, torch.Tensor):
         tensor = value
     else:
@@ -512,7 +512,7 @@ def _timed(groups: Iterator[TokenGroup], clock: StageClock, per_layer: bool = Fa
     """The groups, each one's making (model, inputs, extraction) added to its stage while the run waits.
 
     No reference to a group is kept once the next is asked for: a group's tokens are released before the
-    next group's are extracted (the memory bound of :func:`auditor.sources.extracted_passes`). The work
+    next group's are extracted (the memory bound of :func:`auditor.audit.sources.extracted_passes`). The work
     done on streamed contexts while they were extracted goes to the stage it serves (:func:`_stream_stage`);
     ``chunks`` collects the chunk size of each streamed representation.
     """

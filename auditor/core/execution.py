@@ -4,7 +4,7 @@ shared by the audit and the lab.
 :func:`run_each` calls a function on a list of arguments and yields ``(index, result)`` as results
 arrive: in order, one after the other, for ``local``; as Ray tasks finish for ``ray`` (on a new local
 instance, the one this process already joined, or the cluster at ``address``); as the tasks of one
-Slurm job array finish for ``slurm`` (through submitit, :mod:`auditor.slurm`). A task that raises
+Slurm job array finish for ``slurm`` (through submitit, :mod:`auditor.core.slurm`). A task that raises
 either stops the run at once (``fail_fast``: the others are cancelled) or lets the tasks already
 submitted finish first; the error raised is the task's own ``ValueError`` when that was the cause, so a
 user mistake inside a worker still reads as one line. Nothing here writes files.
@@ -18,8 +18,8 @@ import socket
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from auditor.errors import AuditError
-from auditor.slurm import SlurmOptions, require_submitit, run_array
+from auditor.core.errors import AuditError
+from auditor.core.slurm import SlurmOptions, require_submitit, run_array
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +159,7 @@ def run_each(fn: Callable[..., Any], calls: Sequence[tuple], *, executor: str = 
     ``fn`` must be a module-level function (Ray and Slurm jobs import it by reference); ``num_cpus`` and
     ``num_gpus`` are what each Ray task reserves (ignored by ``local``). ``slurm`` holds the resources
     of every Slurm job and the folder of their logs (required by ``slurm``); ``keys`` (one per call)
-    make the Slurm jobs resumable work and ``name`` names them (see :func:`auditor.slurm.run_array`).
+    make the Slurm jobs resumable work and ``name`` names them (see :func:`auditor.core.slurm.run_array`).
     """
     check_executor(executor)
     check_resources(num_cpus=num_cpus, num_gpus=num_gpus)

@@ -5,7 +5,7 @@
   at the end removes the files this tool writes that the run did not produce (a previous run's
   ``sweep.csv``, plots, tokens, partial rows). A failed run removes the lock and the folders it made,
   when they are empty. Nothing is ever written through a link: files are replaced (see
-  :mod:`auditor.atomic`) and a ``tokens`` link is replaced by a real folder.
+  :mod:`auditor.core.atomic`) and a ``tokens`` link is replaced by a real folder.
 - :class:`RowStore` keeps the rows of a run as they finish in ``results.partial.csv`` and offers the rows
   of an earlier run of the same configuration (interrupted: ``results.partial.csv``; finished:
   ``results.csv``) for reuse, each tagged with the fingerprint of the data it was computed on.
@@ -26,10 +26,10 @@ from typing import Any
 
 import pandas as pd
 
-from auditor.assumptions import KRUSKAL_TESTS
-from auditor.atomic import TMP_SUFFIX, confined, foreign_entries, refuse_foreign, write_text_atomic
-from auditor.errors import AuditError
-from auditor.report.schema import csv_text, read_rows, rows_frame
+from auditor.audit.assumptions import KRUSKAL_TESTS
+from auditor.audit.report.schema import csv_text, read_rows, rows_frame
+from auditor.core.atomic import TMP_SUFFIX, confined, foreign_entries, refuse_foreign, write_text_atomic
+from auditor.core.errors import AuditError
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from auditor.errors import AuditError
+from auditor.core.errors import AuditError
 
 TMP_SUFFIX = ".tmp"
 

@@ -3,7 +3,7 @@
 :func:`extract_sharded` cuts the N examples of an :class:`~auditor.data.Inputs` into contiguous shards,
 one per worker, rebuilds the same model in every worker from a :class:`ModelRecipe` (the arguments of
 :func:`~auditor.models.load_model`: random weights are seeded, pretrained ones read from the same
-source), runs :func:`~auditor.extract.extract` on each shard and concatenates the tokens in example
+source), runs :func:`~auditor.audit.extract.extract` on each shard and concatenates the tokens in example
 order. The result is the ``{representation: Tokens}`` dict that ``extract`` returns in one process,
 equal bit for bit when the workers compute like this process:
 
@@ -30,13 +30,13 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from auditor.audit.extract import extract, parse_representation
+from auditor.audit.tokens import Tokens
+from auditor.core.errors import AuditError
+from auditor.core.execution import as_completed, check_executor, ray_session, run_each
+from auditor.core.slurm import SlurmOptions
 from auditor.data import Inputs
-from auditor.errors import AuditError
-from auditor.execution import as_completed, check_executor, ray_session, run_each
-from auditor.extract import extract, parse_representation
 from auditor.models import LoadedModel, dtype_name, load_model
-from auditor.slurm import SlurmOptions
-from auditor.tokens import Tokens
 
 log = logging.getLogger(__name__)
 
@@ -181,13 +181,13 @@ def extract_sharded(
     Args:
         recipe: how each worker builds the model (must describe the model the inputs were made for).
         inputs: N examples; shard i gets a contiguous block of whole batches.
-        representations: as for :func:`~auditor.extract.extract` (``embedding``, ``block.L``, ...).
+        representations: as for :func:`~auditor.audit.extract.extract` (``embedding``, ``block.L``, ...).
         workers: number of shards (Ray tasks); fewer when N has fewer batches.
         executor: ``ray``, ``slurm`` or ``local`` (the shards in turn, in this process, with ``loaded`` if
             given).
         address: Ray cluster address (``auto``, ``host:port``, ``ray://head:10001``); None: this
             process's instance, ``RAY_ADDRESS``, a ``ray start`` cluster on this machine, else a new local
-            one (see :mod:`auditor.execution`).
+            one (see :mod:`auditor.core.execution`).
         batch_size, seed: as for ``extract``; the same values give the same tokens.
         threads: torch threads per CPU worker (default: this process's count, for identical rounding).
         loaded: this process's copy of the model, used to validate up front and by ``local``.

@@ -8,8 +8,8 @@ from typing import Any
 
 import pandas as pd
 
-from auditor.assumptions import ASSUMPTION_TESTS, TEST_TITLES
-from auditor.report.schema import critical_exact, parse_rank_counts
+from auditor.audit.assumptions import ASSUMPTION_TESTS, TEST_TITLES
+from auditor.audit.report.schema import critical_exact, parse_rank_counts
 
 STAGE_COLUMNS = ("stage", "seconds", "share")
 OTHER_STAGE = "other"  # wall time outside the named stages (model checks, report folder, moving tokens)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from auditor.errors import AuditError
+from auditor.core.errors import AuditError
 
 MAX_VALUES = 10_000  # longest list one option may expand to (a sweep of more units is a typo, not a plan)
 MAX_SIZE = 1_000_000  # largest size (heads, context rows, widths, examples) a list option accepts

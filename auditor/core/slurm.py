@@ -1,6 +1,6 @@
 """Slurm through submitit: a list of calls as one job array, results gathered as the jobs finish.
 
-:func:`run_array` is the ``slurm`` branch of :func:`auditor.execution.run_each`. It submits every call as
+:func:`run_array` is the ``slurm`` branch of :func:`auditor.core.execution.run_each`. It submits every call as
 one task of one job array (submitit's ``map_array``; one call: one plain job), with the resources of
 :class:`SlurmOptions`, and yields ``(index, result)`` as tasks finish. Submitit's pickles and the jobs'
 logs go to ``SlurmOptions.folder`` (the sweeps use ``<out>/slurm``), which must be on a file system the
@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from auditor.atomic import real_folder, write_text_atomic
-from auditor.errors import AuditError, did_you_mean
+from auditor.core.atomic import real_folder, write_text_atomic
+from auditor.core.errors import AuditError, did_you_mean
 
 log = logging.getLogger(__name__)
 

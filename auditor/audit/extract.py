@@ -38,11 +38,11 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from auditor.config import representation_depth
+from auditor.audit.config import representation_depth
+from auditor.audit.tokens import Tokens
+from auditor.core.errors import AuditError
 from auditor.data import Inputs
-from auditor.errors import AuditError
 from auditor.models.base import LoadedModel, dtype_name
-from auditor.tokens import Tokens
 
 EMBEDDING = "embedding"
 RANDOM_ATTENTION = "random-attention"

@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING
 import pandas as pd
 import torch
 
-from auditor.report.tables import STAGE_COLUMNS, summary_table
+from auditor.audit.report.tables import STAGE_COLUMNS, summary_table
 
 if TYPE_CHECKING:
-    from auditor.config import AuditConfig
+    from auditor.audit.config import AuditConfig
 
 
 @dataclass
@@ -20,13 +20,13 @@ class AuditResult:
     """Rows of an audit, the Kruskal curves of ``--sweep``, and what was skipped.
 
     Attributes:
-        rows: one typed row per representation x test (columns: :mod:`auditor.report.schema`).
+        rows: one typed row per representation x test (columns: :mod:`auditor.audit.report.schema`).
         curves: the sweep's rows, one per representation x k (empty without ``sweep``).
         config: the configuration that made them.
         context_ranks, margins: ``"representation@weights"`` -> (N,) rank and margin of every context.
         stages: ``stage | seconds | share`` of the run's wall time up to the report (see
-            :func:`auditor.report.tables.stage_table`).
-        depth: the depth profile, one row per weights x depth (columns: :mod:`auditor.report.depth`); empty
+            :func:`auditor.audit.report.tables.stage_table`).
+        depth: the depth profile, one row per weights x depth (columns: :mod:`auditor.audit.report.depth`); empty
             unless the audit ran across depth (``layers``, or two or more ``block.L`` representations).
         out: the report folder, if one was written.
     """
