@@ -3,7 +3,7 @@
 The baseline is what the paper's notebooks did: for each random k-subset, ``torch.linalg.matrix_rank``
 on the (k, d) float32 matrix, one subset at a time. The fast path is :func:`probes.kruskal_test`
 (float64 pool Gram, float32 and float64 shifted Cholesky certificates, exact fallbacks; see
-``probes/_fast.py``). Both see the same subsets, in the same run; the script prints both times, the
+``probes/fast/``). Both see the same subsets, in the same run; the script prints both times, the
 ratio, and whether every verdict and rank agrees. Both times are the best of ``--repeats`` runs
 (default 2; the first run of a process also pays one-off costs such as thread start-up, and a shared
 machine's noise only ever adds time); the loop runs over ``--baseline-subsets`` subsets and is scaled
@@ -42,7 +42,7 @@ import torch
 from tqdm.auto import tqdm
 
 import probes
-from probes import _fast
+from probes import fast as fastpath
 
 # name: (N, d, k, default subsets, default loop subsets)
 SHAPES = {
@@ -105,7 +105,7 @@ def factorisation_floor(x64: torch.Tensor, subsets: torch.Tensor, count: int, to
     like the fast path."""
     gram = x64 @ x64.T
     k = subsets.shape[1]
-    step = max(1, _fast._CACHE_BYTES // (8 * k * k))
+    step = max(1, fastpath.tuning.TUNING.cache_bytes // (8 * k * k))
     idx = subsets[:count].to(x64.device)
     blocks = [gram[i[:, :, None], i[:, None, :]].to(dtype) for i in idx.split(step)]
     del gram
@@ -117,7 +117,7 @@ def factorisation_floor(x64: torch.Tensor, subsets: torch.Tensor, count: int, to
         sync(str(x64.device))
         return (time.perf_counter() - start) * total / count
     threads = torch.get_num_threads()
-    workers = min(_fast._MAX_WORKERS, threads)
+    workers = min(fastpath.tuning.TUNING.max_workers, threads)
 
     def work(part: list[torch.Tensor]) -> None:
         torch.set_num_threads(max(1, threads // workers))
@@ -169,7 +169,7 @@ def run(kind: str, shape: str, args: argparse.Namespace, device: str, peak: floa
     # the loop's subsets, re-decided with an exact rank for every subset, for the comparison
     x64 = x.double()
     nb = min(args.baseline_subsets or default_loop, count)
-    dec = _fast.subset_decisions(x64, subsets[:nb].to(device), fast.rtol, x64 @ x64.T)
+    dec = fastpath.subset_decisions(x64, subsets[:nb].to(device), fast.rtol, x64 @ x64.T)
     t_loop = math.inf
     for _ in range(max(1, args.repeats)):  # best of --repeats, like the fast path
         start = time.perf_counter()
@@ -238,8 +238,8 @@ def run_robustness(kind: str, x: torch.Tensor, k: int, count: int, seed: int, de
     # (the stage counts may differ: the tolerance fields need ceilings that stage 0b does not give)
     same = (res[False].fraction, res[False].witness, res[False].rank_counts) == (r.fraction, r.witness, r.rank_counts)
     return dict(pool=kind, k=k, subsets=count, fraction=r.fraction, plain_s=best[False], robust_s=best[True],
-                ratio=best[True] / best[False], same=same, critical=(r.critical_rtol_low, r.critical_rtol_high),
-                rtol=r.rtol, margin=(res[False].min_margin, r.min_margin, r.margin_bound), load="/".join(loads))
+                ratio=best[True] / best[False], same=same, critical=(r.robustness.critical_rtol_low, r.robustness.critical_rtol_high),
+                rtol=r.rtol, margin=(res[False].min_margin, r.min_margin, r.robustness.margin_bound), load="/".join(loads))
 
 
 def print_robustness(rows: list[dict]) -> None:

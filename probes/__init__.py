@@ -53,7 +53,7 @@ from probes.kruskal import (
     sample_subsets,
 )
 from probes.rank import RankResult, default_rtol, numerical_rank
-from probes.robust import DEFAULT_RTOL_GRID
+from probes.robust import DEFAULT_RTOL_GRID, Robustness
 
 __all__ = [
     "DEFAULT_RTOL_GRID",
@@ -73,6 +73,7 @@ __all__ = [
     "ContextRanks",
     "KruskalResult",
     "RankResult",
+    "Robustness",
     "SweepResult",
     "assumption1",
     "assumption2",

@@ -16,25 +16,24 @@ The Kruskal tests take the bounds and the ``progress`` option of :func:`probes.k
 from __future__ import annotations
 
 import dataclasses
-import math
 import numbers
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-from probes import _fast, robust
+from probes import fast, robust
 from probes.kruskal import (
     KruskalResult,
     _fmt_critical,
     _fmt_scope,
     _fmt_witness,
-    _typed,
     checked_kruskal,
+    result_dict,
     validate_vectors,
 )
 from probes.rank import (
@@ -97,7 +96,7 @@ def context_ranks(contexts: Array, rtol: float | None = None) -> ContextRanks:
     rtol = resolve_rtol(rtol, n, d, e.dtype)
     e, _ = pow2_rescale(e, (1, 2))  # exact powers of two per context where float64 would under/overflow
     # for n > d the rank is at most d and the transposed (d, n) problem is the small one
-    dec = _fast.matrix_decisions(e if n <= d else e.transpose(1, 2), rtol)
+    dec = fast.matrix_decisions(e if n <= d else e.transpose(1, 2), rtol)
     return ContextRanks(rank=dec.rank, margin=dec.margin, n=n, d=d, rtol=rtol, stages=dec.stages, bound=dec.bound)
 
 
@@ -117,29 +116,17 @@ class AssumptionResult:
             full-rank one log10(sigma_k / (rtol sigma_1)), for a dependent one the distance from the
             threshold to the nearer of sigma_r and sigma_{r+1}. Exact (float64 singular values) unless
             ``margin_bound``.
-        margin_bound: True when ``min_margin`` is only a proven lower bound (the exact value needed
-            more exact spectra than allowed, or robustness was off); False when it is exact.
-        critical_rtol: the tolerance at which the verdict flips: it holds at every rtol below and
-            fails at every rtol at or above (the ``ceil(threshold x subsets)``-th largest
-            sigma_k / sigma_1 over the subsets; for Assumption 2 at threshold 1, the smallest
-            sigma_n / sigma_1 over the contexts). 0.0 when it fails at every positive rtol (e.g.
-            duplicated vectors, k > d), inf when it holds at every rtol in [0, 1). Exact (to within the
-            bracket: 3% near rtol, 10% beyond 10x either side) where ``critical_rtol_exact``;
-            otherwise (work caps reached) the bracket end nearer to ``rtol``, so that
-            ``verdict_margin`` is a proven lower bound.
-        critical_rtol_low, critical_rtol_high: a proven bracket, low <= critical <= high.
-        verdict_margin: |log10(critical_rtol / rtol)| in decades: how far the tolerance must move to
-            flip the verdict (inf when it never flips).
-        rtol_grid: {multiplier of rtol: fraction at multiplier x rtol} (default multipliers 0.1 to 10),
-            exactly the fraction a float64 SVD gives on the same subsets (contexts) at that tolerance;
-            None when not asked for.
+        robustness: how the verdict depends on the tolerance (:class:`probes.robust.Robustness`:
+            ``margin_bound`` (also without robustness: then True wherever a bound sets ``min_margin``),
+            ``critical_rtol``, the ``ceil(threshold x subsets)``-th largest sigma_k / sigma_1 over the
+            subsets (for Assumption 2 at threshold 1, the smallest sigma_n / sigma_1 over the contexts),
+            with its proven bracket, ``verdict_margin``, ``rtol_grid``).
         subsets: subsets (or contexts) tested; ``exhaustive``: every subset (context) was enumerated and
             tested; ``spectrum_proof``: every subset is proven dependent at once by the pool's spectrum
             (only a sample was decomposed, for the rank histogram; see ``note``).
         witness: indices of a dependent subset (or of a rank-deficient context), or None.
         rank_counts: histogram {rank: count}.
         dtype, device, seed, seconds; note: why a verdict is trivial.
-        The tolerance fields are NaN (``rtol_grid`` None) when robustness was off.
     """
 
     test: str
@@ -162,20 +149,8 @@ class AssumptionResult:
     seconds: float
     stages: dict[str, int] = field(default_factory=dict)
     note: str = ""
-    margin_bound: bool = True
-    critical_rtol: float = math.nan
-    critical_rtol_low: float = math.nan
-    critical_rtol_high: float = math.nan
-    verdict_margin: float = math.nan
-    rtol_grid: dict[float, float] | None = None
+    robustness: robust.Robustness = field(default_factory=robust.Robustness)
     spectrum_proof: bool = False
-
-    @property
-    def critical_rtol_exact(self) -> bool | None:
-        """True when ``critical_rtol`` is known to within its bracket's width (or proven 0 / inf), False
-        when the bracket only bounds it, None without robustness (:func:`probes.robust.critical_is_exact`)."""
-        return robust.critical_is_exact(self.critical_rtol, self.critical_rtol_low, self.critical_rtol_high,
-                                         self.rtol)
 
     def to_dict(self) -> dict[str, Any]:
         """Flat dict of typed values for a report row: ints (k, N, n, d, subsets, seed; n and seed may
@@ -184,7 +159,7 @@ class AssumptionResult:
         min_margin, seconds, critical_rtol, critical_rtol_low, critical_rtol_high, verdict_margin),
         ``rank_counts`` dict[int, int], ``witness`` list[int] or None, ``stages`` dict[str, int],
         ``rtol_grid`` dict[float, float] or None. :func:`probes.flatten_row` turns it into CSV cells."""
-        return {**_typed(asdict(self)), "critical_rtol_exact": self.critical_rtol_exact}
+        return result_dict(self)
 
     def __repr__(self) -> str:
         verdict = "holds" if self.holds else "fails"
@@ -216,9 +191,7 @@ def _from_kruskal(test: str, res: KruskalResult, threshold: float, n: int | None
         n=n, d=res.d, threshold=threshold, rtol=res.rtol, min_margin=res.min_margin, subsets=res.subsets,
         exhaustive=res.exhaustive, witness=res.witness, rank_counts=res.rank_counts, dtype=res.dtype,
         device=res.device, seed=res.seed, seconds=res.seconds, stages=res.stages, note=res.note,
-        margin_bound=res.margin_bound, critical_rtol=res.critical_rtol, critical_rtol_low=res.critical_rtol_low,
-        critical_rtol_high=res.critical_rtol_high, verdict_margin=res.verdict_margin, rtol_grid=res.rtol_grid,
-        spectrum_proof=res.spectrum_proof,
+        robustness=res.robustness, spectrum_proof=res.spectrum_proof,
     )
 
 
@@ -334,15 +307,16 @@ def assumption2_from_ranks(cr: ContextRanks, shape: tuple[int, int, int], dtype:
     bad = (~full).nonzero().flatten()
     note = f"n = {n} > d = {d}: no context can have rank n" if n > d else ""
     fraction = float(full.double().mean())
-    dec = _fast.Decisions(cr.rank, cr.margin, cr.stages, bound=cr.bound)
+    dec = fast.Decisions(cr.rank, cr.margin, cr.stages, bound=cr.bound)
     min_margin, margin_bound = robust.margin_summary(dec)
-    extra: dict[str, Any] = {"min_margin": min_margin, "margin_bound": margin_bound}
+    rob = robust.Robustness(margin_bound=margin_bound)
     if robustness and note:
-        extra = robust.trivial(grid).fields() | {"min_margin": min_margin, "margin_bound": margin_bound}
+        rob = dataclasses.replace(robust.trivial(grid), margin_bound=margin_bound)
     elif robustness:
-        extra = robust.analyse(matrices(), dec, cr.rtol, threshold, grid).fields()
+        min_margin, rob = robust.analyse(matrices(), dec, cr.rtol, threshold, grid)
     return AssumptionResult(
-        holds=not note and fraction >= threshold, fraction=fraction, rtol=cr.rtol, **extra,
+        holds=not note and fraction >= threshold, fraction=fraction, rtol=cr.rtol, min_margin=min_margin,
+        robustness=rob,
         witness=(int(bad[0]),) if bad.numel() else None,
         rank_counts=dict(sorted(Counter(cr.rank.tolist()).items())),
         seconds=time.perf_counter() - start, stages=cr.stages, note=note, **common,

@@ -8,7 +8,7 @@ rank < k, and the witness is returned so anyone can re-check it.
 
 A subset's rank uses the rule of :func:`probes.numerical_rank` with ``rtol = max(k, d) * eps`` of the
 vectors' dtype by default (the k x d matrix of the subset). The work runs through
-:mod:`probes._fast`: one float64 Gram matrix of the pool, then batched Cholesky of the k x k principal
+:mod:`probes.fast`: one float64 Gram matrix of the pool, then batched Cholesky of the k x k principal
 submatrices, with exact fallbacks, so verdicts equal a float64 SVD at the same tolerance.
 
 Bounds and progress. Every function here does a bounded amount of work:
@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from probes import _fast, robust
+from probes import fast, robust
 from probes.rank import (
     Array,
     as_tensor,
@@ -134,20 +134,10 @@ class KruskalResult:
             full-rank subset log10(sigma_k / (rtol sigma_1)), for a dependent one the distance from the
             threshold to the nearer of sigma_r and sigma_{r+1}. Exact (float64 singular values) unless
             ``margin_bound``.
-        margin_bound: True when ``min_margin`` is only a proven lower bound (the exact value would
-            have needed more exact spectra than allowed); False when it is exact.
-        critical_rtol: the tolerance at which the verdict "every tested subset is full rank" flips:
-            it holds at every rtol below and fails at every rtol at or above (the smallest
-            sigma_k / sigma_1 over the tested subsets). 0.0 when it fails at every positive rtol (e.g.
-            duplicated vectors), inf when it holds at every rtol in [0, 1). Exact (up to the bracket
-            width, 3% near rtol and 10% beyond 10x either side) where ``critical_rtol_exact``; otherwise
-            (the work caps of :mod:`probes.robust` were reached) the bracket end nearer to ``rtol``, so
-            that ``verdict_margin`` is a proven lower bound.
-        critical_rtol_low, critical_rtol_high: a proven bracket: low <= critical <= high.
-        verdict_margin: |log10(critical_rtol / rtol)| in decades: how far the tolerance must move to flip
-            the verdict (inf when it never flips).
-        rtol_grid: {multiplier of rtol: fraction at multiplier x rtol}, exactly the fraction a float64
-            SVD gives on the same subsets at that tolerance; None when not asked for.
+        robustness: how the verdict "every tested subset is full rank" depends on the tolerance
+            (:class:`probes.robust.Robustness`: ``margin_bound``, ``critical_rtol`` (the smallest
+            sigma_k / sigma_1 over the tested subsets) with its proven bracket, ``verdict_margin``,
+            ``rtol_grid``).
         witness: sorted indices of one dependent subset (proof that Kruskal rank < k), or None.
         rtol: relative tolerance used; ``dtype``: dtype the vectors were given in; ``device``.
         seed, seconds, stages: sampling seed, wall time, how many subsets each stage decided.
@@ -171,20 +161,8 @@ class KruskalResult:
     seconds: float
     stages: dict[str, int] = field(default_factory=dict)
     note: str = ""
-    margin_bound: bool = True
-    critical_rtol: float = math.nan
-    critical_rtol_low: float = math.nan
-    critical_rtol_high: float = math.nan
-    verdict_margin: float = math.nan
-    rtol_grid: dict[float, float] | None = None
+    robustness: robust.Robustness = field(default_factory=robust.Robustness)
     spectrum_proof: bool = False
-
-    @property
-    def critical_rtol_exact(self) -> bool | None:
-        """True when ``critical_rtol`` is known to within its bracket's width (or proven 0 / inf), False
-        when the bracket only bounds it, None without robustness (:func:`probes.robust.critical_is_exact`)."""
-        return robust.critical_is_exact(self.critical_rtol, self.critical_rtol_low, self.critical_rtol_high,
-                                         self.rtol)
 
     def to_dict(self) -> dict[str, Any]:
         """Flat dict of typed values: ints (k, N, d, subsets, full_rank, seed), bools (exhaustive,
@@ -192,7 +170,7 @@ class KruskalResult:
         critical_rtol_high, verdict_margin; NaN where robustness was off), ``rank_counts``
         dict[int, int], ``witness`` list[int] or None, ``stages`` dict[str, int], ``rtol_grid``
         dict[float, float] or None. :func:`flatten_row` turns it into CSV cells."""
-        return {**_typed(asdict(self)), "critical_rtol_exact": self.critical_rtol_exact}
+        return result_dict(self)
 
     def __repr__(self) -> str:
         text = (f"KruskalResult(k={self.k}, N={self.N}, d={self.d}: fraction={self.fraction:.4f} "
@@ -211,12 +189,25 @@ def _fmt_scope(subsets: int, exhaustive: bool, spectrum_proof: bool) -> str:
     return f"over {subsets} sampled subsets"
 
 
+def result_dict(res: Any) -> dict[str, Any]:
+    """``to_dict()`` of a result dataclass: its fields in order, ``robustness`` spread into its own
+    fields where it stands, then ``critical_rtol_exact``."""
+    out: dict[str, Any] = {}
+    for name, value in asdict(res).items():
+        if name == "robustness":
+            out.update(res.robustness.fields())
+        else:
+            out[name] = value
+    return {**_typed(out), "critical_rtol_exact": res.robustness.exact(res.rtol)}
+
+
 def _fmt_critical(res: Any) -> str:
     """``, critical_rtol=3.1e-05 in [3.0e-05, 3.1e-05] (exact)``, or ``... (bound)``; "" without one."""
-    critical, low, high = res.critical_rtol, res.critical_rtol_low, res.critical_rtol_high
+    rob = res.robustness
+    critical, low, high = rob.critical_rtol, rob.critical_rtol_low, rob.critical_rtol_high
     if critical is None or math.isnan(critical):
         return ""
-    kind = "exact" if res.critical_rtol_exact else "bound"
+    kind = "exact" if rob.exact(res.rtol) else "bound"
     return f", critical_rtol={critical:.3g} in [{low:.3g}, {high:.3g}] ({kind}; rtol={res.rtol:.3g})"
 
 
@@ -316,13 +307,13 @@ def _test_subsets(
     exact_dependent: int | None = None,
     bar=None,
     grid: tuple[float, ...] | None = None,
-) -> _fast.Decisions:
+) -> fast.Decisions:
     """Decide every subset (the progress ``bar``, if any, advances after each chunk). ``grid``: the
     robustness grid that will follow, if any (subsets are certified at its largest multiplier where
     that is cheap, and dependent ones get ceilings, so that the grid needs few new proofs)."""
     lam_cap = None if spectrum is None else float(spectrum[0]) ** 2
     top = max(grid) if grid else 1.0
-    return _fast.subset_decisions(x64, subsets.to(x64.device), rtol, gram, lam_cap=lam_cap,
+    return fast.subset_decisions(x64, subsets.to(x64.device), rtol, gram, lam_cap=lam_cap,
                                   exact_dependent=exact_dependent, on_chunk=None if bar is None else bar.update,
                                   reach=math.log10(top) * (1 + 1e-6) if top > 1 else None,
                                   ceilings=grid is not None)
@@ -353,7 +344,7 @@ def kruskal_test(
         rank_sample: how many dependent subsets (the first ones, in subset order) get an exact rank
             for the histogram, beside any the fast path decides exactly anyway. Dependent
             subsets beyond these are proven dependent by a shifted Cholesky factorisation (see
-            :mod:`probes._fast`) without computing their rank: they count in ``fraction`` but not in
+            :mod:`probes.fast`) without computing their rank: they count in ``fraction`` but not in
             ``rank_counts`` or ``min_margin`` (the ``note`` says how many). None: exact ranks for all.
             When every k-subset is provably dependent (see ``note``), only this many subsets are
             decomposed at all.
@@ -422,12 +413,11 @@ def _kruskal(
     total = math.comb(n_vec, k)
     exhaustive = total <= subsets
     if k > d:
-        extra = robust.trivial(grid).fields() if robustness else {"margin_bound": False}
-        extra.setdefault("min_margin", math.inf)
-        return KruskalResult(
+        rob = robust.trivial(grid) if robustness else robust.Robustness(margin_bound=False)
+        return KruskalResult(min_margin=math.inf, robustness=rob,
             subsets=0, exhaustive=False, full_rank=0, fraction=0.0, rank_counts={},
             witness=tuple(range(k)), seconds=time.perf_counter() - start,
-            note=f"k = {k} > d = {d}: any {k} vectors in R^{d} are dependent", **common, **extra,
+            note=f"k = {k} > d = {d}: any {k} vectors in R^{d} are dependent", **common,
         )
     _check_memory(min(total, subsets), k)
     if exhaustive:
@@ -468,22 +458,21 @@ def _kruskal(
     spectrum_proof = bool(note and not unranked)
     tested = min(total, subsets) if spectrum_proof else int(idx.shape[0])
     min_margin, margin_bound = robust.margin_summary(dec)
-    extra: dict[str, Any] = {"min_margin": min_margin, "margin_bound": margin_bound}
+    rob = robust.Robustness(margin_bound=margin_bound)
     if robustness and note and not unranked:  # every subset proven dependent by interlacing
-        extra = robust.all_dependent_case(
+        rob = robust.all_dependent_case(
             rtol, _dependent_ceiling(x64, k, spectrum), grid,
-            lambda t: _fraction_at(x64, k, subsets, seed, exhaustive, t, gram, spectrum), threshold,
-            min_margin, margin_bound).fields()
+            lambda t: _fraction_at(x64, k, subsets, seed, exhaustive, t, gram, spectrum), threshold, margin_bound)
     elif robustness:
-        step = max(1, min(_fast._MAX_CHUNK, _fast._CACHE_BYTES // (8 * k * k)))
-        pool = _fast._Pool(x64, gram, k, rtol, float(spectrum[0]) ** 2, step)
+        step = fast.subset_step(k)
+        pool = fast.Pool(x64, gram, k, rtol, float(spectrum[0]) ** 2, step)
         src = robust.pool_matrices(pool, idx.to(x64.device), x64, step)
-        extra = robust.analyse(src, dec, rtol, threshold, grid).fields()
-    return KruskalResult(
+        min_margin, rob = robust.analyse(src, dec, rtol, threshold, grid)
+    return KruskalResult(min_margin=min_margin, robustness=rob,
         subsets=tested, exhaustive=exhaustive and not spectrum_proof, spectrum_proof=spectrum_proof,
         full_rank=int(full.sum()),
         fraction=float(full.double().mean()), rank_counts=dict(sorted(counts.items())), witness=witness,
-        seconds=time.perf_counter() - start, stages=dec.stages, note=note, **common, **extra,
+        seconds=time.perf_counter() - start, stages=dec.stages, note=note, **common,
     )
 
 

@@ -9,17 +9,16 @@ holds at every t below it and fails at every t at or above it.
 Nothing here needs a spectrum per matrix. Each matrix carries a proven interval lo_S < r_S <= hi_S,
 first from the decisions the verdict itself made (a certified margin m proves r > rtol 10^m, and the
 test certifies at the grid's top multiplier where that is free, see ``reach`` in
-:func:`probes._fast.decide`; a dependent matrix has r <= rtol, or below the proven ceiling that the
+:func:`probes.fast.decide`; a dependent matrix has r <= rtol, or below the proven ceiling that the
 stage 1b shortcut or its exact spectrum gives it), then narrowed only where needed:
 
 - the tolerance grid: at each multiplier (on each side of 1 the extreme first, then the inner points
-  by bisection; chunks in parallel on the CPU) the matrices whose interval still
-  contains the grid tolerance are decided again by the fast path (:func:`probes._fast.decide`, whose
-  verdicts equal a float64 SVD at that tolerance; above rtol, for k <= 256, the eigenvalues of the
-  matrices left instead, whose proven brackets settle every point above rtol at once, and for larger k
-  a proven bracket of lambda_max computed once per matrix and kept for the later points); every other
-  matrix is settled by monotonicity. A
-  bound that lies within 1e-9 (relative) of a grid tolerance is not trusted: such a matrix is decided
+  by bisection; chunks in parallel on the CPU) the matrices whose interval still contains the grid
+  tolerance are decided again by the fast path (:func:`probes.fast.decide`, whose verdicts equal a
+  float64 SVD at that tolerance; above rtol, for k <= ``Tuning.eigen_max_k``, the eigenvalues of the
+  matrices left instead, whose proven brackets settle every point above rtol at once, and for larger
+  k a proven bracket of lambda_max computed once per matrix and kept for the later points); every
+  other matrix is settled by monotonicity. A bound that lies within 1e-9 (relative) of a grid tolerance is not trusted: such a matrix is decided
   again, so float rounding of margins never decides a grid point;
 - the critical tolerance: a ratio below k x eps(float64) (the float64 rounding of an exactly
   dependent matrix, e.g. duplicated vectors) counts as 0, so such verdicts have critical tolerance 0.0;
@@ -40,6 +39,7 @@ stage 1b shortcut or its exact spectrum gives it), then narrowed only where need
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from collections.abc import Callable
@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from probes import _fast
+from probes import fast
 
 DEFAULT_RTOL_GRID = (0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0)
 BRACKET_WIDTH = 0.03  # relative width of the critical-tolerance bracket sought
@@ -63,30 +63,46 @@ _MIN_FACTOR = 1024  # ... or this many, if more
 _BATCH = 32
 _FAR = 10.0  # a bracket beyond 10x either side of rtol (the default grid's ends) is narrowed (to
 # FAR_BRACKET_WIDTH) only where exact spectra within the budget settle it
-_EXACT_ABOVE_K = 256  # up to this k, full-rank matrices undecided above rtol get eigenvalues at once:
-# one eigvalsh costs about 3 Cholesky factorisations at k = 197 (5-6 at k = 512-1024, 2-core CPU), and
-# a matrix that the test could not certify at the grid's top usually takes 3 or more there (certificate,
-# dependence proof, lambda_max bracket, certificate again), with more at the next points
 _F64_EPS = torch.finfo(torch.float64).eps
 
 
 @dataclass(frozen=True)
 class Robustness:
-    """The tolerance fields of a verdict (see :class:`probes.AssumptionResult` for their meaning)."""
+    """How a verdict depends on the rank tolerance (embedded in :class:`probes.KruskalResult` and
+    :class:`probes.AssumptionResult` as ``robustness``).
 
-    min_margin: float
-    margin_bound: bool
-    critical_rtol: float
-    critical_rtol_low: float
-    critical_rtol_high: float
-    verdict_margin: float
-    rtol_grid: dict[float, float] | None
+    Attributes:
+        margin_bound: True when the result's ``min_margin`` is only a proven lower bound (the exact
+            value would have needed more exact spectra than allowed); False when it is exact.
+        critical_rtol: the tolerance at which the verdict flips: it holds at every rtol below and fails
+            at every rtol at or above. 0.0 when it fails at every positive rtol (e.g. duplicated
+            vectors), inf when it holds at every rtol in [0, 1). Exact up to the bracket width (3% near
+            rtol, 10% beyond 10x either side) where :meth:`exact`; otherwise (the work caps were reached)
+            the bracket end nearer to rtol, so that ``verdict_margin`` is a proven lower bound.
+        critical_rtol_low, critical_rtol_high: a proven bracket: low <= critical <= high.
+        verdict_margin: |log10(critical_rtol / rtol)| in decades: how far the tolerance must move to flip
+            the verdict (inf when it never flips).
+        rtol_grid: {multiplier of rtol: fraction at multiplier x rtol}, exactly the fraction a float64
+            SVD gives at that tolerance; None when not asked for.
+
+    Without a tolerance analysis (``robustness=False``) the four numbers are NaN and ``rtol_grid`` None.
+    """
+
+    margin_bound: bool = True
+    critical_rtol: float = math.nan
+    critical_rtol_low: float = math.nan
+    critical_rtol_high: float = math.nan
+    verdict_margin: float = math.nan
+    rtol_grid: dict[float, float] | None = None
+
+    def exact(self, rtol: float) -> bool | None:
+        """Whether ``critical_rtol`` is known to within its bracket's width (:func:`critical_is_exact`);
+        None without one."""
+        return critical_is_exact(self.critical_rtol, self.critical_rtol_low, self.critical_rtol_high, rtol)
 
     def fields(self) -> dict[str, Any]:
-        return {"min_margin": self.min_margin, "margin_bound": self.margin_bound,
-                "critical_rtol": self.critical_rtol, "critical_rtol_low": self.critical_rtol_low,
-                "critical_rtol_high": self.critical_rtol_high, "verdict_margin": self.verdict_margin,
-                "rtol_grid": self.rtol_grid}
+        """The fields as a flat dict, in declaration order (the columns of a result row)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
 def check_rtol_grid(grid: Any) -> tuple[float, ...] | None:
@@ -142,12 +158,11 @@ def critical_is_exact(critical: float, low: float, high: float, rtol: float) -> 
 
 def trivial(grid: tuple[float, ...] | None) -> Robustness:
     """No matrix can be full rank (k > d): fails at every tolerance."""
-    return Robustness(min_margin=math.inf, margin_bound=False, critical_rtol=0.0, critical_rtol_low=0.0,
-                      critical_rtol_high=0.0, verdict_margin=math.inf,
-                      rtol_grid=None if grid is None else dict.fromkeys(grid, 0.0))
+    return Robustness(margin_bound=False, critical_rtol=0.0, critical_rtol_low=0.0, critical_rtol_high=0.0,
+                      verdict_margin=math.inf, rtol_grid=None if grid is None else dict.fromkeys(grid, 0.0))
 
 
-def margin_summary(dec: _fast.Decisions) -> tuple[float, bool]:
+def margin_summary(dec: fast.Decisions) -> tuple[float, bool]:
     """The verdict's own smallest margin over matrices with a known rank, and whether a certified
     lower bound (rather than an exact margin) sets it."""
     known = (dec.rank >= 0) & ~dec.margin.isnan()
@@ -180,7 +195,7 @@ class _Refiner:
     """Proven intervals lo < r <= hi of every matrix's ratio r = sigma_k / sigma_1, and the tools that
     narrow them (all on the CPU copy of the intervals; the matrices stay on their device)."""
 
-    def __init__(self, src: Matrices, dec: _fast.Decisions, rtol: float):
+    def __init__(self, src: Matrices, dec: fast.Decisions, rtol: float):
         self.src, self.rtol = src, rtol
         rank, margin = dec.rank.cpu(), dec.margin.cpu().to(torch.float64)
         bound = dec.bound.cpu() if dec.bound is not None else torch.ones_like(rank, dtype=torch.bool)
@@ -206,7 +221,7 @@ class _Refiner:
     # ------------------------------------------------------------------ the tools
     def _workers(self) -> int:
         """Worker threads for independent chunks: the fast path's, on the CPU; one elsewhere."""
-        return min(_fast._MAX_WORKERS, torch.get_num_threads()) if _device(self.src).type == "cpu" else 1
+        return fast.workers() if _device(self.src).type == "cpu" else 1
 
     def _chunks(self, pos: torch.Tensor):
         for a in range(0, pos.numel(), self.src.step):
@@ -232,7 +247,7 @@ class _Refiner:
         parts = list(self._chunks(pos))
         if not parts:
             return
-        if t > self.rtol and self.src.k <= _EXACT_ABOVE_K:
+        if t > self.rtol and self.src.k <= fast.tuning.TUNING.eigen_max_k:
             # every matrix left is full rank at rtol (hi <= rtol for the others): eigenvalue brackets
             # (no SVD) settle this point and the other points above rtol, except for the rare matrix
             # whose bracket contains t
@@ -245,8 +260,10 @@ class _Refiner:
         first = self._decide_part(parts[0], t, dependent_first=False)
         dec = first[0]
         dependent = dec.stages["cholesky_dependent"]
-        dependent_first = dependent > 2 / 3 * parts[0].numel() and dec.shortcut < dependent / 2
-        results = [first] + _fast.map_chunks(lambda j: self._decide_part(parts[j + 1], t, dependent_first),
+        tune = fast.tuning.TUNING  # (the fast path's planner rule at a floor)
+        dependent_first = (dependent > tune.dependent_first_floor * parts[0].numel()
+                           and dec.shortcut < dependent * tune.dependent_first_settled)
+        results = [first] + fast.map_chunks(lambda j: self._decide_part(parts[j + 1], t, dependent_first),
                                              len(parts) - 1, self._workers())
         for part, (dec, lo, lam) in zip(parts, results, strict=True):
             if lam is not None:
@@ -258,23 +275,23 @@ class _Refiner:
 
     def _decide_part(self, part: torch.Tensor, t: float, dependent_first: bool):
         """(decisions at t, proven lower ends, lambda_max brackets or None) for the matrices at ``part``.
-        Above rtol for k > 256 (where the eigenvalues would cost more), lambda_max is bracketed once per
-        matrix (power steps, then one factorisation of mu I - G proving the upper end, see
-        :func:`probes._fast._tight_lambda_max`) and the bracket serves every later point above rtol:
+        Above rtol for k > ``Tuning.eigen_max_k`` (where the eigenvalues would cost more), lambda_max is
+        bracketed once per matrix (power steps, then one factorisation of mu I - G proving the upper end, see
+        :func:`probes.fast.tight_lambda_max`) and the bracket serves every later point above rtol:
         with the loose usual bounds a matrix whose ratio lies a few times above t fails the certificate,
         and is then proven, bracketed and certified again at each point."""
         dev = part.to(_device(self.src))
         gram = self.src.gram(dev)
         lam = None
-        if t > self.rtol and self.src.k > _EXACT_ABOVE_K:
+        if t > self.rtol and self.src.k > fast.tuning.TUNING.eigen_max_k:
             lam_lo, lam_hi = self.lam_lo[part], self.lam_hi[part]
             new = lam_lo.isnan()
             if bool(new.any()):
                 pos = new.nonzero().flatten().to(gram.device)
-                lo, hi = _fast._tight_lambda_max(gram if bool(new.all()) else gram[pos], residual=True)
+                lo, hi = fast.tight_lambda_max(gram if bool(new.all()) else gram[pos], residual=True)
                 lam_lo[new], lam_hi[new] = lo.cpu(), hi.cpu()
             lam = (lam_lo, lam_hi)
-        dec = _fast.decide(gram, lambda p, dev=dev: self.src.rows(dev[p]), t, self.src.width,
+        dec = fast.decide(gram, lambda p, dev=dev: self.src.rows(dev[p]), t, self.src.width,
                            lam_cap=self.src.lam_cap, exact_dependent=0 if self.src.k > 1 else None,
                            dependent_first=dependent_first, floor=0.0,
                            lam_bounds=None if lam is None else (lam[0].to(gram.device), lam[1].to(gram.device)))
@@ -292,18 +309,14 @@ class _Refiner:
         for part in self._chunks(pos):
             dev = part.to(_device(self.src))
             gram = self.src.gram(dev)
-            lam_hi = _fast._lam_hi(gram, self.src.lam_cap)
+            lam_hi = fast.lam_hi_bound(gram, self.src.lam_cap)
             c = part.numel()
-            scratch_r = torch.full((c,), k, dtype=torch.int64, device=gram.device)
-            scratch_m = torch.zeros(c, dtype=torch.float64, device=gram.device)
-            todo = torch.arange(c, device=gram.device)
-            ok, _, _ = _fast._stage_floor(gram, todo, lam_hi, t, width, scratch_r, scratch_m,
-                                          _fast._new_stages(), 0.0)
+            ok, _, _ = fast.floor_certificate(gram, lam_hi, t, width, 0.0)
             ok = ok.cpu()
             self.lo[part[ok]] = torch.maximum(self.lo[part[ok]], torch.tensor(t, dtype=torch.float64))
             rest = (~ok).nonzero().flatten()
             if rest.numel() and k > 1:
-                dep, ceil = _fast._prove_dependent(gram[rest.to(gram.device)], lam_hi[rest.to(gram.device)], t,
+                dep, ceil = fast.prove_dependent(gram[rest.to(gram.device)], lam_hi[rest.to(gram.device)], t,
                                                    width, ceilings=True)
                 dep, ceil = dep.cpu(), torch.minimum(ceil.cpu() * (1 + _PAD), torch.tensor(t, dtype=torch.float64))
                 hit = part[rest[dep]]
@@ -317,7 +330,7 @@ class _Refiner:
         ``svd`` False: no SVD, the eigenvalues' proven bracket only (the ratio stays unknown where the
         bracket is wider)."""
         parts = list(self._chunks(pos))
-        results = _fast.map_chunks(lambda j: self._spectra(parts[j], svd), len(parts), self._workers())
+        results = fast.map_chunks(lambda j: self._spectra(parts[j], svd), len(parts), self._workers())
         for part, (r, r_lo, r_hi) in zip(parts, results, strict=True):
             self.ratio[part] = torch.where(r.isnan(), self.ratio[part], r)
             self.lo[part] = torch.maximum(self.lo[part], r_lo * (1 - _PAD))
@@ -331,8 +344,8 @@ class _Refiner:
         k, tiny = self.src.k, torch.finfo(torch.float64).tiny
         dev = part.to(_device(self.src))
         gram = self.src.gram(dev)
-        lam_hi = _fast._lam_hi(gram, self.src.lam_cap)
-        err = 2 * _fast._gram_error(gram, lam_hi, self.src.width)
+        lam_hi = fast.lam_hi_bound(gram, self.src.lam_cap)
+        err = 2 * fast.gram_error(gram, lam_hi, self.src.width)
         lam = torch.linalg.eigvalsh(gram)  # (c, k) ascending
         lmin, lmax = lam[:, 0].clamp(min=0), lam[:, -1]
         r = (lmin / lmax.clamp(min=tiny)).sqrt()
@@ -429,7 +442,7 @@ class _Refiner:
         # a wide bracket: the end nearest rtol, so that verdict_margin stays a proven lower bound
         return (a if a >= self.rtol else b), a, b
 
-    def min_margin(self, dec: _fast.Decisions, max_spectra: int) -> tuple[float, bool]:
+    def min_margin(self, dec: fast.Decisions, max_spectra: int) -> tuple[float, bool]:
         """The exact smallest margin over matrices with a known rank at rtol, or a proven lower bound
         (second value True) when more than ``max_spectra`` spectra would be needed."""
         rank, margin = dec.rank.cpu(), dec.margin.cpu().to(torch.float64)
@@ -482,9 +495,10 @@ def _device(src: Matrices) -> torch.device:
     return src.device if src.device is not None else torch.device("cpu")
 
 
-def analyse(src: Matrices, dec: _fast.Decisions, rtol: float, threshold: float, grid: tuple[float, ...] | None,
-            *, max_spectra: int | None = None) -> Robustness:
-    """The tolerance fields of a verdict from its decisions ``dec`` on the matrices of ``src``."""
+def analyse(src: Matrices, dec: fast.Decisions, rtol: float, threshold: float, grid: tuple[float, ...] | None,
+            *, max_spectra: int | None = None) -> tuple[float, Robustness]:
+    """The smallest margin and the tolerance fields of a verdict from its decisions ``dec`` on the
+    matrices of ``src``."""
     count = src.count
     if max_spectra is None:
         max_spectra = max(_MIN_SPECTRA, count // _SPECTRA_SHARE)
@@ -492,14 +506,14 @@ def analyse(src: Matrices, dec: _fast.Decisions, rtol: float, threshold: float, 
     rtol_grid = ref.grid(grid) if grid is not None else None
     critical, low, high = ref.critical(threshold, max_spectra, max(count // _FACTOR_SHARE, _MIN_FACTOR))
     min_margin, margin_bound = ref.min_margin(dec, max_spectra)
-    return Robustness(min_margin=min_margin, margin_bound=margin_bound, critical_rtol=critical,
-                      critical_rtol_low=low, critical_rtol_high=high,
-                      verdict_margin=verdict_distance(critical, rtol), rtol_grid=rtol_grid)
+    return min_margin, Robustness(margin_bound=margin_bound, critical_rtol=critical, critical_rtol_low=low,
+                                  critical_rtol_high=high, verdict_margin=verdict_distance(critical, rtol),
+                                  rtol_grid=rtol_grid)
 
 
 def all_dependent_case(rtol: float, ceiling: float, grid: tuple[float, ...] | None,
                        fraction_at: Callable[[float], float], threshold: float,
-                       min_margin: float, margin_bound: bool) -> Robustness:
+                       margin_bound: bool) -> Robustness:
     """Every subset is proven dependent at rtol by interlacing: every ratio is at most ``ceiling``
     (< rtol). Grid points above the ceiling are 0; the others come from ``fraction_at(t)``."""
     rtol_grid = None
@@ -515,12 +529,12 @@ def all_dependent_case(rtol: float, ceiling: float, grid: tuple[float, ...] | No
             else:
                 high = min(high, t)
     critical = high if not (low > 0 and high <= low * (1 + BRACKET_WIDTH)) else math.sqrt(low * high)
-    return Robustness(min_margin=min_margin, margin_bound=margin_bound, critical_rtol=critical,
-                      critical_rtol_low=low, critical_rtol_high=high,
-                      verdict_margin=verdict_distance(critical, rtol), rtol_grid=rtol_grid)
+    return Robustness(margin_bound=margin_bound, critical_rtol=critical, critical_rtol_low=low,
+                      critical_rtol_high=high, verdict_margin=verdict_distance(critical, rtol),
+                      rtol_grid=rtol_grid)
 
 
-def pool_matrices(pool: _fast._Pool, subsets: torch.Tensor, x64: torch.Tensor, step: int) -> Matrices:
+def pool_matrices(pool: fast.Pool, subsets: torch.Tensor, x64: torch.Tensor, step: int) -> Matrices:
     """The k-subsets ``subsets`` (S, k) of a pool (gathered by the fast path's pool, which also gives
     the float32 certificate of stage 0 where it applies)."""
 
@@ -545,4 +559,4 @@ def context_matrices(mats: torch.Tensor) -> Matrices:
         return x @ x.transpose(1, 2)  # (c, k, k)
 
     return Matrices(count=b, k=k, width=d, gram=gram, rows=rows, lam_cap=None,
-                    step=max(1, min(1024, _fast.chunk_size(k, d))), device=mats.device)
+                    step=max(1, min(1024, fast.chunk_size(k, d))), device=mats.device)

@@ -12,7 +12,7 @@ from conftest import shared_data, with_singular_values
 from scipy import stats
 
 import probes
-from probes import _fast
+from probes import fast
 
 
 @pytest.fixture
@@ -187,7 +187,7 @@ def test_fast_path_equals_svd_on_near_threshold_matrices(dtype, factors):
     rtol = max(k, d) * torch.finfo(dtype).eps
     mats = torch.stack([with_singular_values([1.0] * (k - 1) + [f * rtol], k, d, seed=i)
                         for i, f in enumerate(factors)])
-    dec = _fast.matrix_decisions(mats, rtol)
+    dec = fast.matrix_decisions(mats, rtol)
     ref = probes.numerical_rank(mats, rtol).rank
     assert dec.rank.tolist() == ref.tolist()
     assert dec.rank.tolist() == [k] * 4 + [k - 1] * 4
@@ -198,7 +198,7 @@ def test_fast_path_equals_svd_on_random_subsets():
     x = torch.cat([generic(30, 12, seed=10), generic(10, 3, seed=11) @ generic(3, 12, seed=12)]).float()
     subsets = probes.sample_subsets(40, 7, 300, seed=0)
     rtol = probes.default_rtol(7, 12, torch.float32)
-    dec = _fast.subset_decisions(x.double(), subsets, rtol, None)
+    dec = fast.subset_decisions(x.double(), subsets, rtol, None)
     assert dec.rank.tolist() == _reference_ranks(x, subsets, rtol)
     assert dec.stages["eigvalsh"] + dec.stages["svd"] > 0  # dependent subsets exercised stage 2
 
@@ -213,7 +213,7 @@ def test_fast_path_equals_svd_on_real_image_patches(imagenet_dir):
     for k in (5, 40):
         subsets = probes.sample_subsets(patches.shape[0], k, 60, seed=k)
         rtol = probes.default_rtol(k, 768, torch.float32)
-        dec = _fast.subset_decisions(patches.double(), subsets, rtol, patches.double() @ patches.double().T)
+        dec = fast.subset_decisions(patches.double(), subsets, rtol, patches.double() @ patches.double().T)
         assert dec.rank.tolist() == _reference_ranks(patches, subsets, rtol)
 
 
@@ -349,7 +349,7 @@ def test_certified_margins_never_exceed_the_exact_margins():
     x = torch.cat([generic(60, 20, seed=26), generic(20, 5, seed=27) @ generic(5, 20, seed=28)]).float()
     subsets = probes.sample_subsets(80, 12, 400, seed=2)
     rtol = probes.default_rtol(12, 20, torch.float32)
-    dec = _fast.subset_decisions(x.double(), subsets, rtol, None)
+    dec = fast.subset_decisions(x.double(), subsets, rtol, None)
     exact = probes.numerical_rank(x.double()[subsets], rtol)  # (400,) batched SVD reference
     assert dec.rank.tolist() == exact.rank.tolist()
     certified = dec.rank == 12
@@ -368,7 +368,7 @@ def test_dependence_proof_never_contradicts_the_svd(dtype):
     mats = torch.stack([with_singular_values([5.0] + [1.0] * (k - 2) + [f * 5.0 * rtol], k, d, seed=i)
                         for i, f in enumerate(factors)])
     gram = mats @ mats.transpose(1, 2)
-    dec = _fast.decide(gram, lambda pos: mats[pos], rtol, d, exact_dependent=0)
+    dec = fast.decide(gram, lambda pos: mats[pos], rtol, d, exact_dependent=0)
     ref = probes.numerical_rank(mats, rtol).rank
     proven = dec.rank == -1
     assert (ref[proven] < k).all()  # every proof is right

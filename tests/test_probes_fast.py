@@ -1,4 +1,4 @@
-"""The fast subset path of probes (probes._fast): float32 certificates, the margin floor and threads.
+"""The fast subset path of probes (probes.fast): float32 certificates, the margin floor and threads.
 
 Every fast decision must be a proof: a float32 certificate never accepts a subset that the float64 SVD
 calls dependent at the same tolerance (nor credits it with more margin than it has), and ranks,
@@ -8,6 +8,7 @@ threads and any chunking.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -15,7 +16,7 @@ import torch
 from conftest import with_singular_values
 
 import probes
-from probes import _fast
+from probes import fast
 
 
 def generic(n: int, d: int, seed: int) -> torch.Tensor:
@@ -32,13 +33,18 @@ def blocks_pool(blocks: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]
     return x, subsets
 
 
+def tune(patch, **changes) -> None:
+    """Replace fields of the fast path's tuning for one test (``patch``: monkeypatch or its context)."""
+    patch.setattr(fast.tuning, "TUNING", dataclasses.replace(fast.tuning.TUNING, **changes))
+
+
 def reference(x: torch.Tensor, subsets: torch.Tensor, rtol: float) -> probes.RankResult:
     return probes.numerical_rank(x[subsets], rtol)  # float64 SVD of every subset
 
 
-def pool_of(x: torch.Tensor, k: int, rtol: float) -> _fast._Pool:
+def pool_of(x: torch.Tensor, k: int, rtol: float) -> fast.Pool:
     cap = float(torch.linalg.svdvals(x)[0]) ** 2
-    return _fast._Pool(x, x @ x.T, k, rtol, cap, step=64)
+    return fast.Pool(x, x @ x.T, k, rtol, cap, step=64)
 
 
 def cluster_pool(n: int, d: int, r: int, seed: int) -> torch.Tensor:
@@ -112,7 +118,7 @@ def test_float32_certificate_defers_at_float32_tolerance():
     blocks = [with_singular_values([1.0] * (k - 1) + [f * rtol], k, d, seed=i) for i, f in enumerate(FACTORS)]
     x, subsets = blocks_pool(blocks)
     assert not pool_of(x, k, rtol).certify32(subsets, 0.0).any()
-    dec = _fast.subset_decisions(x, subsets, rtol, x @ x.T)
+    dec = fast.subset_decisions(x, subsets, rtol, x @ x.T)
     assert dec.rank.tolist() == reference(x, subsets, rtol).rank.tolist()
 
 
@@ -123,17 +129,17 @@ def single_chunk(x, subsets, rtol, cap, exact_dependent, monkeypatch):
     """The plain float64 pipeline (no float32, no floor, no stage 1b shortcut) on all subsets at once."""
     gram = (x @ x.T)[subsets[:, :, None], subsets[:, None, :]]
     with monkeypatch.context() as m:
-        m.setattr(_fast, "_quick_dependent",
+        m.setattr(fast.stages, "quick_dependent",
                   lambda *args: (torch.zeros_like(args[6]), torch.ones(args[6].shape, dtype=torch.float64)))
         first = torch.arange(subsets.shape[0]) < (exact_dependent or 0)
-        return _fast.decide(gram, lambda pos: x[subsets[pos]], rtol, x.shape[1], lam_cap=cap,
+        return fast.decide(gram, lambda pos: x[subsets[pos]], rtol, x.shape[1], lam_cap=cap,
                             exact_dependent=exact_dependent, exact_first=first)
 
 
 @pytest.fixture
 def small_chunks(monkeypatch):
     """Chunks of a few subsets, so that small tests run many chunks (floor, plans, threads)."""
-    monkeypatch.setattr(_fast, "_CACHE_BYTES", 8 * 12 * 12 * 7)
+    tune(monkeypatch, cache_bytes=8 * 12 * 12 * 7)
 
 
 @pytest.mark.parametrize("kind", ["generic", "cluster"])
@@ -146,24 +152,24 @@ def test_fast_path_equals_the_float64_pipeline(kind, exact_dependent, small_chun
     rtol = probes.default_rtol(k, d, torch.float32)
     cap = float(torch.linalg.svdvals(x)[0]) ** 2
     subsets = probes.sample_subsets(n, k, count, seed=3)
-    fast = _fast.subset_decisions(x, subsets, rtol, x @ x.T, lam_cap=cap, exact_dependent=exact_dependent)
+    dec = fast.subset_decisions(x, subsets, rtol, x @ x.T, lam_cap=cap, exact_dependent=exact_dependent)
     plain = single_chunk(x, subsets, rtol, cap, exact_dependent, monkeypatch)
-    assert fast.rank.tolist() == plain.rank.tolist()
-    assert fast.stages["cholesky_dependent"] == plain.stages["cholesky_dependent"]
+    assert dec.rank.tolist() == plain.rank.tolist()
+    assert dec.stages["cholesky_dependent"] == plain.stages["cholesky_dependent"]
     others = ("cholesky", "cholesky32", "eigvalsh", "svd")
-    assert sum(fast.stages[key] for key in others) == sum(plain.stages[key] for key in others)
+    assert sum(dec.stages[key] for key in others) == sum(plain.stages[key] for key in others)
     if kind == "generic":
-        assert fast.stages["cholesky32"] > count // 2  # stage 0 did the work
+        assert dec.stages["cholesky32"] > count // 2  # stage 0 did the work
     elif exact_dependent is not None:
-        assert fast.shortcut > fast.stages["cholesky_dependent"] // 2  # the shortcut did most proofs
+        assert dec.shortcut > dec.stages["cholesky_dependent"] // 2  # the shortcut did most proofs
     ref = reference(x, subsets, rtol)
-    known = fast.rank >= 0
-    assert (fast.rank[known] == ref.rank[known]).all()
+    known = dec.rank >= 0
+    assert (dec.rank[known] == ref.rank[known]).all()
     assert (ref.rank[~known] < k).all()
     # certified margins are proven lower bounds; the minimum is at least the plain pipeline's bound
-    full = fast.rank == k
-    assert (fast.margin[full] <= ref.margin[full] + 1e-9).all()
-    assert float(fast.margin[known].min()) >= float(plain.margin[plain.rank >= 0].min()) - 1e-12
+    full = dec.rank == k
+    assert (dec.margin[full] <= ref.margin[full] + 1e-9).all()
+    assert float(dec.margin[known].min()) >= float(plain.margin[plain.rank >= 0].min()) - 1e-12
 
 
 def test_threads_and_chunking_do_not_change_anything(small_chunks):
@@ -172,7 +178,7 @@ def test_threads_and_chunking_do_not_change_anything(small_chunks):
     rtol = probes.default_rtol(k, d, torch.float32)
     subsets = probes.sample_subsets(n, k, 500, seed=5)
     threads = torch.get_num_threads()
-    runs = [_fast.subset_decisions(x, subsets, rtol, x @ x.T, exact_dependent=20, workers=w) for w in (1, 2, 3, 2)]
+    runs = [fast.subset_decisions(x, subsets, rtol, x @ x.T, exact_dependent=20, workers=w) for w in (1, 2, 3, 2)]
     assert torch.get_num_threads() == threads
     for other in runs[1:]:
         assert torch.equal(runs[0].rank, other.rank)
@@ -187,7 +193,7 @@ def test_the_histogram_holds_the_first_dependent_subsets_with_their_svd_ranks(sm
     x = cluster_pool(n, d, 6, seed=4)
     rtol = probes.default_rtol(k, d, torch.float32)
     subsets = probes.sample_subsets(n, k, 500, seed=5)
-    dec = _fast.subset_decisions(x, subsets, rtol, x @ x.T, exact_dependent=m, workers=2)
+    dec = fast.subset_decisions(x, subsets, rtol, x @ x.T, exact_dependent=m, workers=2)
     ref = reference(x, subsets, rtol)
     first = (ref.rank < k).nonzero().flatten()[:m]
     assert first.numel() == m and (dec.rank[first] >= 0).all()
@@ -199,14 +205,14 @@ def test_progress_counts_every_subset_once(small_chunks):
     x = generic(40, 16, seed=6)
     subsets = probes.sample_subsets(40, 12, 300, seed=7)
     seen = []
-    _fast.subset_decisions(x, subsets, 1e-6, x @ x.T, on_chunk=seen.append, workers=2)
+    fast.subset_decisions(x, subsets, 1e-6, x @ x.T, on_chunk=seen.append, workers=2)
     assert sum(seen) == 300 and all(c > 0 for c in seen)
 
 
 def test_an_error_in_a_worker_reaches_the_caller(small_chunks, monkeypatch):
     x = generic(40, 16, seed=8)
     subsets = probes.sample_subsets(40, 12, 300, seed=9)
-    real = _fast._decide_chunk
+    real = fast.subsets.decide_chunk
     calls = []
 
     def failing(*args):
@@ -215,10 +221,10 @@ def test_an_error_in_a_worker_reaches_the_caller(small_chunks, monkeypatch):
             raise RuntimeError("boom")
         return real(*args)
 
-    monkeypatch.setattr(_fast, "_decide_chunk", failing)
+    monkeypatch.setattr(fast.subsets, "decide_chunk", failing)
     threads = torch.get_num_threads()
     with pytest.raises(RuntimeError, match="boom"):
-        _fast.subset_decisions(x, subsets, 1e-6, x @ x.T, workers=2)
+        fast.subset_decisions(x, subsets, 1e-6, x @ x.T, workers=2)
     assert torch.get_num_threads() == threads
 
 
@@ -227,8 +233,8 @@ def test_without_pool_gram_and_kruskal_test_keep_the_verdicts(small_chunks, monk
     x = cluster_pool(n, d, 5, seed=10)
     rtol = probes.default_rtol(k, d, torch.float32)
     subsets = probes.sample_subsets(n, k, 300, seed=11)
-    with_gram = _fast.subset_decisions(x, subsets, rtol, x @ x.T, exact_dependent=4)
-    without = _fast.subset_decisions(x, subsets, rtol, None, exact_dependent=4)
+    with_gram = fast.subset_decisions(x, subsets, rtol, x @ x.T, exact_dependent=4)
+    without = fast.subset_decisions(x, subsets, rtol, None, exact_dependent=4)
     assert with_gram.rank.tolist() == without.rank.tolist()
     res = probes.kruskal_test(x.float(), k, subsets=300, seed=11, rank_sample=4)
     plain = single_chunk(x, subsets, rtol, float(torch.linalg.svdvals(x)[0]) ** 2, 4, monkeypatch)
@@ -253,24 +259,24 @@ def test_ceilings_of_dependent_subsets_are_never_below_the_svd_ratio(noise, stag
     forced on (its ceilings bound lambda_max below by the largest diagonal entry)."""
     settled_0b = []
     if stage_1b == "0b":
-        monkeypatch.setattr(_fast, "_LEAD_PAD", 1)
-        monkeypatch.setattr(_fast, "_LEAD_SHARE", 1.0)
-        original = _fast._Pool.dependent_lead
+        tune(monkeypatch, lead_pad=1)
+        tune(monkeypatch, lead_share=1.0)
+        original = fast.Pool.dependent_lead
 
         def counted(self, *args):
             out = original(self, *args)
             settled_0b.append(int(out[0].sum()))
             return out
 
-        monkeypatch.setattr(_fast._Pool, "dependent_lead", counted)
+        monkeypatch.setattr(fast.Pool, "dependent_lead", counted)
     elif stage_1b:
-        monkeypatch.setattr(_fast, "_CEIL_1B_K", 1)
+        tune(monkeypatch, ceil_1b_k=1)
     x = cluster_pool(60, 24, 6, seed=11)
     g = torch.Generator().manual_seed(12)
     x[:30] += noise * torch.randn(30, 24, generator=g, dtype=torch.float64) * x[:30].norm(dim=1, keepdim=True)
     k, rtol = 12, 1e-4
     subsets = probes.sample_subsets(60, k, 400, seed=13)
-    dec = _fast.subset_decisions(x, subsets, rtol, x @ x.T, exact_dependent=0, ceilings=True, workers=2)
+    dec = fast.subset_decisions(x, subsets, rtol, x @ x.T, exact_dependent=0, ceilings=True, workers=2)
     sv = torch.linalg.svdvals(x[subsets])
     ratio = sv[:, -1] / sv[:, 0]
     proven = dec.rank == -1
@@ -288,7 +294,7 @@ def test_ceilings_of_dependent_subsets_are_never_below_the_svd_ratio(noise, stag
     assert torch.all(dec.ceiling[known] <= 1.0)
     if noise == 0.0:  # exact dependence: the stage 1b shortcut settles most, with ceilings
         assert (dec.ceiling[proven] < 0.1 * rtol).double().mean() > 0.75  # (the shortcut settles most)
-    plain = _fast.subset_decisions(x, subsets, rtol, x @ x.T, exact_dependent=0, workers=2)
+    plain = fast.subset_decisions(x, subsets, rtol, x @ x.T, exact_dependent=0, workers=2)
     assert plain.ceiling is None and torch.equal(plain.rank, dec.rank)
 
 
@@ -299,7 +305,7 @@ def test_histogram_subsets_get_ceilings_from_their_exact_spectra(small_chunks):
     x = cluster_pool(60, 24, 6, seed=11)
     k, rtol = 12, 1e-4
     subsets = probes.sample_subsets(60, k, 400, seed=13)
-    dec = _fast.subset_decisions(x, subsets, rtol, x @ x.T, exact_dependent=8, ceilings=True, workers=2)
+    dec = fast.subset_decisions(x, subsets, rtol, x @ x.T, exact_dependent=8, ceilings=True, workers=2)
     sv = torch.linalg.svdvals(x[subsets])
     ratio = sv[:, -1] / sv[:, 0]
     histogram = (dec.rank >= 0) & (dec.rank < k) & ~dec.bound
@@ -340,7 +346,7 @@ def test_stage_0b_proves_only_what_stage_1b_proves(rtol):
     dep, at, ceiling = pool.dependent_lead(subsets, lead + 1, gersh_up, ceilings=True)
     dep_trace, _, _ = pool.dependent_lead(subsets, lead + 1)  # the bound from the trace alone
     gram = (x @ x.T)[subsets[:, :, None], subsets[:, None, :]]
-    whole, _ = _fast._prove_dependent(gram, _fast._lam_hi(gram, pool.lam_cap), rtol, d)
+    whole, _ = fast.prove_dependent(gram, fast.lam_hi_bound(gram, pool.lam_cap), rtol, d)
     ref = reference(x, subsets, rtol)
     for proven in (dep, dep_trace):
         assert not (proven & ~whole).any()
@@ -372,23 +378,23 @@ def test_stage_0b_changes_no_rank(exact_dependent, small_chunks, monkeypatch):
     subsets = probes.sample_subsets(n, k, 500, seed=14)
 
     def run(workers):
-        return _fast.subset_decisions(x, subsets, rtol, x @ x.T, lam_cap=cap, exact_dependent=exact_dependent,
+        return fast.subset_decisions(x, subsets, rtol, x @ x.T, lam_cap=cap, exact_dependent=exact_dependent,
                                       workers=workers)
 
     with monkeypatch.context() as m:
-        m.setattr(_fast, "_LEAD_SHARE", 0.0)  # stage 0b never runs
+        tune(m, lead_share=0.0)  # stage 0b never runs
         off = run(1)
     calls = []
-    original = _fast._Pool.dependent_lead
+    original = fast.Pool.dependent_lead
 
     def counted(self, idx, size, gersh_up=None, ceilings=False):
         out = original(self, idx, size, gersh_up, ceilings)
         calls.append((int(idx.shape[0]), int(out[0].sum()), gersh_up is None))
         return out
 
-    monkeypatch.setattr(_fast._Pool, "dependent_lead", counted)
-    monkeypatch.setattr(_fast, "_LEAD_PAD", 1)
-    monkeypatch.setattr(_fast, "_LEAD_SHARE", 1.0)
+    monkeypatch.setattr(fast.Pool, "dependent_lead", counted)
+    tune(monkeypatch, lead_pad=1)
+    tune(monkeypatch, lead_share=1.0)
     runs = [run(w) for w in (1, 2)]
     assert sum(c[1] for c in calls if c[2]) > 50  # the planner's route settled many
     for on in runs:
@@ -405,13 +411,13 @@ def test_stage_1b_ceilings_are_never_below_the_svd_ratio():
     x, subsets = blocks_pool([with_singular_values([1.0, 0.4, 0.1, f], 4, 9, seed=i)
                               for i, f in enumerate([1e-3, 3e-4, 1e-6, 1e-9, 0.0, 5e-5])])
     gram = (x @ x.T)[subsets[:, :, None], subsets[:, None, :]]
-    lam_hi = _fast._lam_hi(gram, None)
-    dep, ceiling = _fast._prove_dependent(gram, lam_hi, 1e-3, 9, ceilings=True)
+    lam_hi = fast.lam_hi_bound(gram, None)
+    dep, ceiling = fast.prove_dependent(gram, lam_hi, 1e-3, 9, ceilings=True)
     sv = torch.linalg.svdvals(x[subsets])
     ratio = sv[:, -1] / sv[:, 0]
     assert dep.tolist() == [False, True, True, True, True, True]
     assert torch.all(ceiling[dep] >= ratio[dep] * (1 - 1e-9)) and torch.all(ceiling[dep] < 1e-3)
-    assert _fast._prove_dependent(gram, lam_hi, 1e-3, 9)[1] is None
+    assert fast.prove_dependent(gram, lam_hi, 1e-3, 9)[1] is None
 
 
 def test_reach_credits_proven_margins_and_leaves_ranks_unchanged(small_chunks):
@@ -420,8 +426,8 @@ def test_reach_credits_proven_margins_and_leaves_ranks_unchanged(small_chunks):
     x = cluster_pool(60, 24, 6, seed=21)
     k, rtol = 10, 1e-3
     subsets = probes.sample_subsets(60, k, 600, seed=22)
-    plain = _fast.subset_decisions(x, subsets, rtol, x @ x.T, exact_dependent=5, workers=2)
-    reach = _fast.subset_decisions(x, subsets, rtol, x @ x.T, exact_dependent=5, workers=2, reach=1.0)
+    plain = fast.subset_decisions(x, subsets, rtol, x @ x.T, exact_dependent=5, workers=2)
+    reach = fast.subset_decisions(x, subsets, rtol, x @ x.T, exact_dependent=5, workers=2, reach=1.0)
     assert torch.equal(plain.rank, reach.rank)
     sv = torch.linalg.svdvals(x[subsets])
     exact = torch.log10(sv[:, -1] / sv[:, 0] / rtol)
@@ -439,14 +445,14 @@ def test_tight_lambda_max_with_the_residual_brackets_slow_power_iterations():
     x, subsets = blocks_pool(blocks)
     gram = (x @ x.T)[subsets[:, :, None], subsets[:, None, :]]
     lam = torch.linalg.eigvalsh(gram)[:, -1]
-    plain_lo, plain_hi = _fast._tight_lambda_max(gram.clone())
-    lo, hi = _fast._tight_lambda_max(gram.clone(), residual=True)
+    plain_lo, plain_hi = fast.tight_lambda_max(gram.clone())
+    lo, hi = fast.tight_lambda_max(gram.clone(), residual=True)
     for a, b in ((plain_lo, plain_hi), (lo, hi)):
         assert torch.all(a <= lam) and torch.all(lam <= b)
     share, plain_share = torch.isfinite(hi).double().mean(), torch.isfinite(plain_hi).double().mean()
     assert share >= 0.9 and plain_share < share
     for rtol in (1e-3 * 0.95, 1e-3 * 1.05, 3e-3):
-        dec = _fast.decide(gram.clone(), lambda pos: x[subsets[pos]], rtol, 14, exact_dependent=0, floor=0.0,
+        dec = fast.decide(gram.clone(), lambda pos: x[subsets[pos]], rtol, 14, exact_dependent=0, floor=0.0,
                            lam_bounds=(lo, hi))
         assert torch.equal(dec.rank == 6, reference(x, subsets, rtol).rank == 6)
 
@@ -463,10 +469,10 @@ def test_tight_lambda_max_brackets_the_largest_eigenvalue_and_decides_the_band()
     x, subsets = blocks_pool(blocks)
     gram = (x @ x.T)[subsets[:, :, None], subsets[:, None, :]]
     lam = torch.linalg.eigvalsh(gram)[:, -1]
-    lo, hi = _fast._tight_lambda_max(gram.clone())
+    lo, hi = fast.tight_lambda_max(gram.clone())
     assert torch.all(lo <= lam) and torch.all(lam <= hi) and torch.all(hi <= lam * 1.0011)
     rtol = 1e-3
-    dec = _fast.decide(gram, lambda pos: x[subsets[pos]], rtol, 12, exact_dependent=0)
+    dec = fast.decide(gram, lambda pos: x[subsets[pos]], rtol, 12, exact_dependent=0)
     svd = reference(x, subsets, rtol).rank
     assert torch.equal(dec.rank == 5, svd == 5)
     assert dec.stages["eigvalsh"] + dec.stages["svd"] <= 3

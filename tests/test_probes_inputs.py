@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import probes
-from probes import _fast
+from probes import fast
 
 
 def generic(n: int, d: int, seed: int = 0, dtype=torch.float64) -> torch.Tensor:
@@ -85,7 +85,7 @@ def test_progress_is_silent_when_not_interactive_unless_forced(capsys):
 def test_progress_does_not_change_any_number(monkeypatch):
     """With a bar the subsets are decided in pieces; small chunks force many pieces, with dependence
     proofs and a shared exact-rank budget: the result must be identical."""
-    monkeypatch.setattr(_fast, "chunk_size", lambda k, d, budget_bytes=0: 7)
+    monkeypatch.setattr(fast, "chunk_size", lambda k, d, budget_bytes=0: 7)
     x = torch.cat([generic(14, 10, seed=30), generic(12, 4, seed=31) @ generic(4, 10, seed=32)]).float()
     for rank_sample in (5, None):
         quiet = probes.kruskal_test(x, 10, subsets=400, seed=3, rank_sample=rank_sample, progress=False)
@@ -173,10 +173,10 @@ def test_flatten_row_and_sweep_frame_keep_the_compact_csv_cells():
 def test_results_have_a_readable_one_line_repr():
     x = planted()
     a1 = probes.assumption1(x, 3, subsets=500)
-    kind = "exact" if a1.critical_rtol_exact else "bound"
+    kind = "exact" if a1.robustness.exact(a1.rtol) else "bound"
     assert repr(a1) == (f"AssumptionResult(assumption1: holds, fraction=1.0000 over 500 sampled subsets at k=3, "
-                        f"N=30, d=10, min_margin={a1.min_margin:.2f} decades, critical_rtol={a1.critical_rtol:.3g} in "
-                        f"[{a1.critical_rtol_low:.3g}, {a1.critical_rtol_high:.3g}] ({kind}; rtol={a1.rtol:.3g}))")
+                        f"N=30, d=10, min_margin={a1.min_margin:.2f} decades, critical_rtol={a1.robustness.critical_rtol:.3g} in "
+                        f"[{a1.robustness.critical_rtol_low:.3g}, {a1.robustness.critical_rtol_high:.3g}] ({kind}; rtol={a1.rtol:.3g}))")
     bad = probes.assumption1(x, 5, subsets=500)
     assert "assumption1: fails" in repr(bad) and f"witness={list(bad.witness)}" in repr(bad)
     a2 = probes.assumption2(generic(30 * 5, 10).reshape(30, 5, 10))

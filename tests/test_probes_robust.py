@@ -3,6 +3,7 @@ bracket, the tolerance grid, all against a plain NumPy float64 SVD of the same s
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -45,23 +46,23 @@ def test_exact_min_margin_of_constructed_contexts_equals_the_svd_margin():
                             for i, f in enumerate([0.3, 0.01, 2e-3, 0.2, 0.05])])  # (5, 3, 7)
     rtol = 1e-4
     res = probes.assumption2(contexts, rtol=rtol)
-    assert res.margin_bound is False
+    assert res.robustness.margin_bound is False
     expected = math.log10(2e-3 / rtol)  # the smallest sigma_3 / sigma_1 sets it
     assert res.min_margin == pytest.approx(expected, abs=ratio_tol(3, 7) / 2e-3)
     sv = np.linalg.svd(contexts.numpy(), compute_uv=False)
-    assert res.critical_rtol_low <= (sv[:, -1] / sv[:, 0]).min() <= res.critical_rtol_high
-    assert res.critical_rtol == pytest.approx(2e-3, rel=1e-9)
-    assert res.verdict_margin == pytest.approx(expected, abs=1e-9)
+    assert res.robustness.critical_rtol_low <= (sv[:, -1] / sv[:, 0]).min() <= res.robustness.critical_rtol_high
+    assert res.robustness.critical_rtol == pytest.approx(2e-3, rel=1e-9)
+    assert res.robustness.verdict_margin == pytest.approx(expected, abs=1e-9)
 
 
 def test_exact_min_margin_of_a_kruskal_test_equals_the_svd_margin():
     x = spread_pool(40, 10, seed=1)
     res = probes.kruskal_test(x, 6, subsets=400, seed=3)
     r = ratios(x, probes.sample_subsets(40, 6, 400, 3))
-    assert res.fraction == 1.0 and res.margin_bound is False
+    assert res.fraction == 1.0 and res.robustness.margin_bound is False
     assert res.min_margin == pytest.approx(math.log10(r.min() / res.rtol), abs=ratio_tol(6, 10) / r.min())
     # verdict "every subset full rank": the critical tolerance is the smallest ratio
-    assert res.critical_rtol_low <= r.min() * (1 + 1e-9) and r.min() <= res.critical_rtol_high * (1 + 1e-9)
+    assert res.robustness.critical_rtol_low <= r.min() * (1 + 1e-9) and r.min() <= res.robustness.critical_rtol_high * (1 + 1e-9)
 
 
 @pytest.mark.parametrize("threshold", [0.99, 0.9, 0.5])
@@ -74,10 +75,10 @@ def test_critical_bracket_contains_the_svd_quantile(threshold):
     need = math.ceil(threshold * count)
     truth = r[need - 1]  # the verdict holds below the need-th largest ratio and fails at it
     slack = ratio_tol(k, 12)
-    assert res.critical_rtol_low - slack <= truth <= res.critical_rtol_high + slack
-    assert res.critical_rtol_high <= res.critical_rtol_low * 1.03 + slack  # closed on this small test
-    assert res.holds == (rtol < res.critical_rtol)
-    assert res.verdict_margin == pytest.approx(abs(math.log10(res.critical_rtol / rtol)))
+    assert res.robustness.critical_rtol_low - slack <= truth <= res.robustness.critical_rtol_high + slack
+    assert res.robustness.critical_rtol_high <= res.robustness.critical_rtol_low * 1.03 + slack  # closed on this small test
+    assert res.holds == (rtol < res.robustness.critical_rtol)
+    assert res.robustness.verdict_margin == pytest.approx(abs(math.log10(res.robustness.critical_rtol / rtol)))
 
 
 @pytest.mark.parametrize("chunks", ["one", "many", "large-k"])
@@ -86,10 +87,11 @@ def test_grid_fractions_equal_numpy_matrix_rank_at_every_grid_tolerance(chunks, 
     routes taken for large k (``large-k``: factorisations above rtol instead of eigenvalues, stage 1b
     ceilings)."""
     if chunks == "large-k":
-        monkeypatch.setattr(probes.robust, "_EXACT_ABOVE_K", 0)
-        monkeypatch.setattr(probes._fast, "_CEIL_1B_K", 1)
+        monkeypatch.setattr(probes.fast.tuning, "TUNING",
+                            dataclasses.replace(probes.fast.tuning.TUNING, eigen_max_k=0, ceil_1b_k=1))
     if chunks == "many":
-        monkeypatch.setattr(probes._fast, "_CACHE_BYTES", 8 * 10 * 10 * 7)
+        monkeypatch.setattr(probes.fast.tuning, "TUNING",
+                            dataclasses.replace(probes.fast.tuning.TUNING, cache_bytes=8 * 10 * 10 * 7))
         threads = torch.get_num_threads()
         torch.set_num_threads(2)
     x = spread_pool(60, 10, seed=4)
@@ -102,19 +104,19 @@ def test_grid_fractions_equal_numpy_matrix_rank_at_every_grid_tolerance(chunks, 
     finally:
         if chunks == "many":
             torch.set_num_threads(threads)
-    assert set(res.rtol_grid) == set(probes.robust.DEFAULT_RTOL_GRID)
+    assert set(res.robustness.rtol_grid) == set(probes.robust.DEFAULT_RTOL_GRID)
     mats = x.numpy()[subsets.numpy()]
-    for m, fraction in res.rtol_grid.items():
+    for m, fraction in res.robustness.rtol_grid.items():
         ranks = np.linalg.matrix_rank(mats, rtol=m * rtol)  # NumPy: sigma > rtol * sigma_max
         assert fraction == np.mean(ranks == k), m
-    assert 1 > res.rtol_grid[0.1] > res.rtol_grid[1.0] > res.rtol_grid[5.0] > 0  # spread across the grid
+    assert 1 > res.robustness.rtol_grid[0.1] > res.robustness.rtol_grid[1.0] > res.robustness.rtol_grid[5.0] > 0  # spread across the grid
 
 
 def test_grid_is_optional_and_custom():
     x = spread_pool(30, 8, seed=5)
-    assert probes.kruskal_test(x, 8, subsets=50, rtol_grid=None).rtol_grid is None
+    assert probes.kruskal_test(x, 8, subsets=50, rtol_grid=None).robustness.rtol_grid is None
     res = probes.kruskal_test(x, 8, subsets=50, rtol_grid=[4, 0.25])
-    assert list(res.rtol_grid) == [0.25, 4.0]
+    assert list(res.robustness.rtol_grid) == [0.25, 4.0]
     with pytest.raises(ValueError, match="rtol_grid"):
         probes.kruskal_test(x, 8, subsets=50, rtol_grid=[0, 1])
     with pytest.raises(ValueError, match="robustness"):
@@ -131,7 +133,7 @@ def test_near_threshold_subsets_are_never_counted_full_rank_when_the_svd_says_de
     for i, block in enumerate(blocks):
         res = probes.kruskal_test(block, k, subsets=1, rtol=rtol, rtol_grid=(0.5, 1.0, 2.0))
         sv = np.linalg.svd(block.numpy(), compute_uv=False)
-        for m, fraction in res.rtol_grid.items():
+        for m, fraction in res.robustness.rtol_grid.items():
             assert fraction == float(sv[-1] > m * rtol * sv[0]), (factors[i], m)
     assert x.shape == (4 * len(factors), d)
 
@@ -143,17 +145,17 @@ def test_assumption2_critical_rtol_is_the_smallest_context_ratio():
     res = probes.assumption2(contexts)
     sv = np.linalg.svd(contexts.numpy(), compute_uv=False)
     truth = (sv[:, -1] / sv[:, 0]).min()
-    assert res.critical_rtol == pytest.approx(truth, rel=1e-6)
-    assert res.critical_rtol_low <= truth * (1 + 1e-9) and truth <= res.critical_rtol_high * (1 + 1e-9)
+    assert res.robustness.critical_rtol == pytest.approx(truth, rel=1e-6)
+    assert res.robustness.critical_rtol_low <= truth * (1 + 1e-9) and truth <= res.robustness.critical_rtol_high * (1 + 1e-9)
 
 
 def test_duplicates_and_impossible_verdicts_fail_at_every_tolerance():
     x = torch.randn(20, 6, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
     dup = torch.cat([x, x])  # every vector twice: pairs are dependent at any tolerance
     res = probes.kruskal_test(dup, 2, subsets=2000)  # exhaustive: C(40, 2) = 780 subsets
-    assert res.critical_rtol == 0.0 and math.isinf(res.verdict_margin)
+    assert res.robustness.critical_rtol == 0.0 and math.isinf(res.robustness.verdict_margin)
     wide = probes.assumption1(x, 7, subsets=10)  # k > d
-    assert wide.critical_rtol == 0.0 and set(wide.rtol_grid.values()) == {0.0}
+    assert wide.robustness.critical_rtol == 0.0 and set(wide.robustness.rtol_grid.values()) == {0.0}
 
 
 def test_robustness_leaves_the_verdict_unchanged_and_can_be_switched_off():
@@ -162,7 +164,7 @@ def test_robustness_leaves_the_verdict_unchanged_and_can_be_switched_off():
     off = probes.assumption1(x, 12, subsets=300, seed=1, robustness=False)
     for key in ("holds", "fraction", "witness", "rank_counts", "stages", "subsets"):
         assert getattr(on, key) == getattr(off, key), key
-    assert off.rtol_grid is None and math.isnan(off.critical_rtol)
+    assert off.robustness.rtol_grid is None and math.isnan(off.robustness.critical_rtol)
     assert on.min_margin >= off.min_margin - 1e-12  # the exact margin is never below the proven bound
 
 

@@ -24,7 +24,7 @@ from auditor.audit.stream import ContextReducer, StreamedContexts, _Aligned
 from auditor.audit.stream import assumption2 as streamed_assumption2
 from auditor.audit.stream import assumption3 as streamed_assumption3
 from auditor.audit.tokens import Tokens, TokenWriter
-from probes import _fast
+from probes import fast
 from probes.geometry import CHUNK_BYTES
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.filterwarnings("ignore")]
@@ -116,7 +116,7 @@ def test_memory_is_bounded_by_the_chunk_not_by_n(folders):
         # works on (Assumption 2: 256 MiB of float64 Gram matrices, e.g. 125 ViT-base contexts; the
         # residuals: 64 MiB of float64, 55 ViT-base contexts), whatever N
         num, n, d = contexts.shape
-        blocks = (_fast.chunk_size(n, d), max(1, CHUNK_BYTES // (8 * n * d)))
+        blocks = (fast.chunk_size(n, d), max(1, CHUNK_BYTES // (8 * n * d)))
         assert contexts.largest <= contexts.chunk + sum(min(b - 1, num - contexts.chunk) for b in blocks)
         assert item.queries.shape == (20, loaded.d)
         contexts.release()

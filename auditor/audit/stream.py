@@ -36,7 +36,7 @@ import torch
 import probes
 from auditor.audit.assumptions import ASSUMPTION_TESTS, RunOptions
 from auditor.audit.tokens import ContextFile, TokenWriter
-from probes import _fast, robust
+from probes import fast, robust
 from probes.assumptions import (
     AssumptionResult,
     _check_n,
@@ -156,7 +156,7 @@ class StreamedContexts:
             return x @ x.transpose(1, 2)  # (c, k, k)
 
         return robust.Matrices(count=num, k=k, width=d, gram=gram, rows=rows, lam_cap=None,
-                               step=max(1, min(1024, _fast.chunk_size(k, d))), device=device)
+                               step=max(1, min(1024, fast.chunk_size(k, d))), device=device)
 
 
 class ContextReducer:
@@ -192,7 +192,7 @@ class ContextReducer:
         if "assumption2" in tests:
             self.ranks = []
             k, width = (n, d) if n <= d else (d, n)  # context_ranks decides the smaller problem
-            self.aligned.append(_Aligned(_fast.chunk_size(k, width), self._ranks))
+            self.aligned.append(_Aligned(fast.chunk_size(k, width), self._ranks))
         if geometry:
             from probes.geometry import CHUNK_BYTES
 

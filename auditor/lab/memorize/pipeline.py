@@ -122,8 +122,9 @@ def assumption_columns(contexts: torch.Tensor, queries: torch.Tensor, n: int, su
     results = {1: probes.assumption1(queries, n, subsets=subsets, seed=seed) if n <= queries.shape[0] else None,
                2: probes.assumption2(contexts)}
     for a, result in results.items():
+        row = {} if result is None else result.to_dict()
         for verdict in VERDICTS:
-            out[f"{prefix}assumption{a}_{verdict}"] = getattr(result, verdict, None)
+            out[f"{prefix}assumption{a}_{verdict}"] = row.get(verdict)
     return out
 
 

@@ -1,0 +1,244 @@
+"""The linear algebra of the proofs: shifted Cholesky factorisations, the vector a failed
+factorisation exposes, Rayleigh bounds and proven ceilings on sigma_k / sigma_1, and brackets of
+lambda_max. Each function states what its outcome proves; the error bounds are in
+:mod:`probes.fast.errors`.
+
+Shapes: ``gram`` (t, k, k) float64 Gram matrices G = X_S X_S^T (as stored: both triangles may be read),
+``chol`` (t, k, k) their factors, ``info`` / ``pivot`` (t,), vectors (t, k, 1).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from probes.fast.errors import F64_EPS, cholesky_backward, dependence_slack
+
+
+def shifted_cholesky(gram: torch.Tensor, shift: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cholesky_ex(G - s I)`` for a batch ((t, k, k), shifts (t,)) without copying G: the diagonal is
+    shifted in place and restored bit for bit afterwards."""
+    diag = gram.diagonal(dim1=-2, dim2=-1)  # (t, k) view
+    saved = diag.clone()
+    diag.sub_(shift[:, None])
+    try:
+        return torch.linalg.cholesky_ex(gram)
+    finally:
+        diag.copy_(saved)
+
+
+def pivot_vectors(gram: torch.Tensor, chol: torch.Tensor, pivot: torch.Tensor,
+                   candidates: torch.Tensor) -> torch.Tensor:
+    """(t, k, 1): v = [-z; 1; 0] with z ~ G_11^-1 g_j at each candidate's failing pivot j, from the
+    factor of G_11 - s I (zero elsewhere)."""
+    t, k, _ = gram.shape
+    v = torch.zeros(t, k, 1, dtype=gram.dtype, device=gram.device)
+    for j in pivot[candidates].unique().tolist():
+        group = candidates & (pivot == j)
+        pos = slice(None) if bool(group.all()) else group.nonzero().flatten()  # views when all alike
+        v[pos, j] = 1.0
+        if j > 0:
+            l11 = chol[pos, :j, :j]  # only its lower triangle is read
+            y = torch.linalg.solve_triangular(l11, gram[pos, :j, j : j + 1], upper=False)
+            v[pos, :j] = -torch.linalg.solve_triangular(l11.transpose(1, 2), y, upper=True)
+    return v
+
+
+def refine(gram: torch.Tensor, chol: torch.Tensor, pivot: torch.Tensor, v: torch.Tensor,
+            rest: torch.Tensor | None) -> None:
+    """One step of iterative refinement of z = G_11^-1 g_j (in place, at positions ``rest``, None: all):
+    the error of z shrinks by about s / lambda_min(G_11) per step."""
+    piv = pivot if rest is None else pivot[rest]
+    groups = piv.unique().tolist()
+    for j in groups:
+        if j == 0:
+            continue
+        if rest is None:
+            pos = slice(None) if len(groups) == 1 else (pivot == j).nonzero().flatten()
+        else:
+            pos = rest[piv == j]
+        l11, z = chol[pos, :j, :j], -v[pos, :j]
+        resid = gram[pos, :j, j : j + 1] - gram[pos, :j, :j] @ z
+        y = torch.linalg.solve_triangular(l11, resid, upper=False)
+        v[pos, :j] = -(z + torch.linalg.solve_triangular(l11.transpose(1, 2), y, upper=True))
+
+
+def rayleigh_up(gram: torch.Tensor, v: torch.Tensor, trace: torch.Tensor, width: int, pos,
+                 size: int | None = None) -> torch.Tensor:
+    """Rigorous upper bound on v^T G v / v^T v at ``pos``, G as stored (both triangles read). ``size``:
+    v is zero beyond its first ``size`` entries (only that leading block of G is read)."""
+    k, u = gram.shape[-1], F64_EPS / 2
+    size = k if size is None else size
+    vp = v[pos, :size]
+    num = (vp * (gram[pos, :size, :size] @ vp)).sum((1, 2))
+    den = (vp * vp).sum((1, 2))
+    rounding = (2 * (k + 1) + 2 * width) * u * 1.01 * den * trace[pos]  # products, sums, G vs G^T
+    r_up = (num + rounding) / (den * (1 - 2 * k * u))
+    return torch.where(torch.isfinite(r_up), r_up, math.inf)
+
+
+def power_lower(gram: torch.Tensor, steps: int = 4, *, vector: bool = False):
+    """(t,) lower bounds on lambda_max(G as stored): the largest diagonal entry and the Rayleigh quotient
+    after ``steps`` power steps from the all-ones vector (unit v: <= lambda_max up to rounding, which
+    the factor 1 - 4 k eps covers). ``vector``: also return the unit vectors v and G v, each (t, k, 1)."""
+    k = gram.shape[-1]
+    v = torch.ones(gram.shape[0], k, 1, dtype=gram.dtype, device=gram.device)
+    for _ in range(max(1, steps)):  # (at least one step: v unit)
+        v = gram @ v
+        v = v / v.norm(dim=1, keepdim=True).clamp(min=torch.finfo(gram.dtype).tiny)
+    gv = gram @ v
+    rayleigh = (v.transpose(1, 2) @ gv)[:, 0, 0]
+    lo = torch.maximum(gram.diagonal(dim1=-2, dim2=-1).amax(-1), rayleigh) * (1 - 4 * k * F64_EPS)
+    return (lo, v, gv) if vector else lo
+
+
+def pivot_ceilings(gram: torch.Tensor, chol: torch.Tensor, pivot: torch.Tensor, v: torch.Tensor,
+                   r_up: torch.Tensor, pos: torch.Tensor, trace: torch.Tensor, width: int,
+                   lam_lo: torch.Tensor | None = None) -> torch.Tensor:
+    """Proven ceilings on sigma_k / sigma_1 of the rows at ``pos``: sqrt(R / lam_lo) with R the smaller
+    Rayleigh bound of the pivot vector v before and after one more refinement step (R >= lambda_min),
+    lam_lo <= lambda_max (:func:`power_lower`, two steps, unless given), and the error of forming G
+    (|G - X X^T|_2 <= gamma_d trace) on both sides. ``r_up``: the bound of v as it is, at ``pos``."""
+    k = gram.shape[-1]
+    gram, chol, pivot, v, trace = gram[pos], chol[pos], pivot[pos], v[pos], trace[pos]  # one copy each
+    refine(gram, chol, pivot, v, None)
+    best = torch.minimum(r_up, rayleigh_up(gram, v, trace, width, slice(None)))
+    if lam_lo is None:
+        lam_lo = power_lower(gram, steps=2)
+    err = 2.02 * width * F64_EPS * trace
+    top = (best + err).clamp(min=0)
+    bottom = lam_lo * (1 - 4 * k * F64_EPS) - err
+    out = torch.sqrt(top / bottom.clamp(min=torch.finfo(torch.float64).tiny)) * (1 + 1e-12)
+    return torch.where((bottom > 0) & torch.isfinite(out), out.clamp(max=1.0), 1.0)
+
+
+def quick_dependent(gram: torch.Tensor, chol: torch.Tensor, info: torch.Tensor, lam_hi: torch.Tensor,
+                     rtol: float, width: int, candidates: torch.Tensor, ceilings: bool = False,
+                    full: tuple[torch.Tensor, torch.Tensor, int] | None = None,
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(t,) bool: matrices whose stage 1b factorisation is certain to fail, shown from a failed stage 1
+    factorisation of the same G (shift s, failure at pivot j), without running stage 1b; and (t,) a
+    proven ceiling on sigma_k / sigma_1 of those matrices (1 elsewhere; only with ``ceilings``).
+
+    The factored leading block gives the vector v = [-G_11^-1 g_j; 1; 0] (for a subset whose first j
+    rows are dependent, their null vector), computed with the factor of G_11 - s I and two steps of
+    refinement. Its Rayleigh
+    quotient R = v^T G v / v^T v >= lambda_min(G), evaluated in float64 with a bound on the rounding
+    (and on the asymmetry of G's two triangles), is compared with a lower bound s_lo of the stage 1b
+    shift (the same formula, with lam_lo replaced by the largest of the diagonal and the Rayleigh
+    quotient of the all-ones vector, both below the power-iteration value). Had the stage 1b
+    factorisation of G - s_1b I succeeded, Higham's backward error bound (Thm 10.3) would give
+    lambda_min(G) >= s_1b - 4 ((k + 2) u trace(G) + u (max g_ii + lam_hi)); so R below s_lo minus that
+    much means it fails: the matrix is dependent (R < tol^2) and is exactly one stage 1b would prove.
+    The ceiling: :func:`pivot_ceilings`.
+
+    ``full``: (trace, largest diagonal entry, k) of the whole matrices when ``gram`` (and ``chol``,
+    ``info``) hold only their leading m x m blocks (:meth:`Pool.dependent_lead`); ``lam_hi`` must
+    then be at least the bound stage 1b computes from the whole matrix. The bounds use the whole
+    matrix's values; the tested vector is zero beyond row m, and the ceilings use the largest diagonal
+    entry for lambda_max (no power steps on the whole matrix).
+    """
+    t, m, _ = gram.shape
+    u = F64_EPS / 2
+    pivot = info.to(torch.int64) - 1  # the failing pivot, 0-based = columns factored before it
+    candidates = candidates & (info > 0) & (pivot < m)
+    ceiling = torch.ones(t, dtype=gram.dtype, device=gram.device)
+    if not bool(candidates.any()):
+        return candidates, ceiling
+    if full is None:
+        diag = gram.diagonal(dim1=-2, dim2=-1)
+        trace, dmax, k = diag.sum(-1), diag.amax(-1), m
+    else:
+        trace, dmax, k = full
+    gamma = dependence_slack(dmax, lam_hi, width, k, trace)  # as stage 1b
+    backward = cholesky_backward(k, trace, dmax, lam_hi)
+
+    def threshold(lam_lo: torch.Tensor) -> torch.Tensor:  # (lower bound of the 1b shift) - backward
+        s_lo = (rtol**2 * lam_lo * (1 - 4 * k * F64_EPS) - gamma) * (1 - 1e-12)
+        return torch.where(s_lo > 0, s_lo - backward, -math.inf)
+
+    bound = threshold(dmax)  # lam_lo >= the largest diagonal entry
+    v = pivot_vectors(gram, chol, pivot, candidates)
+    size = int(pivot[candidates].max()) + 1  # v is zero beyond
+    r_up = rayleigh_up(gram, v, trace, width, slice(None), size)
+    for _ in range(2):  # refinement where needed
+        rest = (candidates & (pivot > 0) & ~(r_up < bound)).nonzero().flatten()
+        if not rest.numel():
+            break
+        refine(gram, chol, pivot, v, rest)
+        r_up[rest] = rayleigh_up(gram, v, trace, width, rest, size)
+    ok = candidates & (r_up < bound)
+    if full is None and bool((candidates & ~ok).any()):  # lam_lo >= the Rayleigh quotient of 1 too
+        ones = (gram.sum((-2, -1)) - 1.01 * k**3 * u * trace) / k * (1 - 1e-10)  # (rounded down)
+        ok = candidates & (r_up < threshold(torch.maximum(dmax, ones)))
+    if ceilings and bool(ok.any()):  # (from a leading block: lambda_max >= the largest diagonal entry)
+        pos = ok.nonzero().flatten()
+        ceiling[pos] = pivot_ceilings(gram, chol, pivot, v, r_up[pos], pos, trace, width,
+                                 None if full is None else dmax[pos])
+    return ok, ceiling
+
+
+def tight_lambda_max(gram: torch.Tensor, steps: int = 12, gap: float = 1e-3,
+                      residual: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lo, hi) with lo <= lambda_max(G as stored) <= hi, hi = inf where not proven.
+
+    lo: :func:`power_lower` after ``steps`` power steps (theta). hi: mu = theta (1 + gap), or with
+    ``residual`` mu = max(theta (1 + gap), theta + 2 |G v - theta v|) for the unit power vector v (where
+    the power steps have not converged, theta (1 + gap) is often below lambda_max and proves nothing;
+    the residual says by about how much), proven when
+    the Cholesky factorisation of mu I - G succeeds: then L L^T = mu I - G + E with |E|_2 <=
+    gamma_{k+1} / (1 - gamma_{k+1}) trace(mu I - G) <= 1.01 (k + 1) u k mu (Higham, Thm 10.3), plus
+    u mu for rounding the diagonal, so lambda_max(G) <= mu (1 + 1.01 (k + 1) u k + 2 u)."""
+    t, k, _ = gram.shape
+    u = F64_EPS / 2
+    if residual:
+        lo, v, gv = power_lower(gram, steps, vector=True)
+    else:
+        lo = power_lower(gram, steps)
+    theta = lo / (1 - 4 * k * F64_EPS)
+    mu = theta * (1 + gap)
+    if residual:
+        rho = torch.linalg.vector_norm(gv - theta[:, None, None] * v, dim=(1, 2))
+        mu = torch.maximum(mu, theta + 2 * rho)
+    a = gram.neg()
+    a.diagonal(dim1=-2, dim2=-1).add_(mu[:, None])
+    _, info = torch.linalg.cholesky_ex(a)
+    hi = mu * (1 + 1.01 * (k + 1) * u * k + 2 * u) * (1 + 1e-12)
+    return lo, torch.where((info == 0) & (mu > 0) & torch.isfinite(mu), hi, math.inf)
+
+
+def prove_dependent(gram: torch.Tensor, lam_hi: torch.Tensor, rtol: float, width: int, *,
+                     ceilings: bool = False,
+                     lam_lo: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(t,) bool: True where lambda_min(G) < (rtol sigma_max)^2 is proven by a failing Cholesky; and,
+    with ``ceilings``, (t,) proven ceilings on sigma_k / sigma_1 of those matrices (1 elsewhere) from
+    the vector the failed factorisation exposes (:func:`pivot_ceilings`), else None.
+
+    lam_lo: the largest of the diagonal and a Rayleigh quotient after a few power steps (both
+    <= lambda_max, so tol_lo <= tol), unless given (stage 1c gives a tighter one). Cholesky of
+    A = G - s I fails in floating point only when lambda_min(A) <= k (k + 1) u max_i a_ii (Demmel); the
+    shift s leaves that much room, plus the error of forming G, below tol_lo^2
+    (:func:`probes.fast.errors.dependence_slack`).
+    """
+    t, k, _ = gram.shape
+    diag = gram.diagonal(dim1=-2, dim2=-1)  # (t, k)
+    if lam_lo is None:
+        lam_lo = power_lower(gram)
+    gamma = dependence_slack(diag.amax(-1), lam_hi, width, k, diag.sum(-1))
+    shift = rtol**2 * lam_lo - gamma  # (t,)
+    chol, info = shifted_cholesky(gram, shift.clamp(min=0))
+    dep = (info != 0) & (shift > 0)
+    if not ceilings:
+        return dep, None
+    ceiling = torch.ones(t, dtype=gram.dtype, device=gram.device)
+    pivot = info.to(torch.int64) - 1
+    cand = dep & (info > 0) & (pivot < k)
+    if bool(cand.any()):
+        trace = diag.sum(-1)
+        pos = cand.nonzero().flatten()
+        vec = pivot_vectors(gram, chol, pivot, cand)
+        r_up = rayleigh_up(gram, vec, trace, width, pos)
+        ceiling[pos] = pivot_ceilings(gram, chol, pivot, vec, r_up, pos, trace, width, lam_lo[pos])
+    return dep, ceiling
+

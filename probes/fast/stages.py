@@ -1,0 +1,371 @@
+"""The stages of :func:`decide`: ranks and margins of a batch of Gram matrices, each stage deciding
+only what it can prove (see :mod:`probes.fast` for the list). The stages share one explicit state
+(:class:`_State`): the outcome so far (:class:`Decisions`), the bounds on lambda_max, and the matrices
+held back for exact ranks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from probes.fast import tuning as tuning_module
+from probes.fast.errors import F64_EPS, floor_target, gram_error, lam_hi_bound
+from probes.fast.kernels import prove_dependent, quick_dependent, shifted_cholesky, tight_lambda_max
+from probes.fast.tuning import Tuning
+from probes.rank import margins_from_singular_values
+
+STAGE_KEYS = ("cholesky", "cholesky_dependent", "eigvalsh", "svd", "cholesky32")
+Rows = Callable[[torch.Tensor], torch.Tensor]  # positions (c',) -> their (c', k, d) float64 rows
+
+
+@dataclass
+class Decisions:
+    """Per-matrix outcome: rank (S,), margin (S,) in decades (a lower bound where certified), and how
+    many matrices each stage decided (``cholesky32``: stage 0, float32). A matrix proven rank-deficient
+    without an exact rank (stage 1b) has rank -1 and margin NaN. ``bound`` (S,) bool: True where the
+    margin is a certified lower bound (stages 0 and 1), False where it is exact (stages 2 and 3) or NaN."""
+
+    rank: torch.Tensor
+    margin: torch.Tensor
+    stages: dict[str, int]
+    shortcut: int = 0  # of the ``cholesky_dependent`` ones, how many the stage 1b shortcut settled
+    bound: torch.Tensor | None = None
+    ceiling: torch.Tensor | None = None  # (S,) proven ceiling >= sigma_k / sigma_1 (inf: none known);
+    # from the stage 1b shortcut and from the exact spectra (stages 2 and 3), only where asked for
+    fail_at: torch.Tensor | None = None  # (S,) int64: for matrices the shortcut settled, the 1-based pivot
+    # at which the factorisation it used failed (0 elsewhere); plans stage 0b of later chunks
+
+    @classmethod
+    def empty(cls, c: int, k: int, device: torch.device, *, ceilings: bool) -> Decisions:
+        """Every matrix full rank with margin inf (to be overwritten by the stages)."""
+        return cls(torch.full((c,), k, dtype=torch.int64, device=device),
+                   torch.full((c,), math.inf, dtype=torch.float64, device=device), new_stages(),
+                   bound=torch.zeros(c, dtype=torch.bool, device=device),
+                   ceiling=(torch.full((c,), math.inf, dtype=torch.float64, device=device) if ceilings
+                            else None),
+                   fail_at=torch.zeros(c, dtype=torch.int64, device=device))
+
+
+def new_stages() -> dict[str, int]:
+    return dict.fromkeys(STAGE_KEYS, 0)
+
+
+def usable_floor(floor: float | None) -> bool:
+    return floor is not None and math.isfinite(floor) and floor >= 0
+
+
+# ----------------------------------------------------------------------------- certificates (pure)
+
+
+def floor_certificate(gram: torch.Tensor, lam_hi: torch.Tensor, rtol: float, width: int, floor: float):
+    """Stage 1 at the margin floor: the Cholesky factorisation of G - (T + 2 delta) I with
+    T = tol_hi^2 10^(2 floor) succeeds  =>  lambda_min(G) > T: full rank, margin >= floor. Returns
+    (ok (t,) bool, factors (t, k, k), info (t,))."""
+    target = floor_target(rtol**2 * lam_hi, floor)
+    chol, info = shifted_cholesky(gram, target + 2 * gram_error(gram, lam_hi, width))
+    ok = (info == 0) & (target > 0) & (target < lam_hi)
+    return ok, chol, info
+
+
+def margin_certificate(gram: torch.Tensor, lam_hi: torch.Tensor, rtol: float, width: int):
+    """Stage 1: the Cholesky factorisation of G - s I succeeds  =>  lambda_min(G) > s >= tol^2 (full
+    rank). Returns (ok, factors, info, margins (ok.sum(),) proven lower bounds of the certified ones).
+
+    Margin: lambda_min(G - sI) >= 1 / trace((G - sI)^-1) = 1 / |L^-1|_F^2, so sigma_k^2 >= s +
+    1 / |L^-1|_F^2 and tol^2 <= tol_hi^2."""
+    k = gram.shape[-1]
+    delta = gram_error(gram, lam_hi, width)
+    tol_hi2 = rtol**2 * lam_hi  # (t,) >= tol^2
+    shift = tol_hi2 + 2 * delta
+    chol, info = shifted_cholesky(gram, shift)  # (t, k, k), (t,)
+    ok = (info == 0) & (lam_hi > 0)
+    margins = torch.empty(0, dtype=gram.dtype, device=gram.device)
+    if bool(ok.any()):
+        lc = chol if bool(ok.all()) else chol[ok]  # no copy in the common case
+        eye = torch.eye(k, dtype=gram.dtype, device=gram.device)
+        inv = torch.linalg.solve_triangular(lc, eye.expand_as(lc), upper=False)  # (c', k, k) = L^-1
+        lam_lo = shift[ok] - 2 * delta[ok] + 1.0 / torch.linalg.vector_norm(inv, dim=(-2, -1)) ** 2
+        margins = 0.5 * torch.log10(lam_lo / tol_hi2[ok].clamp(min=torch.finfo(gram.dtype).tiny))
+    return ok, chol, info, margins
+
+
+def exact_stage(gram: torch.Tensor, todo: torch.Tensor, rows: Rows, lam_hi: torch.Tensor, rtol: float,
+                width: int, out: Decisions) -> None:
+    """Stage 2 (eigenvalues of G) and stage 3 (float64 SVD of X_S where stage 2 is ambiguous), written
+    into ``out`` at ``todo``.
+
+    ``out.ceiling``, if not None, receives a proven upper bound on sigma_k / sigma_1 from the same
+    spectra: sqrt((lambda_k + 2 delta) / (lambda_1 - 2 delta)) with delta the error bound of the Gram
+    route (stage 2), (s_k + e) / (s_1 - e) with e = (k + d) eps s_1 for the SVD (stage 3)."""
+    k, tiny = gram.shape[-1], torch.finfo(gram.dtype).tiny
+    lam = torch.linalg.eigvalsh(gram).flip(-1).clamp(min=0)  # (t, k) descending
+    lam_max = lam[:, 0]
+    tol2 = rtol**2 * lam_max
+    err = gram_error(gram, lam_hi, width)
+    ambiguous = ((lam - tol2[:, None]).abs() <= 2 * err[:, None]).any(-1) & (lam_max > 0)
+    sv = lam.sqrt()
+    r2, m2 = margins_from_singular_values(sv, rtol * sv[:, 0])
+    ok = ~ambiguous
+    out.rank[todo[ok]] = r2[ok]
+    out.margin[todo[ok]] = m2[ok]
+    out.stages["eigvalsh"] += int(ok.sum())
+    if out.ceiling is not None:
+        bottom = lam_max - 2 * err
+        up = torch.sqrt((lam[:, -1] + 2 * err) / bottom.clamp(min=tiny)) * (1 + 1e-12)
+        out.ceiling[todo] = torch.where((bottom > 0) & torch.isfinite(up), up.clamp(max=1.0), 1.0)
+    hard = todo[ambiguous]
+    if hard.numel():
+        sv3 = torch.linalg.svdvals(rows(hard))  # (h, k)
+        out.rank[hard], out.margin[hard] = margins_from_singular_values(sv3, rtol * sv3[:, 0])
+        out.stages["svd"] += int(hard.numel())
+        if out.ceiling is not None:
+            e = (k + width) * F64_EPS * sv3[:, 0]
+            bottom = sv3[:, 0] - e
+            up = (sv3[:, k - 1] + e) / bottom.clamp(min=tiny) * (1 + 1e-12)
+            out.ceiling[hard] = torch.where((bottom > 0) & torch.isfinite(up), up.clamp(max=1.0), 1.0)
+
+
+# ----------------------------------------------------------------------------- the state and its stages
+
+
+@dataclass
+class _State:
+    """What the stages of one :func:`decide` call share. ``lam_hi`` (c,) is rewritten where a tighter
+    bound is proven; ``quick_bound``: it still holds the quick kernel's row sums (see
+    :func:`probes.fast.errors.lam_hi_bound`), replaced by the exact-kernel bound where a certificate
+    fails."""
+
+    gram: torch.Tensor  # (c, k, k)
+    rtol: float
+    width: int
+    lam_cap: float | None
+    lam_hi: torch.Tensor  # (c,)
+    lam_lo: torch.Tensor | None  # (c,) given lower bounds on lambda_max, or None
+    out: Decisions
+    prove: bool  # dependence proofs (stage 1b) instead of exact ranks for dependent matrices
+    ceilings: bool
+    quick_bound: bool
+    early: torch.Tensor | None  # (c,) bool: matrices that get exact ranks without a proof first
+    tuning: Tuning
+    held: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))
+    proven: list[torch.Tensor] = field(default_factory=list)  # positions proven dependent
+
+    def part(self, a: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """a[pos], without a copy while nothing is decided."""
+        return a if pos.numel() == a.shape[0] else a[pos]
+
+
+def _mark_dependent(st: _State, pos: torch.Tensor, ceil: torch.Tensor | None) -> None:
+    out = st.out
+    out.stages["cholesky_dependent"] += int(pos.numel())
+    out.rank[pos] = -1
+    out.margin[pos] = math.nan
+    if out.ceiling is not None and ceil is not None:
+        out.ceiling[pos] = ceil
+    st.proven.append(pos)
+
+
+def _hold(st: _State, todo: torch.Tensor) -> torch.Tensor:
+    """Set aside the matrices of ``early`` among ``todo`` for the exact stages; the others go on."""
+    if st.early is None or not todo.numel():
+        return todo
+    mine = st.early[todo]
+    if not bool(mine.any()):
+        return todo
+    st.held = torch.cat([st.held, todo[mine]])
+    return todo[~mine]
+
+
+def _prove(st: _State, todo: torch.Tensor) -> torch.Tensor:
+    """Stage 1b: rank deficiency proven by a failing Cholesky factorisation. (A ceiling costs a few
+    matrix-vector products: only where k is large enough for that to be small beside it.)"""
+    want = st.out.ceiling is not None and st.gram.shape[-1] >= st.tuning.ceil_1b_k
+    dep, ceil = prove_dependent(st.part(st.gram, todo), st.part(st.lam_hi, todo), st.rtol, st.width,
+                                ceilings=want, lam_lo=None if st.lam_lo is None else st.part(st.lam_lo, todo))
+    _mark_dependent(st, todo[dep], ceil[dep] if want else None)
+    return todo[~dep]
+
+
+def _at_floor(st: _State, g, todo, lam_hi, floor: float):
+    """Stage 1 at a margin floor (or the reach), written into the outcome."""
+    ok, chol, info = floor_certificate(g, lam_hi, st.rtol, st.width, floor)
+    st.out.rank[todo[ok]] = g.shape[-1]
+    st.out.margin[todo[ok]] = floor
+    st.out.stages["cholesky"] += int(ok.sum())
+    return ok, chol, info
+
+
+def _with_margin(st: _State, g, todo, lam_hi):
+    """Stage 1 with a margin bound of its own for every certified matrix, written into the outcome."""
+    ok, chol, info, margins = margin_certificate(g, lam_hi, st.rtol, st.width)
+    if margins.numel():
+        st.out.margin[todo[ok]] = margins
+    st.out.stages["cholesky"] += int(ok.sum())
+    return ok, chol, info
+
+
+def _certify(st: _State, stage, todo: torch.Tensor, *args, quick: bool = True) -> torch.Tensor:
+    """A stage 1 variant on ``todo``; where its factorisation failed, the stage 1b shortcut may settle
+    the matrix. Returns what is left."""
+    g = st.part(st.gram, todo)
+    ok, chol, info = stage(st, g, todo, st.part(st.lam_hi, todo), *args)
+    st.out.bound[todo[ok]] = True
+    if st.quick_bound and not bool(ok.all()):  # from here on, the exact bound of the other stages
+        st.quick_bound = False
+        rest = slice(None) if not bool(ok.any()) else ~ok
+        st.lam_hi[todo[rest]] = lam_hi_bound(g[rest], st.lam_cap)
+    if st.prove and quick and not bool(ok.all()):
+        candidates = ~ok if st.early is None else ~ok & ~st.early[todo]  # (early ones: exact ranks instead)
+        settled, ceil = quick_dependent(g, chol, info, st.part(st.lam_hi, todo), st.rtol, st.width,
+                                        candidates, st.ceilings)
+        _mark_dependent(st, todo[settled], ceil[settled])
+        st.out.fail_at[todo[settled]] = info[settled].to(torch.int64)
+        st.out.shortcut += int(settled.sum())
+        ok = ok | settled
+    return todo[~ok]
+
+
+def _tighten(st: _State, todo: torch.Tensor) -> torch.Tensor:
+    """Stage 1c: what neither the certificate nor the proof decided lies in the band that the gap
+    between lam_lo and lam_hi leaves; bracket lambda_max to about 0.1% and try both again."""
+    lo, hi = tight_lambda_max(st.part(st.gram, todo))
+    ok = hi < st.part(st.lam_hi, todo)
+    if not bool(ok.any()):
+        return todo
+    st.lam_hi[todo[ok]] = hi[ok]
+    cand, lo = todo[ok], lo[ok]
+    rest = _certify(st, _with_margin, cand)
+    if st.prove and rest.numel():
+        dep, _ = prove_dependent(st.gram[rest], st.lam_hi[rest], st.rtol, st.width,
+                                 lam_lo=lo[torch.isin(cand, rest)])
+        _mark_dependent(st, rest[dep], None)
+        rest = rest[~dep]
+    return torch.cat([todo[~ok], rest]).sort().values
+
+
+def _certify_and_prove(st: _State, todo: torch.Tensor, floor: float | None, reach: float | None,
+                       dependent_first: bool) -> torch.Tensor:
+    """Stages 1 and 1b in the planned order; returns what neither decided."""
+    if st.prove and dependent_first:
+        todo = _prove(st, _hold(st, todo))
+    if usable_floor(floor) and todo.numel():
+        # certify at the floor first; what fails there is mostly dependent, so stage 1b comes next
+        if reach is not None and reach > floor:  # (what fails here is tried again at the floor)
+            todo = _certify(st, _at_floor, todo, reach, quick=False)
+        if todo.numel():
+            todo = _hold(st, _certify(st, _at_floor, todo, floor))
+        if st.prove and not dependent_first and todo.numel():
+            todo = _prove(st, todo)
+        if st.prove and todo.numel() and floor > 0:  # (without proofs, stage 2 settles the rest exactly
+            todo = _certify(st, _with_margin, todo)  # anyway; at floor 0 it would repeat the floor stage)
+        return todo
+    if todo.numel():
+        todo = _hold(st, _certify(st, _with_margin, todo))
+    if st.prove and not dependent_first and todo.numel():
+        todo = _prove(st, todo)
+    return todo
+
+
+def decide(
+    gram: torch.Tensor,
+    rows: Rows,
+    rtol: float,
+    width: int,
+    *,
+    lam_cap: float | None = None,
+    exact_dependent: int | None = None,
+    dependent_first: bool = False,
+    floor: float | None = None,
+    reach: float | None = None,
+    ceilings: bool = False,
+    exact_first: torch.Tensor | None = None,
+    lam_bounds: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> Decisions:
+    """Ranks and margins of c matrices given their Gram matrices (stages 1 to 3).
+
+    Args:
+        gram: (c, k, k) float64 Gram matrices X_S X_S^T (the diagonal is used as scratch and restored).
+        rows: callable taking a LongTensor of positions in 0..c-1 and returning the matching (c', k, d)
+            float64 matrices X_S (only called for the few that need the exact SVD).
+        rtol: relative tolerance (singular values above ``rtol * sigma_max`` count).
+        width: d, the row width (enters the float64 error bound of the Gram route).
+        lam_cap: a known upper bound on every lambda_max, e.g. sigma_1^2 of the pool the rows come
+            from (interlacing); tightens stage 1.
+        exact_dependent: None to compute the exact rank of every matrix; an integer to prove rank
+            deficiency by stage 1b and compute exact ranks for the first this many dependent matrices
+            (in order; besides those the exact stages decide anyway).
+        dependent_first: run stage 1b before stage 1 (pays off when most matrices are dependent).
+        floor: a margin (decades) to certify at: matrices whose factorisation succeeds with the shift
+            raised to it are credited with this margin, without a margin bound of their own (see
+            :mod:`probes.fast`). None: a margin bound for every certified matrix.
+        reach: with a floor, certify at this larger margin first (matrices that pass are credited with
+            it; the others go on at the floor). Ranks do not depend on it; it spares later proofs that a
+            matrix stays full rank at a larger tolerance (:mod:`probes.robust`).
+        ceilings: also give the matrices that the stage 1b shortcut proves dependent a proven ceiling
+            on sigma_k / sigma_1 (``Decisions.ceiling``, inf elsewhere): a refinement step and two power
+            steps on the vector the shortcut already has; matrices decided from exact spectra (stages 2
+            and 3) get one from those spectra, and from ``Tuning.ceil_1b_k`` on, stage 1b proper too.
+        exact_first: (c,) bool, or None: matrices that get an exact rank if they are dependent (the
+            first of the rank histogram): the certificates are tried as usual, but where they fail the
+            matrix goes straight to the exact stages, without a dependence proof first.
+        lam_bounds: (lo, hi), each (c,): proven bounds lo <= lambda_max <= hi of each matrix (hi inf
+            where unknown), e.g. from :func:`probes.fast.tight_lambda_max`; they replace the usual
+            bounds where tighter, and stage 1c is skipped.
+    """
+    c, k, _ = gram.shape
+    out = Decisions.empty(c, k, gram.device, ceilings=ceilings)
+    if c == 0:
+        return out
+    prove = exact_dependent is not None and k > 1
+    quick = usable_floor(floor) and not (prove and dependent_first) and lam_bounds is None
+    lam_lo = None
+    if lam_bounds is not None:
+        lam_lo, known = lam_bounds
+        lam_hi = torch.minimum(lam_hi_bound(gram, lam_cap), known)
+    else:
+        lam_hi = lam_hi_bound(gram, lam_cap, quick=quick)  # exact bound recomputed after the floor stage
+    early = exact_first if prove and exact_first is not None and bool(exact_first.any()) else None
+    st = _State(gram, rtol, width, lam_cap, lam_hi, lam_lo, out, prove, ceilings, quick, early,
+                tuning_module.TUNING, held=torch.zeros(0, dtype=torch.int64, device=gram.device))
+    todo = _certify_and_prove(st, torch.arange(c, device=gram.device), floor, reach, dependent_first)
+    if todo.numel() and k > 1 and lam_bounds is None:
+        todo = _tighten(st, todo)
+    if st.held.numel():
+        todo = torch.cat([todo, st.held]).sort().values
+    if todo.numel():
+        exact_stage(st.part(gram, todo), todo, rows, st.part(lam_hi, todo), rtol, width, out)
+    if prove and exact_dependent and st.proven:
+        # exact ranks for the histogram, for the first ``exact_dependent`` dependent matrices in order
+        # (those of ``exact_first`` have them already): eigenvalues (SVD inside the error band)
+        order = (out.rank != k).nonzero().flatten()[:exact_dependent]
+        exact = order[out.rank[order] == -1]
+        exact_stage(gram[exact], exact, rows, lam_hi[exact], rtol, width, out)
+    return out
+
+
+# ----------------------------------------------------------------------------- batches of matrices
+
+
+def chunk_size(k: int, d: int, budget_bytes: int | None = None) -> int:
+    """How many k x k (plus k x d for the fallback) float64 matrices fit in the memory budget
+    (``Tuning.context_bytes`` unless given)."""
+    budget = tuning_module.TUNING.context_bytes if budget_bytes is None else budget_bytes
+    return max(1, budget // (8 * (3 * k * k + k * d)))
+
+
+def matrix_decisions(mats: torch.Tensor, rtol: float) -> Decisions:
+    """Decide a batch of (k, d) matrices, k <= d (e.g. contexts for Assumption 2): (B, k, d)."""
+    b, k, d = mats.shape
+    step = chunk_size(k, d)
+    parts = []
+    for start in range(0, b, step):
+        x = mats[start : start + step].to(torch.float64)  # (c, k, d)
+        gram = x @ x.transpose(1, 2)  # (c, k, k)
+        parts.append(decide(gram, lambda pos, x=x: x[pos], rtol, d))
+    stages = {key: sum(p.stages[key] for p in parts) for key in parts[0].stages}
+    return Decisions(torch.cat([p.rank for p in parts]), torch.cat([p.margin for p in parts]), stages,
+                     bound=torch.cat([p.bound for p in parts]))

@@ -1,0 +1,261 @@
+"""k-subsets of a pool: chunks of subsets, each planned from the chunks before it (:mod:`.planner`),
+gathered and decided by stages 0 and 0b (:mod:`.pool`) and then stages 1 to 3 (:func:`.stages.decide`),
+on worker threads (:mod:`.threads`). Results do not depend on the chunking or the number of threads.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from probes.fast import tuning as tuning_module
+from probes.fast.errors import lam_hi_bound
+from probes.fast.planner import Chunk, Plan, Planner
+from probes.fast.pool import Pool
+from probes.fast.stages import STAGE_KEYS, Decisions, decide, exact_stage
+from probes.fast.threads import map_chunks, run_chunks
+from probes.fast.tuning import Tuning
+
+
+def subset_step(k: int, tuning: Tuning | None = None) -> int:
+    """Subsets per chunk: ``cache_bytes`` of float64 k x k blocks, at most ``max_chunk``."""
+    t = tuning_module.TUNING if tuning is None else tuning
+    return max(1, min(t.max_chunk, t.cache_bytes // (8 * k * k)))
+
+
+@dataclass
+class _Job:
+    """What every chunk of one :func:`subset_decisions` call shares."""
+
+    pool: Pool
+    subsets: torch.Tensor  # (S, k)
+    rtol: float
+    prove: bool  # dependence proofs (exact ranks only for the first ``first`` dependent subsets)
+    ceilings: bool
+    first: int  # subsets 0 .. first - 1 get exact ranks where dependent, without a proof first
+    tuning: Tuning
+
+
+def _settle(out: Decisions, decided: torch.Tensor, pos: torch.Tensor, dep: torch.Tensor, at: torch.Tensor,
+            ceil: torch.Tensor) -> None:
+    """Record the subsets at ``pos[dep]`` as proven dependent by stage 0b (the shortcut's outcome)."""
+    pos = pos[dep]
+    out.rank[pos] = -1
+    out.margin[pos] = math.nan
+    out.fail_at[pos] = at[dep]
+    if out.ceiling is not None:
+        out.ceiling[pos] = ceil[dep]
+    decided[pos] = True
+    out.stages["cholesky_dependent"] += int(pos.numel())
+    out.shortcut += int(pos.numel())
+
+
+def _stage0(job: _Job, idx: torch.Tensor, plan: Plan, first: int, out: Decisions,
+            decided: torch.Tensor) -> float:
+    """Stages 0 and 0b of a chunk, into ``out``; returns the share stage 0 certified."""
+    c, k = idx.shape
+    lead = job.prove and job.pool.numpy
+    if plan.use32:
+        at = plan.reach if plan.reach is not None else plan.floor
+        if lead:
+            ok, info32, gersh_up = job.pool.certify32(idx, at, detail=True)
+        else:
+            ok = job.pool.certify32(idx, at)
+        out.margin[ok] = at
+        out.bound[ok] = True
+        decided |= ok
+        out.stages["cholesky32"] = int(ok.sum())
+        if lead:  # rows up to the float32 factorisation's failing pivot, and a few more
+            need = info32.to(torch.int64) + job.tuning.lead_pad
+            cand = ~ok & (info32 > 0) & (need <= job.tuning.lead_share * k)
+            cand[:first] = False  # (those get exact ranks)
+            if bool(cand.any()):
+                pos = cand.nonzero().flatten()
+                _settle(out, decided, pos,
+                        *job.pool.dependent_lead(idx[pos], int(need[pos].max()), gersh_up[pos], job.ceilings))
+        return out.stages["cholesky32"] / c
+    if lead and plan.lead is not None and first < c:
+        pos = torch.arange(first, c, device=idx.device)
+        _settle(out, decided, pos, *job.pool.dependent_lead(idx[pos], plan.lead, None, job.ceilings))
+    return 0.0
+
+
+def _stages_1_to_3(job: _Job, idx: torch.Tensor, plan: Plan, first: int, out: Decisions,
+                   decided: torch.Tensor) -> Decisions:
+    """Stages 1 to 3 on the subsets stages 0 and 0b left, merged into ``out`` (returned: a new object
+    where nothing was decided before)."""
+    c = idx.shape[0]
+    todo = (~decided).nonzero().flatten() if bool(decided.any()) else None
+    if todo is not None and not todo.numel():
+        return out
+    sub = idx if todo is None else idx[todo]
+    early = None
+    if job.prove and first > 0:
+        early = torch.arange(c, device=idx.device) < first
+        early = early if todo is None else early[todo]
+    dec = decide(job.pool.gram64(sub), lambda pos, sub=sub: job.pool.x[sub[pos]], job.rtol, job.pool.d,
+                 lam_cap=job.pool.lam_cap, exact_dependent=0 if job.prove else None,
+                 dependent_first=plan.dependent_first, floor=plan.floor, reach=plan.reach,
+                 ceilings=job.ceilings, exact_first=early)
+    if todo is None:
+        dec.stages = {key: out.stages[key] + value for key, value in dec.stages.items()}
+        dec.shortcut += out.shortcut
+        return dec
+    out.rank[todo], out.margin[todo], out.bound[todo] = dec.rank, dec.margin, dec.bound
+    out.fail_at[todo] = dec.fail_at
+    if out.ceiling is not None:
+        out.ceiling[todo] = dec.ceiling
+    for key, value in dec.stages.items():
+        out.stages[key] += value
+    out.shortcut += dec.shortcut
+    return out
+
+
+def decide_chunk(job: _Job, a: int, b: int, plan: Plan) -> Chunk:
+    """Stages 0, 0b, 1, 1b, 2, 3 for the subsets a .. b - 1; stage 1b leaves rank -1."""
+    idx = job.subsets[a:b]
+    c, k = idx.shape
+    first = max(0, min(b, job.first) - a)
+    out = Decisions.empty(c, k, idx.device, ceilings=job.ceilings)
+    decided = torch.zeros(c, dtype=torch.bool, device=idx.device)
+    rate32 = _stage0(job, idx, plan, first, out, decided)
+    out = _stages_1_to_3(job, idx, plan, first, out, decided)
+    rank, margin, bound = out.rank, out.margin, out.bound
+    known = margin[(rank >= 0) & ~margin.isnan()]
+    reach_miss = None
+    if plan.reach is not None:
+        reach_miss = float((bound & (rank == k) & (margin < plan.reach)).sum()) / c
+    return Chunk(rank=rank, margin=margin, stages=out.stages, bound=bound,
+                 min_margin=float(known.min()) if known.numel() else math.inf, tried32=plan.use32,
+                 rate32=rate32, dependent_share=float((rank != k).sum()) / c, shortcut=out.shortcut,
+                 ceiling=out.ceiling, reach_miss=reach_miss, fail_at=out.fail_at[out.fail_at > 0])
+
+
+def _chunk_bounds(s: int, k: int, step: int, t: Tuning) -> tuple[list[tuple[int, int]], int]:
+    """(a, b) subset ranges of the chunks, and how many of them are pilot chunks: the first subsets get
+    margin bounds each (no floor yet), ``pilot`` of them, fewer for large k."""
+    pilot = min(s, max(t.min_pilot, min(t.pilot, int(t.pilot_flop / k**3))))
+    bounds = [(a, min(a + step, pilot)) for a in range(0, pilot, step)]
+    n_pilot = len(bounds)
+    return bounds + [(a, min(a + step, s)) for a in range(pilot, s, step)], n_pilot
+
+
+def _worker_count(workers: int | None, device: torch.device, flop: float, t: Tuning) -> int:
+    """Threads for the chunks: as asked (CPU), else up to ``max_workers`` torch threads when the work
+    is large enough; one off the CPU."""
+    if device.type != "cpu":
+        return 1
+    if workers is None:
+        return min(t.max_workers, torch.get_num_threads()) if flop >= t.min_parallel_flop else 1
+    return max(1, workers)
+
+
+def _run(job: _Job, bounds: list[tuple[int, int]], n_pilot: int, planner: Planner, workers: int,
+         on_chunk: Callable[[int], None] | None) -> list[Chunk]:
+    """Every chunk, the pilot chunks first in the calling thread, the others planned by ``planner``."""
+    chunks: list = []
+    for j in range(n_pilot):
+        chunks.append(decide_chunk(job, *bounds[j], Plan(floor=None, use32=False, dependent_first=False)))
+        if on_chunk is not None:
+            on_chunk(bounds[j][1] - bounds[j][0])
+    rest = len(bounds) - n_pilot
+    if min(workers, rest) > 1:
+        run_chunks(bounds, chunks, lambda j, plan: decide_chunk(job, *bounds[j], plan), planner,
+                   min(workers, rest), on_chunk, job.tuning.lag)
+        return chunks
+    for j in range(n_pilot, len(bounds)):
+        chunks.append(decide_chunk(job, *bounds[j], planner(j, chunks)))
+        if on_chunk is not None:
+            on_chunk(bounds[j][1] - bounds[j][0])
+    return chunks
+
+
+def _exact_histogram(job: _Job, out: Decisions, exact_dependent: int, step: int, workers: int) -> None:
+    """Exact ranks for the first ``exact_dependent`` dependent subsets, in subset order: those among
+    subsets 0 .. exact_dependent - 1 got them without a dependence proof (they cannot fall beyond that
+    budget); the others proven dependent get them now."""
+    k = job.subsets.shape[1]
+    order = (out.rank != k).nonzero().flatten()[:exact_dependent]
+    chosen = order[out.rank[order] == -1]
+    pieces = [(a, min(a + step, chosen.numel())) for a in range(0, chosen.numel(), step)]
+    x, device = job.pool.x, job.pool.x.device
+
+    def exact(j: int) -> Decisions:
+        sub = job.subsets[chosen[pieces[j][0] : pieces[j][1]]]
+        gram = job.pool.gram64(sub)
+        part = Decisions.empty(sub.shape[0], k, device, ceilings=True)
+        exact_stage(gram, torch.arange(sub.shape[0], device=device), lambda p: x[sub[p]],
+                    lam_hi_bound(gram, job.pool.lam_cap), job.rtol, job.pool.d, part)
+        return part
+
+    for (a, b), part in zip(pieces, map_chunks(exact, len(pieces), workers), strict=True):
+        out.rank[chosen[a:b]], out.margin[chosen[a:b]] = part.rank, part.margin
+        out.bound[chosen[a:b]] = False
+        if out.ceiling is not None:
+            out.ceiling[chosen[a:b]] = part.ceiling
+        for key, value in part.stages.items():
+            out.stages[key] += value
+
+
+def subset_decisions(
+    vectors64: torch.Tensor,
+    subsets: torch.Tensor,
+    rtol: float,
+    pool_gram: torch.Tensor | None,
+    *,
+    lam_cap: float | None = None,
+    exact_dependent: int | None = None,
+    on_chunk: Callable[[int], None] | None = None,
+    workers: int | None = None,
+    reach: float | None = None,
+    ceilings: bool = False,
+) -> Decisions:
+    """Decide every k-subset of a pool.
+
+    Args:
+        vectors64: (N, d) float64 pool.
+        subsets: (S, k) int64 row indices (on the pool's device).
+        pool_gram: (N, N) float64 Gram of the whole pool, or None to form each subset's Gram by bmm.
+        lam_cap: sigma_1^2 of the pool (bounds every subset's lambda_max), or None.
+        exact_dependent: see :func:`probes.fast.decide`; the first this many dependent subsets (in
+            subset order) get exact ranks, beside those the fast path decides exactly anyway. Subsets
+            among the first this many that fail their certificate go straight to the exact stages (they
+            would get an exact rank after their proof in any case).
+        on_chunk: called with the number of subsets after each chunk is decided (progress), or None.
+        workers: threads for the chunks (CPU); None: up to ``torch.get_num_threads()`` when the work is
+            large enough. Results do not depend on it.
+        reach, ceilings: see :func:`probes.fast.decide` (for :mod:`probes.robust`; ranks do not depend
+            on them). The reach is given up while more than ``Tuning.reach_miss`` of a chunk fall short
+            of it or more than ``Tuning.reach_dependent`` are dependent.
+
+    Returns:
+        :class:`Decisions`; certified margins are lower bounds (the margin floor, see
+        :mod:`probes.fast`), and their minimum over known ranks is a proven lower bound on the smallest
+        margin.
+    """
+    s, k = subsets.shape
+    t = tuning_module.TUNING
+    step = subset_step(k, t)
+    pool = Pool(vectors64, pool_gram, k, rtol, lam_cap, step)
+    prove = exact_dependent is not None and k > 1
+    if s == 0:
+        out = Decisions.empty(0, k, vectors64.device, ceilings=ceilings)
+        out.fail_at = None
+        return out
+    job = _Job(pool, subsets, rtol, prove, ceilings, exact_dependent if prove and exact_dependent else 0, t)
+    bounds, n_pilot = _chunk_bounds(s, k, step, t)
+    probe = max(1, t.probe_subsets // step)  # chunks between retries of what stopped paying
+    planner = Planner(n_pilot, pool.can32, prove, probe, t, reach, k if prove else None)
+    pilot = bounds[n_pilot - 1][1]
+    workers = _worker_count(workers, vectors64.device, (s - pilot) * k * k * (k + 16), t)
+    chunks = _run(job, bounds, n_pilot, planner, workers, on_chunk)
+    out = Decisions(torch.cat([ch.rank for ch in chunks]), torch.cat([ch.margin for ch in chunks]),
+                    {key: sum(ch.stages[key] for ch in chunks) for key in STAGE_KEYS},
+                    sum(ch.shortcut for ch in chunks), torch.cat([ch.bound for ch in chunks]),
+                    torch.cat([ch.ceiling for ch in chunks]) if ceilings else None)
+    if prove and exact_dependent:
+        _exact_histogram(job, out, exact_dependent, step, workers)
+    return out

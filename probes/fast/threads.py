@@ -1,0 +1,93 @@
+"""Chunks of work on Python threads that share torch's threads, with results in a fixed order."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+def run_chunks(bounds: list[tuple[int, int]], done: list, work: Callable, plan_of: Callable, workers: int,
+               on_chunk: Callable[[int], None] | None, lag: int) -> None:
+    """Run ``work(j, plan_of(j, done))`` for the chunks after the first ``len(done)`` (already done)
+    on ``workers`` threads with one torch thread each (restored afterwards), into ``done``. Chunk j
+    starts once every chunk <= j - ``lag`` is done, so its plan never depends on timing. Progress is
+    reported from the calling thread."""
+    n = len(bounds)
+    start = len(done)
+    done.extend([None] * (n - start))
+    state = {"next": start, "prefix": start, "error": None, "stop": False}
+    cond = threading.Condition()
+    threads_before = torch.get_num_threads()
+    per_worker = max(1, threads_before // workers)
+
+    def prefix() -> int:
+        while state["prefix"] < n and done[state["prefix"]] is not None:
+            state["prefix"] += 1
+        return state["prefix"]
+
+    def worker() -> None:
+        torch.set_num_threads(per_worker)
+        while True:
+            with cond:
+                j = state["next"]
+                if j >= n or state["error"] is not None or state["stop"]:
+                    return
+                state["next"] += 1
+                cond.wait_for(lambda j=j: state["error"] is not None or state["stop"] or prefix() > j - lag)
+                if state["error"] is not None or state["stop"]:
+                    return
+                plan = plan_of(j, done)
+            try:
+                result = work(j, plan)
+            except Exception as exc:  # noqa: BLE001 -- re-raised in the calling thread
+                with cond:
+                    state["error"] = exc
+                    cond.notify_all()
+                return
+            with cond:
+                done[j] = result
+                cond.notify_all()
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(workers)]
+    try:
+        for t in threads:
+            t.start()
+        reported = start
+        with cond:
+            while True:
+                cond.wait_for(lambda r=reported: state["error"] is not None or prefix() > r)
+                if state["error"] is not None:
+                    break
+                top = prefix()
+                if on_chunk is not None:
+                    cond.release()
+                    try:
+                        on_chunk(int(bounds[top - 1][1] - bounds[reported][0]))
+                    finally:
+                        cond.acquire()
+                reported = top
+                if reported >= n:
+                    break
+        for t in threads:
+            t.join()
+    finally:
+        with cond:  # on an interrupt, the workers finish their chunk and stop
+            state["stop"] = True
+            cond.notify_all()
+        torch.set_num_threads(threads_before)
+    if state["error"] is not None:
+        raise state["error"]
+
+
+def map_chunks(work: Callable[[int], Any], count: int, workers: int) -> list:
+    """[work(0), ..., work(count - 1)], on ``workers`` threads with one torch thread each (in the
+    calling thread when that is 1 or there is a single item); the order of the results is fixed."""
+    if min(workers, count) <= 1:
+        return [work(j) for j in range(count)]
+    out: list = []
+    run_chunks([(j, j + 1) for j in range(count)], out, lambda j, _plan: work(j), lambda j, done: None,
+                min(workers, count), None, lag=count)
+    return out

@@ -1,0 +1,81 @@
+"""The cost switches of the fast path, in one frozen dataclass.
+
+None of these decides a rank, a verdict, a witness or a rank histogram: they choose which proof runs
+first, how much work goes into one batched call and when a cheaper route is worth trying (the proofs
+and their error bounds are in :mod:`probes.fast.errors`). Each field says the measurement that set it,
+taken on the 2-core CPU machine with ``benchmarks/bench_probes.py`` (ViT shape N = 2000, d = 768,
+k = 197; the larger shapes k = 512 and 1024), or says that it was set by reasoning, not measured.
+
+Tests change a field with ``dataclasses.replace`` on :data:`TUNING` (``monkeypatch.setattr``); the
+library reads ``tuning.TUNING`` once per call and passes it down.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Cost switches of :mod:`probes.fast` and :mod:`probes.robust` (see the module docstring)."""
+
+    # ---- chunks and threads
+    cache_bytes: int = 16 * 2**20  # float64 blocks per chunk: 4 MB ran 5-20% slower at k = 197 (the
+    # per-chunk overhead of a few dozen batched calls), session 5 of reports/benchmarks.md
+    max_chunk: int = 4096  # subsets per chunk at most (small k); set by reasoning, not measured
+    max_workers: int = 4  # Python threads over chunks, one torch thread each (LAPACK calls on small
+    # matrices use a second thread poorly, and a loaded machine stalls them: 0045983); capped by torch's
+    # thread count, so 2 on the 2-core machine
+    min_parallel_flop: float = 2e8  # below this much Cholesky work the chunks run in the calling thread
+    # (thread start-up beside a few ms of work); set by reasoning, not measured
+    context_bytes: int = 256 * 2**20  # memory budget of a chunk of contexts (:func:`chunk_size`)
+
+    # ---- the margin floor (module docstring of probes.fast.stages)
+    pilot: int = 16  # subsets given their own margin bounds before a floor exists ...
+    min_pilot: int = 4  # ... at least this many, fewer than ``pilot`` when their k^3 factorisations
+    pilot_flop: float = 2e9  # would cost more than this (one triangular inverse each at k = 1024 is
+    # ~0.4 GFLOP: 4 of them ~ 0.1 s); set by reasoning when the floor was introduced (0045983)
+    lag: int = 4  # chunk j is planned from chunks <= j - lag, so results do not depend on thread timing
+    # (4 = the most workers); not a cost switch: any value gives the same ranks
+
+    # ---- stage 0 (float32 certificates)
+    probe_subsets: int = 1024  # once float32 stopped paying, try it again about every this many subsets:
+    # with 16 MB chunks every 256 meant every 4th chunk; cluster pool 2.6 s -> 2.2 s (73ee7f3)
+    keep32: float = 0.5  # float32 stays on while it certifies at least this share of a chunk (it costs
+    # about half a float64 factorisation, so it pays above one half); by reasoning
+
+    # ---- stage 0b (dependence from the leading rows)
+    lead_pad: int = 16  # rows gathered beyond a float32 factorisation's failing pivot (464f148: cluster
+    # pool test 4.3 s -> 3.3 s) ...
+    lead_pad64: int = 4  # ... beyond float64 pivots found on earlier chunks (73ee7f3, same A/B as above)
+    lead_share: float = 0.75  # ... while that stays within this share of k (beyond, gathering the leading
+    # block saves little: (m / k)^3 of the factorisation at 0.75 is 0.42); 464f148
+    lead_quantile: float = 0.9  # the planner's lead size covers this share of the last chunk's pivots ...
+    lead_min_settled: float = 0.3  # ... and runs stage 0b only while at least this share of a chunk was
+    # settled at a pivot within it (73ee7f3)
+
+    # ---- stage 1b (dependence proofs)
+    ceil_1b_k: int = 384  # from this k on, stage 1b proper also gives proven ceilings (a few
+    # matrix-vector products beside a k^3 / 3 factorisation): general position at k = d = 768 with
+    # robustness 37.8 s -> 24.5 s on 1000 subsets (4295091)
+    dependent_first_floor: float = 2 / 3  # stage 1b first when more than this share of a chunk is
+    # dependent at a margin floor (there 1b costs a power iteration plus a factorisation, against one
+    # factorisation at the floor) ...
+    dependent_first_plain: float = 1 / 2  # ... or this share without a floor (every full-rank subset
+    # needs a margin bound anyway) ...
+    dependent_first_settled: float = 0.5  # ... and the shortcut settled fewer than this share of them;
+    # the three by counting factorisations, not measured
+
+    # ---- the reach (certify at the grid's top multiplier, for probes.robust)
+    reach_miss: float = 0.125  # keep certifying at the reach while at most this share of a chunk needs
+    # the second factorisation at the floor ...
+    reach_dependent: float = 0.75  # ... and at most this share is dependent (a dependent subset fails at
+    # both); session 4 robustness table (1.5x -> 1.22x on the cluster pool at ViT)
+
+    # ---- probes.robust
+    eigen_max_k: int = 256  # up to this k, full-rank matrices undecided above rtol get eigenvalues at
+    # once: one eigvalsh costs about 3 Cholesky factorisations at k = 197 (5-6 at k = 512-1024) and such a
+    # matrix usually takes 3 or more factorisations per grid point (e85b0e8)
+
+
+TUNING = Tuning()
