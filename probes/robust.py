@@ -206,6 +206,10 @@ class _Refiner:
         self.lo[full] = rtol
         self.lo[certified] = torch.maximum(self.lo[certified], rtol * 10.0 ** margin[certified] * (1 - _PAD))
         self.hi[~full] = rtol
+        if dec.floor is not None:  # proven lower ends from the exact spectra the test computed
+            floor = dec.floor.cpu().to(torch.float64) * (1 - _PAD)
+            usable = (floor > self.lo) & (full | (floor < self.hi))
+            self.lo = torch.where(usable, floor, self.lo)
         if dec.ceiling is not None:  # proven ceilings (shortcut proofs, exact spectra)
             ceiling = dec.ceiling.cpu().to(torch.float64) * (1 + _PAD)
             usable = (ceiling < self.hi) & (~full | (ceiling > self.lo))
@@ -316,8 +320,9 @@ class _Refiner:
             self.lo[part[ok]] = torch.maximum(self.lo[part[ok]], torch.tensor(t, dtype=torch.float64))
             rest = (~ok).nonzero().flatten()
             if rest.numel() and k > 1:
-                dep, ceil = fast.prove_dependent(gram[rest.to(gram.device)], lam_hi[rest.to(gram.device)], t,
-                                                   width, ceilings=True)
+                here = rest.to(gram.device)
+                dep, ceil = fast.prove_dependent(gram[here], lam_hi[here], t, width, ceilings=True,
+                                                 rows=lambda p, here=here, dev=dev: self.src.rows(dev[here[p]]))
                 dep, ceil = dep.cpu(), torch.minimum(ceil.cpu() * (1 + _PAD), torch.tensor(t, dtype=torch.float64))
                 hit = part[rest[dep]]
                 self.hi[hit] = torch.minimum(self.hi[hit], ceil[dep])

@@ -130,7 +130,7 @@ def single_chunk(x, subsets, rtol, cap, exact_dependent, monkeypatch):
     gram = (x @ x.T)[subsets[:, :, None], subsets[:, None, :]]
     with monkeypatch.context() as m:
         m.setattr(fast.stages, "quick_dependent",
-                  lambda *args: (torch.zeros_like(args[6]), torch.ones(args[6].shape, dtype=torch.float64)))
+                  lambda *args, **kwargs: (torch.zeros_like(args[6]), torch.ones(args[6].shape, dtype=torch.float64)))
         first = torch.arange(subsets.shape[0]) < (exact_dependent or 0)
         return fast.decide(gram, lambda pos: x[subsets[pos]], rtol, x.shape[1], lam_cap=cap,
                             exact_dependent=exact_dependent, exact_first=first)
@@ -290,6 +290,9 @@ def test_ceilings_of_dependent_subsets_are_never_below_the_svd_ratio(noise, stag
     if stage_1b == "0b" and noise < 1e-4:
         assert sum(settled_0b) > 20  # stage 0b proved many of them
     assert torch.all(dec.ceiling[exact] >= ratio[exact] * (1 - 1e-9))
+    # the exact spectra also give proven floors (0 elsewhere)
+    assert torch.all(dec.floor <= ratio * (1 + 1e-9)) and torch.all(dec.floor[~exact] == 0)
+    assert torch.all(dec.floor[exact] >= ratio[exact] * (1 - 1e-6) - 1e-7)
     known = proven & torch.isfinite(dec.ceiling)
     assert torch.all(dec.ceiling[known] <= 1.0)
     if noise == 0.0:  # exact dependence: the stage 1b shortcut settles most, with ceilings
@@ -476,3 +479,46 @@ def test_tight_lambda_max_brackets_the_largest_eigenvalue_and_decides_the_band()
     svd = reference(x, subsets, rtol).rank
     assert torch.equal(dec.rank == 5, svd == 5)
     assert dec.stages["eigvalsh"] + dec.stages["svd"] <= 3
+
+
+@pytest.mark.parametrize("noise", [0.0, 1e-12, 1e-9, 1e-6])
+def test_rows_rayleigh_bound_is_an_upper_bound_far_below_the_gram_floor(noise):
+    """The ceiling from the rows themselves (|X^T v| / |v|) never undercuts lambda_min (float64 SVD) and,
+    for nearly dependent rows, lies near the truth, where the Gram matrix's Rayleigh bound stops at its
+    rounding floor (about (k + d) u trace)."""
+    k, d = 40, 300
+    g = torch.Generator().manual_seed(21)
+    base = torch.randn(k - 1, d, generator=g, dtype=torch.float64)
+    last = torch.randn(1, k - 1, generator=g, dtype=torch.float64) @ base  # dependent on the others
+    x = torch.cat([base, last + noise * torch.randn(1, d, generator=g, dtype=torch.float64)])[None]  # (1, k, d)
+    gram = x @ x.transpose(1, 2)
+    v = torch.cat([-torch.linalg.solve(gram[0, :-1, :-1], gram[0, :-1, -1:]), torch.ones(1, 1, dtype=torch.float64)])
+    v = v[None]  # (1, k, 1)
+    norms = x.norm(dim=2) * (1 + 1e-15)
+    r_rows = fast.kernels.rows_rayleigh_up(x, v, norms)
+    trace = gram.diagonal(dim1=-2, dim2=-1).sum(-1)
+    r_gram = fast.kernels.rayleigh_up(gram, v, trace, d, slice(None))
+    lam_min = torch.linalg.svdvals(x[0])[-1] ** 2
+    assert float(r_rows) >= float(lam_min) * (1 - 1e-9)
+    assert float(r_rows) <= float(r_gram) * (1 + 1e-9)
+    if noise <= 1e-9:
+        assert float(r_rows) < 1e-6 * float(r_gram)  # far below the Gram route's rounding floor
+
+
+def test_exactly_dependent_subsets_get_ceilings_below_the_grid_at_wide_shapes():
+    """Cluster pool at a shape where the Gram route's rounding floor (about sqrt((k + d) u trace /
+    lambda_max)) lies above 0.1 x rtol: the rows' bound still puts the exactly dependent subsets below it,
+    and never below their SVD ratio."""
+    n, d, k = 300, 320, 256
+    g = torch.Generator().manual_seed(22)
+    x = torch.randn(n, d, generator=g)
+    x[: n // 2] = torch.randn(n // 2, k // 2, generator=g) @ torch.randn(k // 2, d, generator=g)
+    x = x.double()
+    rtol = probes.default_rtol(k, d, torch.float32)
+    subsets = probes.sample_subsets(n, k, 40, seed=23)
+    dec = fast.subset_decisions(x, subsets, rtol, x @ x.T, exact_dependent=0, ceilings=True, workers=1)
+    proven = dec.rank == -1
+    assert proven.sum() > 5
+    sv = torch.linalg.svdvals(x[subsets[proven]])
+    assert torch.all(dec.ceiling[proven] >= (sv[:, -1] / sv[:, 0]) * (1 - 1e-9))
+    assert (dec.ceiling[proven] < 0.1 * rtol).double().mean() > 0.9  # (stage 1b proper gives none below k = 384)

@@ -10,10 +10,13 @@ Shapes: ``gram`` (t, k, k) float64 Gram matrices G = X_S X_S^T (as stored: both 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
 from probes.fast.errors import F64_EPS, cholesky_backward, dependence_slack
+
+Rows = Callable[[torch.Tensor], torch.Tensor]  # positions (t',) in the batch -> their (t', m, d) float64 rows
 
 
 def shifted_cholesky(gram: torch.Tensor, shift: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,21 +96,63 @@ def power_lower(gram: torch.Tensor, steps: int = 4, *, vector: bool = False):
     return (lo, v, gv) if vector else lo
 
 
+def rows_rayleigh_up(x: torch.Tensor, v: torch.Tensor, norms: torch.Tensor) -> torch.Tensor:
+    """(t,) rigorous upper bounds on |X^T v|^2 / |v|^2 >= lambda_min(X X^T), X = ``x`` (t, m, d) the
+    float64 rows themselves, v (t, m, 1), ``norms`` (t, m) upper bounds on the row norms.
+
+    Unlike a Rayleigh quotient of the Gram matrix, whose rounding (about (k + d) u trace(G)) sets a
+    floor far above the smallest eigenvalue of a nearly dependent set, the rounding here enters |X^T v|
+    linearly: fl(X^T v) = X^T v + e with |e| <= gamma_m |X|^T |v| elementwise (Higham, Accuracy and
+    Stability, eq. 3.11), and | |X|^T |v| | <= sum_i |v_i| |x_i|, so |X^T v| <= |fl(X^T v)| +
+    gamma_m sum_i |v_i| |x_i|; each norm and the denominator rounded the safe way (generous factors)."""
+    t, m, d = x.shape
+    u = F64_EPS / 2
+    y = x.transpose(1, 2) @ v  # (t, d, 1)
+    spread = (v[:, :, 0].abs() * norms).sum(-1) * (1 + 1.02 * (m + 2) * u)  # (t,) >= sum_i |v_i| |x_i|
+    num = torch.linalg.vector_norm(y, dim=(1, 2)) * (1 + 1.01 * (d + 2) * u) + 1.02 * m * u * spread
+    den = (v * v).sum((1, 2)) * (1 - 1.01 * (m + 1) * u)
+    r_up = num**2 / den * (1 + 1e-12)
+    return torch.where(torch.isfinite(r_up) & (den > 0), r_up, math.inf)
+
+
+def _rows_bound(rows: Rows, v: torch.Tensor, pos: torch.Tensor, diag: torch.Tensor,
+                chunk_bytes: int = 16 * 2**20) -> torch.Tensor:
+    """:func:`rows_rayleigh_up` of the rows ``rows(pos)`` and vectors v (t, k, 1), in pieces of about
+    ``chunk_bytes`` of rows; v is zero beyond the rows given. ``diag`` (t, k): the Gram diagonals, whose
+    square roots (raised by the rounding of a float64 dot product) bound the row norms."""
+    out = []
+    first = rows(pos[:1])  # (1, m, d): the shape of a piece
+    m, d = first.shape[1], first.shape[2]
+    norms = (diag[:, :m] * (1 + 1.01 * (d + 2) * F64_EPS)).sqrt() * (1 + F64_EPS)  # (t, m) >= |x_i|
+    step = max(1, chunk_bytes // max(1, first[0].numel() * 8))
+    for a in range(0, pos.numel(), step):
+        x = first if a == 0 and step == 1 else rows(pos[a : a + step])  # (c, m, d)
+        c = x.shape[0]
+        out.append(rows_rayleigh_up(x, v[a : a + c, :m], norms[a : a + c]))
+    return torch.cat(out)
+
+
 def pivot_ceilings(gram: torch.Tensor, chol: torch.Tensor, pivot: torch.Tensor, v: torch.Tensor,
                    r_up: torch.Tensor, pos: torch.Tensor, trace: torch.Tensor, width: int,
-                   lam_lo: torch.Tensor | None = None) -> torch.Tensor:
+                   lam_lo: torch.Tensor | None = None, rows: Rows | None = None) -> torch.Tensor:
     """Proven ceilings on sigma_k / sigma_1 of the rows at ``pos``: sqrt(R / lam_lo) with R the smaller
     Rayleigh bound of the pivot vector v before and after one more refinement step (R >= lambda_min),
     lam_lo <= lambda_max (:func:`power_lower`, two steps, unless given), and the error of forming G
-    (|G - X X^T|_2 <= gamma_d trace) on both sides. ``r_up``: the bound of v as it is, at ``pos``."""
+    (|G - X X^T|_2 <= gamma_d trace) on both sides. ``r_up``: the bound of v as it is, at ``pos``.
+    ``rows``: positions -> their float64 rows (c, m, d), m at least v's support: then R is also bounded
+    from the rows themselves (:func:`rows_rayleigh_up`), far tighter where the rows are nearly
+    dependent."""
     k = gram.shape[-1]
     gram, chol, pivot, v, trace = gram[pos], chol[pos], pivot[pos], v[pos], trace[pos]  # one copy each
     refine(gram, chol, pivot, v, None)
-    best = torch.minimum(r_up, rayleigh_up(gram, v, trace, width, slice(None)))
+    err = 2.02 * width * F64_EPS * trace
+    if rows is None:
+        best = torch.minimum(r_up, rayleigh_up(gram, v, trace, width, slice(None)))
+        top = (best + err).clamp(min=0)
+    else:  # (the rows' bound of the refined vector is the tighter one)
+        top = torch.minimum((r_up + err).clamp(min=0), _rows_bound(rows, v, pos, gram.diagonal(dim1=-2, dim2=-1)))
     if lam_lo is None:
         lam_lo = power_lower(gram, steps=2)
-    err = 2.02 * width * F64_EPS * trace
-    top = (best + err).clamp(min=0)
     bottom = lam_lo * (1 - 4 * k * F64_EPS) - err
     out = torch.sqrt(top / bottom.clamp(min=torch.finfo(torch.float64).tiny)) * (1 + 1e-12)
     return torch.where((bottom > 0) & torch.isfinite(out), out.clamp(max=1.0), 1.0)
@@ -116,7 +161,7 @@ def pivot_ceilings(gram: torch.Tensor, chol: torch.Tensor, pivot: torch.Tensor, 
 def quick_dependent(gram: torch.Tensor, chol: torch.Tensor, info: torch.Tensor, lam_hi: torch.Tensor,
                      rtol: float, width: int, candidates: torch.Tensor, ceilings: bool = False,
                     full: tuple[torch.Tensor, torch.Tensor, int] | None = None,
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+                    rows: Rows | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(t,) bool: matrices whose stage 1b factorisation is certain to fail, shown from a failed stage 1
     factorisation of the same G (shift s, failure at pivot j), without running stage 1b; and (t,) a
     proven ceiling on sigma_k / sigma_1 of those matrices (1 elsewhere; only with ``ceilings``).
@@ -137,7 +182,7 @@ def quick_dependent(gram: torch.Tensor, chol: torch.Tensor, info: torch.Tensor, 
     ``info``) hold only their leading m x m blocks (:meth:`Pool.dependent_lead`); ``lam_hi`` must
     then be at least the bound stage 1b computes from the whole matrix. The bounds use the whole
     matrix's values; the tested vector is zero beyond row m, and the ceilings use the largest diagonal
-    entry for lambda_max (no power steps on the whole matrix).
+    entry for lambda_max (no power steps on the whole matrix). ``rows``: see :func:`pivot_ceilings`.
     """
     t, m, _ = gram.shape
     u = F64_EPS / 2
@@ -175,7 +220,7 @@ def quick_dependent(gram: torch.Tensor, chol: torch.Tensor, info: torch.Tensor, 
     if ceilings and bool(ok.any()):  # (from a leading block: lambda_max >= the largest diagonal entry)
         pos = ok.nonzero().flatten()
         ceiling[pos] = pivot_ceilings(gram, chol, pivot, v, r_up[pos], pos, trace, width,
-                                 None if full is None else dmax[pos])
+                                      None if full is None else dmax[pos], rows)
     return ok, ceiling
 
 
@@ -209,8 +254,8 @@ def tight_lambda_max(gram: torch.Tensor, steps: int = 12, gap: float = 1e-3,
 
 
 def prove_dependent(gram: torch.Tensor, lam_hi: torch.Tensor, rtol: float, width: int, *,
-                     ceilings: bool = False,
-                     lam_lo: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                    ceilings: bool = False, lam_lo: torch.Tensor | None = None,
+                    rows: Rows | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(t,) bool: True where lambda_min(G) < (rtol sigma_max)^2 is proven by a failing Cholesky; and,
     with ``ceilings``, (t,) proven ceilings on sigma_k / sigma_1 of those matrices (1 elsewhere) from
     the vector the failed factorisation exposes (:func:`pivot_ceilings`), else None.
@@ -219,7 +264,7 @@ def prove_dependent(gram: torch.Tensor, lam_hi: torch.Tensor, rtol: float, width
     <= lambda_max, so tol_lo <= tol), unless given (stage 1c gives a tighter one). Cholesky of
     A = G - s I fails in floating point only when lambda_min(A) <= k (k + 1) u max_i a_ii (Demmel); the
     shift s leaves that much room, plus the error of forming G, below tol_lo^2
-    (:func:`probes.fast.errors.dependence_slack`).
+    (:func:`probes.fast.errors.dependence_slack`). ``rows``: see :func:`pivot_ceilings`.
     """
     t, k, _ = gram.shape
     diag = gram.diagonal(dim1=-2, dim2=-1)  # (t, k)
@@ -239,6 +284,6 @@ def prove_dependent(gram: torch.Tensor, lam_hi: torch.Tensor, rtol: float, width
         pos = cand.nonzero().flatten()
         vec = pivot_vectors(gram, chol, pivot, cand)
         r_up = rayleigh_up(gram, vec, trace, width, pos)
-        ceiling[pos] = pivot_ceilings(gram, chol, pivot, vec, r_up, pos, trace, width, lam_lo[pos])
+        ceiling[pos] = pivot_ceilings(gram, chol, pivot, vec, r_up, pos, trace, width, lam_lo[pos], rows)
     return dep, ceiling
 

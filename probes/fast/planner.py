@@ -44,6 +44,7 @@ class Chunk:
     ceiling: torch.Tensor | None = None  # (c,) see :class:`probes.fast.Decisions`
     reach_miss: float | None = None  # with a reach: share certified at the floor but not at the reach
     fail_at: torch.Tensor | None = None  # 1-based failing pivots of the subsets the shortcut settled
+    floor: torch.Tensor | None = None  # (c,) see :class:`probes.fast.Decisions`
 
 
 class Planner:

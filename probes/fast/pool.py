@@ -149,6 +149,6 @@ class Pool:
         lead = torch.from_numpy(self._take(self.g64, rows, self._buffers()["b64"]))  # (c, size, size)
         chol, info = shifted_cholesky(lead, shift.clamp(min=0))
         dep, ceil = quick_dependent(lead, chol, info, lam_hi, self.rtol, d, shift > 0, ceilings,
-                                     full=(trace, dmax, k))
+                                    full=(trace, dmax, k), rows=lambda p: self.x[idx[p, :size]])
         return dep, info.to(torch.int64), ceil
 

@@ -38,6 +38,8 @@ class Decisions:
     # from the stage 1b shortcut and from the exact spectra (stages 2 and 3), only where asked for
     fail_at: torch.Tensor | None = None  # (S,) int64: for matrices the shortcut settled, the 1-based pivot
     # at which the factorisation it used failed (0 elsewhere); plans stage 0b of later chunks
+    floor: torch.Tensor | None = None  # (S,) proven lower bound <= sigma_k / sigma_1 from the exact spectra
+    # (stages 2 and 3; 0 elsewhere), where ceilings are asked for
 
     @classmethod
     def empty(cls, c: int, k: int, device: torch.device, *, ceilings: bool) -> Decisions:
@@ -47,7 +49,8 @@ class Decisions:
                    bound=torch.zeros(c, dtype=torch.bool, device=device),
                    ceiling=(torch.full((c,), math.inf, dtype=torch.float64, device=device) if ceilings
                             else None),
-                   fail_at=torch.zeros(c, dtype=torch.int64, device=device))
+                   fail_at=torch.zeros(c, dtype=torch.int64, device=device),
+                   floor=torch.zeros(c, dtype=torch.float64, device=device) if ceilings else None)
 
 
 def new_stages() -> dict[str, int]:
@@ -100,7 +103,9 @@ def exact_stage(gram: torch.Tensor, todo: torch.Tensor, rows: Rows, lam_hi: torc
 
     ``out.ceiling``, if not None, receives a proven upper bound on sigma_k / sigma_1 from the same
     spectra: sqrt((lambda_k + 2 delta) / (lambda_1 - 2 delta)) with delta the error bound of the Gram
-    route (stage 2), (s_k + e) / (s_1 - e) with e = (k + d) eps s_1 for the SVD (stage 3)."""
+    route (stage 2), (s_k + e) / (s_1 - e) with e = (k + d) eps s_1 for the SVD (stage 3); and
+    ``out.floor`` the proven lower bound sqrt((lambda_k - 2 delta) / (lambda_1 + 2 delta)), or
+    (s_k - e) / (s_1 + e)."""
     k, tiny = gram.shape[-1], torch.finfo(gram.dtype).tiny
     lam = torch.linalg.eigvalsh(gram).flip(-1).clamp(min=0)  # (t, k) descending
     lam_max = lam[:, 0]
@@ -117,6 +122,8 @@ def exact_stage(gram: torch.Tensor, todo: torch.Tensor, rows: Rows, lam_hi: torc
         bottom = lam_max - 2 * err
         up = torch.sqrt((lam[:, -1] + 2 * err) / bottom.clamp(min=tiny)) * (1 + 1e-12)
         out.ceiling[todo] = torch.where((bottom > 0) & torch.isfinite(up), up.clamp(max=1.0), 1.0)
+        low = torch.sqrt((lam[:, -1] - 2 * err).clamp(min=0) / (lam_max + 2 * err)) * (1 - 1e-12)
+        out.floor[todo] = torch.where(torch.isfinite(low), low, 0.0)
     hard = todo[ambiguous]
     if hard.numel():
         sv3 = torch.linalg.svdvals(rows(hard))  # (h, k)
@@ -127,6 +134,8 @@ def exact_stage(gram: torch.Tensor, todo: torch.Tensor, rows: Rows, lam_hi: torc
             bottom = sv3[:, 0] - e
             up = (sv3[:, k - 1] + e) / bottom.clamp(min=tiny) * (1 + 1e-12)
             out.ceiling[hard] = torch.where((bottom > 0) & torch.isfinite(up), up.clamp(max=1.0), 1.0)
+            low = (sv3[:, k - 1] - e).clamp(min=0) / (sv3[:, 0] + e) * (1 - 1e-12)
+            out.floor[hard] = torch.where(torch.isfinite(low), low, 0.0)
 
 
 # ----------------------------------------------------------------------------- the state and its stages
@@ -140,6 +149,7 @@ class _State:
     fails."""
 
     gram: torch.Tensor  # (c, k, k)
+    rows: Rows  # positions in 0 .. c - 1 -> their (c', k, d) float64 rows
     rtol: float
     width: int
     lam_cap: float | None
@@ -185,7 +195,8 @@ def _prove(st: _State, todo: torch.Tensor) -> torch.Tensor:
     matrix-vector products: only where k is large enough for that to be small beside it.)"""
     want = st.out.ceiling is not None and st.gram.shape[-1] >= st.tuning.ceil_1b_k
     dep, ceil = prove_dependent(st.part(st.gram, todo), st.part(st.lam_hi, todo), st.rtol, st.width,
-                                ceilings=want, lam_lo=None if st.lam_lo is None else st.part(st.lam_lo, todo))
+                                ceilings=want, lam_lo=None if st.lam_lo is None else st.part(st.lam_lo, todo),
+                                rows=lambda p: st.rows(todo[p]))
     _mark_dependent(st, todo[dep], ceil[dep] if want else None)
     return todo[~dep]
 
@@ -221,7 +232,7 @@ def _certify(st: _State, stage, todo: torch.Tensor, *args, quick: bool = True) -
     if st.prove and quick and not bool(ok.all()):
         candidates = ~ok if st.early is None else ~ok & ~st.early[todo]  # (early ones: exact ranks instead)
         settled, ceil = quick_dependent(g, chol, info, st.part(st.lam_hi, todo), st.rtol, st.width,
-                                        candidates, st.ceilings)
+                                        candidates, st.ceilings, rows=lambda p: st.rows(todo[p]))
         _mark_dependent(st, todo[settled], ceil[settled])
         st.out.fail_at[todo[settled]] = info[settled].to(torch.int64)
         st.out.shortcut += int(settled.sum())
@@ -329,7 +340,7 @@ def decide(
     else:
         lam_hi = lam_hi_bound(gram, lam_cap, quick=quick)  # exact bound recomputed after the floor stage
     early = exact_first if prove and exact_first is not None and bool(exact_first.any()) else None
-    st = _State(gram, rtol, width, lam_cap, lam_hi, lam_lo, out, prove, ceilings, quick, early,
+    st = _State(gram, rows, rtol, width, lam_cap, lam_hi, lam_lo, out, prove, ceilings, quick, early,
                 tuning_module.TUNING, held=torch.zeros(0, dtype=torch.int64, device=gram.device))
     todo = _certify_and_prove(st, torch.arange(c, device=gram.device), floor, reach, dependent_first)
     if todo.numel() and k > 1 and lam_bounds is None:

@@ -107,7 +107,7 @@ def _stages_1_to_3(job: _Job, idx: torch.Tensor, plan: Plan, first: int, out: De
     out.rank[todo], out.margin[todo], out.bound[todo] = dec.rank, dec.margin, dec.bound
     out.fail_at[todo] = dec.fail_at
     if out.ceiling is not None:
-        out.ceiling[todo] = dec.ceiling
+        out.ceiling[todo], out.floor[todo] = dec.ceiling, dec.floor
     for key, value in dec.stages.items():
         out.stages[key] += value
     out.shortcut += dec.shortcut
@@ -131,7 +131,8 @@ def decide_chunk(job: _Job, a: int, b: int, plan: Plan) -> Chunk:
     return Chunk(rank=rank, margin=margin, stages=out.stages, bound=bound,
                  min_margin=float(known.min()) if known.numel() else math.inf, tried32=plan.use32,
                  rate32=rate32, dependent_share=float((rank != k).sum()) / c, shortcut=out.shortcut,
-                 ceiling=out.ceiling, reach_miss=reach_miss, fail_at=out.fail_at[out.fail_at > 0])
+                 ceiling=out.ceiling, reach_miss=reach_miss, fail_at=out.fail_at[out.fail_at > 0],
+                 floor=out.floor)
 
 
 def _chunk_bounds(s: int, k: int, step: int, t: Tuning) -> tuple[list[tuple[int, int]], int]:
@@ -195,7 +196,7 @@ def _exact_histogram(job: _Job, out: Decisions, exact_dependent: int, step: int,
         out.rank[chosen[a:b]], out.margin[chosen[a:b]] = part.rank, part.margin
         out.bound[chosen[a:b]] = False
         if out.ceiling is not None:
-            out.ceiling[chosen[a:b]] = part.ceiling
+            out.ceiling[chosen[a:b]], out.floor[chosen[a:b]] = part.ceiling, part.floor
         for key, value in part.stages.items():
             out.stages[key] += value
 
@@ -255,7 +256,8 @@ def subset_decisions(
     out = Decisions(torch.cat([ch.rank for ch in chunks]), torch.cat([ch.margin for ch in chunks]),
                     {key: sum(ch.stages[key] for ch in chunks) for key in STAGE_KEYS},
                     sum(ch.shortcut for ch in chunks), torch.cat([ch.bound for ch in chunks]),
-                    torch.cat([ch.ceiling for ch in chunks]) if ceilings else None)
+                    torch.cat([ch.ceiling for ch in chunks]) if ceilings else None,
+                    floor=torch.cat([ch.floor for ch in chunks]) if ceilings else None)
     if prove and exact_dependent:
         _exact_histogram(job, out, exact_dependent, step, workers)
     return out
