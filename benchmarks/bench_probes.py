@@ -26,6 +26,8 @@ between runs on an equally quiet machine.
     python benchmarks/bench_probes.py --shapes vit,bert,gpt2 --baseline-subsets 200
     python benchmarks/bench_probes.py --general-position   # k = d: dependence proof vs exact spectra
     python benchmarks/bench_probes.py --robustness         # cost of the tolerance fields (probes.robust)
+    python benchmarks/bench_probes.py --robustness --shapes vit,bert,gpt2 --large-subsets 1000
+    OMP_NUM_THREADS=1 python benchmarks/bench_probes.py --robustness --cpu-time   # on a loaded machine
     python benchmarks/bench_probes.py --robustness --general-position
 """
 
@@ -222,17 +224,19 @@ def run_general_position(args: argparse.Namespace, device: str) -> dict:
                 stages=b.stages, load="/".join(loads))
 
 
-def run_robustness(kind: str, x: torch.Tensor, k: int, count: int, seed: int, device: str, repeats: int) -> dict:
-    """The same Kruskal test with and without the tolerance fields (best of ``repeats`` each, interleaved)."""
+def run_robustness(kind: str, x: torch.Tensor, k: int, count: int, seed: int, device: str, repeats: int,
+                   clock=time.perf_counter) -> dict:
+    """The same Kruskal test with and without the tolerance fields (best of ``repeats`` each, interleaved);
+    ``clock``: ``time.process_time`` for CPU time (--cpu-time)."""
     best = {False: math.inf, True: math.inf}
     res = {}
     loads = [load()]
     for _ in range(repeats):
         for on in (False, True):
-            start = time.perf_counter()
+            start = clock()
             res[on] = probes.kruskal_test(x, k, subsets=count, seed=seed, robustness=on, progress=False)
             sync(device)
-            best[on] = min(best[on], time.perf_counter() - start)
+            best[on] = min(best[on], clock() - start)
         loads.append(load())
     r = res[True]
     # (the stage counts may differ: the tolerance fields need ceilings that stage 0b does not give)
@@ -277,21 +281,29 @@ def main() -> None:
     parser.add_argument("--gp-subsets", type=int, default=1000)
     parser.add_argument("--robustness", action="store_true",
                         help="time kruskal_test with and without the tolerance fields instead")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="--robustness: time by the process's CPU time instead of the wall clock (for a "
+                             "loaded machine; use with one thread, OMP_NUM_THREADS=1)")
     parser.add_argument("--repeats", type=int, default=2,
                         help="best of this many runs of the fast path and of the loop (--robustness: of each call)")
     args = parser.parse_args()
+    clock = time.process_time if args.cpu_time else time.perf_counter
     header(args, args.device)
     if args.robustness:
         if args.general_position:
             n = min(args.n, 1000)
             x = anisotropic_pool(n, args.d, args.seed).to(args.device)
             print_robustness([run_robustness("anisotropic", x, args.d, args.gp_subsets, args.seed, args.device,
-                                             args.repeats)])
+                                             args.repeats, clock)])
             return
-        n, d, k, default_subsets, _ = SHAPES["vit"]
-        rows = [run_robustness(kind, make_pool(kind, n, d, k, args.seed).to(args.device), k,
-                               args.subsets or default_subsets, args.seed, args.device, args.repeats)
-                for kind in args.pools.split(",")]
+        rows = []
+        for shape in args.shapes.split(","):
+            if shape not in SHAPES:
+                parser.error(f"unknown shape {shape!r}; valid: {', '.join(SHAPES)}")
+            n, d, k, default_subsets, _ = SHAPES[shape]
+            count = (args.large_subsets if shape != "vit" and args.large_subsets else args.subsets) or default_subsets
+            rows += [run_robustness(kind, make_pool(kind, n, d, k, args.seed).to(args.device), k, count, args.seed,
+                                    args.device, args.repeats, clock) for kind in args.pools.split(",")]
         print_robustness(rows)
         return
     if args.general_position:

@@ -8,9 +8,10 @@ holds at every t below it and fails at every t at or above it.
 
 Nothing here needs a spectrum per matrix. Each matrix carries a proven interval lo_S < r_S <= hi_S,
 first from the decisions the verdict itself made (a certified margin m proves r > rtol 10^m, and the
-test certifies at the grid's top multiplier where that is free, see ``reach`` in
-:func:`probes.fast.decide`; a dependent matrix has r <= rtol, or below the proven ceiling that the
-stage 1b shortcut or its exact spectrum gives it), then narrowed only where needed:
+test certifies at the grid's top multiplier where that pays, see ``reach`` in
+:func:`probes.fast.decide`; a dependent matrix has r <= rtol, or below the proven ceiling that its
+dependence proof or its exact spectrum gives it; a matrix whose exact spectrum the test computed keeps
+the proven floor of that spectrum too), then narrowed only where needed:
 
 - the tolerance grid: at each multiplier (on each side of 1 the extreme first, then the inner points
   by bisection; chunks in parallel on the CPU) the matrices whose interval still contains the grid

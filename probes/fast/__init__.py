@@ -40,6 +40,14 @@ lambda_min(G) and sigma_max^2 = lambda_max(G). Each stage decides only what it c
    lies within the float64 error band around tol^2.
 3. float64 SVD of X_S itself for those few (and for data whose tolerance is below the Gram's resolution).
 
+Ceilings and floors (with ``ceilings=True``, for :mod:`probes.robust`). A subset proven dependent by
+the shortcut, by stage 0b or (from ``Tuning.ceil_1b_k`` on) by stage 1b proper gets a proven ceiling on
+sigma_k / sigma_1 from the vector its failed factorisation exposes: |X^T v| / |v| computed from the
+rows themselves (:func:`probes.fast.kernels.rows_rayleigh_up`), whose rounding is about k u |v| |x|
+rather than the Gram route's (k + d) u trace(G), so an exactly dependent subset's ceiling lies near its
+true ratio instead of at the Gram route's floor (which at the paper's large shapes lies above 0.1 x
+rtol). Subsets given exact spectra (stages 2 and 3) get a proven ceiling and floor from them.
+
 Which subsets get rank -1 (and which an exact rank) depends only on the stage 1b test of each subset
 (with the same bound lam_hi, bit for bit, as always), so ranks, verdicts, witnesses and rank histograms
 do not depend on the chunking, on stage 0, on the shortcut, on :mod:`probes.fast.tuning` or on the

@@ -134,34 +134,38 @@ def _rows_bound(rows: Rows, v: torch.Tensor, pos: torch.Tensor, diag: torch.Tens
 
 def pivot_ceilings(gram: torch.Tensor, chol: torch.Tensor, pivot: torch.Tensor, v: torch.Tensor,
                    r_up: torch.Tensor, pos: torch.Tensor, trace: torch.Tensor, width: int,
-                   lam_lo: torch.Tensor | None = None, rows: Rows | None = None) -> torch.Tensor:
+                   lam_lo: torch.Tensor | None = None, rows: Rows | None = None,
+                   enough: float = 0.0) -> torch.Tensor:
     """Proven ceilings on sigma_k / sigma_1 of the rows at ``pos``: sqrt(R / lam_lo) with R the smaller
     Rayleigh bound of the pivot vector v before and after one more refinement step (R >= lambda_min),
     lam_lo <= lambda_max (:func:`power_lower`, two steps, unless given), and the error of forming G
     (|G - X X^T|_2 <= gamma_d trace) on both sides. ``r_up``: the bound of v as it is, at ``pos``.
     ``rows``: positions -> their float64 rows (c, m, d), m at least v's support: then R is also bounded
     from the rows themselves (:func:`rows_rayleigh_up`), far tighter where the rows are nearly
-    dependent."""
+    dependent; only where the Gram route's ceiling exceeds ``enough`` (the rows' bound reads k x d rows)."""
     k = gram.shape[-1]
     gram, chol, pivot, v, trace = gram[pos], chol[pos], pivot[pos], v[pos], trace[pos]  # one copy each
     refine(gram, chol, pivot, v, None)
-    err = 2.02 * width * F64_EPS * trace
-    if rows is None:
-        best = torch.minimum(r_up, rayleigh_up(gram, v, trace, width, slice(None)))
-        top = (best + err).clamp(min=0)
-    else:  # (the rows' bound of the refined vector is the tighter one)
-        top = torch.minimum((r_up + err).clamp(min=0), _rows_bound(rows, v, pos, gram.diagonal(dim1=-2, dim2=-1)))
+    best = torch.minimum(r_up, rayleigh_up(gram, v, trace, width, slice(None)))
     if lam_lo is None:
         lam_lo = power_lower(gram, steps=2)
+    err = 2.02 * width * F64_EPS * trace
+    top = (best + err).clamp(min=0)
     bottom = lam_lo * (1 - 4 * k * F64_EPS) - err
     out = torch.sqrt(top / bottom.clamp(min=torch.finfo(torch.float64).tiny)) * (1 + 1e-12)
+    if rows is not None:  # the rows' bound where the Gram route's is not below ``enough``
+        loose = (~(out <= enough)).nonzero().flatten()
+        if loose.numel():
+            tight = _rows_bound(rows, v[loose], pos[loose], gram.diagonal(dim1=-2, dim2=-1)[loose])
+            out[loose] = torch.minimum(out[loose], torch.sqrt(tight / bottom[loose].clamp(
+                min=torch.finfo(torch.float64).tiny)) * (1 + 1e-12))
     return torch.where((bottom > 0) & torch.isfinite(out), out.clamp(max=1.0), 1.0)
 
 
 def quick_dependent(gram: torch.Tensor, chol: torch.Tensor, info: torch.Tensor, lam_hi: torch.Tensor,
                      rtol: float, width: int, candidates: torch.Tensor, ceilings: bool = False,
                     full: tuple[torch.Tensor, torch.Tensor, int] | None = None,
-                    rows: Rows | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    rows: Rows | None = None, enough: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """(t,) bool: matrices whose stage 1b factorisation is certain to fail, shown from a failed stage 1
     factorisation of the same G (shift s, failure at pivot j), without running stage 1b; and (t,) a
     proven ceiling on sigma_k / sigma_1 of those matrices (1 elsewhere; only with ``ceilings``).
@@ -182,7 +186,8 @@ def quick_dependent(gram: torch.Tensor, chol: torch.Tensor, info: torch.Tensor, 
     ``info``) hold only their leading m x m blocks (:meth:`Pool.dependent_lead`); ``lam_hi`` must
     then be at least the bound stage 1b computes from the whole matrix. The bounds use the whole
     matrix's values; the tested vector is zero beyond row m, and the ceilings use the largest diagonal
-    entry for lambda_max (no power steps on the whole matrix). ``rows``: see :func:`pivot_ceilings`.
+    entry for lambda_max (no power steps on the whole matrix). ``rows``, ``enough``: see
+    :func:`pivot_ceilings`.
     """
     t, m, _ = gram.shape
     u = F64_EPS / 2
@@ -220,7 +225,7 @@ def quick_dependent(gram: torch.Tensor, chol: torch.Tensor, info: torch.Tensor, 
     if ceilings and bool(ok.any()):  # (from a leading block: lambda_max >= the largest diagonal entry)
         pos = ok.nonzero().flatten()
         ceiling[pos] = pivot_ceilings(gram, chol, pivot, v, r_up[pos], pos, trace, width,
-                                      None if full is None else dmax[pos], rows)
+                                      None if full is None else dmax[pos], rows, enough)
     return ok, ceiling
 
 

@@ -43,6 +43,7 @@ class Chunk:
     shortcut: int  # how many of those the stage 1b shortcut settled
     ceiling: torch.Tensor | None = None  # (c,) see :class:`probes.fast.Decisions`
     reach_miss: float | None = None  # with a reach: share certified at the floor but not at the reach
+    reach_hit: float | None = None  # ... and share certified at the reach
     fail_at: torch.Tensor | None = None  # 1-based failing pivots of the subsets the shortcut settled
     floor: torch.Tensor | None = None  # (c,) see :class:`probes.fast.Decisions`
 
@@ -58,7 +59,8 @@ class Planner:
         self.lead_k = lead_k  # k where stage 0b may run (with dependence proofs), else None
         self.floors: list[float] = []  # smallest margin over chunks 0 .. i
         self.tried: list[Chunk | None] = []  # the last chunk <= i that ran stage 0
-        self.reached: list[Chunk | None] = []  # the last chunk <= i that certified at the reach
+        self.reached: list[tuple[float, float] | None] = []  # (misses, hits) at the reach, summed over the
+        # chunks <= i that certified at it (None before the first)
 
     def __call__(self, j: int, done: list) -> Plan:
         top = max(self.n_pilot, j - self.tuning.lag + 1) - 1  # the last chunk this plan may look at
@@ -67,7 +69,7 @@ class Planner:
             ch = done[i]
             self.floors.append(min(self.floors[-1], ch.min_margin) if i else ch.min_margin)
             self.tried.append(ch if ch.tried32 else (self.tried[-1] if i else None))
-            self.reached.append(ch if ch.reach_miss is not None else (self.reached[-1] if i else None))
+            self.reached.append(self._sum_reach(self.reached[-1] if i else None, ch))
         last = done[top]
         floor = self.floors[top] if math.isfinite(self.floors[top]) else None
         probing = (j - self.n_pilot) % self.probe == 0  # every ``probe``-th chunk retries what stopped paying
@@ -89,16 +91,29 @@ class Planner:
         settled = last.shortcut / max(1, last.stages["cholesky_dependent"])
         return self.prove and last.dependent_share > share and settled < t.dependent_first_settled
 
+    @staticmethod
+    def _sum_reach(before: tuple[float, float] | None, ch: Chunk) -> tuple[float, float] | None:
+        """Running (misses, hits) at the reach, in subsets (a chunk of a few subsets says little alone)."""
+        if ch.reach_miss is None:
+            return before
+        c = ch.rank.numel()
+        miss, hit = before if before is not None else (0.0, 0.0)
+        return miss + ch.reach_miss * c, hit + ch.reach_hit * c
+
     def _reach(self, top: int, last: Chunk, floor: float | None, probing: bool) -> float | None:
-        """The reach while few subsets need the second factorisation at the floor (else on probing
-        chunks only), and while few are dependent (a dependent subset fails at both)."""
+        """The reach while it pays over the chunks so far (else on probing chunks only): a subset
+        certified at the floor but not at the reach costs one factorisation more, one certified at the
+        reach spares the tolerance analysis about ``reach_pays`` of them; and while few are dependent
+        (a dependent subset fails at both)."""
         t = self.tuning
         if self.reach is None or floor is None or not self.reach > floor:
             return None
         if last.dependent_share >= t.reach_dependent:
             return None
         reached = self.reached[top]
-        return self.reach if reached is None or reached.reach_miss <= t.reach_miss or probing else None
+        if reached is None or probing or reached[0] <= t.reach_pays * reached[1]:
+            return self.reach
+        return None
 
     def _lead(self, last: Chunk, use32: bool) -> int | None:
         """Stage 0b without stage 0: while enough subsets of a chunk are settled by the shortcut at a

@@ -232,7 +232,8 @@ def _certify(st: _State, stage, todo: torch.Tensor, *args, quick: bool = True) -
     if st.prove and quick and not bool(ok.all()):
         candidates = ~ok if st.early is None else ~ok & ~st.early[todo]  # (early ones: exact ranks instead)
         settled, ceil = quick_dependent(g, chol, info, st.part(st.lam_hi, todo), st.rtol, st.width,
-                                        candidates, st.ceilings, rows=lambda p: st.rows(todo[p]))
+                                        candidates, st.ceilings, rows=lambda p: st.rows(todo[p]),
+                                        enough=st.rtol * st.tuning.ceiling_enough)
         _mark_dependent(st, todo[settled], ceil[settled])
         st.out.fail_at[todo[settled]] = info[settled].to(torch.int64)
         st.out.shortcut += int(settled.sum())

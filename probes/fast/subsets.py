@@ -125,13 +125,15 @@ def decide_chunk(job: _Job, a: int, b: int, plan: Plan) -> Chunk:
     out = _stages_1_to_3(job, idx, plan, first, out, decided)
     rank, margin, bound = out.rank, out.margin, out.bound
     known = margin[(rank >= 0) & ~margin.isnan()]
-    reach_miss = None
+    reach_miss = reach_hit = None
     if plan.reach is not None:
-        reach_miss = float((bound & (rank == k) & (margin < plan.reach)).sum()) / c
+        certified = bound & (rank == k)
+        reach_miss = float((certified & (margin < plan.reach)).sum()) / c
+        reach_hit = float((certified & (margin >= plan.reach)).sum()) / c
     return Chunk(rank=rank, margin=margin, stages=out.stages, bound=bound,
                  min_margin=float(known.min()) if known.numel() else math.inf, tried32=plan.use32,
                  rate32=rate32, dependent_share=float((rank != k).sum()) / c, shortcut=out.shortcut,
-                 ceiling=out.ceiling, reach_miss=reach_miss, fail_at=out.fail_at[out.fail_at > 0],
+                 ceiling=out.ceiling, reach_miss=reach_miss, reach_hit=reach_hit, fail_at=out.fail_at[out.fail_at > 0],
                  floor=out.floor)
 
 
@@ -229,8 +231,8 @@ def subset_decisions(
         workers: threads for the chunks (CPU); None: up to ``torch.get_num_threads()`` when the work is
             large enough. Results do not depend on it.
         reach, ceilings: see :func:`probes.fast.decide` (for :mod:`probes.robust`; ranks do not depend
-            on them). The reach is given up while more than ``Tuning.reach_miss`` of a chunk fall short
-            of it or more than ``Tuning.reach_dependent`` are dependent.
+            on them). The reach is given up while it does not pay (``Tuning.reach_pays``) or more than
+            ``Tuning.reach_dependent`` of a chunk are dependent.
 
     Returns:
         :class:`Decisions`; certified margins are lower bounds (the margin floor, see

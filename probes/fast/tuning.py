@@ -66,11 +66,21 @@ class Tuning:
     dependent_first_settled: float = 0.5  # ... and the shortcut settled fewer than this share of them;
     # the three by counting factorisations, not measured
 
+    ceiling_enough: float = 0.09  # a dependent subset whose ceiling from its Gram matrix is at most this
+    # x rtol (just below the default grid's lowest point, 0.1) gets no ceiling from its rows (which reads
+    # its k x d rows): at the ViT shape the Gram route's ceilings mostly suffice, and reading the rows of
+    # every dependent subset took the cluster pool's default call from 1.17x to 1.28x of the plain test
+    # (1000 subsets, one thread, CPU time, load 9-10; #27)
+
     # ---- the reach (certify at the grid's top multiplier, for probes.robust)
-    reach_miss: float = 0.125  # keep certifying at the reach while at most this share of a chunk needs
-    # the second factorisation at the floor ...
-    reach_dependent: float = 0.75  # ... and at most this share is dependent (a dependent subset fails at
-    # both); session 4 robustness table (1.5x -> 1.22x on the cluster pool at ViT)
+    reach_pays: float = 2.0  # keep certifying at the reach while the subsets so far certified at the
+    # floor but not at the reach (one factorisation more each) are at most this many times those
+    # certified at the reach (each spares the tolerance analysis a lambda_max bracket and a certificate,
+    # about 2.5 factorisations above k = 256, an eigvalsh of about 3 below); was "at most 1 in 8 miss",
+    # which turned the reach off on the cluster pool at k = 512 (1 miss in a chunk of 8 subsets):
+    # BERT-like shape, cluster pool, 300 subsets, see reports/benchmarks.md (#27)
+    reach_dependent: float = 0.75  # ... and while at most this share is dependent (a dependent subset
+    # fails at both); session 4 robustness table (1.5x -> 1.22x on the cluster pool at ViT)
 
     # ---- probes.robust
     eigen_max_k: int = 256  # up to this k, full-rank matrices undecided above rtol get eigenvalues at
