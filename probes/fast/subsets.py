@@ -133,8 +133,8 @@ def decide_chunk(job: _Job, a: int, b: int, plan: Plan) -> Chunk:
     return Chunk(rank=rank, margin=margin, stages=out.stages, bound=bound,
                  min_margin=float(known.min()) if known.numel() else math.inf, tried32=plan.use32,
                  rate32=rate32, dependent_share=float((rank != k).sum()) / c, shortcut=out.shortcut,
-                 ceiling=out.ceiling, reach_miss=reach_miss, reach_hit=reach_hit, fail_at=out.fail_at[out.fail_at > 0],
-                 floor=out.floor)
+                 ceiling=out.ceiling, reach_miss=reach_miss, reach_hit=reach_hit,
+                 fail_at=out.fail_at[out.fail_at > 0], floor=out.floor)
 
 
 def _chunk_bounds(s: int, k: int, step: int, t: Tuning) -> tuple[list[tuple[int, int]], int]:
