@@ -38,6 +38,7 @@ from probes.kruskal import kruskal_test, pool64, validate_vectors
 from probes.rank import Array, check_int, numerical_rank, resolve_rtol
 from probes.spark import (
     BABEL_FIRST_COLUMNS,
+    REFINE_STEPS,
     cosine_pass,
     nullspace_bound,
     spectrum,
@@ -177,7 +178,7 @@ def _gershgorin_passes(bound: torch.Tensor, ks: torch.Tensor, ratio: float, rtol
 
 def kruskal_lower_bound(
     vectors: Array, k_max: int | None = None, *, rtol: float | None = None, max_subsets: int = 20000,
-    whiten: bool = True, nullspace_seconds: float = NULLSPACE_SECONDS,
+    whiten: bool = True, nullspace_seconds: float = NULLSPACE_SECONDS, nullspace_steps: int = REFINE_STEPS,
 ) -> KruskalLowerBound:
     """A certified lower bound on the numerical Kruskal rank: every k-subset with k <= ``lower`` is
     proven full rank at ``rtol``.
@@ -226,6 +227,8 @@ def kruskal_lower_bound(
             (0: none beyond the single vectors).
         whiten: try (d) and (e); False gives the bounds (a)-(c) only.
         nullspace_seconds: wall-time cap of the linear programs of (e), >= 0 (0: skip (e)).
+        nullspace_steps: first-order steps that improve every certificate of (e) at once before the
+            linear programs, >= 0 (a count, so the bound does not depend on the machine's speed).
 
     Returns:
         :class:`KruskalLowerBound`. Where even the whitened bounds stop far below what sampled tests
@@ -244,6 +247,7 @@ def kruskal_lower_bound(
     if k_max > n_vec:
         raise ValueError(f"k_max = {k_max} exceeds the number of vectors N = {n_vec}; valid: 1 <= k_max <= N")
     max_subsets = check_int(max_subsets, "max_subsets", minimum=0)
+    nullspace_steps = check_int(nullspace_steps, "nullspace_steps", minimum=0)
     if (isinstance(nullspace_seconds, bool | np.bool_) or not isinstance(nullspace_seconds, numbers.Real)
             or not 0 <= nullspace_seconds < math.inf):
         raise ValueError(f"nullspace_seconds must be a finite number >= 0 (0 skips the linear programs), "
@@ -288,7 +292,7 @@ def kruskal_lower_bound(
     white_c, white_b, null_k, white_mu, programs, extra_note = 1, 1, 1, math.nan, 0, ""
     if whiten and top >= 2 and max(babel_k, coherence_k) < top:
         white_c, white_b, null_k, white_mu, programs, extra_note = _whitened_and_nullspace(
-            x, rtols, max(babel_k, coherence_k), top, float(nullspace_seconds))
+            x, rtols, max(babel_k, coherence_k), top, float(nullspace_seconds), nullspace_steps)
 
     # (a) exhaustive search above what (b)-(e) proved; single vectors are settled (none is zero).
     exhaustive_k, tested, witness = max(babel_k, coherence_k, white_c, white_b, null_k), n_vec, None
@@ -403,14 +407,14 @@ def duplicates(vectors: Array, *, cosine: float = 0.9999) -> DuplicateCounts:
 
 
 def _whitened_and_nullspace(x: torch.Tensor, rtols: list[float], proven: int, top: int,
-                            seconds: float) -> tuple[int, int, int, float, int, str]:
+                            seconds: float, steps: int) -> tuple[int, int, int, float, int, str]:
     """Steps (d) and (e) of :func:`kruskal_lower_bound` above the ``proven`` Gershgorin bound: (whitened
     coherence k, whitened Babel k, null-space k, whitened coherence, programs solved, note)."""
     sp = spectrum(pool64(x), rtols)
     white = whitened_bound(sp, start=proven)
     proven = max(proven, white.coherence_k, white.babel_k)
     null_k, programs, note = 1, 0, ""
-    if seconds > 0 and proven < top and white.whitened is not None:
-        null = nullspace_bound(sp, white.whitened, start=proven, seconds=seconds)
+    if (seconds > 0 or steps > 0) and proven < top and white.whitened is not None:
+        null = nullspace_bound(sp, white.whitened, start=proven, seconds=seconds, steps=steps)
         null_k, programs, note = null.k, null.solved, null.note
     return white.coherence_k, white.babel_k, null_k, white.coherence, programs, note
