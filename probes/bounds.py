@@ -288,9 +288,15 @@ def kruskal_lower_bound(
         mu = (cos.coherence + delta) * (1 + 2 * EPS64)
         coherence_k = _gershgorin_passes((ks - 1).double() * mu, ks, ratio, rtol_k, d)
 
+    # the most coherent pair: often dependent (e.g. duplicated vectors), and then nothing proves 2
+    pair_dependent = False
+    if top >= 2 and max(babel_k, coherence_k) == 1:
+        i, j = sorted(cos.pair)
+        pair_dependent = int(numerical_rank(x[[i, j]], rtols[1]).rank) < 2
+
     # (d), (e): whitened Gershgorin bounds, then the null-space programs, while k is left to prove
     white_c, white_b, null_k, white_mu, programs, extra_note = 1, 1, 1, math.nan, 0, ""
-    if whiten and top >= 2 and max(babel_k, coherence_k) < top:
+    if whiten and top >= 2 and max(babel_k, coherence_k) < top and not pair_dependent:
         white_c, white_b, null_k, white_mu, programs, extra_note = _whitened_and_nullspace(
             x, rtols, max(babel_k, coherence_k), top, float(nullspace_seconds), nullspace_steps)
 
@@ -307,10 +313,8 @@ def kruskal_lower_bound(
             break
         exhaustive_k = k
 
-    if witness is None and exhaustive_k == 1 and top >= 2:
-        i, j = sorted(cos.pair)  # the most coherent pair: often dependent (e.g. duplicated vectors)
-        if int(numerical_rank(x[[i, j]], rtols[1]).rank) < 2:
-            witness = (i, j)
+    if witness is None and exhaustive_k == 1 and pair_dependent:
+        witness = tuple(sorted(cos.pair))
 
     found = {"trivial": 1, "coherence": coherence_k, "babel": babel_k, "whitened-coherence": white_c,
              "whitened-babel": white_b, "nullspace": null_k, "exhaustive": exhaustive_k}
