@@ -38,6 +38,7 @@ from probes.kruskal import kruskal_test, pool64, validate_vectors
 from probes.rank import Array, check_int, numerical_rank, resolve_rtol
 from probes.spark import (
     BABEL_FIRST_COLUMNS,
+    REFINE_STEPS,
     cosine_pass,
     nullspace_bound,
     spectrum,
@@ -177,7 +178,7 @@ def _gershgorin_passes(bound: torch.Tensor, ks: torch.Tensor, ratio: float, rtol
 
 def kruskal_lower_bound(
     vectors: Array, k_max: int | None = None, *, rtol: float | None = None, max_subsets: int = 20000,
-    whiten: bool = True, nullspace_seconds: float = NULLSPACE_SECONDS,
+    whiten: bool = True, nullspace_seconds: float = NULLSPACE_SECONDS, nullspace_steps: int = REFINE_STEPS,
 ) -> KruskalLowerBound:
     """A certified lower bound on the numerical Kruskal rank: every k-subset with k <= ``lower`` is
     proven full rank at ``rtol``.
@@ -198,13 +199,16 @@ def kruskal_lower_bound(
         argument with mu_1(k - 1) replaced by (k - 1) mu (in exact arithmetic: Kruskal rank >= 1/mu).
 
     (d) The coherence and Babel bounds of the vectors after clipped whitenings (``"whitened-coherence"``,
-        ``"whitened-babel"``), and (e) a null-space bound, spark >= 1 / alpha, from one linear program
-        per vector (``"nullspace"``), both made valid at rtol with the proofs in :mod:`probes.spark`.
-        They run only while (b) and (c) leave k below min(k_max, d); (e) only when (d) did not reach
-        it either, within ``nullspace_seconds``.
+        ``"whitened-babel"``), and (e) a null-space bound (``"nullspace"``): one dual certificate per
+        vector bounds every entry of a null vector, and k is proven when the k largest of those bounds
+        sum below 1 (spark >= 1 / alpha in exact arithmetic); the certificates are refined by
+        ``nullspace_steps`` first-order steps for all vectors at once, then by linear programs within
+        ``nullspace_seconds``. Both made valid at rtol with the proofs in :mod:`probes.spark`. They run
+        only while (b) and (c) leave k below min(k_max, d); (e) only when (d) did not reach it either.
 
-    When none of these proves more than 1, the two vectors of largest |cosine| are tested directly
-    (float64 SVD); if they are dependent (e.g. a duplicated vector), the Kruskal rank is exactly 1.
+    When (b) and (c) prove nothing beyond 1, the two vectors of largest |cosine| are tested first
+    (float64 SVD); if they are dependent (e.g. a duplicated vector), the Kruskal rank is exactly 1 and
+    (d), (e) are skipped.
 
     Rounding. Cosines are computed in float64 from unit rows; each carries an error below
     ``4 (d + 4) eps64``, added per term to the Babel sums (and their own summation error), the norm
@@ -214,8 +218,10 @@ def kruskal_lower_bound(
     Work: one pass over the N x N cosine matrix in blocks of rows (the Babel function needs the top
     k_max - 1 cosines of each row: O(N^2 log N)), plus at most ``max_subsets`` subset tests. N = 2000,
     d = 1280 takes a few seconds on one CPU core. Whitening adds the SVD of the pool and up to five
-    more cosine passes; the null-space bound at most ``nullspace_seconds`` (it proves nothing when
-    stopped by that cap, and the other bounds stand).
+    more cosine passes; the null-space bound ``nullspace_steps`` passes of O(N^2 d) (about 10 s of one
+    core for N = 1000, d = 384) and at most ``nullspace_seconds`` of linear programs (stopped by that cap
+    it is lower, never invalid). The refinement runs in float32 on the pool's device, so its value can
+    differ in the last step between BLAS builds or thread counts; the bound is rigorous either way.
 
     Args:
         vectors: (N, d) tensor (CPU or CUDA) or NumPy array; computed in float64 on its device.
@@ -226,6 +232,8 @@ def kruskal_lower_bound(
             (0: none beyond the single vectors).
         whiten: try (d) and (e); False gives the bounds (a)-(c) only.
         nullspace_seconds: wall-time cap of the linear programs of (e), >= 0 (0: skip (e)).
+        nullspace_steps: first-order steps that improve every certificate of (e) at once before the
+            linear programs, >= 0 (a count, so the bound does not depend on the machine's speed).
 
     Returns:
         :class:`KruskalLowerBound`. Where even the whitened bounds stop far below what sampled tests
@@ -244,6 +252,7 @@ def kruskal_lower_bound(
     if k_max > n_vec:
         raise ValueError(f"k_max = {k_max} exceeds the number of vectors N = {n_vec}; valid: 1 <= k_max <= N")
     max_subsets = check_int(max_subsets, "max_subsets", minimum=0)
+    nullspace_steps = check_int(nullspace_steps, "nullspace_steps", minimum=0)
     if (isinstance(nullspace_seconds, bool | np.bool_) or not isinstance(nullspace_seconds, numbers.Real)
             or not 0 <= nullspace_seconds < math.inf):
         raise ValueError(f"nullspace_seconds must be a finite number >= 0 (0 skips the linear programs), "
@@ -284,11 +293,17 @@ def kruskal_lower_bound(
         mu = (cos.coherence + delta) * (1 + 2 * EPS64)
         coherence_k = _gershgorin_passes((ks - 1).double() * mu, ks, ratio, rtol_k, d)
 
+    # the most coherent pair: often dependent (e.g. duplicated vectors), and then nothing proves 2
+    pair_dependent = False
+    if top >= 2 and max(babel_k, coherence_k) == 1:
+        i, j = sorted(cos.pair)
+        pair_dependent = int(numerical_rank(x[[i, j]], rtols[1]).rank) < 2
+
     # (d), (e): whitened Gershgorin bounds, then the null-space programs, while k is left to prove
     white_c, white_b, null_k, white_mu, programs, extra_note = 1, 1, 1, math.nan, 0, ""
-    if whiten and top >= 2 and max(babel_k, coherence_k) < top:
+    if whiten and top >= 2 and max(babel_k, coherence_k) < top and not pair_dependent:
         white_c, white_b, null_k, white_mu, programs, extra_note = _whitened_and_nullspace(
-            x, rtols, max(babel_k, coherence_k), top, float(nullspace_seconds))
+            x, rtols, max(babel_k, coherence_k), top, float(nullspace_seconds), nullspace_steps)
 
     # (a) exhaustive search above what (b)-(e) proved; single vectors are settled (none is zero).
     exhaustive_k, tested, witness = max(babel_k, coherence_k, white_c, white_b, null_k), n_vec, None
@@ -303,10 +318,8 @@ def kruskal_lower_bound(
             break
         exhaustive_k = k
 
-    if witness is None and exhaustive_k == 1 and top >= 2:
-        i, j = sorted(cos.pair)  # the most coherent pair: often dependent (e.g. duplicated vectors)
-        if int(numerical_rank(x[[i, j]], rtols[1]).rank) < 2:
-            witness = (i, j)
+    if witness is None and exhaustive_k == 1 and pair_dependent:
+        witness = tuple(sorted(cos.pair))
 
     found = {"trivial": 1, "coherence": coherence_k, "babel": babel_k, "whitened-coherence": white_c,
              "whitened-babel": white_b, "nullspace": null_k, "exhaustive": exhaustive_k}
@@ -403,14 +416,14 @@ def duplicates(vectors: Array, *, cosine: float = 0.9999) -> DuplicateCounts:
 
 
 def _whitened_and_nullspace(x: torch.Tensor, rtols: list[float], proven: int, top: int,
-                            seconds: float) -> tuple[int, int, int, float, int, str]:
+                            seconds: float, steps: int) -> tuple[int, int, int, float, int, str]:
     """Steps (d) and (e) of :func:`kruskal_lower_bound` above the ``proven`` Gershgorin bound: (whitened
     coherence k, whitened Babel k, null-space k, whitened coherence, programs solved, note)."""
     sp = spectrum(pool64(x), rtols)
     white = whitened_bound(sp, start=proven)
     proven = max(proven, white.coherence_k, white.babel_k)
     null_k, programs, note = 1, 0, ""
-    if seconds > 0 and proven < top and white.whitened is not None:
-        null = nullspace_bound(sp, white.whitened, start=proven, seconds=seconds)
+    if (seconds > 0 or steps > 0) and proven < top and white.whitened is not None:
+        null = nullspace_bound(sp, white.whitened, start=proven, seconds=seconds, steps=steps)
         null_k, programs, note = null.k, null.solved, null.note
     return white.coherence_k, white.babel_k, null_k, white.coherence, programs, note

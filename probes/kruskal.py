@@ -538,7 +538,8 @@ class SweepResult:
     Attributes:
         results: one :class:`KruskalResult` per k, in increasing k.
         lower_estimate: largest tested k whose sampled subsets (and all smaller tested k's) were all
-            full rank (an estimate: sampling cannot prove it), or 0.
+            full rank (an estimate: sampling cannot prove it), or None when the smallest tested k already
+            had a dependent subset (then only ``upper_bound`` is known; :attr:`sampled` says "< k").
         upper_bound: certified: Kruskal rank <= upper_bound, from the smallest k with a witness (k - 1);
             None when no dependent subset was found.
         refined: the k that bisection added (see ``refine`` in :func:`kruskal_sweep`).
@@ -548,7 +549,7 @@ class SweepResult:
     """
 
     results: list[KruskalResult]
-    lower_estimate: int
+    lower_estimate: int | None
     upper_bound: int | None
     refined: tuple[int, ...] = ()
     truncated: bool = False
@@ -561,11 +562,19 @@ class SweepResult:
         frame = pd.DataFrame([flatten_row(r.to_dict()) for r in self.results])
         return frame.assign(refined=frame["k"].isin(self.refined))
 
+    @property
+    def sampled(self) -> str:
+        """The sampled Kruskal rank as an inequality, never a bare number: ``">= k"`` (every tested k up to
+        k passed; an estimate), ``"< k"`` (the smallest tested k already had a dependent subset)."""
+        if self.lower_estimate is not None:
+            return f">= {self.lower_estimate}"
+        return f"< {self.results[0].k}"
+
     def __repr__(self) -> str:
         ks = [r.k for r in self.results]
         refined = f", {len(self.refined)} refined" if self.refined else ""
         text = (f"SweepResult(k={ks[0]}..{ks[-1]} ({len(ks)} values{refined}): "
-                f"lower_estimate={self.lower_estimate}, upper_bound={self.upper_bound}")
+                f"sampled {self.sampled}, lower_estimate={self.lower_estimate}, upper_bound={self.upper_bound}")
         if self.truncated:
             text += f"; truncated by max_seconds, not tested: {list(self.skipped) or 'bisection steps'}"
         return text + ")"
@@ -654,7 +663,7 @@ def kruskal_sweep(
                 break
             results.append(test(k))
         for _ in range(0 if truncated else refine):
-            lower = _lower_estimate(results)
+            lower = _lower_estimate(results) or 0  # None: bisect below the first tested k
             first_bad = next((r.k for r in results if r.fraction < 1.0), None)
             if first_bad is None or first_bad - lower <= 1:
                 break
@@ -676,9 +685,9 @@ def kruskal_sweep(
                        seconds=time.perf_counter() - start)
 
 
-def _lower_estimate(results: list[KruskalResult]) -> int:
-    """Largest tested k below the first k with a dependent subset (0 when the first one fails)."""
-    lower = 0
+def _lower_estimate(results: list[KruskalResult]) -> int | None:
+    """Largest tested k below the first k with a dependent subset (None when the first one fails)."""
+    lower = None
     for r in results:
         if r.fraction < 1.0:
             break

@@ -1,6 +1,10 @@
 """Every figure of an audit across depth (``--layers all``, with a sweep) on a tiny random ViT, rendered
 and measured: the axes keep most of the canvas (no legend squeezing them to a sliver) and no text leaves
-the canvas (no clipped label, title or tick). The same checks on the figures of ``audit compare``."""
+the canvas (no clipped label, title or tick). The same checks on the figures of ``audit compare``.
+
+Two sizes: the default tier renders a minute report (4 blocks: with the embedding 5 representations: every figure takes
+its many-representation layout; 8 images of 5 tokens, 5 subsets per test), the slow tier the larger one
+(4 blocks, 20 images of 17 tokens, 20 subsets)."""
 
 from __future__ import annotations
 
@@ -13,25 +17,32 @@ from auditor.audit.report import plots
 from auditor.audit.report.style import DPI, figure_style
 from auditor.audit.runner import run
 
-# one --layers all audit with a sweep (about 30 s on a shared 2-core machine)
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread"), pytest.mark.filterwarnings("ignore")]
-BLOCKS = 4
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.filterwarnings("ignore")]
 MIN_AXES_SHARE = 0.3  # of the canvas, for the union of the panels (legend and titles take the rest)
+# (ViT config overrides, images, subsets per test, sweep k): n = 1 + (image_size / patch_size)^2 tokens
+SIZES = {
+    "small": (dict(num_hidden_layers=4, hidden_size=16, num_attention_heads=2, intermediate_size=32,
+                   image_size=16), 8, 5, (2, 5, 8)),
+    "large": (dict(num_hidden_layers=4), 20, 20, (2, 17, 20)),  # about 30 s on a shared 2-core machine
+}
 
 
-@pytest.fixture(scope="module")
-def depth_report(tmp_path_factory):
-    """A --layers all audit with a sweep: embedding, random-attention and 4 blocks, random weights."""
+@pytest.fixture(scope="module", params=[pytest.param("small"), pytest.param("large", marks=pytest.mark.slow)])
+def depth_report(request, tmp_path_factory):
+    """A --layers all audit with a sweep: embedding, random-attention and every block, random weights."""
     from transformers import ViTConfig, ViTModel
 
+    overrides, samples, subsets, ks = SIZES[request.param]
     folder = tmp_path_factory.mktemp("tiny-vit-figures")
     torch.manual_seed(0)
-    ViTModel(ViTConfig(**tiny_vit(num_hidden_layers=BLOCKS)), add_pooling_layer=False).save_pretrained(folder)
+    ViTModel(ViTConfig(**tiny_vit(**overrides)), add_pooling_layer=False).save_pretrained(folder)
     out = tmp_path_factory.mktemp("figures")
-    config = AuditConfig(model=str(folder), data=str(shared_data("imagenet-sample")), samples=20, first=True,
-                         layers="all", weights=("random",), subsets=20, sweep=True, sweep_ks=(2, 17, 20),
-                         sweep_subsets=20, sweep_refine=0, device="cpu")
-    return run(config, out=out, progress=False), out
+    config = AuditConfig(model=str(folder), data=str(shared_data("imagenet-sample")), samples=samples,
+                         first=True, layers="all", weights=("random",), subsets=subsets, sweep=True, sweep_ks=ks,
+                         sweep_subsets=subsets, sweep_refine=0, device="cpu")
+    result = run(config, out=out, progress=False)
+    assert result.depth["representation"].nunique() > plots.MANY_REPRESENTATIONS  # the panel layouts
+    return result, out
 
 
 def layout_problems(fig) -> list[str]:
@@ -78,7 +89,7 @@ def test_depth_kruskal_draws_the_proven_interval_never_a_zero(depth_report):
     result, _ = depth_report
     depth = result.depth
     embedding = depth[depth["representation"] == "embedding"].iloc[0]
-    assert embedding["krank_exact"] and embedding["krank_sampled"] == "= 1"  # 20 identical CLS tokens
+    assert embedding["krank_exact"] and embedding["krank_sampled"] == "= 1"  # identical CLS tokens
     with figure_style():
         fig = plots.depth_kruskal(result)
     ys = [y for line in fig.axes[0].get_lines() for y in line.get_ydata()]

@@ -241,6 +241,24 @@ def test_kruskal_sweep_bounds():
     assert frame["fraction"].is_monotonic_decreasing
 
 
+def test_a_sweep_whose_first_k_fails_reports_an_upper_bound_never_a_zero():
+    """Kruskal rank 3, smallest tested k = 5: no tested k passed, so the sampled rank is "< 5" and the
+    lower estimate is unknown (None, an empty cell in sweep.csv), not 0."""
+    cluster = generic(10, 3, seed=18) @ generic(3, 10, seed=16)
+    x = torch.cat([generic(15, 10, seed=17), cluster])
+    sweep = probes.kruskal_sweep(x, [5, 8], subsets=3000, seed=1, refine=0)
+    assert sweep.lower_estimate is None and sweep.upper_bound == 4 and sweep.sampled == "< 5"
+    assert "sampled < 5, lower_estimate=None, upper_bound=4" in repr(sweep)
+    from auditor.audit.report.tables import kruskal_table
+
+    curves = sweep.frame().assign(representation="block.0", weights="random", lower_estimate=sweep.lower_estimate,
+                                  upper_bound=sweep.upper_bound)
+    row = kruskal_table(curves).iloc[0]
+    assert row["sampled estimate"] == "< 5" and row["certified upper bound"] == 4
+    refined = probes.kruskal_sweep(x, [5, 8], subsets=3000, seed=1, refine=6)  # bisects below 5
+    assert (refined.lower_estimate, refined.upper_bound, refined.sampled) == (3, 3, ">= 3")
+
+
 def test_sweep_refinement_bisects_to_the_kruskal_rank():
     """Kruskal rank 3 (10 of the vectors lie in 3 dimensions): a coarse sweep at k = 2 and 8 leaves a
     gap; bisection adds k = 5, 3, 4 and pins the estimate to 3 = the certified upper bound."""

@@ -13,7 +13,7 @@ from conftest import brute_kruskal_rank
 from probes.bounds import METHODS, kruskal_lower_bound
 from probes.kruskal import check_witness
 from probes.rank import resolve_rtol
-from probes.spark import nullspace_bound, spectrum, whiten, whitened_bound
+from probes.spark import _largest_k, clip_grid, nullspace_bound, spectrum, whiten, whitened_bound
 
 EPS64 = float(np.finfo(np.float64).eps)
 
@@ -110,14 +110,55 @@ def test_pair_dependent_at_rtol_is_never_certified(seed):
 
 def test_nullspace_bound_beats_the_gershgorin_bounds_where_the_null_space_is_small():
     """12 generic vectors in R^10 (Kruskal rank 10, brute force): cosines up to ~0.8 stop every
-    Gershgorin bound at 3 or below, the null-space bound (two null directions) proves 4."""
+    Gershgorin bound at 3 or below; the null-space bound (two null directions) proves 6 (4 before the
+    sum of the k largest terms and the rank-aware clip grid)."""
     x = torch.randn(12, 10, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     truth = brute_kruskal_rank(x)
-    res = kruskal_lower_bound(x, max_subsets=0)
     assert truth == 10
-    assert max(res.coherence_k, res.babel_k, res.whitened_coherence_k, res.whitened_babel_k) <= 3
-    assert (res.lower, res.method, res.nullspace_k, res.exact) == (4, "nullspace", 4, False), res
-    assert res.nullspace_programs <= 12 and "null-space bound 4" in res.note
+    plain = kruskal_lower_bound(x, max_subsets=0, nullspace_steps=0)
+    assert max(plain.coherence_k, plain.babel_k, plain.whitened_coherence_k, plain.whitened_babel_k) <= 3
+    assert (plain.lower, plain.method, plain.nullspace_k, plain.exact) == (6, "nullspace", 6, False), plain
+    assert plain.nullspace_programs <= 12 and "null-space bound 6" in plain.note
+    res = kruskal_lower_bound(x, max_subsets=0)
+    assert res.nullspace_k >= plain.nullspace_k and res.lower <= truth, res
+
+
+def test_the_sum_of_the_k_largest_terms_certifies_more_than_k_times_the_largest():
+    """Known answer of the counting step: terms 0.3, 0.1 x 9 (delta 0): k times the largest passes
+    only k = 3 (0.9 < 1), the sum of the k largest passes k = 7 (0.3 + 0.6 < 1 <= 0.3 + 0.7)."""
+    a = torch.tensor([0.3] + [0.1] * 9, dtype=torch.float64)
+    deltas = torch.zeros(10, dtype=torch.float64)
+    assert _largest_k(a, torch.ones(10, dtype=torch.float64), deltas) == 7
+    assert _largest_k(a, torch.ones(10, dtype=torch.float64), deltas + 0.02) == 6  # 0.32 + 6 x 0.12 = 1.04
+    assert _largest_k(torch.full((10,), 0.6, dtype=torch.float64), torch.zeros(10, dtype=torch.float64),
+                      deltas) == 1
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_tokens_in_a_hyperplane_whiten_in_their_numerical_rank(seed):
+    """Rows centred to sum zero (as after a LayerNorm): the pool has rank d - 1, its last singular value
+    ~1e-16 sigma_1. The clip grid starts at the numerical rank, and every bound, refinement included,
+    stays at or below the brute-force Kruskal rank."""
+    x = token_like(seed, 13, 6)
+    x = x - x.mean(dim=1, keepdim=True)
+    truth = brute_kruskal_rank(x)
+    rtols = [resolve_rtol(None, k, 6, x.dtype) for k in range(1, 7)]
+    sp = spectrum(x, rtols)
+    assert clip_grid(sp)[0] == 4  # c = r - 1 with r = 5 = d - 1
+    res = kruskal_lower_bound(x, max_subsets=0)
+    assert res.lower <= truth <= 5, res
+    for clip in clip_grid(sp):
+        assert nullspace_bound(sp, whiten(sp, clip), start=1, seconds=5.0).k <= max(truth, 1)
+
+
+def test_refinement_raises_the_null_space_bound_of_a_tall_token_like_set():
+    """80 token-like vectors in R^32 (N > d, raw coherence ~1): the refined certificates prove more than
+    the local ones, and never more than the Kruskal rank can be (d)."""
+    x = token_like(3, 80, 32)
+    local = kruskal_lower_bound(x, max_subsets=0, nullspace_steps=0, nullspace_seconds=0.5)
+    refined = kruskal_lower_bound(x, max_subsets=0, nullspace_seconds=0.5)
+    assert max(local.coherence_k, local.babel_k) <= 2
+    assert refined.nullspace_k > local.nullspace_k >= 1 and refined.lower <= 32, (local, refined)
 
 
 def test_nullspace_bound_on_a_frame_of_known_coherence():
@@ -135,7 +176,7 @@ def test_nullspace_bound_on_a_frame_of_known_coherence():
 
 def test_nullspace_cap_and_bad_input():
     x = token_like(0, 60, 12)
-    res = kruskal_lower_bound(x, max_subsets=0, nullspace_seconds=0)
+    res = kruskal_lower_bound(x, max_subsets=0, nullspace_seconds=0, nullspace_steps=0)
     assert (res.nullspace_k, res.nullspace_programs) == (1, 0)
     rtols = [resolve_rtol(None, k, 12, x.dtype) for k in range(1, 13)]
     sp = spectrum(x, rtols)
@@ -144,6 +185,9 @@ def test_nullspace_cap_and_bad_input():
     for bad in (-1, math.inf, True, "5"):
         with pytest.raises(ValueError, match="nullspace_seconds must be a finite number >= 0"):
             kruskal_lower_bound(x, nullspace_seconds=bad)
+    for bad in (-1, 2.5, True):
+        with pytest.raises(ValueError, match="nullspace_steps must be"):
+            kruskal_lower_bound(x, nullspace_steps=bad)
 
 
 def test_without_whitening_the_old_bounds_are_unchanged():

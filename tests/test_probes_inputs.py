@@ -188,7 +188,7 @@ def test_results_have_a_readable_one_line_repr():
     assert repr(kr).startswith("KruskalResult(k=3, N=30, d=10: fraction=1.0000 (200/200 full rank) over 200")
     sweep = probes.kruskal_sweep(x, [2, 8], subsets=300, refine=3)
     assert repr(sweep) == (f"SweepResult(k=2..8 ({len(sweep.results)} values, {len(sweep.refined)} refined): "
-                           f"lower_estimate=3, upper_bound=3)")
+                           f"sampled >= 3, lower_estimate=3, upper_bound=3)")
 
 
 # ---------------------------------------------------------------- extreme scales

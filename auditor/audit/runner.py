@@ -301,7 +301,8 @@ def _curve(sweep: probes.SweepResult, model: str, rep: str, weights: str, n: int
     """The sweep's rows, typed (``rank_counts`` dicts, ``witness`` lists) until the CSV writer."""
     frame = pd.DataFrame([r.to_dict() for r in sweep.results])
     return frame.assign(refined=frame["k"].isin(sweep.refined), model=model, representation=rep, weights=weights,
-                        n=n, lower_estimate=sweep.lower_estimate, upper_bound=sweep.upper_bound)
+                        n=n, lower_estimate=sweep.lower_estimate, sampled=sweep.sampled,
+                        upper_bound=sweep.upper_bound)
 
 
 def _sweep_ks(config: AuditConfig, num: int, n: int, d: int) -> list[int]:

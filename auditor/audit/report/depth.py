@@ -66,7 +66,7 @@ def _profile_row(group: pd.DataFrame, tests: list[str], curve: pd.DataFrame | No
     failed = [int(_value(by_test[t], "k")) for t in tested if _value(by_test[t], "holds") is False]
     uppers = [int(v) for t in QUERY_TESTS if (v := _value(by_test.get(t), "krank_upper")) is not None]
     if curve is not None and not curve.empty:
-        if int(curve["lower_estimate"].iloc[0]) > 0:
+        if pd.notna(curve["lower_estimate"].iloc[0]):  # empty where the smallest tested k failed
             ks.append(int(curve["lower_estimate"].iloc[0]))
         failed += [int(k) for k, f in zip(curve["k"], curve["fraction"], strict=True) if float(f) < 1.0]
         if pd.notna(curve["upper_bound"].iloc[0]):

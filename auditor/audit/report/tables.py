@@ -188,9 +188,9 @@ def kruskal_table(curves: pd.DataFrame) -> pd.DataFrame:
     for (rep, weights), frame in curves.groupby(["representation", "weights"], sort=False):
         upper = frame["upper_bound"].iloc[0]
         refined = frame.loc[frame.get("refined", pd.Series(False, index=frame.index)).astype(bool), "k"]
-        lower = int(frame["lower_estimate"].iloc[0])
+        lower = frame["lower_estimate"].iloc[0]  # empty (NaN) where the smallest tested k failed
         failed = frame.loc[pd.to_numeric(frame["fraction"], errors="coerce") < 1.0, "k"]
-        estimate = f">= {lower}" if lower > 0 else (f"< {int(failed.min())}" if len(failed) else "")
+        estimate = f">= {int(lower)}" if pd.notna(lower) else (f"< {int(failed.min())}" if len(failed) else "")
         rows.append({"representation @ weights": f"{rep} @ {weights}",
                      "sampled estimate": estimate,
                      "certified upper bound": "none found" if pd.isna(upper) else int(upper),
