@@ -13,9 +13,9 @@ from auditor.audit.config import (
     MAX_SUBSETS,
     MAX_SWEEP_REFINE,
     MAX_THREADS,
-    RTOL_RULE,
     AuditConfig,
 )
+from auditor.audit.report.catalogue import RTOL_RULE
 from auditor.core.errors import AuditError
 from auditor.core.execution import EXECUTORS
 from auditor.core.options import MAX_SIZE

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from auditor.audit.config import representation_depth
+from auditor.audit.report.catalogue import representation_depth
 from auditor.audit.tokens import Tokens
 from auditor.core.errors import AuditError
 from auditor.data import Inputs

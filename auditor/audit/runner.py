@@ -35,7 +35,8 @@ import json
 import logging
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,24 +53,19 @@ from auditor.audit.config import (
     MAX_SUBSETS,
     AuditConfig,
     positive,
-    representation_depth,
 )
+from auditor.audit.plan import AuditPlan, Row, Sweep
 from auditor.audit.report import AuditResult, write_report
 from auditor.audit.report.depth import depth_frame
 from auditor.audit.report.folder import PARTIAL_CSV, ReportFolder, RowStore
 from auditor.audit.report.schema import COLUMNS, rows_frame
 from auditor.audit.report.tables import stage_frame
 from auditor.audit.sources import (
-    Row,
     TokenGroup,
     TokenItem,
-    check_model_options,
-    check_object_options,
-    check_shapes,
     fingerprint,
     model_groups,
     object_groups,
-    plan,
     read_token_files,
 )
 from auditor.audit.stream import StreamedContexts, streamed_note
@@ -78,8 +74,8 @@ from auditor.core.errors import AuditError
 from auditor.core.provenance import provenance, timestamp
 
 __all__ = ["COLUMNS", "DEFAULT_REPRESENTATIONS", "DEFAULT_SUBSETS", "DEFAULT_WEIGHTS", "MAX_SUBSETS", "QUERY_TESTS",
-           "TESTS", "AuditConfig", "AuditResult", "StageClock", "audit_model", "audit_tokens", "default_out", "plan", "run",
-           "run_tests"]
+           "TESTS", "AuditConfig", "AuditPlan", "AuditResult", "StageClock", "audit_model", "audit_tokens",
+           "default_out", "run", "run_tests"]
 
 TENSORS = "tensors"  # the model column of audit_tokens rows
 GIVEN = "given"  # ... and their weights column
@@ -132,11 +128,11 @@ def default_out(model: str) -> Path:
 # ---------------------------------------------------------------------------------------------------
 
 
-def _skipped(config: AuditConfig, row: Row, reason: str) -> list[dict[str, Any]]:
+def _skipped(model: str, testing: RunOptions, row: Row, reason: str) -> list[dict[str, Any]]:
     return [
-        {"model": config.model, "representation": row.representation, "weights": row.weights, "test": test,
-         "status": "skipped", "note": reason, "seed": config.seed}
-        for test in config.tests
+        {"model": model, "representation": row.representation, "weights": row.weights, "test": test,
+         "status": "skipped", "note": reason, "seed": testing.seed}
+        for test in testing.tests
     ]
 
 
@@ -237,12 +233,13 @@ def _check_contexts_given(tests: tuple[str, ...], have_contexts: bool) -> None:
 
 
 def run_tests(
-    contexts: torch.Tensor | None, queries: torch.Tensor, config: AuditConfig, bar: tqdm | None = None,
+    contexts: torch.Tensor | StreamedContexts | None, queries: torch.Tensor, testing: RunOptions,
+    bar: tqdm | None = None,
     on_row: Callable[[dict[str, Any]], None] | None = None,
     reuse: Callable[[str], dict[str, Any] | None] | None = None,
     *, n: int | None = None, clock: StageClock | None = None, layer: str | None = None,
 ) -> tuple[list[dict[str, Any]], probes.ContextRanks | None]:
-    """The assumption tests of ``config.tests`` on one representation's tokens (each as its entry in
+    """The assumption tests of ``testing.tests`` on one representation's tokens (each as its entry in
     :data:`auditor.audit.assumptions.ASSUMPTION_TESTS` says).
 
     Args:
@@ -258,15 +255,13 @@ def run_tests(
     Returns:
         rows (one per test; typed values, see :mod:`auditor.audit.report.schema`) and the per-context ranks.
     """
-    _check_contexts_given(config.tests, contexts is not None)
+    _check_contexts_given(testing.tests, contexts is not None)
     num, d = queries.shape
     n = int(contexts.shape[1]) if n is None else n
-    options = RunOptions(subsets=config.subsets, seed=config.seed, rtol=config.rtol, threshold=config.threshold,
-                         robustness=config.robustness)
     rows: list[dict[str, Any]] = []
     ranks = None
     cache: dict[str, dict[Any, Any]] = {"queries": {}, "mixed": {}}  # bounds of vectors several tests share
-    for name in config.tests:
+    for name in testing.tests:
         test = ASSUMPTION_TESTS[name]
         stage = name if layer is None else f"{name} ({layer})"
         with clock.stage(stage) if clock is not None else contextlib.nullcontext():
@@ -280,7 +275,7 @@ def run_tests(
             else:
                 run_test = contexts.run if isinstance(contexts, StreamedContexts) else (
                     lambda name, *args, test=test: test.run(contexts, *args))
-                result, test_ranks = run_test(name, queries, n, options)
+                result, test_ranks = run_test(name, queries, n, testing)
                 ranks = test_ranks if test_ranks is not None else ranks
                 row = _test_row(result)
                 if not test.kruskal:  # every context tested: the share is exact, its interval a point
@@ -304,9 +299,9 @@ def _curve(sweep: probes.SweepResult, model: str, rep: str, weights: str, n: int
                         n=n, lower_estimate=sweep.lower_estimate, upper_bound=sweep.upper_bound)
 
 
-def _sweep_ks(config: AuditConfig, num: int, n: int, d: int) -> list[int]:
-    if config.sweep_ks:
-        return sorted(k for k in set(config.sweep_ks) if k <= num)
+def _sweep_ks(sweep: Sweep, num: int, n: int, d: int) -> list[int]:
+    if sweep.ks:
+        return sorted(k for k in set(sweep.ks) if k <= num)
     top = min(num, d)
     ks = sorted({*range(max(1, top // 16), top + 1, max(1, top // 16)), min(n, top), top})
     return [k for k in ks if k <= num]
@@ -410,14 +405,15 @@ def audit_tokens(
     config = AuditConfig(model=TENSORS, representations=(f"tokens@{GIVEN}",), weights=(GIVEN,),
                          **_options({"tests": tests, "subsets": subsets, "seed": seed, "rtol": rtol,
                                      "threshold": threshold}))
-    _check_contexts_given(config.tests, contexts is not None)
+    plan = AuditPlan.of(config)
+    _check_contexts_given(plan.testing.tests, contexts is not None)
     meta = {"model": TENSORS, "representation": "tokens", "weights": GIVEN,
             "dtype": str(queries.dtype).removeprefix("torch."), "data_source": "tensors given to audit_tokens"}
     item = TokenItem("tokens", tokens.queries, None if contexts is None else tokens.contexts, n_tokens, meta)
     group = TokenGroup(GIVEN, [item], fingerprint([("queries", tokens.queries)] + (
         [] if contexts is None else [("contexts", tokens.contexts)])))
-    check_shapes(config, n=n_tokens, d=tokens.d, num=tokens.N)
-    return _run_groups(config, lambda out_path: iter([group]), out=out, progress=progress, clock=clock).rows
+    plan.check_shape(n=n_tokens, d=tokens.d, num=tokens.N)
+    return _run_groups(config, plan, lambda out_path: iter([group]), out=out, progress=progress, clock=clock).rows
 
 
 def _given_tensor(value: Any, name: str) -> torch.Tensor:
@@ -450,25 +446,28 @@ def run(config: AuditConfig, *, out: str | Path | None = None, progress: bool = 
     ``results.partial.csv`` (a later run of the same configuration on the same data reuses them).
     """
     clock = StageClock()
-    if config.tokens is not None:
+    plan = AuditPlan.of(config)
+    if plan.tokens is not None:
         with clock.stage(READING_TOKENS):
-            files = read_token_files(config)
+            files = read_token_files(plan)
         labels = tuple(f"{item.representation}@{group.weights}" for group in files for item in group.items)
         config = dataclasses.replace(config, representations=labels,
                                      weights=tuple(dict.fromkeys(g.weights for g in files)))
-        return _run_groups(config, lambda out_path: iter(files), out=out, progress=progress, clock=clock,
-                           keep={Path(f) for f in config.tokens})
+        plan = dataclasses.replace(plan, rows=tuple(Row(item.representation, group.weights)
+                                                    for group in files for item in group.items))
+        return _run_groups(config, plan, lambda out_path: iter(files), out=out, progress=progress, clock=clock,
+                           keep={Path(f) for f in plan.tokens})
     if model_object is not None:
         with clock.stage(SETUP):
-            check_object_options(config, model_object)
-        return _run_groups(config, lambda out_path: object_groups(config, model_object, out_path, progress),
+            plan.check_object(model_object)
+        return _run_groups(config, plan, lambda out_path: object_groups(plan, model_object, out_path, progress),
                            out=out, progress=progress, clock=clock)
     with clock.stage(SETUP):
         from auditor.models import resolve
 
         spec = resolve(config.model, trust_remote_code=config.trust_remote_code)
-        check_model_options(config, spec)
-    return _run_groups(config, lambda out_path: model_groups(config, spec, out_path, progress),
+        plan.check_model(spec)
+    return _run_groups(config, plan, lambda out_path: model_groups(plan, spec, out_path, progress),
                        out=out, progress=progress, clock=clock)
 
 
@@ -539,27 +538,32 @@ def _timed(groups: Iterator[TokenGroup], clock: StageClock, per_layer: bool = Fa
         group = None
 
 
-def _run_groups(config: AuditConfig, groups: Callable[[Path | None], Iterator[TokenGroup]], *,
+def _run_groups(config: AuditConfig, plan: AuditPlan, groups: Callable[[Path | None], Iterator[TokenGroup]], *,
                 out: str | Path | None, progress: bool, clock: StageClock,
                 keep: set[Path] = frozenset()) -> AuditResult:
-    """Take the report folder (if any), test every group, write the report, tidy the folder."""
+    """Take the report folder (if any), test every group of ``plan``, write the report (``config`` is what it
+    records), tidy the folder."""
     with clock.stage(SETUP):
         from auditor.models import resolve_device
 
-        test_device = resolve_device(config.device)
-    with _torch_threads(config.threads), (ReportFolder(out) if out is not None else contextlib.nullcontext()) as folder:
+        test_device = resolve_device(plan.loading.device)
+    with _torch_threads(plan.threads), (ReportFolder(out) if out is not None else contextlib.nullcontext()) as folder:
         out_path = folder.path if folder is not None else None
         stamp = provenance()
         done = RowStore(out_path, stamp, _config_record(config))
         if done.load_previous():
             log.warning("resuming: %d finished Kruskal tests of an earlier run in %s are reused where the data "
                         "is the same (Assumption 2 and the sweep run again)", len(done.previous), out_path)
-        result = AuditResult(rows=pd.DataFrame(), curves=pd.DataFrame(), config=config, out=out_path)
+        tested = Tested()
         try:
-            per_layer = _depth_audit(config)
+            per_layer = plan.across_depth
             chunks: list[int] = []  # examples per chunk of each streamed representation
             for group in _timed(groups(out_path), clock, per_layer, chunks):
-                _test_group(group, config, test_device, result, done, folder, progress, clock, per_layer)
+                tokens_dir = folder.tokens_dir if folder is not None and plan.extraction.save_tokens else None
+                tested = tested.merge(_test_group(group, plan, test_device, done, clock, tokens_dir=tokens_dir,
+                                                  progress=progress, per_layer=per_layer))
+                if folder is not None:
+                    folder.produced.update(tested.produced)
                 del group  # released before the next group is extracted
         except KeyboardInterrupt as err:
             done.save()
@@ -571,14 +575,14 @@ def _run_groups(config: AuditConfig, groups: Callable[[Path | None], Iterator[To
         if not any(r.get("status") == "ok" for r in records) and all(r.get("status") == "skipped" for r in records):
             reasons = sorted({r["note"] for r in records})
             raise AuditError(f"nothing could be tested: {reasons[0]}")
-        result.rows = rows_frame(records, stamp)
-        result.curves = pd.concat(done.curves, ignore_index=True) if done.curves else pd.DataFrame()
-        if not result.curves.empty:  # sweep.csv carries the same provenance columns as results.csv
-            result.curves = result.curves.assign(
-                **{key: result.curves.get(key, value) for key, value in stamp.items()}, seed=config.seed
-            )
-        if per_layer:
-            result.depth = depth_frame(result.rows, result.curves)
+        curves = pd.concat(tested.curves, ignore_index=True) if tested.curves else pd.DataFrame()
+        if not curves.empty:  # sweep.csv carries the same provenance columns as results.csv
+            curves = curves.assign(**{key: curves.get(key, value) for key, value in stamp.items()},
+                                   seed=plan.testing.seed)
+        rows = rows_frame(records, stamp)
+        result = AuditResult(rows=rows, curves=curves, config=config, context_ranks=dict(tested.ranks),
+                             margins=dict(tested.margins), out=out_path,
+                             depth=depth_frame(rows, curves) if per_layer else pd.DataFrame())
         result.stages = clock.frame()
         if folder is not None:
             extra = {"torch_threads": torch.get_num_threads(), **({"contexts": streamed_note(chunks)} if chunks else {})}
@@ -593,63 +597,84 @@ def _run_groups(config: AuditConfig, groups: Callable[[Path | None], Iterator[To
         return result
 
 
-def _depth_audit(config: AuditConfig) -> bool:
-    """An audit across depth: ``layers`` given, or two or more ``block.L`` representations planned. Its time
-    per stage names each layer's tests, and it returns (and writes) the depth profile."""
-    blocks = {row.representation for row in plan(config) if representation_depth(row.representation)}
-    return config.layers is not None or len(blocks) >= 2
+@dataclass(frozen=True)
+class Tested:
+    """What testing groups made besides their rows (which go to the row store as each test finishes)."""
+
+    ranks: Mapping[str, torch.Tensor] = field(default_factory=dict)  # "repr@weights" -> (N,) context ranks
+    margins: Mapping[str, torch.Tensor] = field(default_factory=dict)  # ... and their margins
+    curves: tuple[pd.DataFrame, ...] = ()  # the sweep's rows, per representation
+    produced: tuple[Path, ...] = ()  # token files written into the report folder
+
+    def merge(self, other: Tested) -> Tested:
+        return Tested({**self.ranks, **other.ranks}, {**self.margins, **other.margins},
+                      self.curves + other.curves, self.produced + other.produced)
 
 
-def _test_group(group: TokenGroup, config: AuditConfig, test_device: torch.device, result: AuditResult,
-                done: RowStore, folder: ReportFolder | None, progress: bool, clock: StageClock,
-                per_layer: bool = False) -> None:
-    """The tests (and the sweep) on every representation of one group; rows go to ``done``, each with the
-    token geometry of its representation. ``per_layer``: stages named by test and representation."""
+def _test_group(group: TokenGroup, plan: AuditPlan, test_device: torch.device, done: RowStore, clock: StageClock, *,
+                tokens_dir: Callable[[], Path] | None, progress: bool, per_layer: bool) -> Tested:
+    """The tests (and the sweep) on every representation of one group. Rows go to the row store ``done`` as
+    each test finishes (saved at once, so an interrupted run keeps them), each with the token geometry of its
+    representation, and the seconds of each stage to ``clock``; the rest is returned. ``tokens_dir``: where
+    ``--save-tokens`` writes (made when first asked); ``per_layer``: stages named by test and representation."""
     if group.skipped is not None:
         for rep in group.representations:
-            done.add(*_skipped(config, Row(rep, group.weights), group.skipped))
-        return
-    bar = tqdm(total=len(group.items) * len(config.tests), desc=f"tests ({group.weights})", unit="test",
+            done.add(*_skipped(plan.model, plan.testing, Row(rep, group.weights), group.skipped))
+        return Tested()
+    tested = Tested()
+    bar = tqdm(total=len(group.items) * len(plan.testing.tests), desc=f"tests ({group.weights})", unit="test",
                disable=not progress)
     for item in group.items:
-        rep, weights = item.representation, group.weights
-        label = f"{rep}@{weights}"
-        if config.save_tokens and folder is not None and item.tokens is not None:
-            path = folder.tokens_dir() / f"{label.replace('/', '_')}.safetensors"
-            try:
-                with clock.stage(SAVING_TOKENS):
-                    item.tokens.save(path)
-            except OSError as err:
-                raise AuditError(f"cannot save tokens in {str(path.parent)!r} ({err.strerror or err}); free some "
-                                 "space or choose another --out") from None
-            folder.produced.add(path)
-        if item.saved is not None and folder is not None:  # written chunk by chunk as the contexts streamed
-            folder.produced.add(item.saved)
-        streamed = isinstance(item.contexts, StreamedContexts)
-        contexts = item.contexts if streamed or item.contexts is None else item.contexts.to(test_device)
-        queries = item.queries.to(test_device)
-        meta = item.meta
-        base = {"model": config.model, "representation": rep, "layer": meta.get("layer", ""), "weights": weights,
-                "data_source": meta.get("data_source", ""), "data_counts": meta.get("data_counts", ""),
-                "first": group.first, "data_fingerprint": group.fingerprint,
-                "tokenizer": meta.get("tokenizer", ""), "seed": config.seed,
-                "dtype": meta.get("dtype") or str(queries.dtype).removeprefix("torch.")}
-        with clock.stage(f"geometry ({rep})") if per_layer else contextlib.nullcontext():
-            base.update(token_geometry(contexts, queries))
-        _, ranks = run_tests(contexts, queries, config, bar, n=item.n, clock=clock, layer=rep if per_layer else None,
-                             on_row=lambda row, base=base: done.add({**base, **row}),
-                             reuse=lambda test, key=(rep, weights): done.reuse(*key, test, group.fingerprint))
-        done.settle(rep, weights)
-        if ranks is not None:
-            result.context_ranks[label] = ranks.rank.cpu()
-            result.margins[label] = ranks.margin.cpu()
-        if config.sweep:
-            ks = _sweep_ks(config, queries.shape[0], item.n, queries.shape[1])
-            with clock.stage(SWEEP):
-                sweep = probes.kruskal_sweep(queries, ks, subsets=config.sweep_subsets, seed=config.seed,
-                                             refine=config.sweep_refine, rtol=config.rtol, progress=progress)
-            done.curves.append(_curve(sweep, config.model, rep, weights, item.n))
-        if streamed:
-            item.contexts.release()  # its temporary contexts file, once every test is done
-        del contexts, queries
+        tested = tested.merge(_test_item(item, group, plan, test_device, done, clock, tokens_dir=tokens_dir,
+                                         bar=bar, progress=progress, per_layer=per_layer))
     bar.close()
+    return tested
+
+
+def _test_item(item: TokenItem, group: TokenGroup, plan: AuditPlan, test_device: torch.device, done: RowStore,
+               clock: StageClock, *, tokens_dir: Callable[[], Path] | None, bar: tqdm, progress: bool,
+               per_layer: bool) -> Tested:
+    """The tests and the sweep of one representation of ``group`` (see :func:`_test_group`)."""
+    rep, weights = item.representation, group.weights
+    label = f"{rep}@{weights}"
+    produced: list[Path] = []
+    if tokens_dir is not None and item.tokens is not None:
+        path = tokens_dir() / f"{label.replace('/', '_')}.safetensors"
+        try:
+            with clock.stage(SAVING_TOKENS):
+                item.tokens.save(path)
+        except OSError as err:
+            raise AuditError(f"cannot save tokens in {str(path.parent)!r} ({err.strerror or err}); free some "
+                             "space or choose another --out") from None
+        produced.append(path)
+    if item.saved is not None:  # written chunk by chunk as the contexts streamed
+        produced.append(item.saved)
+    streamed = isinstance(item.contexts, StreamedContexts)
+    contexts = item.contexts if streamed or item.contexts is None else item.contexts.to(test_device)
+    queries = item.queries.to(test_device)
+    meta = item.meta
+    base = {"model": plan.model, "representation": rep, "layer": meta.get("layer", ""), "weights": weights,
+            "data_source": meta.get("data_source", ""), "data_counts": meta.get("data_counts", ""),
+            "first": group.first, "data_fingerprint": group.fingerprint,
+            "tokenizer": meta.get("tokenizer", ""), "seed": plan.testing.seed,
+            "dtype": meta.get("dtype") or str(queries.dtype).removeprefix("torch.")}
+    with clock.stage(f"geometry ({rep})") if per_layer else contextlib.nullcontext():
+        base.update(token_geometry(contexts, queries))
+    _, ranks = run_tests(contexts, queries, plan.testing, bar, n=item.n, clock=clock,
+                         layer=rep if per_layer else None, on_row=lambda row: done.add({**base, **row}),
+                         reuse=lambda test: done.reuse(rep, weights, test, group.fingerprint))
+    done.settle(rep, weights)
+    curves: tuple[pd.DataFrame, ...] = ()
+    if plan.sweep is not None:
+        sweep = plan.sweep
+        ks = _sweep_ks(sweep, queries.shape[0], item.n, queries.shape[1])
+        with clock.stage(SWEEP):
+            found = probes.kruskal_sweep(queries, ks, subsets=sweep.subsets, seed=sweep.seed, refine=sweep.refine,
+                                         rtol=sweep.rtol, progress=progress)
+        curves = (_curve(found, plan.model, rep, weights, item.n),)
+    if streamed:
+        item.contexts.release()  # its temporary contexts file, once every test is done
+    del contexts, queries
+    if ranks is None:
+        return Tested(curves=curves, produced=tuple(produced))
+    return Tested({label: ranks.rank.cpu()}, {label: ranks.margin.cpu()}, curves, tuple(produced))
