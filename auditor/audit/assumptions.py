@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 import probes
 from auditor.audit.report.catalogue import (
@@ -24,6 +25,9 @@ from auditor.audit.report.catalogue import (
     TESTS,
     TestSpec,
 )
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["ASSUMPTION_TESTS", "KRUSKAL_TESTS", "QUERY_TESTS", "TESTS", "TEST_TITLES", "AssumptionTest", "RunOptions"]
 
@@ -54,22 +58,26 @@ class AssumptionTest(TestSpec):
     run: Runner
 
 
-def _assumption2(contexts, queries, n, options: RunOptions):
+Verdict = tuple[probes.AssumptionResult, probes.ContextRanks | None]
+
+
+def _assumption2(contexts: torch.Tensor, queries: torch.Tensor, n: int, options: RunOptions) -> Verdict:
     ranks = probes.context_ranks(contexts, rtol=options.rtol)
     return probes.assumption2(contexts, rtol=options.rtol, ranks=ranks, robustness=options.robustness), ranks
 
 
-def _assumption1(contexts, queries, n, options: RunOptions):
+def _assumption1(contexts: torch.Tensor | None, queries: torch.Tensor, n: int, options: RunOptions) -> Verdict:
     return probes.assumption1(queries, n, subsets=options.subsets, seed=options.seed, rtol=options.rtol,
                               threshold=options.threshold, robustness=options.robustness), None
 
 
-def _assumption3(contexts, queries, n, options: RunOptions):
+def _assumption3(contexts: torch.Tensor, queries: torch.Tensor, n: int, options: RunOptions) -> Verdict:
     return probes.assumption3(contexts, queries, n, subsets=options.subsets, seed=options.seed, rtol=options.rtol,
                               threshold=options.threshold, robustness=options.robustness), None
 
 
-def _general_position(contexts, queries, n, options: RunOptions):
+def _general_position(contexts: torch.Tensor | None, queries: torch.Tensor, n: int,
+                      options: RunOptions) -> Verdict:
     return probes.general_position(queries, n=n, subsets=options.subsets, seed=options.seed, rtol=options.rtol,
                                    threshold=options.threshold, robustness=options.robustness), None
 

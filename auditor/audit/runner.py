@@ -38,7 +38,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import torch
@@ -72,6 +73,9 @@ from auditor.audit.stream import StreamedContexts, streamed_note
 from auditor.audit.tokens import Tokens
 from auditor.core.errors import AuditError
 from auditor.core.provenance import provenance, timestamp
+
+if TYPE_CHECKING:
+    from auditor.models.base import LoadedModel
 
 __all__ = ["COLUMNS", "DEFAULT_REPRESENTATIONS", "DEFAULT_SUBSETS", "DEFAULT_WEIGHTS", "MAX_SUBSETS", "QUERY_TESTS",
            "TESTS", "AuditConfig", "AuditPlan", "AuditResult", "StageClock", "audit_model", "audit_tokens",
@@ -155,7 +159,7 @@ def _test_row(result: probes.AssumptionResult) -> dict[str, Any]:
             "status": "ok", "seconds": round(d["seconds"], 3)}
 
 
-def _probes_module(name: str) -> Any:
+def _probes_module(name: str) -> ModuleType | None:
     """``probes.<name>`` when this installation has it, else None (its columns are then left empty)."""
     try:
         return importlib.import_module(f"probes.{name}")
@@ -331,8 +335,8 @@ def _options(options: dict[str, Any]) -> dict[str, Any]:
     return options
 
 
-def audit_model(model: Any = "vit-base", processor: Any = None, data: str | None = None, *,
-          out: str | Path | None = None, progress: bool = True, **options: Any) -> pd.DataFrame:
+def audit_model(model: str | torch.nn.Module = "vit-base", processor: object = None, data: str | Path | None = None,
+                *, out: str | Path | None = None, progress: bool = True, **options: Any) -> pd.DataFrame:
     """Run the assumption audit of ``model``; return one typed row per representation x test.
 
     Args:
@@ -370,7 +374,7 @@ def audit_model(model: Any = "vit-base", processor: Any = None, data: str | None
 
 
 def audit_tokens(
-    contexts: Any, queries: Any, n: int | None = None, *, tests: tuple[str, ...] | str | None = None,
+    contexts: object, queries: object, n: int | None = None, *, tests: tuple[str, ...] | str | None = None,
     subsets: int = DEFAULT_SUBSETS, seed: int = 0, rtol: float | None = None,
     threshold: float = probes.DEFAULT_THRESHOLD, out: str | Path | None = None, progress: bool = True,
 ) -> pd.DataFrame:
@@ -416,7 +420,7 @@ def audit_tokens(
     return _run_groups(config, plan, lambda out_path: iter([group]), out=out, progress=progress, clock=clock).rows
 
 
-def _given_tensor(value: Any, name: str) -> torch.Tensor:
+def _given_tensor(value: object, name: str) -> torch.Tensor:
     """A tensor argument of :func:`audit_tokens` as a tensor of numbers (detached: the tests read values
     only); a path, a string or anything that holds no numbers is a TypeError that says what to pass."""
     if isinstance(value, str | bytes | Path):
@@ -437,7 +441,7 @@ def _given_tensor(value: Any, name: str) -> torch.Tensor:
 
 
 def run(config: AuditConfig, *, out: str | Path | None = None, progress: bool = True,
-        model_object: Any = None) -> AuditResult:
+        model_object: LoadedModel | None = None) -> AuditResult:
     """:func:`audit` with a resolved config; returns rows, curves and the per-context ranks.
 
     ``model_object``: a :class:`~auditor.models.LoadedModel` built around a model the caller holds (see

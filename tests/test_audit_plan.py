@@ -1,0 +1,78 @@
+"""The audit's plan: a configuration split into the frozen parts each stage receives, checked before any work.
+
+Offline and fast: nothing here loads a model or reads data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from auditor.audit.assumptions import RunOptions
+from auditor.audit.config import AuditConfig
+from auditor.audit.plan import AuditPlan, Extraction, Loading, Row, Sampling, Sweep
+from auditor.core.errors import AuditError
+from auditor.core.slurm import SlurmOptions
+from auditor.data import BUNDLED_MIN_SAMPLES
+
+
+def test_every_field_of_the_configuration_reaches_exactly_the_parts_that_use_it():
+    config = AuditConfig(model="gpt2", data="some.txt", samples=64, first=True, subsets=300, seed=7, rtol=1e-5,
+                         threshold=0.9, device="cpu", batch_size=8, context_length=32, sweep=True, sweep_ks=(4, 9),
+                         sweep_subsets=50, sweep_refine=2, dtype="float64", bos=False, threads=1, workers=2,
+                         memory_budget=0.5, robustness=False, tests=("assumption1",), weights=("random",))
+    plan = AuditPlan.of(config)
+    assert plan.sampling == Sampling(data="some.txt", samples=64, first=True, seed=7, sweep_k=9)
+    assert plan.loading == Loading(device="cpu", seed=7, context_length=32, trust_remote_code=False,
+                                   dtype="float64", query=None, bos=False)
+    assert plan.extraction.batch_size == 8 and plan.extraction.memory_budget == 0.5
+    assert plan.extraction.sharding is not None and plan.extraction.sharding.workers == 2
+    assert plan.extraction.sharding.slurm == SlurmOptions() and plan.extraction.sharding.loading == plan.loading
+    assert plan.testing == RunOptions(subsets=300, seed=7, rtol=1e-5, threshold=0.9, robustness=False,
+                                      tests=("assumption1",))
+    assert plan.sweep == Sweep(ks=(4, 9), subsets=50, refine=2, seed=7, rtol=1e-5)
+    assert plan.rows == (Row("embedding", "random"), Row("random-attention", "random"), Row("block.0", "random"))
+    assert plan.threads == 1 and plan.tokens is None
+
+
+def test_the_parts_are_frozen_and_the_defaults_extract_in_this_process():
+    plan = AuditPlan.of(AuditConfig())
+    assert plan.extraction == Extraction(batch_size=32, seed=0, device="auto", memory_budget=None, save_tokens=False)
+    assert plan.sweep is None and plan.sampling.sweep_k is None
+    for part in (plan, plan.sampling, plan.loading, plan.extraction, plan.testing):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            part.seed = 1  # type: ignore[misc]
+
+
+def test_pins_and_layers_shape_the_rows_and_the_depth_audit():
+    pinned = AuditPlan.of(AuditConfig(representations=("embedding", "block.0@pretrained"), weights=("random",)))
+    assert pinned.by_weights() == {"random": ["embedding"], "pretrained": ["block.0"]}
+    assert not pinned.across_depth
+    assert AuditPlan.of(AuditConfig(representations=("block.0", "block.3"))).across_depth
+    deep = AuditPlan.of(AuditConfig(layers="-2:", weights=("random",)))
+    assert deep.across_depth and deep.rows == (Row("embedding", "random"),)
+    assert deep.representations(["embedding"], 4) == ["embedding", "block.2", "block.3"]
+
+
+def test_the_default_sample_count_is_the_bundled_rule_or_the_asked_one():
+    assert Sampling(data=None, samples=None, first=False, seed=0).count(8) == BUNDLED_MIN_SAMPLES
+    assert Sampling(data=None, samples=40, first=False, seed=0).count(8) == 40
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"tokens": ("a.safetensors",), "samples": 10}, "samples do not apply when re-testing token files"),
+    ({"tokens": ("a.safetensors",), "workers": 2}, "workers do not apply when re-testing token files"),
+])
+def test_options_that_cannot_go_together_are_refused_when_the_plan_is_made(options, message):
+    with pytest.raises(AuditError, match=message):
+        AuditPlan.of(AuditConfig(**options))
+
+
+def test_a_shape_the_plan_cannot_test_is_refused_before_any_work():
+    plan = AuditPlan.of(AuditConfig(model="m"))
+    with pytest.raises(AuditError, match="context length n = 9 exceeds the width d = 8 of m"):
+        plan.check_shape(n=9, d=8)
+    with pytest.raises(AuditError, match="block.7"):
+        plan.check_shape(n=4, d=8, layers=2, reps=["block.7"])
+    plan.check_shape(n=4, d=8, layers=2, reps=["embedding", "block.1"], num=10)  # fits
