@@ -1,17 +1,28 @@
-"""The audit's plan: a configuration split into the frozen parts each stage receives, checked before any work.
-
-Offline and fast: nothing here loads a model or reads data.
+"""The audit's plan: a configuration split into the frozen parts each stage receives, checked before any work,
+and the cost rule of the default context length.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
 from auditor.audit.assumptions import RunOptions
 from auditor.audit.config import AuditConfig
-from auditor.audit.plan import AuditPlan, Extraction, Loading, Row, Sampling, Sweep
+from auditor.audit.plan import (
+    DEFAULT_COST,
+    AuditPlan,
+    DefaultCost,
+    Extraction,
+    Loading,
+    Row,
+    Sampling,
+    Sweep,
+    audit_flops,
+    default_context_length,
+)
 from auditor.core.errors import AuditError
 from auditor.core.slurm import SlurmOptions
 from auditor.data import BUNDLED_MIN_SAMPLES
@@ -76,3 +87,57 @@ def test_a_shape_the_plan_cannot_test_is_refused_before_any_work():
     with pytest.raises(AuditError, match="block.7"):
         plan.check_shape(n=4, d=8, layers=2, reps=["block.7"])
     plan.check_shape(n=4, d=8, layers=2, reps=["embedding", "block.1"], num=10)  # fits
+
+
+# ---------------------------------------------------------------------------------------------------
+# The default context length of text models: one cost rule
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_the_cost_rule_halves_only_the_defaults_that_would_not_end_in_minutes():
+    assert default_context_length(512, 768) == 256  # bert-base: 2.9e13 estimated at n = 512
+    assert default_context_length(512, 1024) == 256  # bert-large
+    assert default_context_length(1024, 1280) == 128  # gpt2-large: 1.3e13 still at n = 256
+    assert default_context_length(256, 768) == 256  # gpt2: 6.5e12, 150 s measured
+    assert default_context_length(128, 384) == 128  # minilm
+    assert default_context_length(128, 2048) == 128  # llama-3.2-1b: the decoders' own rule already fits
+    assert default_context_length(512, 768, DefaultCost(flops=1.0)) == DefaultCost().smallest_n
+    assert audit_flops(512, 256, 768) == pytest.approx(6.5e12, rel=0.01)
+    assert audit_flops(1024, 512, 768) > DEFAULT_COST.flops >= audit_flops(512, 256, 768)
+
+
+def test_the_plan_asks_text_models_for_the_rule_s_n_and_leaves_images_and_given_n_alone():
+    from auditor.models import resolve
+
+    plan = AuditPlan.of(AuditConfig())
+    assert plan.context_length(resolve("bert-base"), "random") == 256
+    assert plan.context_length(resolve("gpt2"), "random") == 256
+    assert plan.context_length(resolve("vit-base"), "random") is None  # n is the model's patch grid
+    assert AuditPlan.of(AuditConfig(context_length=64)).context_length(resolve("bert-base"), "random") == 64
+
+
+def test_an_audit_with_no_context_length_uses_the_rule_also_in_sharded_workers():
+    """The rows carry the rule's n, in one process and across workers (each worker builds the same model)."""
+    from conftest import shared_data
+
+    import auditor
+
+    common = dict(data=str(shared_data("wikitext-2/test.txt")), samples=8, first=True, weights="random",
+                  representations="embedding", tests="assumption2", device="cpu", progress=False)
+    one = auditor.audit_model("bert-base", **common)
+    assert (one["n"] == 256).all() and (one["d"] == 768).all()
+    two = auditor.audit_model("bert-base", workers=2, **common)
+    assert two["fraction"].tolist() == one["fraction"].tolist() and (two["n"] == 256).all()
+    assert (auditor.audit_model("bert-base", context_length=32, **common)["n"] == 32).all()
+
+
+def test_long_stages_show_the_time_left(capsys):
+    """Extraction and the tests draw bars with a total, so tqdm prints elapsed<remaining."""
+    import torch
+
+    import auditor
+
+    contexts = torch.randn(40, 3, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)  # (N, n, d)
+    auditor.audit_tokens(contexts, contexts[:, 0].clone(), subsets=10, progress=True)
+    err = capsys.readouterr().err
+    assert re.search(r"tests \(given\).*4/4 \[\d\d:\d\d<\d\d:\d\d", err), err[-500:]

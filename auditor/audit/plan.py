@@ -9,6 +9,10 @@ its own) into the rows to test (representation x weights) and one small frozen p
 - :class:`~auditor.audit.assumptions.RunOptions`: the tests and what they share;
 - :class:`Sweep`: the Kruskal curve of ``--sweep``.
 
+A text model's context length n, when ``--context-length`` is not given, follows one cost rule
+(:func:`default_context_length`): the family's default n, halved while a default audit would cost more
+than :data:`DEFAULT_COST` allows.
+
 The ``check_*`` methods validate the plan against a model's architecture read from its configuration
 alone: nothing there loads weights or touches the report folder, so a mistake costs nothing and never
 disturbs an earlier run's files.
@@ -23,7 +27,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from auditor.audit.assumptions import ASSUMPTION_TESTS, RunOptions
-from auditor.audit.config import DEFAULT_REPRESENTATIONS, MAX_DEFAULT_SAMPLES, AuditConfig, parse_layers
+from auditor.audit.config import (
+    DEFAULT_REPRESENTATIONS,
+    DEFAULT_SUBSETS,
+    MAX_DEFAULT_SAMPLES,
+    AuditConfig,
+    parse_layers,
+)
 from auditor.audit.report.catalogue import representation_depth
 from auditor.core.errors import AuditError
 from auditor.core.execution import check_executor
@@ -36,6 +46,42 @@ EMBEDDING = "embedding"
 # Options that mean nothing when token files are tested again: the tokens are extracted already.
 _EXTRACTION_OPTIONS = ("data", "samples", "first", "context_length", "save_tokens", "representations", "weights",
                        "trust_remote_code", "layers")
+
+
+@dataclass(frozen=True)
+class DefaultCost:
+    """What an audit with no options may cost, in estimated FLOPs (:func:`audit_flops`), so that
+    ``audit <name>`` ends within a few minutes on two CPU cores; a text model's default n is halved until
+    its default audit fits."""
+
+    # gpt2's default audit (n 256, N 512) is 6.5e12 by audit_flops and took 150 s on the quiet 2-core machine
+    # (issue #22); at that rate 1.2e13 is about 280 s. The costliest default kept unchanged by it,
+    # llama-3.2-1b's (n 128), is 9.7e12 (271 s measured with --threads 1 at load 1-4).
+    flops: float = 1.2e13
+    smallest_n: int = 16  # never halved below (as the decoders' own rule)
+
+
+DEFAULT_COST = DefaultCost()
+
+
+def audit_flops(num: int, n: int, d: int, *, subsets: int = DEFAULT_SUBSETS,
+                representations: int = len(DEFAULT_REPRESENTATIONS)) -> float:
+    """Estimated FLOPs of an audit of one weights source: block 0's forward over N x n tokens (2 x 12 d^2 per
+    token: attention 4 d^2 and MLP 8 d^2, exact for BERT and GPT-2) and, per representation, one n x n Gram
+    matrix (2 n^2 d) per context (Assumption 2) and per subset of each of the three Kruskal tests."""
+    return 2 * 12 * d * d * num * n + representations * (num + 3 * subsets) * 2 * n * n * d
+
+
+def default_context_length(n: int, d: int, cost: DefaultCost | None = None) -> int:
+    """A text model's n when none is asked for: its family's default ``n`` halved while the audit with no
+    options (the bundled sample's N for that n, :func:`auditor.data.default_samples`) is estimated above
+    ``cost.flops``. It depends on the model only, so ``--data`` and ``--samples`` leave it as it is."""
+    from auditor.data import default_samples
+
+    cost = cost if cost is not None else DEFAULT_COST
+    while n > cost.smallest_n and audit_flops(default_samples(n, None, MAX_DEFAULT_SAMPLES), n, d) > cost.flops:
+        n //= 2
+    return n
 
 
 @dataclass(frozen=True)
@@ -159,6 +205,16 @@ class AuditPlan:
             threads=config.threads,
         )
 
+    def context_length(self, spec: ModelSpec, weights: str) -> int | None:
+        """The n to build ``spec`` with under ``weights``: ``--context-length``, else for a text model whose
+        shape its configuration gives, :func:`default_context_length`; None: the model's own."""
+        from auditor.models.base import weights_kind
+
+        if self.loading.context_length is not None or spec.modality != "text":
+            return self.loading.context_length
+        shape = architecture(spec, weights, weights_kind(weights), None)
+        return None if shape is None else default_context_length(shape[0], shape[1])
+
     def by_weights(self) -> dict[str, list[str]]:
         """The planned representations grouped by weights source (one model load each)."""
         groups: dict[str, list[str]] = {}
@@ -212,7 +268,7 @@ class AuditPlan:
                 found = folder_model_type(Path(weights).expanduser())
                 if found not in spec.adapter.model_types:
                     raise AuditError(f"{weights} holds a {found or 'unknown'} model, not a {spec.family} model")
-            shape = architecture(spec, weights, kind, self.loading.context_length)
+            shape = architecture(spec, weights, kind, self.context_length(spec, weights))
             if shape is not None:
                 n, d, layers = shape
                 self.check_shape(n=n, d=d, layers=layers, reps=self.representations(reps, layers))

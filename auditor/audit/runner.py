@@ -558,14 +558,14 @@ def _run_groups(config: AuditConfig, plan: AuditPlan, groups: Callable[[Path | N
         if done.load_previous():
             log.warning("resuming: %d finished Kruskal tests of an earlier run in %s are reused where the data "
                         "is the same (Assumption 2 and the sweep run again)", len(done.previous), out_path)
+        per_layer = plan.across_depth
+        tester = _Tester(plan, test_device, done, clock, progress=progress, per_layer=per_layer,
+                         tokens_dir=folder.tokens_dir if folder is not None and plan.extraction.save_tokens else None)
         tested = Tested()
         try:
-            per_layer = plan.across_depth
             chunks: list[int] = []  # examples per chunk of each streamed representation
             for group in _timed(groups(out_path), clock, per_layer, chunks):
-                tokens_dir = folder.tokens_dir if folder is not None and plan.extraction.save_tokens else None
-                tested = tested.merge(_test_group(group, plan, test_device, done, clock, tokens_dir=tokens_dir,
-                                                  progress=progress, per_layer=per_layer))
+                tested = tested.merge(tester.group(group))
                 if folder is not None:
                     folder.produced.update(tested.produced)
                 del group  # released before the next group is extracted
@@ -615,70 +615,75 @@ class Tested:
                       self.curves + other.curves, self.produced + other.produced)
 
 
-def _test_group(group: TokenGroup, plan: AuditPlan, test_device: torch.device, done: RowStore, clock: StageClock, *,
-                tokens_dir: Callable[[], Path] | None, progress: bool, per_layer: bool) -> Tested:
-    """The tests (and the sweep) on every representation of one group. Rows go to the row store ``done`` as
-    each test finishes (saved at once, so an interrupted run keeps them), each with the token geometry of its
-    representation, and the seconds of each stage to ``clock``; the rest is returned. ``tokens_dir``: where
-    ``--save-tokens`` writes (made when first asked); ``per_layer``: stages named by test and representation."""
-    if group.skipped is not None:
-        for rep in group.representations:
-            done.add(*_skipped(plan.model, plan.testing, Row(rep, group.weights), group.skipped))
-        return Tested()
-    tested = Tested()
-    bar = tqdm(total=len(group.items) * len(plan.testing.tests), desc=f"tests ({group.weights})", unit="test",
-               disable=not progress)
-    for item in group.items:
-        tested = tested.merge(_test_item(item, group, plan, test_device, done, clock, tokens_dir=tokens_dir,
-                                         bar=bar, progress=progress, per_layer=per_layer))
-    bar.close()
-    return tested
+@dataclass(frozen=True, eq=False)
+class _Tester:
+    """Runs the tests (and the sweep) of ``plan`` on each representation of a group. Rows go to the row store
+    ``done`` as each test finishes (saved at once, so an interrupted run keeps them), each with the token
+    geometry of its representation, and the seconds of each stage to ``clock``; the rest is returned.
+    ``tokens_dir``: where ``--save-tokens`` writes (made when first asked); ``per_layer``: stages named by
+    test and representation."""
 
+    plan: AuditPlan
+    device: torch.device
+    done: RowStore
+    clock: StageClock
+    tokens_dir: Callable[[], Path] | None
+    progress: bool
+    per_layer: bool
 
-def _test_item(item: TokenItem, group: TokenGroup, plan: AuditPlan, test_device: torch.device, done: RowStore,
-               clock: StageClock, *, tokens_dir: Callable[[], Path] | None, bar: tqdm, progress: bool,
-               per_layer: bool) -> Tested:
-    """The tests and the sweep of one representation of ``group`` (see :func:`_test_group`)."""
-    rep, weights = item.representation, group.weights
-    label = f"{rep}@{weights}"
-    produced: list[Path] = []
-    if tokens_dir is not None and item.tokens is not None:
-        path = tokens_dir() / f"{label.replace('/', '_')}.safetensors"
-        try:
-            with clock.stage(SAVING_TOKENS):
-                item.tokens.save(path)
-        except OSError as err:
-            raise AuditError(f"cannot save tokens in {str(path.parent)!r} ({err.strerror or err}); free some "
-                             "space or choose another --out") from None
-        produced.append(path)
-    if item.saved is not None:  # written chunk by chunk as the contexts streamed
-        produced.append(item.saved)
-    streamed = isinstance(item.contexts, StreamedContexts)
-    contexts = item.contexts if streamed or item.contexts is None else item.contexts.to(test_device)
-    queries = item.queries.to(test_device)
-    meta = item.meta
-    base = {"model": plan.model, "representation": rep, "layer": meta.get("layer", ""), "weights": weights,
-            "data_source": meta.get("data_source", ""), "data_counts": meta.get("data_counts", ""),
-            "first": group.first, "data_fingerprint": group.fingerprint,
-            "tokenizer": meta.get("tokenizer", ""), "seed": plan.testing.seed,
-            "dtype": meta.get("dtype") or str(queries.dtype).removeprefix("torch.")}
-    with clock.stage(f"geometry ({rep})") if per_layer else contextlib.nullcontext():
-        base.update(token_geometry(contexts, queries))
-    _, ranks = run_tests(contexts, queries, plan.testing, bar, n=item.n, clock=clock,
-                         layer=rep if per_layer else None, on_row=lambda row: done.add({**base, **row}),
-                         reuse=lambda test: done.reuse(rep, weights, test, group.fingerprint))
-    done.settle(rep, weights)
-    curves: tuple[pd.DataFrame, ...] = ()
-    if plan.sweep is not None:
-        sweep = plan.sweep
-        ks = _sweep_ks(sweep, queries.shape[0], item.n, queries.shape[1])
-        with clock.stage(SWEEP):
-            found = probes.kruskal_sweep(queries, ks, subsets=sweep.subsets, seed=sweep.seed, refine=sweep.refine,
-                                         rtol=sweep.rtol, progress=progress)
-        curves = (_curve(found, plan.model, rep, weights, item.n),)
-    if streamed:
-        item.contexts.release()  # its temporary contexts file, once every test is done
-    del contexts, queries
-    if ranks is None:
-        return Tested(curves=curves, produced=tuple(produced))
-    return Tested({label: ranks.rank.cpu()}, {label: ranks.margin.cpu()}, curves, tuple(produced))
+    def group(self, group: TokenGroup) -> Tested:
+        """Every representation of ``group`` (or its skipped rows)."""
+        if group.skipped is not None:
+            for rep in group.representations:
+                self.done.add(*_skipped(self.plan.model, self.plan.testing, Row(rep, group.weights), group.skipped))
+            return Tested()
+        tested = Tested()
+        bar = tqdm(total=len(group.items) * len(self.plan.testing.tests), desc=f"tests ({group.weights})",
+                   unit="test", disable=not self.progress)
+        for item in group.items:
+            tested = tested.merge(self.item(item, group, bar))
+        bar.close()
+        return tested
+
+    def item(self, item: TokenItem, group: TokenGroup, bar: tqdm) -> Tested:
+        """The tests and the sweep of one representation of ``group``."""
+        plan, clock, rep, weights = self.plan, self.clock, item.representation, group.weights
+        label = f"{rep}@{weights}"
+        produced = [item.saved] if item.saved is not None else []  # written chunk by chunk as contexts streamed
+        if self.tokens_dir is not None and item.tokens is not None:
+            path = self.tokens_dir() / f"{label.replace('/', '_')}.safetensors"
+            try:
+                with clock.stage(SAVING_TOKENS):
+                    item.tokens.save(path)
+            except OSError as err:
+                raise AuditError(f"cannot save tokens in {str(path.parent)!r} ({err.strerror or err}); free some "
+                                 "space or choose another --out") from None
+            produced.insert(0, path)
+        streamed = isinstance(item.contexts, StreamedContexts)
+        contexts = item.contexts if streamed or item.contexts is None else item.contexts.to(self.device)
+        queries = item.queries.to(self.device)
+        meta = item.meta
+        base = {"model": plan.model, "representation": rep, "layer": meta.get("layer", ""), "weights": weights,
+                "data_source": meta.get("data_source", ""), "data_counts": meta.get("data_counts", ""),
+                "first": group.first, "data_fingerprint": group.fingerprint,
+                "tokenizer": meta.get("tokenizer", ""), "seed": plan.testing.seed,
+                "dtype": meta.get("dtype") or str(queries.dtype).removeprefix("torch.")}
+        with clock.stage(f"geometry ({rep})") if self.per_layer else contextlib.nullcontext():
+            base.update(token_geometry(contexts, queries))
+        _, ranks = run_tests(contexts, queries, plan.testing, bar, n=item.n, clock=clock,
+                             layer=rep if self.per_layer else None, on_row=lambda row: self.done.add({**base, **row}),
+                             reuse=lambda test: self.done.reuse(rep, weights, test, group.fingerprint))
+        self.done.settle(rep, weights)
+        curves: tuple[pd.DataFrame, ...] = ()
+        if plan.sweep is not None:
+            ks = _sweep_ks(plan.sweep, queries.shape[0], item.n, queries.shape[1])
+            with clock.stage(SWEEP):
+                found = probes.kruskal_sweep(queries, ks, subsets=plan.sweep.subsets, seed=plan.sweep.seed,
+                                             refine=plan.sweep.refine, rtol=plan.sweep.rtol, progress=self.progress)
+            curves = (_curve(found, plan.model, rep, weights, item.n),)
+        if streamed:
+            item.contexts.release()  # its temporary contexts file, once every test is done
+        del contexts, queries
+        if ranks is None:
+            return Tested(curves=curves, produced=tuple(produced))
+        return Tested({label: ranks.rank.cpu()}, {label: ranks.margin.cpu()}, curves, tuple(produced))

@@ -267,8 +267,8 @@ def _extract_group(loaded: LoadedModel, read: Read, reps: list[str], extraction:
     if sharding is not None:  # shard extraction across processes / Ray workers; tokens are identical
         from auditor.audit.shard import ModelRecipe, extract_sharded
 
-        recipe = ModelRecipe.of(loaded, device=sharding.loading.device,
-                                context_length=sharding.loading.context_length,
+        n = loaded.n if loaded.modality == "text" else sharding.loading.context_length  # the n chosen here
+        recipe = ModelRecipe.of(loaded, device=sharding.loading.device, context_length=n,
                                 trust_remote_code=sharding.loading.trust_remote_code)
         slurm = sharding.slurm  # Slurm jobs' logs in <out>/.slurm (hidden: not report files)
         slurm = slurm.at(Path(out).absolute() / ".slurm") if out is not None else slurm
@@ -290,12 +290,13 @@ def model_groups(plan: AuditPlan, spec: ModelSpec, out: Path | None, progress: b
 
     loading = plan.loading
     for weights, reps in plan.by_weights().items():
+        n = plan.context_length(spec, weights)
         try:
-            loaded = load_model(spec.name, weights, device=loading.device, seed=loading.seed,
-                                context_length=loading.context_length, trust_remote_code=loading.trust_remote_code,
-                                dtype=loading.dtype, query=loading.query, bos=loading.bos)
+            loaded = load_model(spec.name, weights, device=loading.device, seed=loading.seed, context_length=n,
+                                trust_remote_code=loading.trust_remote_code, dtype=loading.dtype, query=loading.query,
+                                bos=loading.bos)
         except WeightsUnavailable as err:
-            shape = architecture(spec, weights, weights_kind(weights), loading.context_length)
+            shape = architecture(spec, weights, weights_kind(weights), n)
             planned = plan.representations(reps, shape[2]) if shape is not None else reps
             yield TokenGroup(weights, [], "", skipped=f"weights unavailable: {err}", representations=planned,
                              stage=extraction_stage(weights))
