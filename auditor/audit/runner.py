@@ -167,8 +167,30 @@ def _probes_module(name: str) -> ModuleType | None:
         return None
 
 
-def kruskal_extras(row: dict[str, Any], vectors: torch.Tensor, cache: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The columns the audit adds to the row of a Kruskal test whose tested vectors are ``vectors`` (N, d).
+class VectorBounds:
+    """The certified Kruskal lower bound (per rtol) and the duplicates of one set of tested vectors (N, d),
+    each computed once when first asked: several tests share their vectors (the queries, or e(t) + mean E(t)).
+    """
+
+    def __init__(self, vectors: torch.Tensor) -> None:
+        self.vectors = vectors  # (N, d)
+        self._lower: dict[float, Any] = {}
+        self._duplicates: Any = None
+
+    def lower(self, bounds: ModuleType, rtol: float) -> Any:
+        if rtol not in self._lower:
+            self._lower[rtol] = bounds.kruskal_lower_bound(self.vectors, rtol=rtol)
+        return self._lower[rtol]
+
+    def duplicates(self, bounds: ModuleType) -> Any:
+        if self._duplicates is None:
+            self._duplicates = bounds.duplicates(self.vectors)
+        return self._duplicates
+
+
+def kruskal_extras(row: dict[str, Any], tested: torch.Tensor | VectorBounds) -> dict[str, Any]:
+    """The columns the audit adds to the row of a Kruskal test whose tested vectors are ``tested`` (N, d),
+    or their :class:`VectorBounds` shared with other tests (so their bounds are computed once).
 
     ``fraction_low`` / ``fraction_high``: Clopper-Pearson 95% interval of the full-rank share (the share
     itself when every subset was tested or the verdict is proven); ``krank_upper``: m - 1 for the smallest
@@ -176,8 +198,7 @@ def kruskal_extras(row: dict[str, Any], vectors: torch.Tensor, cache: dict[str, 
     witnessed upper bound on the Kruskal rank, else None; ``krank_lower`` and
     ``krank_lower_method``: a certified lower bound on the Kruskal rank at the row's rtol and how it was
     proven; ``duplicates`` / ``near_duplicates``: exactly repeated vectors and pairs with |cosine| >=
-    0.9999. ``cache`` (keyed by the caller's name for ``vectors`` and the rtol) spares recomputing the
-    bounds of vectors shared by several tests. Without ``probes.bounds`` only ``krank_upper`` is filled.
+    0.9999. Without ``probes.bounds`` only ``krank_upper`` is filled.
     """
     k, fraction, subsets = int(row["k"]), float(row["fraction"]), int(row.get("subsets") or 0)
     extras: dict[str, Any] = {"krank_upper": k - 1 if row.get("witness") else None}
@@ -188,13 +209,8 @@ def kruskal_extras(row: dict[str, Any], vectors: torch.Tensor, cache: dict[str, 
         extras["fraction_low"] = extras["fraction_high"] = fraction
     else:
         extras["fraction_low"], extras["fraction_high"] = bounds.clopper_pearson(round(fraction * subsets), subsets)
-    cache = {} if cache is None else cache
-    key = ("lower", float(row["rtol"]))
-    if key not in cache:
-        cache[key] = bounds.kruskal_lower_bound(vectors, rtol=float(row["rtol"]))
-    if "duplicates" not in cache:
-        cache["duplicates"] = bounds.duplicates(vectors)
-    lower, dup = cache[key], cache["duplicates"]
+    shared = tested if isinstance(tested, VectorBounds) else VectorBounds(tested)
+    lower, dup = shared.lower(bounds, float(row["rtol"])), shared.duplicates(bounds)
     if getattr(lower, "exact", False) and lower.witness is not None:  # its search met a dependent subset
         found = [v for v in (extras["krank_upper"], len(lower.witness) - 1) if v is not None]
         extras["krank_upper"] = min(found)
@@ -264,7 +280,7 @@ def run_tests(
     n = int(contexts.shape[1]) if n is None else n
     rows: list[dict[str, Any]] = []
     ranks = None
-    cache: dict[str, dict[Any, Any]] = {"queries": {}, "mixed": {}}  # bounds of vectors several tests share
+    shared: dict[str, VectorBounds] = {}  # the bounds of vectors several tests share, by their name
     for name in testing.tests:
         test = ASSUMPTION_TESTS[name]
         stage = name if layer is None else f"{name} ({layer})"
@@ -286,8 +302,9 @@ def run_tests(
                     row["fraction_low"] = row["fraction_high"] = row["fraction"]
             if test.kruskal and row.get("status") == "ok" and "krank_lower_method" not in row:
                 vectors = "mixed" if test.needs_contexts else "queries"
-                tested = _mixed(contexts, queries) if vectors == "mixed" else queries
-                row = {**row, **kruskal_extras(row, tested, cache[vectors])}
+                if vectors not in shared:
+                    shared[vectors] = VectorBounds(_mixed(contexts, queries) if vectors == "mixed" else queries)
+                row = {**row, **kruskal_extras(row, shared[vectors])}
         rows.append(row)
         if on_row is not None:
             on_row(row)
@@ -316,8 +333,9 @@ def _sweep_ks(sweep: Sweep, num: int, n: int, d: int) -> list[int]:
 # ---------------------------------------------------------------------------------------------------
 
 
-def _options(options: dict[str, Any]) -> dict[str, Any]:
-    """Comma strings or sequences as tuples; unknown names refused with the valid ones."""
+def _options(given: Mapping[str, Any]) -> dict[str, Any]:
+    """The options with comma strings or sequences as tuples; unknown names refused with the valid ones."""
+    options = dict(given)
     for key in ("representations", "weights", "tests", "sweep_ks", "tokens"):
         if isinstance(options.get(key), str | Path):
             options[key] = tuple(s.strip() for s in str(options[key]).split(",") if s.strip())
@@ -510,14 +528,12 @@ def _stream_stage(work: str, rep: str, saved: bool, per_layer: bool) -> str | No
     return f"{test} ({rep})" if per_layer else test
 
 
-def _timed(groups: Iterator[TokenGroup], clock: StageClock, per_layer: bool = False,
-           chunks: list[int] | None = None) -> Iterator[TokenGroup]:
+def _timed(groups: Iterator[TokenGroup], clock: StageClock, per_layer: bool = False) -> Iterator[TokenGroup]:
     """The groups, each one's making (model, inputs, extraction) added to its stage while the run waits.
 
     No reference to a group is kept once the next is asked for: a group's tokens are released before the
     next group's are extracted (the memory bound of :func:`auditor.audit.sources.extracted_passes`). The work
-    done on streamed contexts while they were extracted goes to the stage it serves (:func:`_stream_stage`);
-    ``chunks`` collects the chunk size of each streamed representation.
+    done on streamed contexts while they were extracted goes to the stage it serves (:func:`_stream_stage`).
     """
     while True:
         begin = time.perf_counter()
@@ -528,8 +544,6 @@ def _timed(groups: Iterator[TokenGroup], clock: StageClock, per_layer: bool = Fa
         for item in group.items:
             if not isinstance(item.contexts, StreamedContexts):
                 continue
-            if chunks is not None:
-                chunks.append(item.contexts.chunk)
             for work, seconds in item.contexts.seconds.items():
                 stage = _stream_stage(work, item.representation, item.saved is not None, per_layer)
                 if stage is not None:
@@ -564,7 +578,8 @@ def _run_groups(config: AuditConfig, plan: AuditPlan, groups: Callable[[Path | N
         tested = Tested()
         try:
             chunks: list[int] = []  # examples per chunk of each streamed representation
-            for group in _timed(groups(out_path), clock, per_layer, chunks):
+            for group in _timed(groups(out_path), clock, per_layer):
+                chunks += [item.contexts.chunk for item in group.items if isinstance(item.contexts, StreamedContexts)]
                 tested = tested.merge(tester.group(group))
                 if folder is not None:
                     folder.produced.update(tested.produced)
