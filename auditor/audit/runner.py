@@ -8,8 +8,9 @@ DataFrame (columns and types: :mod:`auditor.audit.report.schema`); with ``out`` 
 transformers model object the caller holds (``audit_model(model, processor, data)``), saved token files
 (``tokens=``, ``audit MODEL --tokens FILE``) or tensors (:func:`audit_tokens`).
 
-Every option (:class:`~auditor.audit.config.AuditConfig`) is checked before a model loads or the report
-folder is touched, so a mistake costs nothing and never disturbs an interrupted run's
+Every option (:class:`~auditor.audit.config.AuditConfig`) is checked, and the plan it makes
+(:class:`~auditor.audit.plan.AuditPlan`: the rows and one frozen part per stage) checked against the model,
+before a model loads or the report folder is touched, so a mistake costs nothing and never disturbs an interrupted run's
 ``results.partial.*``. Rows are named by representation and weights: the default plan is ``embedding``,
 ``random-attention`` and ``block.0``, each with random and with pretrained weights. A pretrained row
 whose weights cannot be loaded (offline) is kept as a *skipped* row with the reason. The tests come from
