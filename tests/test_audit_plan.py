@@ -29,27 +29,30 @@ from auditor.data import BUNDLED_MIN_SAMPLES
 
 
 def test_every_field_of_the_configuration_reaches_exactly_the_parts_that_use_it():
-    config = AuditConfig(model="gpt2", data="some.txt", samples=64, first=True, subsets=300, seed=7, rtol=1e-5,
-                         threshold=0.9, device="cpu", batch_size=8, context_length=32, sweep=True, sweep_ks=(4, 9),
-                         sweep_subsets=50, sweep_refine=2, dtype="float64", bos=False, threads=1, workers=2,
-                         memory_budget=0.5, robustness=False, tests=("assumption1",), weights=("random",))
+    config = AuditConfig(model="gpt2", data="some.txt", samples=64, first=True, subsets=300, seed=7,
+                         rtol=1e-5, threshold=0.9, device="cpu", batch_size=8, context_length=32, sweep=True,
+                         sweep_ks=(4, 9), sweep_subsets=50, sweep_refine=2, dtype="float64", bos=False,
+                         threads=1, workers=2, memory_budget=0.5, robustness=False, tests=("assumption1",),
+                         weights=("random",))
     plan = AuditPlan.of(config)
     assert plan.sampling == Sampling(data="some.txt", samples=64, first=True, seed=7, sweep_k=9)
     assert plan.loading == Loading(device="cpu", seed=7, context_length=32, trust_remote_code=False,
                                    dtype="float64", query=None, bos=False)
     assert plan.extraction.batch_size == 8 and plan.extraction.memory_budget == 0.5
     assert plan.extraction.sharding is not None and plan.extraction.sharding.workers == 2
-    assert plan.extraction.sharding.slurm == SlurmOptions() and plan.extraction.sharding.loading == plan.loading
+    sharding = plan.extraction.sharding
+    assert sharding.slurm == SlurmOptions() and sharding.loading == plan.loading
     assert plan.testing == RunOptions(subsets=300, seed=7, rtol=1e-5, threshold=0.9, robustness=False,
                                       tests=("assumption1",))
     assert plan.sweep == Sweep(ks=(4, 9), subsets=50, refine=2, seed=7, rtol=1e-5)
-    assert plan.rows == (Row("embedding", "random"), Row("random-attention", "random"), Row("block.0", "random"))
+    assert plan.rows == tuple(Row(rep, "random") for rep in ("embedding", "random-attention", "block.0"))
     assert plan.threads == 1 and plan.tokens is None
 
 
 def test_the_parts_are_frozen_and_the_defaults_extract_in_this_process():
     plan = AuditPlan.of(AuditConfig())
-    assert plan.extraction == Extraction(batch_size=32, seed=0, device="auto", memory_budget=None, save_tokens=False)
+    assert plan.extraction == Extraction(batch_size=32, seed=0, device="auto", memory_budget=None,
+                                         save_tokens=False)
     assert plan.sweep is None and plan.sampling.sweep_k is None
     for part in (plan, plan.sampling, plan.loading, plan.extraction, plan.testing):
         with pytest.raises(dataclasses.FrozenInstanceError):
@@ -57,7 +60,8 @@ def test_the_parts_are_frozen_and_the_defaults_extract_in_this_process():
 
 
 def test_pins_and_layers_shape_the_rows_and_the_depth_audit():
-    pinned = AuditPlan.of(AuditConfig(representations=("embedding", "block.0@pretrained"), weights=("random",)))
+    pinned = AuditPlan.of(AuditConfig(representations=("embedding", "block.0@pretrained"),
+                                      weights=("random",)))
     assert pinned.by_weights() == {"random": ["embedding"], "pretrained": ["block.0"]}
     assert not pinned.across_depth
     assert AuditPlan.of(AuditConfig(representations=("block.0", "block.3"))).across_depth
@@ -137,7 +141,8 @@ def test_long_stages_show_the_time_left(capsys):
 
     import auditor
 
-    contexts = torch.randn(40, 3, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)  # (N, n, d)
+    gen = torch.Generator().manual_seed(0)
+    contexts = torch.randn(40, 3, 8, generator=gen, dtype=torch.float64)  # (N, n, d)
     auditor.audit_tokens(contexts, contexts[:, 0].clone(), subsets=10, progress=True)
     err = capsys.readouterr().err
     assert re.search(r"tests \(given\).*4/4 \[\d\d:\d\d<\d\d:\d\d", err), err[-500:]

@@ -44,8 +44,8 @@ if TYPE_CHECKING:
 
 EMBEDDING = "embedding"
 # Options that mean nothing when token files are tested again: the tokens are extracted already.
-_EXTRACTION_OPTIONS = ("data", "samples", "first", "context_length", "save_tokens", "representations", "weights",
-                       "trust_remote_code", "layers")
+_EXTRACTION_OPTIONS = ("data", "samples", "first", "context_length", "save_tokens", "representations",
+                       "weights", "trust_remote_code", "layers")
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,10 @@ def default_context_length(n: int, d: int, cost: DefaultCost | None = None) -> i
     from auditor.data import default_samples
 
     cost = cost if cost is not None else DEFAULT_COST
-    while n > cost.smallest_n and audit_flops(default_samples(n, None, MAX_DEFAULT_SAMPLES), n, d) > cost.flops:
+    def over(n: int) -> bool:
+        return audit_flops(default_samples(n, None, MAX_DEFAULT_SAMPLES), n, d) > cost.flops
+
+    while n > cost.smallest_n and over(n):
         n //= 2
     return n
 
@@ -103,7 +106,7 @@ class Sampling:
     sweep_k: int | None = None  # the largest k asked of --sweep: fewer examples are refused
 
     def count(self, n: int) -> int:
-        """N for a model of context length ``n``: ``samples``, else the default of :func:`auditor.data.default_samples`."""
+        """N for a model of context length ``n``: ``samples``, else :func:`auditor.data.default_samples`."""
         from auditor.data import default_samples
 
         return self.samples or default_samples(n, self.data, MAX_DEFAULT_SAMPLES)
@@ -175,19 +178,21 @@ class AuditPlan:
     def of(cls, config: AuditConfig) -> AuditPlan:
         """The plan of ``config``; raises AuditError for options that cannot go together."""
         if config.tokens is not None:
-            unused = [name for name in _EXTRACTION_OPTIONS
-                      if getattr(config, name) != _DEFAULTS[name]] + (["workers"] if config.workers > 1 else [])
+            unused = [name for name in _EXTRACTION_OPTIONS if getattr(config, name) != _DEFAULTS[name]]
+            unused += ["workers"] if config.workers > 1 else []
             if unused:
-                raise AuditError(f"option(s) {', '.join(unused)} do not apply when re-testing token files (the "
-                                 "tokens are extracted already; each file names its representation and weights)")
+                raise AuditError(f"option(s) {', '.join(unused)} do not apply when re-testing token files "
+                                 "(the tokens are extracted already; each file names its representation and "
+                                 "weights)")
         loading = Loading(device=config.device, seed=config.seed, context_length=config.context_length,
                           trust_remote_code=config.trust_remote_code, dtype=config.dtype, query=config.query,
                           bos=config.bos)
         sharding = None if config.workers == 1 else Sharding(
             workers=config.workers, executor=config.executor, address=config.address,
             slurm=config.slurm or SlurmOptions(), loading=loading)
-        sweep = None if not config.sweep else Sweep(ks=config.sweep_ks, subsets=config.sweep_subsets,
-                                                    refine=config.sweep_refine, seed=config.seed, rtol=config.rtol)
+        sweep = None if not config.sweep else Sweep(
+            ks=config.sweep_ks, subsets=config.sweep_subsets, refine=config.sweep_refine, seed=config.seed,
+            rtol=config.rtol)
         return cls(
             model=config.model,
             rows=tuple(_rows(config.representations, config.weights, config.layers)),
@@ -249,8 +254,8 @@ class AuditPlan:
         resolve_device(self.loading.device)
         data, samples, sweep_k = self.sampling.data, self.sampling.samples, self.sampling.sweep_k
         if data is not None and not data.startswith(HF_PREFIX) and not Path(data).expanduser().exists():
-            raise AuditError(f"data {data!r} does not exist; give an image folder, a .txt file or a folder of them, "
-                             "or hf:<dataset>")
+            raise AuditError(f"data {data!r} does not exist; give an image folder, a .txt file or a "
+                             "folder of them, or hf:<dataset>")
         if sweep_k is not None and samples is not None and sweep_k > samples:
             raise AuditError(f"sweep k = {sweep_k} exceeds the N = {samples} examples asked for; "
                              f"valid: 1 <= k <= {samples} (or load more with --samples)")
@@ -267,7 +272,8 @@ class AuditPlan:
             if kind == "folder" and spec.adapter.model_types:
                 found = folder_model_type(Path(weights).expanduser())
                 if found not in spec.adapter.model_types:
-                    raise AuditError(f"{weights} holds a {found or 'unknown'} model, not a {spec.family} model")
+                    raise AuditError(f"{weights} holds a {found or 'unknown'} model, "
+                                     f"not a {spec.family} model")
             shape = architecture(spec, weights, kind, self.context_length(spec, weights))
             if shape is not None:
                 n, d, layers = shape
@@ -277,8 +283,8 @@ class AuditPlan:
         """As :meth:`check_model`, for a model object (its own weights only)."""
         self.check_common()
         if self.extraction.sharding is not None:
-            raise AuditError("workers > 1 rebuilds the model in each worker; a model object is audited in this "
-                             "process")
+            raise AuditError("workers > 1 rebuilds the model in each worker; a model object is audited in "
+                             "this process")
         planned = self.by_weights()
         if set(planned) != {loaded.weights}:
             other = sorted(set(planned) - {loaded.weights})
@@ -338,7 +344,8 @@ def _rows(representations: tuple[str, ...], weights: tuple[str, ...], layers: st
     return rows
 
 
-def architecture(spec: ModelSpec, weights: str, kind: str, context_length: int | None) -> tuple[int, int, int] | None:
+def architecture(spec: ModelSpec, weights: str, kind: str,
+                 context_length: int | None) -> tuple[int, int, int] | None:
     """(n, d, blocks) of the model ``load_model`` would build, read from its configuration alone (no
     weights); None when that needs the model itself (e.g. timm)."""
     from auditor.models.base import HFAdapter
