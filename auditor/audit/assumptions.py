@@ -29,7 +29,8 @@ from auditor.audit.report.catalogue import (
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["ASSUMPTION_TESTS", "KRUSKAL_TESTS", "QUERY_TESTS", "TESTS", "TEST_TITLES", "AssumptionTest", "RunOptions"]
+__all__ = ["ASSUMPTION_TESTS", "KRUSKAL_TESTS", "QUERY_TESTS", "TESTS", "TEST_TITLES", "AssumptionTest",
+           "RunOptions"]
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,8 @@ def _assumption2(contexts: torch.Tensor, queries: torch.Tensor, n: int, options:
     return probes.assumption2(contexts, rtol=options.rtol, ranks=ranks, robustness=options.robustness), ranks
 
 
-def _assumption1(contexts: torch.Tensor | None, queries: torch.Tensor, n: int, options: RunOptions) -> Verdict:
+def _assumption1(contexts: torch.Tensor | None, queries: torch.Tensor, n: int,
+                 options: RunOptions) -> Verdict:
     return probes.assumption1(queries, n, subsets=options.subsets, seed=options.seed, rtol=options.rtol,
                               threshold=options.threshold, robustness=options.robustness), None
 

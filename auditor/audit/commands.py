@@ -83,10 +83,11 @@ def _ints(value: str | None) -> tuple[int, ...] | None:
 @click.option("--device", default=_D["device"], show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option("--batch-size", type=int, default=_D["batch_size"], show_default=True, help=f"Examples per forward pass (at most {MAX_SIZE:,}).")
 @click.option("--context-length", type=int, default=_D["context_length"],
-              help=f"n for text models, at most {MAX_SIZE:,}. Default: the family's n (BERT 512, GPT-2 1024, "
-                   "decoders 128; within the width d), halved while an audit with no options would cost more than "
-                   f"{DEFAULT_COST.flops:.1e} estimated FLOPs (block 0's forward and the tests' Gram matrices), "
-                   "so that it ends in minutes on two CPU cores; `audit models` shows the result.")
+              help=f"n for text models, at most {MAX_SIZE:,}. Default: the family's n (BERT 512, GPT-2 "
+                   "1024, decoders 128; within the width d), halved while an audit with no options would "
+                   f"cost more than {DEFAULT_COST.flops:.1e} estimated FLOPs (block 0's forward and the "
+                   "tests' Gram matrices), so that it ends in minutes on two CPU cores; `audit models` "
+                   "shows the result.")
 @click.option("--dtype", default=_D["dtype"], show_default=True,
               help="dtype the audited blocks compute tokens in (float32, float64, bfloat16, float16); weights "
                    "stored in another dtype are cast as they are read. The rank tolerance follows it.")

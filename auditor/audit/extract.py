@@ -285,7 +285,7 @@ def extract(
 
 def _requested(loaded: LoadedModel, inputs: Inputs, representations: Sequence[str],
                batch_size: int) -> list[Representation]:
-    """The representations asked of :func:`extract`, parsed and without repeats, once its arguments are checked."""
+    """The representations asked of :func:`extract`, parsed and without repeats; its arguments checked."""
     reps = list(
         {r.name: r for r in (parse_representation(x, loaded.num_layers) for x in representations)}.values()
     )

@@ -9,10 +9,11 @@ transformers model object the caller holds (``audit_model(model, processor, data
 (``tokens=``, ``audit MODEL --tokens FILE``) or tensors (:func:`audit_tokens`).
 
 Every option (:class:`~auditor.audit.config.AuditConfig`) is checked, and the plan it makes
-(:class:`~auditor.audit.plan.AuditPlan`: the rows and one frozen part per stage) checked against the model,
-before a model loads or the report folder is touched, so a mistake costs nothing and never disturbs an interrupted run's
-``results.partial.*``. Rows are named by representation and weights: the default plan is ``embedding``,
-``random-attention`` and ``block.0``, each with random and with pretrained weights. A pretrained row
+(:class:`~auditor.audit.plan.AuditPlan`: the rows and one frozen part per stage) checked against the
+model, before a model loads or the report folder is touched, so a mistake costs nothing and never
+disturbs an interrupted run's ``results.partial.*``. Rows are named by representation and weights: the
+default plan is ``embedding``, ``random-attention`` and ``block.0``, each with random and with pretrained
+weights. A pretrained row
 whose weights cannot be loaded (offline) is kept as a *skipped* row with the reason. The tests come from
 one table (:mod:`auditor.audit.assumptions`); the wall time of each stage (extraction per weights source, each
 test, the sweep) is recorded with ``time.perf_counter`` and reported as ``stage | seconds | share``.
@@ -304,7 +305,8 @@ def run_tests(
             if test.kruskal and row.get("status") == "ok" and "krank_lower_method" not in row:
                 vectors = "mixed" if test.needs_contexts else "queries"
                 if vectors not in shared:
-                    shared[vectors] = VectorBounds(_mixed(contexts, queries) if vectors == "mixed" else queries)
+                    tested = _mixed(contexts, queries) if vectors == "mixed" else queries
+                    shared[vectors] = VectorBounds(tested)
                 row = {**row, **kruskal_extras(row, shared[vectors])}
         rows.append(row)
         if on_row is not None:
@@ -354,8 +356,9 @@ def _options(given: Mapping[str, Any]) -> dict[str, Any]:
     return options
 
 
-def audit_model(model: str | torch.nn.Module = "vit-base", processor: object = None, data: str | Path | None = None,
-                *, out: str | Path | None = None, progress: bool = True, **options: Any) -> pd.DataFrame:
+def audit_model(model: str | torch.nn.Module = "vit-base", processor: object = None,
+                data: str | Path | None = None, *, out: str | Path | None = None, progress: bool = True,
+                **options: Any) -> pd.DataFrame:
     """Run the assumption audit of ``model``; return one typed row per representation x test.
 
     Args:
@@ -436,7 +439,8 @@ def audit_tokens(
     group = TokenGroup(GIVEN, [item], fingerprint([("queries", tokens.queries)] + (
         [] if contexts is None else [("contexts", tokens.contexts)])))
     plan.check_shape(n=n_tokens, d=tokens.d, num=tokens.N)
-    return _run_groups(config, plan, lambda out_path: iter([group]), out=out, progress=progress, clock=clock).rows
+    return _run_groups(config, plan, lambda out_path: iter([group]), out=out, progress=progress,
+                       clock=clock).rows
 
 
 def _given_tensor(value: object, name: str) -> torch.Tensor:
@@ -478,12 +482,13 @@ def run(config: AuditConfig, *, out: str | Path | None = None, progress: bool = 
                                      weights=tuple(dict.fromkeys(g.weights for g in files)))
         plan = dataclasses.replace(plan, rows=tuple(Row(item.representation, group.weights)
                                                     for group in files for item in group.items))
-        return _run_groups(config, plan, lambda out_path: iter(files), out=out, progress=progress, clock=clock,
-                           keep={Path(f) for f in plan.tokens})
+        return _run_groups(config, plan, lambda out_path: iter(files), out=out, progress=progress,
+                           clock=clock, keep={Path(f) for f in plan.tokens})
     if model_object is not None:
         with clock.stage(SETUP):
             plan.check_object(model_object)
-        return _run_groups(config, plan, lambda out_path: object_groups(plan, model_object, out_path, progress),
+        return _run_groups(config, plan,
+                           lambda out_path: object_groups(plan, model_object, out_path, progress),
                            out=out, progress=progress, clock=clock)
     with clock.stage(SETUP):
         from auditor.models import resolve
@@ -557,8 +562,8 @@ def _timed(groups: Iterator[TokenGroup], clock: StageClock, per_layer: bool = Fa
         group = None
 
 
-def _run_groups(config: AuditConfig, plan: AuditPlan, groups: Callable[[Path | None], Iterator[TokenGroup]], *,
-                out: str | Path | None, progress: bool, clock: StageClock,
+def _run_groups(config: AuditConfig, plan: AuditPlan, groups: Callable[[Path | None], Iterator[TokenGroup]],
+                *, out: str | Path | None, progress: bool, clock: StageClock,
                 keep: set[Path] = frozenset()) -> AuditResult:
     """Take the report folder (if any), test every group of ``plan``, write the report (``config`` is what it
     records), tidy the folder."""
@@ -566,7 +571,8 @@ def _run_groups(config: AuditConfig, plan: AuditPlan, groups: Callable[[Path | N
         from auditor.models import resolve_device
 
         test_device = resolve_device(plan.loading.device)
-    with _torch_threads(plan.threads), (ReportFolder(out) if out is not None else contextlib.nullcontext()) as folder:
+    folder_or_none = ReportFolder(out) if out is not None else contextlib.nullcontext()
+    with _torch_threads(plan.threads), folder_or_none as folder:
         out_path = folder.path if folder is not None else None
         stamp = provenance()
         done = RowStore(out_path, stamp, _config_record(config))
@@ -574,13 +580,15 @@ def _run_groups(config: AuditConfig, plan: AuditPlan, groups: Callable[[Path | N
             log.warning("resuming: %d finished Kruskal tests of an earlier run in %s are reused where the data "
                         "is the same (Assumption 2 and the sweep run again)", len(done.previous), out_path)
         per_layer = plan.across_depth
+        saving = folder is not None and plan.extraction.save_tokens
         tester = _Tester(plan, test_device, done, clock, progress=progress, per_layer=per_layer,
-                         tokens_dir=folder.tokens_dir if folder is not None and plan.extraction.save_tokens else None)
+                         tokens_dir=folder.tokens_dir if saving else None)
         tested = Tested()
         try:
             chunks: list[int] = []  # examples per chunk of each streamed representation
             for group in _timed(groups(out_path), clock, per_layer):
-                chunks += [item.contexts.chunk for item in group.items if isinstance(item.contexts, StreamedContexts)]
+                chunks += [item.contexts.chunk for item in group.items
+                           if isinstance(item.contexts, StreamedContexts)]
                 tested = tested.merge(tester.group(group))
                 if folder is not None:
                     folder.produced.update(tested.produced)
@@ -651,7 +659,8 @@ class _Tester:
         """Every representation of ``group`` (or its skipped rows)."""
         if group.skipped is not None:
             for rep in group.representations:
-                self.done.add(*_skipped(self.plan.model, self.plan.testing, Row(rep, group.weights), group.skipped))
+                row = Row(rep, group.weights)
+                self.done.add(*_skipped(self.plan.model, self.plan.testing, row, group.skipped))
             return Tested()
         tested = Tested()
         bar = tqdm(total=len(group.items) * len(self.plan.testing.tests), desc=f"tests ({group.weights})",
@@ -665,7 +674,7 @@ class _Tester:
         """The tests and the sweep of one representation of ``group``."""
         plan, clock, rep, weights = self.plan, self.clock, item.representation, group.weights
         label = f"{rep}@{weights}"
-        produced = [item.saved] if item.saved is not None else []  # written chunk by chunk as contexts streamed
+        produced = [item.saved] if item.saved is not None else []  # written chunk by chunk while streaming
         if self.tokens_dir is not None and item.tokens is not None:
             path = self.tokens_dir() / f"{label.replace('/', '_')}.safetensors"
             try:
@@ -679,15 +688,17 @@ class _Tester:
         contexts = item.contexts if streamed or item.contexts is None else item.contexts.to(self.device)
         queries = item.queries.to(self.device)
         meta = item.meta
-        base = {"model": plan.model, "representation": rep, "layer": meta.get("layer", ""), "weights": weights,
-                "data_source": meta.get("data_source", ""), "data_counts": meta.get("data_counts", ""),
+        base = {"model": plan.model, "representation": rep, "layer": meta.get("layer", ""),
+                "weights": weights, "data_source": meta.get("data_source", ""),
+                "data_counts": meta.get("data_counts", ""),
                 "first": group.first, "data_fingerprint": group.fingerprint,
                 "tokenizer": meta.get("tokenizer", ""), "seed": plan.testing.seed,
                 "dtype": meta.get("dtype") or str(queries.dtype).removeprefix("torch.")}
         with clock.stage(f"geometry ({rep})") if self.per_layer else contextlib.nullcontext():
             base.update(token_geometry(contexts, queries))
         _, ranks = run_tests(contexts, queries, plan.testing, bar, n=item.n, clock=clock,
-                             layer=rep if self.per_layer else None, on_row=lambda row: self.done.add({**base, **row}),
+                             layer=rep if self.per_layer else None,
+                             on_row=lambda row: self.done.add({**base, **row}),
                              reuse=lambda test: self.done.reuse(rep, weights, test, group.fingerprint))
         self.done.settle(rep, weights)
         curves: tuple[pd.DataFrame, ...] = ()
@@ -695,7 +706,8 @@ class _Tester:
             ks = _sweep_ks(plan.sweep, queries.shape[0], item.n, queries.shape[1])
             with clock.stage(SWEEP):
                 found = probes.kruskal_sweep(queries, ks, subsets=plan.sweep.subsets, seed=plan.sweep.seed,
-                                             refine=plan.sweep.refine, rtol=plan.sweep.rtol, progress=self.progress)
+                                             refine=plan.sweep.refine, rtol=plan.sweep.rtol,
+                                             progress=self.progress)
             curves = (_curve(found, plan.model, rep, weights, item.n),)
         if streamed:
             item.contexts.release()  # its temporary contexts file, once every test is done

@@ -229,13 +229,15 @@ def _check_sharded(recipe: ModelRecipe, inputs: Inputs, representations: Sequenc
     check_executor(executor)  # a known executor, and Ray (or submitit) importable when it is asked for
     if executor == "slurm":
         if slurm is None or slurm.folder is None:
-            raise AuditError("--executor slurm needs a folder for the jobs' logs; give the audit an --out folder")
+            raise AuditError("--executor slurm needs a folder for the jobs' logs; give the audit an --out "
+                             "folder")
         slurm_device(recipe.device, slurm)
     if loaded is not None:
         for rep in representations:
             parse_representation(rep, loaded.num_layers)  # fail here, not in every worker
         if inputs.n != loaded.n:
-            raise AuditError(f"the inputs hold {inputs.n} tokens per example but {loaded.name} uses n = {loaded.n}")
+            raise AuditError(f"the inputs hold {inputs.n} tokens per example but {loaded.name} uses "
+                             f"n = {loaded.n}")
 
 
 def _ray_parts(recipe, shards, reps, batch_size, seed, threads, address, bar) -> Iterator[tuple[int, dict]]:

@@ -42,8 +42,9 @@ if TYPE_CHECKING:
     from auditor.data import Inputs
     from auditor.models.base import LoadedModel, ModelSpec
 
-__all__ = ["Read", "TokenGroup", "TokenItem", "extracted", "extracted_passes", "extraction_stage", "fingerprint",
-           "load_inputs_for", "model_groups", "object_groups", "read_token_files", "streamed", "token_groups"]
+__all__ = ["Read", "TokenGroup", "TokenItem", "extracted", "extracted_passes", "extraction_stage",
+           "fingerprint", "load_inputs_for", "model_groups", "object_groups", "read_token_files", "streamed",
+           "token_groups"]
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")  # a representation name that is no path
 GIB = 2**30
 log = logging.getLogger(__name__)
@@ -135,19 +136,19 @@ class Read:
 
 
 def load_inputs_for(loaded: LoadedModel, sampling: Sampling, out: Path | None, progress: bool) -> Read:
-    """The inputs for ``loaded`` as ``sampling`` asks (no file under ``out`` is read), with their fingerprint."""
+    """The inputs for ``loaded`` as ``sampling`` asks (none read under ``out``), with their fingerprint."""
     from auditor.data import load_inputs
 
-    inputs = load_inputs(loaded, sampling.data, sampling.count(loaded.n), seed=sampling.seed, progress=progress,
-                         first=sampling.first, exclude=out)
+    inputs = load_inputs(loaded, sampling.data, sampling.count(loaded.n), seed=sampling.seed,
+                         progress=progress, first=sampling.first, exclude=out)
     if sampling.sweep_k is not None and sampling.sweep_k > inputs.N:
         raise AuditError(f"sweep k = {sampling.sweep_k} exceeds the N = {inputs.N} examples loaded; "
                          f"valid: 1 <= k <= {inputs.N} (or load more with --samples)")
     return Read(inputs, sampling.first, fingerprint(sorted(inputs.tensors.items())))
 
 
-def extracted(loaded: LoadedModel, reps: list[str], sampling: Sampling, extraction: Extraction, out: Path | None,
-              progress: bool) -> TokenGroup:
+def extracted(loaded: LoadedModel, reps: list[str], sampling: Sampling, extraction: Extraction,
+              out: Path | None, progress: bool) -> TokenGroup:
     """Inputs for ``loaded``, the tokens of ``reps`` extracted from them in one pass, and the inputs'
     fingerprint (no memory budget: every representation is held at once)."""
     read = load_inputs_for(loaded, sampling, out, progress)
@@ -159,7 +160,8 @@ def extracted_passes(loaded: LoadedModel, reps: list[str], sampling: Sampling, e
     """The tokens of ``reps`` as groups that each fit in ``extraction.memory_budget`` GiB (default: half the
     memory available), one forward pass each (see :func:`auditor.audit.extract.plan_passes`). The inputs are
     read once; the caller releases a group before asking for the next, so at most one is held."""
-    yield from _passes(loaded, load_inputs_for(loaded, sampling, out, progress), reps, extraction, out, progress)
+    read = load_inputs_for(loaded, sampling, out, progress)
+    yield from _passes(loaded, read, reps, extraction, out, progress)
 
 
 def _budget(memory_budget: float | None) -> int:
@@ -231,8 +233,9 @@ def streamed(loaded: LoadedModel, read: Read, reps: list[str], extraction: Extra
         if extraction.save_tokens and out is not None:
             save = Path(out) / TOKENS / f"{rep}@{loaded.weights}".replace("/", "_")
             save = save.with_name(save.name + ".safetensors")
-        reducers[rep] = ContextReducer(num, n, d, loaded.dtype, device, tests=testing.tests, rtol=testing.rtol,
-                                       robustness=testing.robustness, geometry=geometry, save=save, chunk=chunk)
+        reducers[rep] = ContextReducer(num, n, d, loaded.dtype, device, tests=testing.tests,
+                                       rtol=testing.rtol, robustness=testing.robustness, geometry=geometry,
+                                       save=save, chunk=chunk)
     metas: dict[str, Mapping[str, str]] = {}
     bar = tqdm(total=num, disable=not progress, desc=f"extract {loaded.name} (streamed)", unit="ex")
     try:
@@ -255,7 +258,8 @@ def streamed(loaded: LoadedModel, read: Read, reps: list[str], extraction: Extra
         for reducer in reducers.values():
             reducer.abort()
         raise
-    return TokenGroup(loaded.weights, items, read.fingerprint, read.first, stage=extraction_stage(loaded.weights))
+    return TokenGroup(loaded.weights, items, read.fingerprint, read.first,
+                      stage=extraction_stage(loaded.weights))
 
 
 def _extract_group(loaded: LoadedModel, read: Read, reps: list[str], extraction: Extraction, progress: bool,
@@ -272,14 +276,16 @@ def _extract_group(loaded: LoadedModel, read: Read, reps: list[str], extraction:
                                 trust_remote_code=sharding.loading.trust_remote_code)
         slurm = sharding.slurm  # Slurm jobs' logs in <out>/.slurm (hidden: not report files)
         slurm = slurm.at(Path(out).absolute() / ".slurm") if out is not None else slurm
-        tokens = extract_sharded(recipe, read.inputs, reps, workers=sharding.workers, executor=sharding.executor,
-                                 address=sharding.address, batch_size=extraction.batch_size, seed=extraction.seed,
-                                 loaded=loaded, progress=progress, slurm=slurm)
+        tokens = extract_sharded(recipe, read.inputs, reps, workers=sharding.workers,
+                                 executor=sharding.executor, address=sharding.address,
+                                 batch_size=extraction.batch_size, seed=extraction.seed, loaded=loaded,
+                                 progress=progress, slurm=slurm)
     else:
         tokens = extract(loaded, read.inputs, reps, batch_size=extraction.batch_size, seed=extraction.seed,
                          progress=progress)
     items = [TokenItem(rep, tok.queries, tok.contexts, tok.n, tok.meta, tok) for rep, tok in tokens.items()]
-    return TokenGroup(loaded.weights, items, read.fingerprint, read.first, stage=extraction_stage(loaded.weights))
+    return TokenGroup(loaded.weights, items, read.fingerprint, read.first,
+                      stage=extraction_stage(loaded.weights))
 
 
 def model_groups(plan: AuditPlan, spec: ModelSpec, out: Path | None, progress: bool) -> Iterator[TokenGroup]:
@@ -292,9 +298,9 @@ def model_groups(plan: AuditPlan, spec: ModelSpec, out: Path | None, progress: b
     for weights, reps in plan.by_weights().items():
         n = plan.context_length(spec, weights)
         try:
-            loaded = load_model(spec.name, weights, device=loading.device, seed=loading.seed, context_length=n,
-                                trust_remote_code=loading.trust_remote_code, dtype=loading.dtype, query=loading.query,
-                                bos=loading.bos)
+            loaded = load_model(spec.name, weights, device=loading.device, seed=loading.seed,
+                                context_length=n, trust_remote_code=loading.trust_remote_code,
+                                dtype=loading.dtype, query=loading.query, bos=loading.bos)
         except WeightsUnavailable as err:
             shape = architecture(spec, weights, weights_kind(weights), n)
             planned = plan.representations(reps, shape[2]) if shape is not None else reps
@@ -307,7 +313,8 @@ def model_groups(plan: AuditPlan, spec: ModelSpec, out: Path | None, progress: b
         del loaded
 
 
-def object_groups(plan: AuditPlan, loaded: LoadedModel, out: Path | None, progress: bool) -> Iterator[TokenGroup]:
+def object_groups(plan: AuditPlan, loaded: LoadedModel, out: Path | None,
+                  progress: bool) -> Iterator[TokenGroup]:
     """The one group of a model object, extracted in eval mode (the object's own mode restored after)."""
     from auditor.models.from_object import evaluating
 
