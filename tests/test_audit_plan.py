@@ -146,3 +146,14 @@ def test_long_stages_show_the_time_left(capsys):
     auditor.audit_tokens(contexts, contexts[:, 0].clone(), subsets=10, progress=True)
     err = capsys.readouterr().err
     assert re.search(r"tests \(given\).*4/4 \[\d\d:\d\d<\d\d:\d\d", err), err[-500:]
+
+
+def test_audit_models_lists_every_name_with_the_n_of_its_default_audit(capsys):
+    from auditor.cli import main
+    from auditor.models import known_models
+
+    assert main(["models"]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.strip()}
+    assert sorted(lines) == sorted(known_models())
+    assert " n = 256 " in lines["bert-base"] and " n = 128 " in lines["gpt2-large"]
+    assert " n = 197 " in lines["vit-base"]
