@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import probes
 from auditor.audit.assumptions import ASSUMPTION_TESTS, RunOptions
 from auditor.audit.config import (
     DEFAULT_REPRESENTATIONS,
@@ -296,8 +297,6 @@ class AuditPlan:
                     num: int | None = None) -> None:
         """Representations in range, n <= d, and subsets that fit in memory, for a model of this shape
         (``num``: the examples, default ``--samples`` or the largest default)."""
-        import probes
-
         if reps:
             from auditor.audit.extract import parse_representation
 
