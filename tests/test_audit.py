@@ -10,7 +10,8 @@ import torch
 from conftest import shared_data
 
 import auditor
-from auditor.audit.runner import AuditConfig, plan, run
+from auditor.audit.plan import AuditPlan
+from auditor.audit.runner import AuditConfig, run
 from auditor.audit.tokens import Tokens
 from auditor.cli import main
 from auditor.core.errors import AuditError
@@ -119,7 +120,7 @@ def test_minilm_with_real_pretrained_weights(tmp_path):
 def test_pretrained_rows_are_skipped_offline_but_not_silently(tmp_path):
     config = AuditConfig(model="vit-base", representations=("embedding", "block.0@pretrained"),
                          weights=("random",), tests=("assumption2",))
-    assert [(r.representation, r.weights) for r in plan(config)] == [("embedding", "random"),
+    assert [(r.representation, r.weights) for r in AuditPlan.of(config).rows] == [("embedding", "random"),
                                                                       ("block.0", "pretrained")]
     result = run(config, out=tmp_path, progress=False)
     skipped = result.rows[result.rows.status == "skipped"]

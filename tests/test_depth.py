@@ -15,11 +15,13 @@ import pytest
 import torch
 from conftest import shared_data, tiny_model, tiny_vit
 
-from auditor.audit.config import DEFAULT_REPRESENTATIONS, AuditConfig, parse_layers, representation_depth
+from auditor.audit.config import DEFAULT_REPRESENTATIONS, AuditConfig, parse_layers
 from auditor.audit.extract import extract, plan_passes, token_bytes
+from auditor.audit.plan import AuditPlan
+from auditor.audit.report.catalogue import representation_depth
 from auditor.audit.report.depth import CRITICAL_COLUMNS, GEOMETRY_COLUMNS, KRANK_COLUMNS, PROVENANCE_COLUMNS
 from auditor.audit.runner import run
-from auditor.audit.sources import extracted_passes, load_inputs_for, plan
+from auditor.audit.sources import extracted_passes, load_inputs_for
 from auditor.cli import main
 from auditor.core.errors import AuditError
 from auditor.data import load_inputs
@@ -90,12 +92,13 @@ def test_the_form_is_checked_when_the_config_is_made_and_python_accepts_indices(
 def test_layers_replace_the_default_representations_and_keep_those_asked_for():
     config = AuditConfig(layers="0,2", weights=("random",))
     assert config.representations == DEFAULT_REPRESENTATIONS
-    reps = [r.representation for r in plan(config)]
-    assert config.layer_representations(reps, BLOCKS) == ["embedding", "block.0", "block.2"]
-    asked = AuditConfig(layers="-2:", representations=("random-attention",), weights=("random",))
-    reps = [r.representation for r in plan(asked)]
-    assert asked.layer_representations(reps, BLOCKS) == ["embedding", "block.2", "block.3", "random-attention"]
-    assert AuditConfig().layer_representations(["block.0"], BLOCKS) == ["block.0"]  # no layers: unchanged
+    plan = AuditPlan.of(config)
+    reps = [r.representation for r in plan.rows]
+    assert plan.representations(reps, BLOCKS) == ["embedding", "block.0", "block.2"]
+    asked = AuditPlan.of(AuditConfig(layers="-2:", representations=("random-attention",), weights=("random",)))
+    reps = [r.representation for r in asked.rows]
+    assert asked.representations(reps, BLOCKS) == ["embedding", "block.2", "block.3", "random-attention"]
+    assert AuditPlan.of(AuditConfig()).representations(["block.0"], BLOCKS) == ["block.0"]  # no layers: unchanged
     assert [representation_depth(r) for r in ("embedding", "random-attention", "block.0", "block.11", "x")] == [
         0, 0, 1, 12, None]
 
@@ -147,12 +150,12 @@ def test_passes_are_cut_by_depth_within_the_budget():
 def test_a_small_memory_budget_streams_groups_that_each_fit_and_are_released(tiny):
     loaded, _ = tiny
     every = ["embedding", *(f"block.{i}" for i in range(BLOCKS))]
-    config = AuditConfig(model="vit-base", samples=6, batch_size=4)
-    inputs, _ = load_inputs_for(loaded, config, None, False)  # the inputs the passes read
+    plan = AuditPlan.of(AuditConfig(model="vit-base", samples=6, batch_size=4))
+    inputs = load_inputs_for(loaded, plan.sampling, None, False).inputs  # the inputs the passes read
     each = token_bytes(inputs.N, loaded.n, loaded.d, loaded.dtype)
-    config = dataclasses.replace(config, memory_budget=2.5 * each / 2**30)  # two layers a pass
+    extraction = dataclasses.replace(plan.extraction, memory_budget=2.5 * each / 2**30)  # two layers a pass
     reference = extract(loaded, inputs, every, batch_size=4, progress=False)
-    groups = extracted_passes(loaded, every, config, None, False)
+    groups = extracted_passes(loaded, every, plan.sampling, extraction, None, False)
     seen, previous = [], None
     for group in groups:
         if previous is not None:

@@ -11,7 +11,9 @@ The rules:
 - no cycles among the modules of ``auditor`` and ``probes``;
 - only the capacity lab (``auditor/lab``) and the command line's dispatcher (``auditor/cli.py``) import
   ``auditor.lab``: the audit, the data and the models never reach up into it;
-- ``probes`` is a library of its own and imports nothing from ``auditor``.
+- ``probes`` is a library of its own and imports nothing from ``auditor``;
+- the audit's report sits below its runner: it imports from ``auditor`` only itself and ``auditor.core``;
+- token sources and extraction take the plan's parts, not the configuration.
 """
 
 from __future__ import annotations
@@ -159,17 +161,42 @@ def test_the_known_cycle_edges_still_exist():
 
 @pytest.mark.parametrize("module", ["auditor.audit.runner", "auditor.audit.report", "auditor.audit.report.tables",
                                     "auditor.audit.report.plots", "auditor.audit.report.writer", "auditor.audit.sources",
-                                    "auditor.audit.shard", "auditor.audit.commands", "auditor.audit.config", "auditor.audit.assumptions"])
+                                    "auditor.audit.shard", "auditor.audit.commands", "auditor.audit.config", "auditor.audit.assumptions",
+                                    "auditor.audit.plan", "auditor.audit.report.catalogue",
+                                    "auditor.audit.verdicts"])
 def test_the_audit_is_in_no_cycle_at_all(module):
     """The audit's own modules are in no cycle, not even through a known edge elsewhere."""
     for component in cycles(graph()):
         assert module not in component, _describe(component, graph())
 
 
-def test_the_report_never_imports_the_runner():
-    for module, targets in graph().items():
-        if module == "auditor.audit.report" or module.startswith("auditor.audit.report."):
-            assert "auditor.audit.runner" not in targets, f"{module} imports auditor.audit.runner"
+def _inside(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+REPORT = "auditor.audit.report"
+BELOW_THE_REPORT = (REPORT, "auditor.core")  # what the report may import from auditor
+
+
+def test_the_report_sits_below_the_runner():
+    """The report imports from ``auditor`` only itself and the shared core: not the runner, the plan, the
+    configuration, the tests or the sources, which all build on it (the runner writes reports with it)."""
+    offenders = [f"{a} -> {b} ({modules()[a].relative_to(REPO)}:{line})"
+                 for a, targets in graph().items() if _inside(a, REPORT)
+                 for b, line in targets.items()
+                 if _inside(b, "auditor") and not any(_inside(b, below) for below in BELOW_THE_REPORT)]
+    assert not offenders, "the report imports from above it: " + "; ".join(offenders)
+    runner = graph()["auditor.audit.runner"]
+    assert any(_inside(b, REPORT) for b in runner), "the runner should write its report through auditor.audit.report"
+
+
+@pytest.mark.parametrize("module", ["auditor.audit.sources", "auditor.audit.extract", "auditor.audit.stream",
+                                    "auditor.audit.shard"])
+def test_the_token_sources_take_the_plan_not_the_configuration(module):
+    """Sources and extraction receive the plan's parts (auditor.audit.plan), never the whole configuration,
+    and never reach up into the runner."""
+    reached = sorted(set(graph()[module]) & {"auditor.audit.config", "auditor.audit.runner"})
+    assert not reached, f"{module} imports {', '.join(reached)}"
 
 
 def test_only_the_lab_and_the_dispatcher_import_the_lab():

@@ -18,6 +18,7 @@ from conftest import shared_data, tiny_gpt2, tiny_vit, with_singular_values
 import probes
 from auditor.audit.assumptions import RunOptions
 from auditor.audit.config import AuditConfig
+from auditor.audit.plan import AuditPlan
 from auditor.audit.runner import run
 from auditor.audit.sources import load_inputs_for, streamed, token_groups
 from auditor.audit.stream import ContextReducer, StreamedContexts, _Aligned
@@ -106,7 +107,9 @@ def test_memory_is_bounded_by_the_chunk_not_by_n(folders):
     from auditor.models import load_model
 
     loaded = load_model(config.model, "random", device="cpu", seed=0)
-    groups = list(token_groups(loaded, ["embedding", "block.1"], config, None, False))
+    plan = AuditPlan.of(config)
+    groups = list(token_groups(loaded, ["embedding", "block.1"], plan.sampling, plan.extraction, plan.testing, None,
+                               False))
     assert len(groups) == 1
     for item in groups[0].items:
         contexts = item.contexts
@@ -121,8 +124,8 @@ def test_memory_is_bounded_by_the_chunk_not_by_n(folders):
         assert item.queries.shape == (20, loaded.d)
         contexts.release()
         assert not contexts.file.path.exists()  # the temporary contexts file is gone after the tests
-    roomy = list(token_groups(loaded, ["embedding", "block.1"], dataclasses.replace(config, memory_budget=1.0),
-                              None, False))
+    roomy = list(token_groups(loaded, ["embedding", "block.1"], plan.sampling,
+                              dataclasses.replace(plan.extraction, memory_budget=1.0), plan.testing, None, False))
     assert all(isinstance(item.contexts, torch.Tensor) for group in roomy for item in group.items)  # held
 
 
@@ -132,9 +135,10 @@ def test_the_chunks_are_whole_batches_of_the_same_forward_pass(folders):
 
     config = _config(folders, "gpt2", memory_budget=TINY)
     loaded = load_model(config.model, "random", device="cpu", seed=0, context_length=12)
-    inputs, first = load_inputs_for(loaded, config, None, False)
-    reference = extract(loaded, inputs, ["block.0"], batch_size=4, progress=False)["block.0"]
-    group = streamed(loaded, inputs, ["block.0"], config, "digest", first, False)
+    plan = AuditPlan.of(config)
+    read = load_inputs_for(loaded, plan.sampling, None, False)
+    reference = extract(loaded, read.inputs, ["block.0"], batch_size=4, progress=False)["block.0"]
+    group = streamed(loaded, read, ["block.0"], plan.extraction, plan.testing, False)
     assert torch.equal(group.items[0].queries, reference.queries)
     assert dict(group.items[0].meta) == reference.meta
 

@@ -375,13 +375,14 @@ def tiny_models():
 @pytest.mark.parametrize("executor", ["local", "ray"])
 def test_sharded_extraction_equals_one_process_and_so_does_the_report(executor, tiny_models, request):
     from auditor.audit.extract import extract
+    from auditor.audit.plan import AuditPlan
     from auditor.audit.runner import AuditConfig, run_tests
     from auditor.audit.shard import extract_sharded
 
     if executor == "ray":
         request.getfixturevalue("ray_local")
     reps = ["embedding", "random-attention", "block.1"]
-    config = AuditConfig(subsets=64, seed=5)
+    testing = AuditPlan.of(AuditConfig(subsets=64, seed=5)).testing
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the workers use 1 thread each below: same kernels as this reference
     try:
@@ -394,8 +395,8 @@ def test_sharded_extraction_equals_one_process_and_so_does_the_report(executor, 
                 assert torch.equal(sharded[name].contexts, tok.contexts), (recipe.name, name)
                 assert torch.equal(sharded[name].queries, tok.queries)
                 assert sharded[name].meta == tok.meta
-                rows_single, _ = run_tests(tok.contexts, tok.queries, config)
-                rows_sharded, _ = run_tests(sharded[name].contexts, sharded[name].queries, config)
+                rows_single, _ = run_tests(tok.contexts, tok.queries, testing)
+                rows_sharded, _ = run_tests(sharded[name].contexts, sharded[name].queries, testing)
                 drop = ("seconds",)
                 assert [{k: v for k, v in r.items() if k not in drop} for r in rows_sharded] == [
                     {k: v for k, v in r.items() if k not in drop} for r in rows_single]

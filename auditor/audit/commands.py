@@ -13,9 +13,10 @@ from auditor.audit.config import (
     MAX_SUBSETS,
     MAX_SWEEP_REFINE,
     MAX_THREADS,
-    RTOL_RULE,
     AuditConfig,
 )
+from auditor.audit.plan import DEFAULT_COST
+from auditor.audit.report.catalogue import RTOL_RULE
 from auditor.core.errors import AuditError
 from auditor.core.execution import EXECUTORS
 from auditor.core.options import MAX_SIZE
@@ -82,7 +83,11 @@ def _ints(value: str | None) -> tuple[int, ...] | None:
 @click.option("--device", default=_D["device"], show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option("--batch-size", type=int, default=_D["batch_size"], show_default=True, help=f"Examples per forward pass (at most {MAX_SIZE:,}).")
 @click.option("--context-length", type=int, default=_D["context_length"],
-              help=f"n for text models (default BERT 512, GPT-2 1024; at most {MAX_SIZE:,}).")
+              help=f"n for text models, at most {MAX_SIZE:,}. Default: the family's n (BERT 512, GPT-2 "
+                   "1024, decoders 128; within the width d), halved while an audit with no options would "
+                   f"cost more than {DEFAULT_COST.flops:.1e} estimated FLOPs (block 0's forward and the "
+                   "tests' Gram matrices), so that it ends in minutes on two CPU cores; `audit models` "
+                   "shows the result.")
 @click.option("--dtype", default=_D["dtype"], show_default=True,
               help="dtype the audited blocks compute tokens in (float32, float64, bfloat16, float16); weights "
                    "stored in another dtype are cast as they are read. The rank tolerance follows it.")
@@ -168,9 +173,15 @@ def audit_command(model: str, out: Path | None, quiet: bool, representations: st
 
 @click.command("models")
 def models_command() -> None:
-    """List the registered model names (any hub id or timm:<name> works too)."""
+    """List the registered model names (any hub id or timm:<name> works too), each with the context length n
+    an audit with no options uses (text models: the cost rule of --context-length)."""
+    from auditor.audit.plan import AuditPlan, architecture
     from auditor.models import known_models, resolve
 
+    plan = AuditPlan.of(AuditConfig())
     for name in known_models():
         spec = resolve(name)
-        click.echo(f"{name:14s} {spec.family:5s} {spec.source:45s} {spec.description}")
+        n = plan.context_length(spec, "random")
+        shape = architecture(spec, "random", "random", n)
+        shown = f"n = {shape[0]}" if shape is not None else ""
+        click.echo(f"{name:15s} {spec.family:7s} {shown:8s} {spec.source:45s} {spec.description}")

@@ -2,8 +2,8 @@
 
 :class:`AuditConfig` has one field per option of ``audit MODEL`` (same names with ``-`` for ``_``, same
 defaults) and is recorded in every report (``config.json``). Its checks need no model and no data, so a
-bad value is refused before any work; what depends on the model's shape is checked by
-:mod:`auditor.audit.sources`.
+bad value is refused before any work. :class:`auditor.audit.plan.AuditPlan` splits it into what each
+stage uses and checks what depends on the model's shape.
 """
 
 from __future__ import annotations
@@ -11,10 +11,9 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Any
 
 import probes
-from auditor.audit.assumptions import TESTS
+from auditor.audit.report.catalogue import TESTS
 from auditor.core.errors import AuditError, did_you_mean
 from auditor.core.execution import EXECUTORS
 from auditor.core.options import MAX_SIZE
@@ -27,9 +26,7 @@ MAX_SUBSETS = 10_000_000  # per test; the sampled share is then known to about +
 MAX_SWEEP_REFINE = 64  # bisection steps; log2(d) of any real model is far below
 MAX_THREADS = 1024
 MAX_DEFAULT_SAMPLES = 2000  # the paper's N: what an audit takes when --samples is not given
-RTOL_RULE = "max(k, d) x eps of the token dtype"  # the default rtol, in words
 LAYERS_FORMS = "all, block indices (0,3,-1), ranges in Python slice notation (0:6, -3:, ::2) or a mix (0:3,11)"
-_CANONICAL_BLOCK = re.compile(r"block\.(\d+)")
 _LAYER_PART = re.compile(r"all|-?\d+|(-?\d+)?:(-?\d+)?(:\d*)?")  # one comma-separated part of a layers spec
 
 
@@ -135,28 +132,8 @@ class AuditConfig:
             raise AuditError(f"memory_budget (GiB of tokens held at once) must be a positive number; "
                              f"got {self.memory_budget!r}")
 
-    def layer_representations(self, representations: list[str], num_layers: int) -> list[str]:
-        """``representations`` of one weights source with the blocks of :attr:`layers` added, for a model of
-        ``num_layers`` blocks: ``embedding``, then ``block.L`` for each chosen L, then the others given
-        (the plan of :func:`auditor.audit.sources.plan`, where representations left at their default add
-        nothing to ``layers``).
-        """
-        if self.layers is None:
-            return list(representations)
-        blocks = [f"block.{index}" for index in parse_layers(self.layers, num_layers)]
-        return list(dict.fromkeys(["embedding", *blocks, *representations]))
 
-
-def representation_depth(name: str) -> int | None:
-    """Index into Hugging Face's hidden_states of a canonical representation name: 0 for ``embedding`` and
-    ``random-attention`` (made from it), L + 1 for ``block.L`` (L >= 0); None for any other name."""
-    if name in ("embedding", "random-attention"):
-        return 0
-    match = _CANONICAL_BLOCK.fullmatch(name)
-    return int(match.group(1)) + 1 if match is not None else None
-
-
-def parse_layers(spec: Any, num_layers: int | None) -> list[int]:
+def parse_layers(spec: object, num_layers: int | None) -> list[int]:
     """Block indices chosen by a layers spec, sorted and without repeats, for a model of ``num_layers`` blocks.
 
     ``all``; an index ``L`` (negatives count from the end, ``-1`` the last block); a range ``a:b`` or
@@ -191,13 +168,13 @@ def parse_layers(spec: Any, num_layers: int | None) -> list[int]:
     return sorted(chosen)
 
 
-def positive(name: str, value: Any) -> None:
+def positive(name: str, value: object) -> None:
     """A positive integer (not a bool), else a one-line AuditError naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise AuditError(f"{name} must be a positive integer; got {value!r}")
 
 
-def bounded(name: str, value: Any, lo: int, hi: int) -> None:
+def bounded(name: str, value: object, lo: int, hi: int) -> None:
     """An integer in ``lo .. hi`` (not a bool), else a one-line AuditError naming ``name`` and the range."""
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
         word = "a positive integer" if lo == 1 else f"an integer >= {lo}"

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from auditor.audit.config import representation_depth
+from auditor.audit.report.catalogue import representation_depth
 from auditor.audit.tokens import Tokens
 from auditor.core.errors import AuditError
 from auditor.data import Inputs
@@ -244,17 +244,7 @@ def extract(
     Returns ``{name: Tokens}`` with contexts (N, n, d) on the CPU in the model's dtype and queries
     (N, d) = contexts[:, query_index]. ``seed`` draws the random attention layer's weights.
     """
-    reps = list(
-        {r.name: r for r in (parse_representation(x, loaded.num_layers) for x in representations)}.values()
-    )
-    if not reps:
-        raise AuditError(f"no representation requested; valid: {EMBEDDING}, {RANDOM_ATTENTION}, block.<L>")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise AuditError(f"batch_size must be a positive integer; got {batch_size!r}")
-    if inputs.n != loaded.n:
-        raise AuditError(
-            f"the inputs hold {inputs.n} tokens per example but {loaded.name} uses n = {loaded.n}"
-        )
+    reps = _requested(loaded, inputs, representations, batch_size)
     num, n, d = inputs.N, loaded.n, loaded.d
     need_embedding = any(r.kind in (EMBEDDING, RANDOM_ATTENTION) for r in reps)
     block_indices = sorted({r.block for r in reps if r.kind == "block"})
@@ -288,7 +278,36 @@ def extract(
             bar.update(size)
     if row != num:
         raise RuntimeError(f"the inputs yielded {row} examples but announced N = {num}")
-    meta = {
+    meta = _meta(loaded, inputs, seed)
+    return {rep.name: Tokens(contexts=out[rep.name], queries=_queries(loaded, out[rep.name]),
+                             meta={**meta, "representation": rep.name, "layer": rep.layer}) for rep in reps}
+
+
+def _requested(loaded: LoadedModel, inputs: Inputs, representations: Sequence[str],
+               batch_size: int) -> list[Representation]:
+    """The representations asked of :func:`extract`, parsed and without repeats; its arguments checked."""
+    reps = list(
+        {r.name: r for r in (parse_representation(x, loaded.num_layers) for x in representations)}.values()
+    )
+    if not reps:
+        raise AuditError(f"no representation requested; valid: {EMBEDDING}, {RANDOM_ATTENTION}, block.<L>")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise AuditError(f"batch_size must be a positive integer; got {batch_size!r}")
+    if inputs.n != loaded.n:
+        raise AuditError(
+            f"the inputs hold {inputs.n} tokens per example but {loaded.name} uses n = {loaded.n}"
+        )
+    return reps
+
+
+def _queries(loaded: LoadedModel, contexts: torch.Tensor) -> torch.Tensor:
+    """The query of every context (N, n, d) -> (N, d): the row ``query_index``, or the mean of the rows."""
+    return contexts.mean(dim=1) if loaded.query == "mean" else contexts[:, loaded.query_index].clone()
+
+
+def _meta(loaded: LoadedModel, inputs: Inputs, seed: int) -> dict[str, str]:
+    """The metadata every token file of one extraction carries (representation and layer added per file)."""
+    return {
         "model": loaded.name,
         "family": loaded.family,
         "modality": loaded.modality,
@@ -300,18 +319,9 @@ def extract(
         "data_counts": json.dumps(dict(inputs.counts), sort_keys=True),
         "tokenizer": inputs.tokenizer,
         "query_index": "mean" if loaded.query == "mean" else str(loaded.query_index),
-        "n": str(n),
-        "d": str(d),
+        "n": str(loaded.n),
+        "d": str(loaded.d),
         "seed": str(seed),
         "model_seed": str(loaded.seed),
         **{key: str(loaded.details[key]) for key in ("weights_dtype",) if key in loaded.details},
     }
-    result = {}
-    for rep in reps:
-        contexts = out[rep.name]
-        result[rep.name] = Tokens(
-            contexts=contexts,
-            queries=contexts.mean(dim=1) if loaded.query == "mean" else contexts[:, loaded.query_index].clone(),  # (N, d)
-            meta={**meta, "representation": rep.name, "layer": rep.layer},
-        )
-    return result

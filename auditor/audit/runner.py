@@ -8,21 +8,21 @@ DataFrame (columns and types: :mod:`auditor.audit.report.schema`); with ``out`` 
 transformers model object the caller holds (``audit_model(model, processor, data)``), saved token files
 (``tokens=``, ``audit MODEL --tokens FILE``) or tensors (:func:`audit_tokens`).
 
-Every option (:class:`~auditor.audit.config.AuditConfig`) is checked before a model loads or the report
-folder is touched, so a mistake costs nothing and never disturbs an interrupted run's
-``results.partial.*``. Rows are named by representation and weights: the default plan is ``embedding``,
-``random-attention`` and ``block.0``, each with random and with pretrained weights. A pretrained row
-whose weights cannot be loaded (offline) is kept as a *skipped* row with the reason. The tests come from
-one table (:mod:`auditor.audit.assumptions`); the wall time of each stage (extraction per weights source, each
+Every option (:class:`~auditor.audit.config.AuditConfig`) is checked, and the plan it makes
+(:class:`~auditor.audit.plan.AuditPlan`: the rows and one frozen part per stage) checked against the
+model, before a model loads or the report folder is touched, so a mistake costs nothing and never
+disturbs an interrupted run's ``results.partial.*``. Rows are named by representation and weights: the
+default plan is ``embedding``, ``random-attention`` and ``block.0``, each with random and with pretrained
+weights. A pretrained row whose weights cannot be loaded (offline) is kept as a *skipped* row with the
+reason. The tests come from one table (:mod:`auditor.audit.assumptions`) and run on each representation
+as :mod:`auditor.audit.verdicts` says; the wall time of each stage (extraction per weights source, each
 test, the sweep) is recorded with ``time.perf_counter`` and reported as ``stage | seconds | share``.
 
-Each Kruskal row also carries a Clopper-Pearson interval of its share and bounds on the Kruskal rank of
-the vectors it tested, and every row the token geometry of its representation (:func:`kruskal_extras`,
-:func:`token_geometry`). ``layers="all"`` (``--layers``) audits the embedding and every block; such an
-audit across depth (also: two or more ``block.L``) names each layer's tests in the time per stage and
-returns its depth profile (``AuditResult.depth``, ``depth.csv``; :mod:`auditor.audit.report.depth`). Tokens
-are extracted in one forward pass and held when they fit in the memory budget; otherwise the contexts
-stream (:mod:`auditor.audit.stream`): each chunk is reduced to what the tests need and dropped, with the same
+``layers="all"`` (``--layers``) audits the embedding and every block; such an audit across depth (also:
+two or more ``block.L``) names each layer's tests in the time per stage and returns its depth profile
+(``AuditResult.depth``, ``depth.csv``; :mod:`auditor.audit.report.depth`). Tokens are extracted in one
+forward pass and held when they fit in the memory budget; otherwise the contexts stream
+(:mod:`auditor.audit.stream`): each chunk is reduced to what the tests need and dropped, with the same
 rows; config.json says so (``contexts``).
 """
 
@@ -30,21 +30,21 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
 import json
 import logging
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
 import probes
-from auditor.audit.assumptions import ASSUMPTION_TESTS, QUERY_TESTS, TESTS, RunOptions
+from auditor.audit.assumptions import QUERY_TESTS, TESTS, RunOptions
 from auditor.audit.config import (
     DEFAULT_REPRESENTATIONS,
     DEFAULT_SUBSETS,
@@ -52,34 +52,39 @@ from auditor.audit.config import (
     MAX_SUBSETS,
     AuditConfig,
     positive,
-    representation_depth,
 )
+from auditor.audit.plan import AuditPlan, Row
 from auditor.audit.report import AuditResult, write_report
 from auditor.audit.report.depth import depth_frame
 from auditor.audit.report.folder import PARTIAL_CSV, ReportFolder, RowStore
 from auditor.audit.report.schema import COLUMNS, rows_frame
-from auditor.audit.report.tables import stage_frame
 from auditor.audit.sources import (
-    Row,
     TokenGroup,
     TokenItem,
-    check_model_options,
-    check_object_options,
-    check_shapes,
     fingerprint,
     model_groups,
     object_groups,
-    plan,
     read_token_files,
 )
 from auditor.audit.stream import StreamedContexts, streamed_note
 from auditor.audit.tokens import Tokens
+from auditor.audit.verdicts import (
+    StageClock,
+    check_contexts_given,
+    curve_frame,
+    run_tests,
+    sweep_ks,
+    token_geometry,
+)
 from auditor.core.errors import AuditError
 from auditor.core.provenance import provenance, timestamp
 
+if TYPE_CHECKING:
+    from auditor.models.base import LoadedModel
+
 __all__ = ["COLUMNS", "DEFAULT_REPRESENTATIONS", "DEFAULT_SUBSETS", "DEFAULT_WEIGHTS", "MAX_SUBSETS", "QUERY_TESTS",
-           "TESTS", "AuditConfig", "AuditResult", "StageClock", "audit_model", "audit_tokens", "default_out", "plan", "run",
-           "run_tests"]
+           "TESTS", "AuditConfig", "AuditPlan", "AuditResult", "StageClock", "audit_model", "audit_tokens",
+           "default_out", "run", "run_tests"]
 
 TENSORS = "tensors"  # the model column of audit_tokens rows
 GIVEN = "given"  # ... and their weights column
@@ -92,35 +97,6 @@ _NOT_RESULTS = ("workers", "executor", "address", "slurm", "save_tokens", "threa
                 "memory_budget")  # cannot change a row
 
 
-class StageClock:
-    """Wall time per stage of one audit (``time.perf_counter``), summed over repeats of a stage.
-
-    Stages are named as the report shows them: ``setup``, ``extraction @ <weights>`` per weights source,
-    each test by its name (summed over representations), ``sweep``, ``saving tokens``, ``reading token
-    files``; :meth:`frame` adds ``other`` for the rest of the wall time since the clock was made.
-    """
-
-    def __init__(self) -> None:
-        self.start = time.perf_counter()
-        self.seconds: dict[str, float] = {}
-
-    def add(self, stage: str, seconds: float) -> None:
-        self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
-
-    @contextlib.contextmanager
-    def stage(self, name: str) -> Iterator[None]:
-        """Time the block as (part of) stage ``name``, also when it raises."""
-        begin = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.add(name, time.perf_counter() - begin)
-
-    def frame(self) -> pd.DataFrame:
-        """``stage | seconds | share`` up to now (shares of the wall time since the clock was made)."""
-        return stage_frame(self.seconds, time.perf_counter() - self.start)
-
-
 def default_out(model: str) -> Path:
     """``reports/<model>-<timestamp>``, with the model name made filesystem-safe."""
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", model).strip("_") or "model"
@@ -128,198 +104,13 @@ def default_out(model: str) -> Path:
 
 
 # ---------------------------------------------------------------------------------------------------
-# The tests on one representation's tokens
-# ---------------------------------------------------------------------------------------------------
-
-
-def _skipped(config: AuditConfig, row: Row, reason: str) -> list[dict[str, Any]]:
-    return [
-        {"model": config.model, "representation": row.representation, "weights": row.weights, "test": test,
-         "status": "skipped", "note": reason, "seed": config.seed}
-        for test in config.tests
-    ]
-
-
-_ROW_FIELDS = ("test", "k", "N", "n", "d", "fraction", "holds", "threshold", "min_margin", "subsets", "exhaustive",
-               "rank_counts", "witness", "rtol", "dtype", "device", "note")  # taken as probes gives them
-# taken too where this version of probes gives them: how robust a verdict is to the tolerance
-_TOLERANCE_FIELDS = ("margin_bound", "critical_rtol", "critical_rtol_low", "critical_rtol_high", "critical_rtol_exact",
-                     "verdict_margin", "rtol_grid", "spectrum_proof")
-# added by the audit to the rows of the Kruskal tests (see kruskal_extras) and to every row (token geometry)
-BOUND_COLUMNS = ("fraction_low", "fraction_high", "krank_upper", "krank_lower", "krank_lower_method", "duplicates",
-                 "near_duplicates")
-GEOMETRY_COLUMNS = ("effective_rank", "stable_rank", "anisotropy", "collapse_residual", "effective_rank_centred",
-                    "stable_rank_centred", "anisotropy_centred")
-
-
-def _test_row(result: probes.AssumptionResult) -> dict[str, Any]:
-    """The row of one verdict, typed (``rank_counts`` a dict, ``witness`` a list) until the CSV writer."""
-    d = result.to_dict()
-    return {**{key: d[key] for key in _ROW_FIELDS}, **{key: d[key] for key in _TOLERANCE_FIELDS if key in d},
-            "status": "ok", "seconds": round(d["seconds"], 3)}
-
-
-def _probes_module(name: str) -> Any:
-    """``probes.<name>`` when this installation has it, else None (its columns are then left empty)."""
-    try:
-        return importlib.import_module(f"probes.{name}")
-    except ImportError:
-        return None
-
-
-def kruskal_extras(row: dict[str, Any], vectors: torch.Tensor, cache: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The columns the audit adds to the row of a Kruskal test whose tested vectors are ``vectors`` (N, d).
-
-    ``fraction_low`` / ``fraction_high``: Clopper-Pearson 95% interval of the full-rank share (the share
-    itself when every subset was tested or the verdict is proven); ``krank_upper``: m - 1 for the smallest
-    dependent m-subset found (by this test, m = k, or by the exhaustive search of the lower bound), a
-    witnessed upper bound on the Kruskal rank, else None; ``krank_lower`` and
-    ``krank_lower_method``: a certified lower bound on the Kruskal rank at the row's rtol and how it was
-    proven; ``duplicates`` / ``near_duplicates``: exactly repeated vectors and pairs with |cosine| >=
-    0.9999. ``cache`` (keyed by the caller's name for ``vectors`` and the rtol) spares recomputing the
-    bounds of vectors shared by several tests. Without ``probes.bounds`` only ``krank_upper`` is filled.
-    """
-    k, fraction, subsets = int(row["k"]), float(row["fraction"]), int(row.get("subsets") or 0)
-    extras: dict[str, Any] = {"krank_upper": k - 1 if row.get("witness") else None}
-    bounds = _probes_module("bounds")
-    if bounds is None:
-        return extras
-    if row.get("exhaustive") or row.get("spectrum_proof") or subsets == 0:  # every subset tested or proven
-        extras["fraction_low"] = extras["fraction_high"] = fraction
-    else:
-        extras["fraction_low"], extras["fraction_high"] = bounds.clopper_pearson(round(fraction * subsets), subsets)
-    cache = {} if cache is None else cache
-    key = ("lower", float(row["rtol"]))
-    if key not in cache:
-        cache[key] = bounds.kruskal_lower_bound(vectors, rtol=float(row["rtol"]))
-    if "duplicates" not in cache:
-        cache["duplicates"] = bounds.duplicates(vectors)
-    lower, dup = cache[key], cache["duplicates"]
-    if getattr(lower, "exact", False) and lower.witness is not None:  # its search met a dependent subset
-        found = [v for v in (extras["krank_upper"], len(lower.witness) - 1) if v is not None]
-        extras["krank_upper"] = min(found)
-    exact = dup.exact_duplicates
-    near = dup.near_duplicate_pairs
-    return {**extras, "krank_lower": int(lower.lower), "krank_lower_method": str(lower.method),
-            "duplicates": int(exact), "near_duplicates": int(near)}
-
-
-def token_geometry(contexts: torch.Tensor | StreamedContexts | None, queries: torch.Tensor) -> dict[str, Any]:
-    """``effective_rank``, ``stable_rank``, ``anisotropy`` of the queries (N, d), raw and mean-centred
-    (``*_centred``), and ``collapse_residual`` (mean over the contexts (N, n, d) of
-    ||E - 1 mean(E)||_F / ||E||_F; None without contexts); {} when this installation of probes has no
-    ``probes.geometry`` (a column it does not give stays empty)."""
-    geometry = _probes_module("geometry")
-    if geometry is None:
-        return {}
-    if isinstance(contexts, StreamedContexts):  # the residuals were computed as the contexts streamed
-        found = dataclasses.replace(geometry.token_geometry(None, queries),
-                                    collapse_residual=contexts.collapse_residual())
-    else:
-        found = geometry.token_geometry(contexts, queries)
-    values = {name: getattr(found, name, None) for name in GEOMETRY_COLUMNS}
-    return {name: None if value is None else float(value) for name, value in values.items()}
-
-
-def _mixed(contexts: torch.Tensor | StreamedContexts, queries: torch.Tensor) -> torch.Tensor:
-    """The vectors Assumption 3 tests: e(t) + mean of the rows of E(t), in float64 as probes forms them."""
-    if isinstance(contexts, StreamedContexts):
-        return contexts.mixed(queries)  # (N, d)
-    return queries.to(torch.float64) + contexts.to(torch.float64).mean(dim=1)  # (N, d)
-
-
-def _check_contexts_given(tests: tuple[str, ...], have_contexts: bool) -> None:
-    """Without context matrices only the query tests apply; say which, before anything runs."""
-    needing = [t for t in tests if ASSUMPTION_TESTS[t].needs_contexts]
-    if needing and not have_contexts:
-        raise AuditError(f"{needing[0]} needs the context matrices; without contexts valid tests are "
-                         f"{', '.join(QUERY_TESTS)}")
-
-
-def run_tests(
-    contexts: torch.Tensor | None, queries: torch.Tensor, config: AuditConfig, bar: tqdm | None = None,
-    on_row: Callable[[dict[str, Any]], None] | None = None,
-    reuse: Callable[[str], dict[str, Any] | None] | None = None,
-    *, n: int | None = None, clock: StageClock | None = None, layer: str | None = None,
-) -> tuple[list[dict[str, Any]], probes.ContextRanks | None]:
-    """The assumption tests of ``config.tests`` on one representation's tokens (each as its entry in
-    :data:`auditor.audit.assumptions.ASSUMPTION_TESTS` says).
-
-    Args:
-        contexts: (N, n, d) and queries: (N, d), on the device the tests should run on. ``contexts`` may
-            be None when only queries are held (then only Assumption 1 and general position apply), or
-            streamed (:class:`auditor.audit.stream.StreamedContexts`: the same rows, from their reductions).
-        on_row: called with each row as soon as its test finishes (the runner saves it to disk).
-        reuse: returns the finished row of a Kruskal test from an earlier run of the same configuration
-            on the same data, or None. Assumption 2 always runs (seconds; it feeds the rank histogram).
-        n: the context length (default: ``contexts.shape[1]``).
-        clock: adds the seconds of each test (with its row's bounds, see :func:`kruskal_extras`) to the
-            stage named after it, or after it and ``layer`` (``"assumption1 (block.3)"``) when given.
-    Returns:
-        rows (one per test; typed values, see :mod:`auditor.audit.report.schema`) and the per-context ranks.
-    """
-    _check_contexts_given(config.tests, contexts is not None)
-    num, d = queries.shape
-    n = int(contexts.shape[1]) if n is None else n
-    options = RunOptions(subsets=config.subsets, seed=config.seed, rtol=config.rtol, threshold=config.threshold,
-                         robustness=config.robustness)
-    rows: list[dict[str, Any]] = []
-    ranks = None
-    cache: dict[str, dict[Any, Any]] = {"queries": {}, "mixed": {}}  # bounds of vectors several tests share
-    for name in config.tests:
-        test = ASSUMPTION_TESTS[name]
-        stage = name if layer is None else f"{name} ({layer})"
-        with clock.stage(stage) if clock is not None else contextlib.nullcontext():
-            k = test.k(num, n, d)
-            cached = reuse(name) if reuse is not None and test.kruskal else None
-            if cached is not None:
-                row = cached
-            elif test.kruskal and k > num:  # a report row, not an error: the other tests still run
-                row = {"test": name, "status": "skipped", "k": k, "N": num, "n": n, "d": d,
-                       "note": f"N = {num} examples < k = {k}: too few for one {k}-subset; give at least {k} samples"}
-            else:
-                run_test = contexts.run if isinstance(contexts, StreamedContexts) else (
-                    lambda name, *args, test=test: test.run(contexts, *args))
-                result, test_ranks = run_test(name, queries, n, options)
-                ranks = test_ranks if test_ranks is not None else ranks
-                row = _test_row(result)
-                if not test.kruskal:  # every context tested: the share is exact, its interval a point
-                    row["fraction_low"] = row["fraction_high"] = row["fraction"]
-            if test.kruskal and row.get("status") == "ok" and "krank_lower_method" not in row:
-                vectors = "mixed" if test.needs_contexts else "queries"
-                tested = _mixed(contexts, queries) if vectors == "mixed" else queries
-                row = {**row, **kruskal_extras(row, tested, cache[vectors])}
-        rows.append(row)
-        if on_row is not None:
-            on_row(row)
-        if bar is not None:
-            bar.update()
-    return rows, ranks
-
-
-def _curve(sweep: probes.SweepResult, model: str, rep: str, weights: str, n: int) -> pd.DataFrame:
-    """The sweep's rows, typed (``rank_counts`` dicts, ``witness`` lists) until the CSV writer."""
-    frame = pd.DataFrame([r.to_dict() for r in sweep.results])
-    return frame.assign(refined=frame["k"].isin(sweep.refined), model=model, representation=rep, weights=weights,
-                        n=n, lower_estimate=sweep.lower_estimate, sampled=sweep.sampled,
-                        upper_bound=sweep.upper_bound)
-
-
-def _sweep_ks(config: AuditConfig, num: int, n: int, d: int) -> list[int]:
-    if config.sweep_ks:
-        return sorted(k for k in set(config.sweep_ks) if k <= num)
-    top = min(num, d)
-    ks = sorted({*range(max(1, top // 16), top + 1, max(1, top // 16)), min(n, top), top})
-    return [k for k in ks if k <= num]
-
-
-# ---------------------------------------------------------------------------------------------------
 # The public entry points
 # ---------------------------------------------------------------------------------------------------
 
 
-def _options(options: dict[str, Any]) -> dict[str, Any]:
-    """Comma strings or sequences as tuples; unknown names refused with the valid ones."""
+def _options(given: Mapping[str, Any]) -> dict[str, Any]:
+    """The options with comma strings or sequences as tuples; unknown names refused with the valid ones."""
+    options = dict(given)
     for key in ("representations", "weights", "tests", "sweep_ks", "tokens"):
         if isinstance(options.get(key), str | Path):
             options[key] = tuple(s.strip() for s in str(options[key]).split(",") if s.strip())
@@ -337,8 +128,9 @@ def _options(options: dict[str, Any]) -> dict[str, Any]:
     return options
 
 
-def audit_model(model: Any = "vit-base", processor: Any = None, data: str | None = None, *,
-          out: str | Path | None = None, progress: bool = True, **options: Any) -> pd.DataFrame:
+def audit_model(model: str | torch.nn.Module = "vit-base", processor: object = None,
+                data: str | Path | None = None, *, out: str | Path | None = None, progress: bool = True,
+                **options: Any) -> pd.DataFrame:
     """Run the assumption audit of ``model``; return one typed row per representation x test.
 
     Args:
@@ -376,7 +168,7 @@ def audit_model(model: Any = "vit-base", processor: Any = None, data: str | None
 
 
 def audit_tokens(
-    contexts: Any, queries: Any, n: int | None = None, *, tests: tuple[str, ...] | str | None = None,
+    contexts: object, queries: object, n: int | None = None, *, tests: tuple[str, ...] | str | None = None,
     subsets: int = DEFAULT_SUBSETS, seed: int = 0, rtol: float | None = None,
     threshold: float = probes.DEFAULT_THRESHOLD, out: str | Path | None = None, progress: bool = True,
 ) -> pd.DataFrame:
@@ -411,17 +203,19 @@ def audit_tokens(
     config = AuditConfig(model=TENSORS, representations=(f"tokens@{GIVEN}",), weights=(GIVEN,),
                          **_options({"tests": tests, "subsets": subsets, "seed": seed, "rtol": rtol,
                                      "threshold": threshold}))
-    _check_contexts_given(config.tests, contexts is not None)
+    plan = AuditPlan.of(config)
+    check_contexts_given(plan.testing.tests, contexts is not None)
     meta = {"model": TENSORS, "representation": "tokens", "weights": GIVEN,
             "dtype": str(queries.dtype).removeprefix("torch."), "data_source": "tensors given to audit_tokens"}
     item = TokenItem("tokens", tokens.queries, None if contexts is None else tokens.contexts, n_tokens, meta)
     group = TokenGroup(GIVEN, [item], fingerprint([("queries", tokens.queries)] + (
         [] if contexts is None else [("contexts", tokens.contexts)])))
-    check_shapes(config, n=n_tokens, d=tokens.d, num=tokens.N)
-    return _run_groups(config, lambda out_path: iter([group]), out=out, progress=progress, clock=clock).rows
+    plan.check_shape(n=n_tokens, d=tokens.d, num=tokens.N)
+    return _run_groups(config, plan, lambda out_path: iter([group]), out=out, progress=progress,
+                       clock=clock).rows
 
 
-def _given_tensor(value: Any, name: str) -> torch.Tensor:
+def _given_tensor(value: object, name: str) -> torch.Tensor:
     """A tensor argument of :func:`audit_tokens` as a tensor of numbers (detached: the tests read values
     only); a path, a string or anything that holds no numbers is a TypeError that says what to pass."""
     if isinstance(value, str | bytes | Path):
@@ -442,7 +236,7 @@ def _given_tensor(value: Any, name: str) -> torch.Tensor:
 
 
 def run(config: AuditConfig, *, out: str | Path | None = None, progress: bool = True,
-        model_object: Any = None) -> AuditResult:
+        model_object: LoadedModel | None = None) -> AuditResult:
     """:func:`audit` with a resolved config; returns rows, curves and the per-context ranks.
 
     ``model_object``: a :class:`~auditor.models.LoadedModel` built around a model the caller holds (see
@@ -451,25 +245,29 @@ def run(config: AuditConfig, *, out: str | Path | None = None, progress: bool = 
     ``results.partial.csv`` (a later run of the same configuration on the same data reuses them).
     """
     clock = StageClock()
-    if config.tokens is not None:
+    plan = AuditPlan.of(config)
+    if plan.tokens is not None:
         with clock.stage(READING_TOKENS):
-            files = read_token_files(config)
+            files = read_token_files(plan)
         labels = tuple(f"{item.representation}@{group.weights}" for group in files for item in group.items)
         config = dataclasses.replace(config, representations=labels,
                                      weights=tuple(dict.fromkeys(g.weights for g in files)))
-        return _run_groups(config, lambda out_path: iter(files), out=out, progress=progress, clock=clock,
-                           keep={Path(f) for f in config.tokens})
+        plan = dataclasses.replace(plan, rows=tuple(Row(item.representation, group.weights)
+                                                    for group in files for item in group.items))
+        return _run_groups(config, plan, lambda out_path: iter(files), out=out, progress=progress,
+                           clock=clock, keep={Path(f) for f in plan.tokens})
     if model_object is not None:
         with clock.stage(SETUP):
-            check_object_options(config, model_object)
-        return _run_groups(config, lambda out_path: object_groups(config, model_object, out_path, progress),
+            plan.check_object(model_object)
+        return _run_groups(config, plan,
+                           lambda out_path: object_groups(plan, model_object, out_path, progress),
                            out=out, progress=progress, clock=clock)
     with clock.stage(SETUP):
         from auditor.models import resolve
 
         spec = resolve(config.model, trust_remote_code=config.trust_remote_code)
-        check_model_options(config, spec)
-    return _run_groups(config, lambda out_path: model_groups(config, spec, out_path, progress),
+        plan.check_model(spec)
+    return _run_groups(config, plan, lambda out_path: model_groups(plan, spec, out_path, progress),
                        out=out, progress=progress, clock=clock)
 
 
@@ -508,14 +306,12 @@ def _stream_stage(work: str, rep: str, saved: bool, per_layer: bool) -> str | No
     return f"{test} ({rep})" if per_layer else test
 
 
-def _timed(groups: Iterator[TokenGroup], clock: StageClock, per_layer: bool = False,
-           chunks: list[int] | None = None) -> Iterator[TokenGroup]:
+def _timed(groups: Iterator[TokenGroup], clock: StageClock, per_layer: bool = False) -> Iterator[TokenGroup]:
     """The groups, each one's making (model, inputs, extraction) added to its stage while the run waits.
 
     No reference to a group is kept once the next is asked for: a group's tokens are released before the
     next group's are extracted (the memory bound of :func:`auditor.audit.sources.extracted_passes`). The work
-    done on streamed contexts while they were extracted goes to the stage it serves (:func:`_stream_stage`);
-    ``chunks`` collects the chunk size of each streamed representation.
+    done on streamed contexts while they were extracted goes to the stage it serves (:func:`_stream_stage`).
     """
     while True:
         begin = time.perf_counter()
@@ -526,8 +322,6 @@ def _timed(groups: Iterator[TokenGroup], clock: StageClock, per_layer: bool = Fa
         for item in group.items:
             if not isinstance(item.contexts, StreamedContexts):
                 continue
-            if chunks is not None:
-                chunks.append(item.contexts.chunk)
             for work, seconds in item.contexts.seconds.items():
                 stage = _stream_stage(work, item.representation, item.saved is not None, per_layer)
                 if stage is not None:
@@ -540,27 +334,36 @@ def _timed(groups: Iterator[TokenGroup], clock: StageClock, per_layer: bool = Fa
         group = None
 
 
-def _run_groups(config: AuditConfig, groups: Callable[[Path | None], Iterator[TokenGroup]], *,
-                out: str | Path | None, progress: bool, clock: StageClock,
+def _run_groups(config: AuditConfig, plan: AuditPlan, groups: Callable[[Path | None], Iterator[TokenGroup]],
+                *, out: str | Path | None, progress: bool, clock: StageClock,
                 keep: set[Path] = frozenset()) -> AuditResult:
-    """Take the report folder (if any), test every group, write the report, tidy the folder."""
+    """Take the report folder (if any), test every group of ``plan``, write the report (``config`` is what it
+    records), tidy the folder."""
     with clock.stage(SETUP):
         from auditor.models import resolve_device
 
-        test_device = resolve_device(config.device)
-    with _torch_threads(config.threads), (ReportFolder(out) if out is not None else contextlib.nullcontext()) as folder:
+        test_device = resolve_device(plan.loading.device)
+    folder_or_none = ReportFolder(out) if out is not None else contextlib.nullcontext()
+    with _torch_threads(plan.threads), folder_or_none as folder:
         out_path = folder.path if folder is not None else None
         stamp = provenance()
         done = RowStore(out_path, stamp, _config_record(config))
         if done.load_previous():
             log.warning("resuming: %d finished Kruskal tests of an earlier run in %s are reused where the data "
                         "is the same (Assumption 2 and the sweep run again)", len(done.previous), out_path)
-        result = AuditResult(rows=pd.DataFrame(), curves=pd.DataFrame(), config=config, out=out_path)
+        per_layer = plan.across_depth
+        saving = folder is not None and plan.extraction.save_tokens
+        tester = _Tester(plan, test_device, done, clock, progress=progress, per_layer=per_layer,
+                         tokens_dir=folder.tokens_dir if saving else None)
+        tested = Tested()
         try:
-            per_layer = _depth_audit(config)
             chunks: list[int] = []  # examples per chunk of each streamed representation
-            for group in _timed(groups(out_path), clock, per_layer, chunks):
-                _test_group(group, config, test_device, result, done, folder, progress, clock, per_layer)
+            for group in _timed(groups(out_path), clock, per_layer):
+                chunks += [item.contexts.chunk for item in group.items
+                           if isinstance(item.contexts, StreamedContexts)]
+                tested = tested.merge(tester.group(group))
+                if folder is not None:
+                    folder.produced.update(tested.produced)
                 del group  # released before the next group is extracted
         except KeyboardInterrupt as err:
             done.save()
@@ -572,14 +375,14 @@ def _run_groups(config: AuditConfig, groups: Callable[[Path | None], Iterator[To
         if not any(r.get("status") == "ok" for r in records) and all(r.get("status") == "skipped" for r in records):
             reasons = sorted({r["note"] for r in records})
             raise AuditError(f"nothing could be tested: {reasons[0]}")
-        result.rows = rows_frame(records, stamp)
-        result.curves = pd.concat(done.curves, ignore_index=True) if done.curves else pd.DataFrame()
-        if not result.curves.empty:  # sweep.csv carries the same provenance columns as results.csv
-            result.curves = result.curves.assign(
-                **{key: result.curves.get(key, value) for key, value in stamp.items()}, seed=config.seed
-            )
-        if per_layer:
-            result.depth = depth_frame(result.rows, result.curves)
+        curves = pd.concat(tested.curves, ignore_index=True) if tested.curves else pd.DataFrame()
+        if not curves.empty:  # sweep.csv carries the same provenance columns as results.csv
+            curves = curves.assign(**{key: curves.get(key, value) for key, value in stamp.items()},
+                                   seed=plan.testing.seed)
+        rows = rows_frame(records, stamp)
+        result = AuditResult(rows=rows, curves=curves, config=config, context_ranks=dict(tested.ranks),
+                             margins=dict(tested.margins), out=out_path,
+                             depth=depth_frame(rows, curves) if per_layer else pd.DataFrame())
         result.stages = clock.frame()
         if folder is not None:
             extra = {"torch_threads": torch.get_num_threads(), **({"contexts": streamed_note(chunks)} if chunks else {})}
@@ -594,63 +397,101 @@ def _run_groups(config: AuditConfig, groups: Callable[[Path | None], Iterator[To
         return result
 
 
-def _depth_audit(config: AuditConfig) -> bool:
-    """An audit across depth: ``layers`` given, or two or more ``block.L`` representations planned. Its time
-    per stage names each layer's tests, and it returns (and writes) the depth profile."""
-    blocks = {row.representation for row in plan(config) if representation_depth(row.representation)}
-    return config.layers is not None or len(blocks) >= 2
+@dataclass(frozen=True)
+class Tested:
+    """What testing groups made besides their rows (which go to the row store as each test finishes)."""
+
+    ranks: Mapping[str, torch.Tensor] = field(default_factory=dict)  # "repr@weights" -> (N,) context ranks
+    margins: Mapping[str, torch.Tensor] = field(default_factory=dict)  # ... and their margins
+    curves: tuple[pd.DataFrame, ...] = ()  # the sweep's rows, per representation
+    produced: tuple[Path, ...] = ()  # token files written into the report folder
+
+    def merge(self, other: Tested) -> Tested:
+        return Tested({**self.ranks, **other.ranks}, {**self.margins, **other.margins},
+                      self.curves + other.curves, self.produced + other.produced)
 
 
-def _test_group(group: TokenGroup, config: AuditConfig, test_device: torch.device, result: AuditResult,
-                done: RowStore, folder: ReportFolder | None, progress: bool, clock: StageClock,
-                per_layer: bool = False) -> None:
-    """The tests (and the sweep) on every representation of one group; rows go to ``done``, each with the
-    token geometry of its representation. ``per_layer``: stages named by test and representation."""
-    if group.skipped is not None:
-        for rep in group.representations:
-            done.add(*_skipped(config, Row(rep, group.weights), group.skipped))
-        return
-    bar = tqdm(total=len(group.items) * len(config.tests), desc=f"tests ({group.weights})", unit="test",
-               disable=not progress)
-    for item in group.items:
-        rep, weights = item.representation, group.weights
+def _skipped(model: str, testing: RunOptions, row: Row, reason: str) -> list[dict[str, Any]]:
+    return [
+        {"model": model, "representation": row.representation, "weights": row.weights, "test": test,
+         "status": "skipped", "note": reason, "seed": testing.seed}
+        for test in testing.tests
+    ]
+
+
+@dataclass(frozen=True, eq=False)
+class _Tester:
+    """Runs the tests (and the sweep) of ``plan`` on each representation of a group. Rows go to the row store
+    ``done`` as each test finishes (saved at once, so an interrupted run keeps them), each with the token
+    geometry of its representation, and the seconds of each stage to ``clock``; the rest is returned.
+    ``tokens_dir``: where ``--save-tokens`` writes (made when first asked); ``per_layer``: stages named by
+    test and representation."""
+
+    plan: AuditPlan
+    device: torch.device
+    done: RowStore
+    clock: StageClock
+    tokens_dir: Callable[[], Path] | None
+    progress: bool
+    per_layer: bool
+
+    def group(self, group: TokenGroup) -> Tested:
+        """Every representation of ``group`` (or its skipped rows)."""
+        if group.skipped is not None:
+            for rep in group.representations:
+                row = Row(rep, group.weights)
+                self.done.add(*_skipped(self.plan.model, self.plan.testing, row, group.skipped))
+            return Tested()
+        tested = Tested()
+        bar = tqdm(total=len(group.items) * len(self.plan.testing.tests), desc=f"tests ({group.weights})",
+                   unit="test", disable=not self.progress)
+        for item in group.items:
+            tested = tested.merge(self.item(item, group, bar))
+        bar.close()
+        return tested
+
+    def item(self, item: TokenItem, group: TokenGroup, bar: tqdm) -> Tested:
+        """The tests and the sweep of one representation of ``group``."""
+        plan, clock, rep, weights = self.plan, self.clock, item.representation, group.weights
         label = f"{rep}@{weights}"
-        if config.save_tokens and folder is not None and item.tokens is not None:
-            path = folder.tokens_dir() / f"{label.replace('/', '_')}.safetensors"
+        produced = [item.saved] if item.saved is not None else []  # written chunk by chunk while streaming
+        if self.tokens_dir is not None and item.tokens is not None:
+            path = self.tokens_dir() / f"{label.replace('/', '_')}.safetensors"
             try:
                 with clock.stage(SAVING_TOKENS):
                     item.tokens.save(path)
             except OSError as err:
                 raise AuditError(f"cannot save tokens in {str(path.parent)!r} ({err.strerror or err}); free some "
                                  "space or choose another --out") from None
-            folder.produced.add(path)
-        if item.saved is not None and folder is not None:  # written chunk by chunk as the contexts streamed
-            folder.produced.add(item.saved)
+            produced.insert(0, path)
         streamed = isinstance(item.contexts, StreamedContexts)
-        contexts = item.contexts if streamed or item.contexts is None else item.contexts.to(test_device)
-        queries = item.queries.to(test_device)
+        contexts = item.contexts if streamed or item.contexts is None else item.contexts.to(self.device)
+        queries = item.queries.to(self.device)
         meta = item.meta
-        base = {"model": config.model, "representation": rep, "layer": meta.get("layer", ""), "weights": weights,
-                "data_source": meta.get("data_source", ""), "data_counts": meta.get("data_counts", ""),
+        base = {"model": plan.model, "representation": rep, "layer": meta.get("layer", ""),
+                "weights": weights, "data_source": meta.get("data_source", ""),
+                "data_counts": meta.get("data_counts", ""),
                 "first": group.first, "data_fingerprint": group.fingerprint,
-                "tokenizer": meta.get("tokenizer", ""), "seed": config.seed,
+                "tokenizer": meta.get("tokenizer", ""), "seed": plan.testing.seed,
                 "dtype": meta.get("dtype") or str(queries.dtype).removeprefix("torch.")}
-        with clock.stage(f"geometry ({rep})") if per_layer else contextlib.nullcontext():
+        with clock.stage(f"geometry ({rep})") if self.per_layer else contextlib.nullcontext():
             base.update(token_geometry(contexts, queries))
-        _, ranks = run_tests(contexts, queries, config, bar, n=item.n, clock=clock, layer=rep if per_layer else None,
-                             on_row=lambda row, base=base: done.add({**base, **row}),
-                             reuse=lambda test, key=(rep, weights): done.reuse(*key, test, group.fingerprint))
-        done.settle(rep, weights)
-        if ranks is not None:
-            result.context_ranks[label] = ranks.rank.cpu()
-            result.margins[label] = ranks.margin.cpu()
-        if config.sweep:
-            ks = _sweep_ks(config, queries.shape[0], item.n, queries.shape[1])
+        _, ranks = run_tests(contexts, queries, plan.testing, bar, n=item.n, clock=clock,
+                             layer=rep if self.per_layer else None,
+                             on_row=lambda row: self.done.add({**base, **row}),
+                             reuse=lambda test: self.done.reuse(rep, weights, test, group.fingerprint))
+        self.done.settle(rep, weights)
+        curves: tuple[pd.DataFrame, ...] = ()
+        if plan.sweep is not None:
+            ks = sweep_ks(plan.sweep, queries.shape[0], item.n, queries.shape[1])
             with clock.stage(SWEEP):
-                sweep = probes.kruskal_sweep(queries, ks, subsets=config.sweep_subsets, seed=config.seed,
-                                             refine=config.sweep_refine, rtol=config.rtol, progress=progress)
-            done.curves.append(_curve(sweep, config.model, rep, weights, item.n))
+                found = probes.kruskal_sweep(queries, ks, subsets=plan.sweep.subsets, seed=plan.sweep.seed,
+                                             refine=plan.sweep.refine, rtol=plan.sweep.rtol,
+                                             progress=self.progress)
+            curves = (curve_frame(found, plan.model, rep, weights, item.n),)
         if streamed:
             item.contexts.release()  # its temporary contexts file, once every test is done
         del contexts, queries
-    bar.close()
+        if ranks is None:
+            return Tested(curves=curves, produced=tuple(produced))
+        return Tested({label: ranks.rank.cpu()}, {label: ranks.margin.cpu()}, curves, tuple(produced))

@@ -197,21 +197,8 @@ def extract_sharded(
         ``{name: Tokens}`` with contexts (N, n, d) and queries (N, d) on the CPU, metadata as ``extract``
         writes it (``device`` lists the workers' devices if they differ).
     """
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-        raise AuditError(f"threads must be a positive integer; got {threads!r}")
     bounds = shard_bounds(inputs.N, workers, batch_size)
-    if not representations:
-        raise AuditError("no representation requested; valid: embedding, random-attention, block.<L>")
-    check_executor(executor)  # a known executor, and Ray (or submitit) importable when it is asked for
-    if executor == "slurm":
-        if slurm is None or slurm.folder is None:
-            raise AuditError("--executor slurm needs a folder for the jobs' logs; give the audit an --out folder")
-        slurm_device(recipe.device, slurm)
-    if loaded is not None:
-        for rep in representations:
-            parse_representation(rep, loaded.num_layers)  # fail here, not in every worker
-        if inputs.n != loaded.n:
-            raise AuditError(f"the inputs hold {inputs.n} tokens per example but {loaded.name} uses n = {loaded.n}")
+    _check_sharded(recipe, inputs, representations, executor, threads, loaded, slurm)
     threads = threads or torch.get_num_threads()
     shards = [slice_inputs(inputs, start, stop) for start, stop in bounds]
     reps = list(representations)
@@ -230,6 +217,27 @@ def extract_sharded(
         if executor == "slurm":
             return _gather(_slurm_parts(recipe, shards, reps, batch_size, seed, slurm, bar), bounds)
         return _gather(_ray_parts(recipe, shards, reps, batch_size, seed, threads, address, bar), bounds)
+
+
+def _check_sharded(recipe: ModelRecipe, inputs: Inputs, representations: Sequence[str], executor: str,
+                   threads: int | None, loaded: LoadedModel | None, slurm: SlurmOptions | None) -> None:
+    """The arguments of :func:`extract_sharded`, checked here rather than in every worker."""
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise AuditError(f"threads must be a positive integer; got {threads!r}")
+    if not representations:
+        raise AuditError("no representation requested; valid: embedding, random-attention, block.<L>")
+    check_executor(executor)  # a known executor, and Ray (or submitit) importable when it is asked for
+    if executor == "slurm":
+        if slurm is None or slurm.folder is None:
+            raise AuditError("--executor slurm needs a folder for the jobs' logs; give the audit an --out "
+                             "folder")
+        slurm_device(recipe.device, slurm)
+    if loaded is not None:
+        for rep in representations:
+            parse_representation(rep, loaded.num_layers)  # fail here, not in every worker
+        if inputs.n != loaded.n:
+            raise AuditError(f"the inputs hold {inputs.n} tokens per example but {loaded.name} uses "
+                             f"n = {loaded.n}")
 
 
 def _ray_parts(recipe, shards, reps, batch_size, seed, threads, address, bar) -> Iterator[tuple[int, dict]]:

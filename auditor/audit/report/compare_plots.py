@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from auditor.audit.assumptions import KRUSKAL_TESTS  # noqa: E402
+from auditor.audit.report.catalogue import KRUSKAL_TESTS  # noqa: E402
 from auditor.audit.report.style import (  # noqa: E402
     COLUMN_WIDTH,
     OTHER_COLORS,

@@ -28,8 +28,7 @@ from typing import Any
 
 import pandas as pd
 
-from auditor.audit.assumptions import QUERY_TESTS
-from auditor.audit.config import representation_depth
+from auditor.audit.report.catalogue import QUERY_TESTS, representation_depth
 
 DEPTH_TESTS = ("assumption1", "assumption2", "assumption3", "general_position")  # their column order
 GEOMETRY_COLUMNS = ("effective_rank", "stable_rank", "anisotropy", "collapse_residual", "effective_rank_centred",

@@ -26,7 +26,7 @@ from typing import Any
 
 import pandas as pd
 
-from auditor.audit.assumptions import KRUSKAL_TESTS
+from auditor.audit.report.catalogue import KRUSKAL_TESTS
 from auditor.audit.report.schema import csv_text, read_rows, rows_frame
 from auditor.core.atomic import TMP_SUFFIX, confined, foreign_entries, refuse_foreign, write_text_atomic
 from auditor.core.errors import AuditError

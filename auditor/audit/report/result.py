@@ -4,15 +4,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import pandas as pd
 import torch
 
 from auditor.audit.report.tables import STAGE_COLUMNS, summary_table
 
-if TYPE_CHECKING:
-    from auditor.audit.config import AuditConfig
+
+class Configuration(Protocol):
+    """What a report reads of the configuration that made its rows (the audit's
+    :class:`~auditor.audit.config.AuditConfig`, a frozen dataclass whose fields also fill ``config.json``)."""
+
+    @property
+    def model(self) -> str: ...
+    @property
+    def subsets(self) -> int: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def threshold(self) -> float: ...
+    @property
+    def rtol(self) -> float | None: ...
 
 
 @dataclass
@@ -33,7 +46,7 @@ class AuditResult:
 
     rows: pd.DataFrame
     curves: pd.DataFrame
-    config: AuditConfig
+    config: Configuration
     context_ranks: dict[str, torch.Tensor] = field(default_factory=dict)  # "repr@weights" -> (N,) ranks
     margins: dict[str, torch.Tensor] = field(default_factory=dict)
     stages: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=list(STAGE_COLUMNS)))

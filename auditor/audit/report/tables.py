@@ -8,7 +8,7 @@ from typing import Any
 
 import pandas as pd
 
-from auditor.audit.assumptions import ASSUMPTION_TESTS, TEST_TITLES
+from auditor.audit.report.catalogue import TEST_SPECS, TEST_TITLES
 from auditor.audit.report.schema import critical_exact, parse_rank_counts
 
 STAGE_COLUMNS = ("stage", "seconds", "share")
@@ -33,7 +33,7 @@ def cell(row: pd.Series) -> str:
             return "skipped: N < k"
         return "skipped"
     mark = "holds" if bool(row["holds"]) else "fails"
-    test = ASSUMPTION_TESTS.get(row["test"])
+    test = TEST_SPECS.get(row["test"])
     if test is not None and not test.kruskal:  # every context tested: say how many reached rank n
         full = round(float(row["fraction"]) * int(row["N"]))
         text = f"{mark}: {full}/{int(row['N'])} rank n"
@@ -163,8 +163,8 @@ def bounds_table(rows: pd.DataFrame) -> pd.DataFrame:
     witnessed upper bound on the Kruskal rank, duplicates, the critical tolerance."""
     if rows.empty or "fraction_low" not in rows:
         return pd.DataFrame()
-    keep = rows[(rows["status"] == "ok") & rows["test"].map(lambda t: t in ASSUMPTION_TESTS
-                                                             and ASSUMPTION_TESTS[t].kruskal)]
+    keep = rows[(rows["status"] == "ok") & rows["test"].map(lambda t: t in TEST_SPECS
+                                                             and TEST_SPECS[t].kruskal)]
     out = []
     for _, row in keep.iterrows():
         lower, method, upper = row.get("krank_lower"), row.get("krank_lower_method"), row.get("krank_upper")

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from auditor.audit.config import RTOL_RULE
+from auditor.audit.report.catalogue import RTOL_RULE
 from auditor.audit.report.schema import csv_text
 from auditor.audit.report.tables import (
     ROBUST_FACTOR,

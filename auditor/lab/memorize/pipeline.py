@@ -197,13 +197,14 @@ def extract_tokens(model: str, weights: str, data: str | None, samples: int, rep
     ``out/tokens/<representation>.safetensors``. ``config_overrides`` change a random model's
     architecture (tests build tiny ViTs with it)."""
     from auditor.audit.config import AuditConfig
+    from auditor.audit.plan import AuditPlan
     from auditor.audit.sources import extracted
     from auditor.models import load_model
 
     loaded = load_model(model, weights, device=device, seed=seed, config_overrides=config_overrides)
-    config = AuditConfig(model=model, data=data, samples=samples, seed=seed, batch_size=batch_size)
+    plan = AuditPlan.of(AuditConfig(model=model, data=data, samples=samples, seed=seed, batch_size=batch_size))
     paths = {}
-    for item in extracted(loaded, list(representations), config, None, progress).items:
+    for item in extracted(loaded, list(representations), plan.sampling, plan.extraction, None, progress).items:
         paths[item.representation] = Path(out) / "tokens" / f"{item.representation}.safetensors"
         item.tokens.save(paths[item.representation])
     return paths
