@@ -35,6 +35,7 @@ from auditor.models.partial import (
     cut_config,
     parameters_on_meta,
 )
+from auditor.models.streamed import attach, streamed_names
 
 
 class PartialAdapter(HFAdapter):
@@ -239,18 +240,30 @@ class PartialAdapter(HFAdapter):
                     f"{reader.source}: the checkpoint lacks {len(missing)} tensors the audit needs (e.g. "
                     f"{prefix + missing[0]}); it is not a complete checkpoint of this architecture"
                 )
-            stored = [names_in_file[prefix + name] for name in wanted]
-            tensors = reader.read(stored, dtype=dtype, device=device)
-            state = {name: tensors[key] for name, key in zip(wanted, stored, strict=True)}
-            net.load_state_dict(state, strict=False, assign=True)
+            stored = {name: names_in_file[prefix + name] for name in wanted}
+            reader.require(list(stored.values()))
+            reader.note_stored(list(stored.values()))
+            streamed = streamed_names(net, stored) if self.streams(device, reader) else []
+            attach(net, {name: stored[name] for name in streamed}, reader.load, reader.load_rows, dtype, device)
+            resident = [name for name in wanted if name not in set(streamed)]
+            tensors = reader.read([stored[name] for name in resident], dtype=dtype, device=device)
+            net.load_state_dict({name: tensors[stored[name]] for name in resident}, strict=False, assign=True)
             for module in net.modules():  # buffers are made on the CPU; parameters were placed as read
                 for key, buffer in module._buffers.items():
                     if buffer is not None and buffer.device != device:
                         module._buffers[key] = buffer.to(device)
             details["weights_dtype"] = reader.weights_dtype
+            if streamed:
+                details["loading"] = ("embedding rows looked up and audited blocks only; on the CPU the linear "
+                                      "layers' weights are read from the checkpoint as each runs (streamed)")
             return net
 
         return build
+
+    def streams(self, device: torch.device, reader: CheckpointReader) -> bool:
+        """Whether the big weights are read as their modules run (:mod:`auditor.models.streamed`): on the CPU,
+        from safetensors files. On a GPU they are placed once: memory there is for the resident blocks."""
+        return device.type == "cpu" and reader.streams
 
 
 def block_seed(seed: int, index: int) -> int:

@@ -1,0 +1,83 @@
+"""Weights read when their module runs (auditor.models.streamed): the same tokens as resident weights, and
+nothing big left in memory between batches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+from safetensors.torch import load_file, save_file
+from test_families import batch_of, save, tiny_config
+
+from auditor.audit.extract import extract
+from auditor.core.errors import AuditError
+from auditor.models import load_model
+from auditor.models import streamed as streamed_module
+from auditor.models.partial_adapter import PartialAdapter
+from auditor.models.streamed import SafetensorsFile
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_safetensors_reads_whole_tensors_in_chunks_and_single_rows(tmp_path, monkeypatch):
+    gen = torch.Generator().manual_seed(0)
+    tensors = {"table": torch.randn(50, 7, generator=gen).to(torch.bfloat16), "ids": torch.arange(5),
+               "half": torch.randn(3, 4, 5, generator=gen).to(torch.float16)}
+    save_file(tensors, tmp_path / "t.safetensors")
+    monkeypatch.setattr(streamed_module, "CHUNK_BYTES", 6)  # 3 bf16 values per read: many partial chunks
+    file = SafetensorsFile(tmp_path / "t.safetensors")
+    assert torch.equal(file.tensor("table", torch.float32), tensors["table"].float())
+    assert torch.equal(file.tensor("half", torch.float64), tensors["half"].double())
+    assert torch.equal(file.tensor("ids", torch.float32), tensors["ids"])  # integers keep their dtype
+    ids = torch.tensor([0, 3, 4, 49])
+    assert torch.equal(file.rows("table", ids, torch.float32), tensors["table"][ids].float())
+    (tmp_path / "cut.safetensors").write_bytes((tmp_path / "t.safetensors").read_bytes()[:-40])
+    with pytest.raises(AuditError, match="ends inside a tensor"):
+        SafetensorsFile(tmp_path / "cut.safetensors").tensor("half", torch.float32)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gemma2", "deberta-v2", "clip_vision_model"])
+def test_streamed_tokens_equal_resident_ones_and_no_weight_stays(model_type, tmp_path, monkeypatch):
+    """A bf16 checkpoint audited with streamed weights (the CPU default) and with resident ones (as on a GPU):
+    identical tokens; between batches the streamed net holds no linear weight and no embedding row."""
+    config = tiny_config(model_type)
+    folder = tmp_path / model_type
+    torch.manual_seed(0)
+    transformers.MODEL_MAPPING[type(config)](config).to(torch.bfloat16).save_pretrained(folder)
+    streamed = load_model(str(folder), str(folder), device="cpu")
+    inputs, _ = batch_of(streamed, 6)
+    reps = ["embedding", "block.0", "block.2"]
+    got = extract(streamed, inputs, reps, progress=False, batch_size=4)
+    assert "streamed" in streamed.details["loading"]
+    net = streamed.model.net
+    linears = [m for m in net.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(m.weight.is_meta for m in linears)
+    if streamed.modality == "text":
+        assert net.get_input_embeddings().weight.is_meta
+    monkeypatch.setattr(PartialAdapter, "streams", lambda self, device, reader: False)
+    resident = load_model(str(folder), str(folder), device="cpu")
+    want = extract(resident, inputs, reps, progress=False, batch_size=4)
+    assert "streamed" not in resident.details["loading"]
+    blocks = resident.adapter.blocks(resident.model)
+    assert not any(p.is_meta for p in blocks.parameters())  # resident: placed once, real
+    for rep in reps:
+        assert torch.equal(got[rep].contexts, want[rep].contexts), rep
+    assert streamed.model.reader.weights_dtype == resident.model.reader.weights_dtype == "bfloat16"
+
+
+def test_streamed_weights_are_dropped_when_the_forward_stops_early(tmp_path):
+    """The extractor stops the forward pass by raising inside a block: the weights read are dropped anyway,
+    and a NaN in a streamed weight is reported when it is read."""
+    folder = tmp_path / "llama"
+    save(tiny_config("llama"), folder)
+    shard = folder / "model.safetensors"
+    tensors = load_file(shard)
+    tensors["layers.1.mlp.up_proj.weight"][0, 0] = float("nan")
+    save_file(tensors, shard, metadata={"format": "pt"})
+    loaded = load_model(str(folder), str(folder), device="cpu")
+    inputs, _ = batch_of(loaded)
+    extract(loaded, inputs, ["block.0"], progress=False)  # stops inside the model, after block 0
+    assert all(p.is_meta for m in loaded.model.net.modules() if isinstance(m, torch.nn.Linear)
+               for p in m.parameters())
+    with pytest.raises(AuditError, match=r"'layers\.1\.mlp\.up_proj\.weight' contains NaN"):
+        extract(loaded, inputs, ["block.1"], progress=False)
