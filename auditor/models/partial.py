@@ -220,6 +220,13 @@ class CheckpointReader:
         self._checked_keys.discard(key)  # other rows than last time: check these
         return self._checked(rows, key)
 
+    def load_span(self, key: str, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
+        """Rows ``start:stop`` of tensor ``key``, cast to ``dtype``; checked (finite) each time."""
+        rows = self._bin[key][start:stop].to(dtype) if self._bin is not None else self._entry_file(key).span(
+            key, start, stop, dtype)
+        self._checked_keys.discard(key)
+        return self._checked(rows, key)
+
     def _checked(self, tensor: torch.Tensor, key: str) -> torch.Tensor:
         if key in self._checked_keys:
             return tensor

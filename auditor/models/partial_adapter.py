@@ -44,7 +44,7 @@ from auditor.models.placement import (
     plan_placement,
     unit_sizes,
 )
-from auditor.models.streamed import attach, streamed_names
+from auditor.models.streamed import Readers, attach, streamed_names
 
 
 class PartialAdapter(HFAdapter):
@@ -258,7 +258,8 @@ class PartialAdapter(HFAdapter):
             reader.require(list(stored.values()))
             reader.note_stored(list(stored.values()))
             streamed = streamed_names(net, stored) if self.streams(device, reader) else []
-            attach(net, {name: stored[name] for name in streamed}, reader.load, reader.load_rows, dtype, device)
+            attach(net, {name: stored[name] for name in streamed}, Readers(reader.load, reader.load_rows, reader.load_span),
+                   dtype, device)
             resident = [name for name in wanted if name not in set(streamed)]
             plan = self._placement(net, config, weighted, dtype, device) or {BEFORE_BLOCKS: str(device)}
             path = self.block_path_of(config)

@@ -4,9 +4,10 @@ Holding the audited blocks upcast to float32 costs 4 bytes per weight: 0.8 GiB f
 7B-class model, more than the whole checkpoint's share the audit needs. On the CPU the partial loader
 therefore keeps no weight of a linear layer and no row of the input embedding in memory between batches:
 
-- a linear layer's weight and bias are read from the safetensors file just before the layer runs
-  (upcast in 16 MiB chunks straight into the compute dtype) and dropped when it returns, so at most one
-  matrix is resident at a time (the largest: the MLP's, 0.22 GiB in float32 at d = 4096, MLP 14336);
+- a linear layer computes its outputs in chunks of 16 MiB of weight rows, each chunk read from the
+  safetensors file, upcast and dropped before the next: neither the whole float32 weight (0.22 GiB for
+  the MLP's at d = 4096, MLP 14336) nor the packed copy a CPU matrix product makes of it is ever resident
+  (a linear layer of another class reads its whole weight before it runs and drops it after);
 - the input embedding reads only the rows of the ids in the batch (a (vocab, d) table is never read
   whole); the module then runs on those rows with the ids renumbered, so a family's own embedding code
   (Gemma's scaling by sqrt(d)) is kept;
@@ -15,7 +16,7 @@ therefore keeps no weight of a linear layer and no row of the input embedding in
 The files are read with plain reads, not memory-mapped, so pages of tensors the audit does not use never
 count in the process's memory. The price is re-reading the weights for each batch (from the page cache
 after the first), which is small beside a block's forward pass over a batch. Tokens are the same as with
-resident weights: upcasting is exact, and the layers compute on the same float32 values.
+resident weights up to float32 rounding (upcasting is exact; a chunked product may sum in another order).
 """
 
 from __future__ import annotations
@@ -94,6 +95,16 @@ class SafetensorsFile:
                 flat[start : start + count].copy_(part.view(entry.dtype))
         return out
 
+    def span(self, key: str, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
+        """Rows ``start:stop`` of the table ``key`` (V, ...) -> (stop - start, ...) in ``dtype``, in one read."""
+        entry = self.entries[key]
+        row_bytes = math.prod(entry.shape[1:]) * entry.dtype.itemsize
+        buffer = torch.empty((stop - start) * row_bytes, dtype=torch.uint8)
+        with open(self.path, "rb", buffering=0) as fh:
+            fh.seek(entry.begin + start * row_bytes)
+            self._fill(fh, buffer)
+        return buffer.view(entry.dtype).reshape(stop - start, *entry.shape[1:]).to(dtype)
+
     def rows(self, key: str, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Rows ``ids`` (U,) of the table ``key`` (V, ...) -> (U, ...) in ``dtype``; only those rows are read."""
         entry = self.entries[key]
@@ -122,6 +133,16 @@ class SafetensorsFile:
 
 Load = Callable[[str, torch.dtype], torch.Tensor]  # checkpoint key -> the whole tensor in the compute dtype
 LoadRows = Callable[[str, torch.Tensor, torch.dtype], torch.Tensor]  # key, sorted ids (U,) -> rows (U, ...)
+LoadSpan = Callable[[str, int, int, torch.dtype], torch.Tensor]  # key, start, stop -> rows start:stop
+
+
+@dataclass(frozen=True)
+class Readers:
+    """How the hooks read the checkpoint (a :class:`auditor.models.partial.CheckpointReader`'s methods)."""
+
+    load: Load
+    rows: LoadRows
+    span: LoadSpan
 
 
 def streamed_names(net: nn.Module, wanted: Mapping[str, str]) -> list[str]:
@@ -136,8 +157,7 @@ def streamed_names(net: nn.Module, wanted: Mapping[str, str]) -> list[str]:
     return out
 
 
-def attach(net: nn.Module, keys: Mapping[str, str], load: Load, load_rows: LoadRows, dtype: torch.dtype,
-           device: torch.device) -> None:
+def attach(net: nn.Module, keys: Mapping[str, str], read: Readers, dtype: torch.dtype, device: torch.device) -> None:
     """Make the parameters ``keys`` (model name -> checkpoint key; from :func:`streamed_names`) placeholders
     on the meta device and read them when their module runs (the hooks live as long as ``net``)."""
     embedding = net.get_input_embeddings() if hasattr(net, "get_input_embeddings") else None
@@ -150,9 +170,11 @@ def attach(net: nn.Module, keys: Mapping[str, str], load: Load, load_rows: LoadR
                                    requires_grad=False) for p in own}
         module._parameters.update(holders)
         if module is embedding:
-            _rows_on_demand(module, own["weight"], load_rows, dtype, device)
+            _rows_on_demand(module, own["weight"], read.rows, dtype, device)
+        elif type(module) is nn.Linear and "weight" in own:
+            _linear_by_chunks(module, own, read, dtype, device)
         else:
-            _weights_on_demand(module, own, holders, load, dtype, device)
+            _weights_on_demand(module, own, holders, read.load, dtype, device)
 
 
 def _weights_on_demand(module: nn.Module, own: Mapping[str, str], holders: Mapping[str, nn.Parameter],
@@ -166,6 +188,26 @@ def _weights_on_demand(module: nn.Module, own: Mapping[str, str], holders: Mappi
 
     module.register_forward_pre_hook(read)
     module.register_forward_hook(drop, always_call=True)
+
+
+def _linear_by_chunks(module: nn.Linear, own: Mapping[str, str], read: Readers, dtype: torch.dtype,
+                      device: torch.device) -> None:
+    """``module`` computes its output features in chunks of :data:`CHUNK_BYTES` of weight rows, each read just
+    before it is used: neither the whole weight nor the copy a matrix product packs it into is ever resident.
+    Each output is the same dot product as the whole layer's (summation order aside: equal up to rounding)."""
+    rows_per_chunk = max(1, CHUNK_BYTES // (module.in_features * dtype.itemsize))
+    bias = own.get("bias")
+
+    def forward(x: torch.Tensor) -> torch.Tensor:  # x: (..., in_features) -> (..., out_features)
+        out = torch.empty((*x.shape[:-1], module.out_features), dtype=x.dtype, device=x.device)
+        for start in range(0, module.out_features, rows_per_chunk):
+            stop = min(start + rows_per_chunk, module.out_features)
+            weight = read.span(own["weight"], start, stop, dtype).to(device)  # (stop - start, in_features)
+            part = read.span(bias, start, stop, dtype).to(device) if bias is not None else None
+            out[..., start:stop] = nn.functional.linear(x, weight, part)  # (..., stop - start)
+        return out
+
+    module.forward = forward  # type: ignore[method-assign] - this instance only; hooks still run around it
 
 
 def _rows_on_demand(module: nn.Embedding, key: str, load_rows: LoadRows, dtype: torch.dtype,
