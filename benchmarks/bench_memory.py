@@ -175,12 +175,13 @@ def write_report(rows, args) -> None:
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for blocks, params, disk, peak, wall, base_peak, base_wall, load in rows:
+        base = "not run | not run" if args.no_baseline else f"{base_peak:.2f} | {base_wall:.0f}"
         lines.append(f"| {blocks} | {params / 1e9:.2f}B | {disk:.2f} | {peak:.2f} | {peak / disk:.2f} | {wall:.0f} | "
-                     f"{base_peak:.2f} | {base_wall:.0f} | {load:.1f} |")
+                     f"{base} | {load:.1f} |")
     lines += [
         "",
         f"Command: `python benchmarks/bench_memory.py --blocks {args.blocks} --samples {args.samples} "
-        f"--threads {args.threads}`",
+        f"--threads {args.threads}{' --no-baseline' if args.no_baseline else ''}`",
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} logical CPUs; git {stamp.get('git_commit', '')[:12]}; "
         f"{stamp.get('versions', '')}",

@@ -10,10 +10,13 @@ needs (``num_hidden_layers = deepest audited block + 1``); it grows when a deepe
   built; the tests check it.
 - Checkpoints (a ``save_pretrained`` folder or hub files, single or sharded with their index): the cut
   model is made with its parameters on the meta device (no memory), then only the tensors of the
-  embedding and of the audited blocks are read from the safetensors files (``safe_open``, tensor by
-  tensor), checked (real, finite), cast to the compute dtype and placed on the device. The modules after
-  the last audited block (final norm, pooler, heads) stay on the meta device: the forward pass stops
-  before them. A ``pytorch_model.bin`` has no index into it, so it is read whole (``weights_only``).
+  embedding and of the audited blocks are read from the safetensors files (the byte ranges their headers
+  name, tensor by tensor), checked (real, finite) and cast to the compute dtype. On the CPU the linear
+  layers and the embedding's rows are read as their modules run (:mod:`auditor.models.streamed`); on a
+  GPU every tensor is placed once, over several GPUs when one cannot hold them
+  (:mod:`auditor.models.placement`). The modules after the last audited block (final norm, pooler,
+  heads) stay on the meta device: the forward pass stops before them. A ``pytorch_model.bin`` has no
+  index into it, so it is read whole (``weights_only``) and its tensors are placed once.
 
 Memory thus grows with the audited depth, not with the model (see reports/benchmarks-memory.md).
 """
