@@ -205,7 +205,6 @@ class CheckpointReader:
     def read(self, names: Sequence[str], *, dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
         """The tensors ``names`` (checkpoint names), each checked and cast to ``dtype`` on ``device``."""
         self.require(names)
-        self.note_stored(names)
         return {name: self.load(name, dtype).to(device) for name in names}
 
     def load(self, key: str, dtype: torch.dtype) -> torch.Tensor:
