@@ -88,3 +88,22 @@ def test_streamed_weights_are_dropped_when_the_forward_stops_early(tmp_path):
                for p in m.parameters())
     with pytest.raises(AuditError, match=r"'layers\.1\.mlp\.up_proj\.weight' contains NaN"):
         extract(loaded, inputs, ["block.1"], progress=False)
+
+
+def test_pickled_checkpoint_is_read_whole_and_gives_the_same_tokens(tmp_path):
+    """A pytorch_model.bin cannot be read tensor by tensor: its weights are placed once (not streamed), with
+    the same tokens as the safetensors copy."""
+    folder = tmp_path / "st"
+    model = save(tiny_config("qwen2"), folder)
+    pickled = tmp_path / "bin"
+    pickled.mkdir()
+    (pickled / "config.json").write_text((folder / "config.json").read_text())
+    torch.save(model.state_dict(), pickled / "pytorch_model.bin")
+    streamed = load_model(str(folder), str(folder), device="cpu")
+    whole = load_model(str(pickled), str(pickled), device="cpu")
+    inputs, _ = batch_of(streamed)
+    a = extract(streamed, inputs, ["embedding", "block.1"], progress=False)
+    b = extract(whole, inputs, ["embedding", "block.1"], progress=False)
+    assert "streamed" in streamed.details["loading"] and "streamed" not in whole.details["loading"]
+    for rep in ("embedding", "block.1"):
+        assert torch.equal(a[rep].contexts, b[rep].contexts), rep
