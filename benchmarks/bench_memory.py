@@ -141,7 +141,8 @@ def main() -> None:
         load = os.getloadavg()[0]  # the machine's 1-minute load when the measurements ended
         rows.append((blocks, params, on_disk / GIB, peak, wall, base_peak, base_wall, load))
         print(f"{blocks} blocks, {params / 1e9:.2f}B params, {on_disk / GIB:.2f} GiB on disk: audit peak {peak:.2f} GiB "
-              f"in {wall:.0f} s; whole model {base_peak:.2f} GiB in {base_wall:.0f} s; load {load:.1f}", flush=True)
+              f"in {wall:.0f} s; whole model {base_peak:.2f} GiB in {base_wall:.0f} s; load {load:.1f}",
+              flush=True)
         shutil.rmtree(folder, ignore_errors=True)
         shutil.rmtree(args.scratch / f"report-{blocks}", ignore_errors=True)
     if not args.no_report:

@@ -32,14 +32,19 @@ def test_plan_fills_each_gpu_in_forward_order_then_the_next():
     split = plan_placement(units, [("cuda:0", room), ("cuda:1", room)])
     assert split == {BEFORE_BLOCKS: "cuda:0", "block.0": "cuda:0", "block.1": "cuda:1", "block.2": "cuda:1"}
     # a later unit never goes back to an earlier device, so a forward pass crosses each boundary once
-    order = plan_placement([("a", 5), ("b", 50), ("c", 5)], [("cuda:0", int(60 / HEADROOM)), ("cuda:1", 1000)])
+    order = plan_placement(
+        [("a", 5), ("b", 50), ("c", 5)], [("cuda:0", int(60 / HEADROOM)), ("cuda:1", 1000)]
+    )
     assert order == {"a": "cuda:0", "b": "cuda:0", "c": "cuda:1"}
 
 
 def test_plan_that_does_not_fit_says_what_to_do():
     units = [(BEFORE_BLOCKS, 2 * GIB), ("block.0", 30 * GIB)]
-    with pytest.raises(AuditError, match=r"need 32\.0 GiB but 1 GPU\(s\) have 18\.0 GiB .*block\.0 did not fit.*"
-                                         r"--device cpu") as err:
+    with pytest.raises(
+        AuditError,
+        match=r"need 32\.0 GiB but 1 GPU\(s\) have 18\.0 GiB .*block\.0 did not fit.*"
+        r"--device cpu",
+    ) as err:
         plan_placement(units, [("cuda:0", 20 * GIB)])
     assert "\n" not in str(err.value)
     with pytest.raises(AuditError, match="no GPU"):
@@ -56,11 +61,17 @@ def test_unit_sizes_count_the_cut_model_in_the_compute_dtype():
     assert units["block.0"] == units["block.1"] == block and "block.2" not in units
     halves = dict(unit_sizes(net, blocks, 2, torch.bfloat16))
     assert halves["block.0"] * 2 == block
-    total = sum(p.numel() for p in net.parameters()) * 4 + sum(b.numel() * b.element_size() for b in net.buffers())
+    total = sum(p.numel() for p in net.parameters()) * 4 + sum(
+        b.numel() * b.element_size() for b in net.buffers()
+    )
     assert sum(units.values()) == total  # nothing counted twice or missed
     plan = {BEFORE_BLOCKS: "cuda:0", "block.0": "cuda:0", "block.1": "cuda:1"}
     assert device_of("layers.1.mlp.up_proj.weight", "layers", plan) == "cuda:1"
-    assert device_of("embed_tokens.weight", "layers", plan) == device_of("norm.weight", "layers", plan) == "cuda:0"
+    assert (
+        device_of("embed_tokens.weight", "layers", plan)
+        == device_of("norm.weight", "layers", plan)
+        == "cuda:0"
+    )
 
 
 def test_move_to_plan_keeps_meta_placeholders_and_places_the_rest(tmp_path):
@@ -88,7 +99,9 @@ def test_blocks_split_between_the_gpu_and_the_cpu_give_the_cpu_tokens(tmp_path, 
         net = DECODER._instantiate(cut_config(config, 2))
     sizes = unit_sizes(net, DECODER.blocks_of(net, config), 2, torch.float32)
     room = int((sizes[0][1] + sizes[1][1]) / HEADROOM) + 1
-    monkeypatch.setattr(partial_adapter_module, "gpu_free", lambda device: [("cuda:0", room), ("cpu", 1 << 40)])
+    monkeypatch.setattr(
+        partial_adapter_module, "gpu_free", lambda device: [("cuda:0", room), ("cpu", 1 << 40)]
+    )
     split = load_model(folder, folder, device="cuda")
     got = extract(split, inputs, ["block.0", "block.1"], progress=False)
     assert "block.0 on cuda:0, block.1 on cpu" in split.details["placement"]

@@ -22,8 +22,11 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def test_safetensors_reads_whole_tensors_in_chunks_and_single_rows(tmp_path, monkeypatch):
     gen = torch.Generator().manual_seed(0)
-    tensors = {"table": torch.randn(50, 7, generator=gen).to(torch.bfloat16), "ids": torch.arange(5),
-               "half": torch.randn(3, 4, 5, generator=gen).to(torch.float16)}
+    tensors = {
+        "table": torch.randn(50, 7, generator=gen).to(torch.bfloat16),
+        "ids": torch.arange(5),
+        "half": torch.randn(3, 4, 5, generator=gen).to(torch.float16),
+    }
     save_file(tensors, tmp_path / "t.safetensors")
     monkeypatch.setattr(streamed_module, "CHUNK_BYTES", 6)  # 3 bf16 values per read: many partial chunks
     file = SafetensorsFile(tmp_path / "t.safetensors")
@@ -68,7 +71,9 @@ def test_streamed_tokens_equal_resident_ones_and_no_weight_stays(model_type, chu
     assert not any(p.is_meta for p in blocks.parameters())  # resident: placed once, real
     for rep in reps:
         a, b = got[rep].contexts, want[rep].contexts
-        assert torch.equal(a, b) if chunk is None else torch.allclose(a, b, rtol=0, atol=forward_atol(b, 64)), rep
+        assert (
+            torch.equal(a, b) if chunk is None else torch.allclose(a, b, rtol=0, atol=forward_atol(b, 64))
+        ), rep
     assert streamed.model.reader.weights_dtype == resident.model.reader.weights_dtype == "bfloat16"
 
 
@@ -84,8 +89,12 @@ def test_streamed_weights_are_dropped_when_the_forward_stops_early(tmp_path):
     loaded = load_model(str(folder), str(folder), device="cpu")
     inputs, _ = batch_of(loaded)
     extract(loaded, inputs, ["block.0"], progress=False)  # stops inside the model, after block 0
-    assert all(p.is_meta for m in loaded.model.net.modules() if isinstance(m, torch.nn.Linear)
-               for p in m.parameters())
+    assert all(
+        p.is_meta
+        for m in loaded.model.net.modules()
+        if isinstance(m, torch.nn.Linear)
+        for p in m.parameters()
+    )
     with pytest.raises(AuditError, match=r"'layers\.1\.mlp\.up_proj\.weight' contains NaN"):
         extract(loaded, inputs, ["block.1"], progress=False)
 

@@ -169,7 +169,8 @@ class CheckpointReader:
     def _entry_file(self, key: str) -> SafetensorsFile:
         header = self._header(self._index()[key])
         if key not in header.entries:
-            raise WeightsUnavailable(f"{self.source}: the index puts {key!r} in {header.path.name}, which lacks it")
+            raise WeightsUnavailable(
+                f"{self.source}: the index puts {key!r} in {header.path.name}, which lacks it")
         return header
 
     def keys(self) -> list[str]:
@@ -178,7 +179,7 @@ class CheckpointReader:
 
     @property
     def streams(self) -> bool:
-        """Whether tensors can be read one by one when used (safetensors; a pickled checkpoint is read whole)."""
+        """Whether tensors can be read one by one when used (safetensors; a pickle is read whole)."""
         self._index()
         return self._bin is None
 
@@ -193,7 +194,7 @@ class CheckpointReader:
             )
 
     def note_stored(self, names: Sequence[str]) -> None:
-        """Count the stored dtypes of ``names`` from the headers (for :attr:`weights_dtype`), reading no data."""
+        """Count the stored dtypes of ``names`` from their headers (:attr:`weights_dtype`); reads no data."""
         for name in names:
             if self._bin is not None:
                 tensor = self._bin[name]
@@ -218,7 +219,10 @@ class CheckpointReader:
 
     def load_rows(self, key: str, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Rows ``ids`` (U,) of the table ``key``, cast to ``dtype``; only these rows are read and checked."""
-        rows = self._bin[key][ids].to(dtype) if self._bin is not None else self._entry_file(key).rows(key, ids, dtype)
+        if self._bin is not None:
+            rows = self._bin[key][ids].to(dtype)
+        else:
+            rows = self._entry_file(key).rows(key, ids, dtype)
         self._checked_keys.discard(key)  # other rows than last time: check these
         return self._checked(rows, key)
 

@@ -257,24 +257,25 @@ class PartialAdapter(HFAdapter):
             stored = {name: names_in_file[prefix + name] for name in wanted}
             reader.require(list(stored.values()))
             reader.note_stored(list(stored.values()))
-            streamed = streamed_names(net, stored) if self.streams(device, reader) else []
-            attach(net, {name: stored[name] for name in streamed}, Readers(reader.load, reader.load_rows, reader.load_span),
-                   dtype, device)
-            resident = [name for name in wanted if name not in set(streamed)]
+            streamed = set(streamed_names(net, stored) if self.streams(device, reader) else [])
+            readers = Readers(reader.load, reader.load_rows, reader.load_span)
+            attach(net, {name: stored[name] for name in streamed}, readers, dtype, device)
+            resident = [name for name in wanted if name not in streamed]
             plan = self._placement(net, config, weighted, dtype, device) or {BEFORE_BLOCKS: str(device)}
             path = self.block_path_of(config)
             groups: dict[str, list[str]] = {}  # target device -> model names placed there
             for name in resident:
                 groups.setdefault(device_of(name, path, plan), []).append(name)
             for target, names in groups.items():
-                tensors = reader.read([stored[name] for name in names], dtype=dtype, device=torch.device(target))
-                net.load_state_dict({name: tensors[stored[name]] for name in names}, strict=False, assign=True)
+                tensors = reader.read([stored[n] for n in names], dtype=dtype, device=torch.device(target))
+                net.load_state_dict({n: tensors[stored[n]] for n in names}, strict=False, assign=True)
             move_to_plan(net, path, plan)  # buffers are made on the CPU; parameters were placed as read
             self._dispatch(net, config, plan, details)
             details["weights_dtype"] = reader.weights_dtype
             if streamed:
-                details["loading"] = ("embedding rows looked up and audited blocks only; on the CPU the linear "
-                                      "layers' weights are read from the checkpoint as each runs (streamed)")
+                details["loading"] = ("embedding rows looked up and audited blocks only; on the CPU the "
+                                      "linear layers' weights are read from the checkpoint as each runs "
+                                      "(streamed)")
             return net
 
         return build

@@ -24,9 +24,10 @@ GIB = 2**30
 
 
 def plan_placement(sizes: Sequence[tuple[str, int]], free: Sequence[tuple[str, int]]) -> dict[str, str]:
-    """Units in forward order (``(name, bytes)``) onto devices in order (``(device, free bytes)``), each unit on
-    the device where the previous one went if it still has room there, else on the next: a forward pass
-    crosses each device boundary once. Raises a one-line AuditError when the devices cannot hold them."""
+    """Units in forward order (``(name, bytes)``) onto devices in order (``(device, free bytes)``), each
+    unit on the device where the previous one went if it still has room there, else on the next: a
+    forward pass crosses each device boundary once. Raises a one-line AuditError when the devices cannot
+    hold them."""
     if not free:
         raise AuditError("no GPU to place the model on; use --device cpu")
     plan: dict[str, str] = {}
@@ -38,21 +39,26 @@ def plan_placement(sizes: Sequence[tuple[str, int]], free: Sequence[tuple[str, i
             need = sum(s for _, s in sizes) / GIB
             have = sum(f for _, f in free) * HEADROOM / GIB
             raise AuditError(
-                f"the embedding and audited blocks need {need:.1f} GiB but {len(free)} GPU(s) have {have:.1f} GiB "
-                f"free for weights ({name} did not fit); audit fewer layers, use more GPUs (--device cuda) or "
-                "--device cpu"
+                f"the embedding and audited blocks need {need:.1f} GiB but {len(free)} GPU(s) have "
+                f"{have:.1f} GiB free for weights ({name} did not fit); audit fewer layers, use more GPUs "
+                "(--device cuda) or --device cpu"
             )
         plan[name] = free[at][0]
         used += size
     return plan
 
 
-def unit_sizes(net: nn.Module, blocks: Sequence[nn.Module], weighted: int, dtype: torch.dtype) -> list[tuple[str, int]]:
-    """Bytes in ``dtype`` of each unit of a (meta or real) cut model: the parameters and buffers outside the blocks
-    (the small modules after them included), then each of the ``weighted`` blocks.
+def unit_sizes(
+    net: nn.Module, blocks: Sequence[nn.Module], weighted: int, dtype: torch.dtype
+) -> list[tuple[str, int]]:
+    """Bytes in ``dtype`` of each unit of a (meta or real) cut model: the parameters and buffers outside
+    the blocks (the small modules after them included), then each of the ``weighted`` blocks.
     Returns ``[(BEFORE_BLOCKS, bytes), ("block.0", bytes), ...]``."""
+
     def size(tensors) -> int:
-        return sum(t.numel() * (dtype.itemsize if t.is_floating_point() else t.element_size()) for t in tensors)
+        return sum(
+            t.numel() * (dtype.itemsize if t.is_floating_point() else t.element_size()) for t in tensors
+        )
 
     inside = {id(t) for block in blocks for t in (*block.parameters(), *block.buffers())}
     outside = [t for t in (*net.parameters(), *net.buffers()) if id(t) not in inside]
@@ -78,8 +84,9 @@ def dispatch(blocks: Sequence[nn.Module], plan: Mapping[str, str]) -> None:
     for index, block in enumerate(blocks):
         device = plan.get(f"block.{index}")
         if device is not None:
-            add_hook_to_module(block, AlignDevicesHook(execution_device=device, io_same_device=False,
-                                                       place_submodules=True))
+            add_hook_to_module(
+                block, AlignDevicesHook(execution_device=device, io_same_device=False, place_submodules=True)
+            )
 
 
 def device_of(name: str, block_path: str, plan: Mapping[str, str]) -> str:
@@ -98,4 +105,8 @@ def move_to_plan(net: nn.Module, block_path: str, plan: Mapping[str, str]) -> No
                 target = torch.device(device_of(f"{prefix}.{key}" if prefix else key, block_path, plan))
                 if tensor.device != target:
                     moved = tensor.to(target)
-                    store[key] = nn.Parameter(moved, requires_grad=False) if isinstance(tensor, nn.Parameter) else moved
+                    store[key] = (
+                        nn.Parameter(moved, requires_grad=False)
+                        if isinstance(tensor, nn.Parameter)
+                        else moved
+                    )

@@ -37,9 +37,18 @@ from auditor.core.errors import AuditError
 CHUNK_BYTES = 16 << 20  # bytes read per call while upcasting one tensor (the transient beside the result)
 
 _DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-    "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
 }
 
 
@@ -71,14 +80,18 @@ class SafetensorsFile:
                 continue
             kind = str(info.get("dtype"))
             if kind.startswith("C"):
-                raise AuditError(f"{path}: tensor {key!r} is complex ({kind}); model weights must be real numbers")
+                raise AuditError(
+                    f"{path}: tensor {key!r} is complex ({kind}); model weights must be real numbers"
+                )
             if kind not in _DTYPES:
                 raise AuditError(f"{path}: tensor {key!r} has dtype {kind}, which the auditor cannot read")
             begin, end = (int(v) for v in info["data_offsets"])
-            self.entries[key] = Entry(_DTYPES[kind], tuple(int(s) for s in info["shape"]), base + begin, base + end)
+            self.entries[key] = Entry(
+                _DTYPES[kind], tuple(int(s) for s in info["shape"]), base + begin, base + end
+            )
 
     def tensor(self, key: str, dtype: torch.dtype) -> torch.Tensor:
-        """Tensor ``key`` on the CPU, floating ones cast to ``dtype`` chunk by chunk (no whole stored copy)."""
+        """Tensor ``key`` on the CPU, floating ones cast to ``dtype`` chunk by chunk (no stored copy)."""
         entry = self.entries[key]
         target = dtype if entry.dtype.is_floating_point else entry.dtype
         out = torch.empty(entry.shape, dtype=target)
@@ -96,7 +109,7 @@ class SafetensorsFile:
         return out
 
     def span(self, key: str, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
-        """Rows ``start:stop`` of the table ``key`` (V, ...) -> (stop - start, ...) in ``dtype``, in one read."""
+        """Rows ``start:stop`` of the table ``key`` (V, ...) -> (stop - start, ...) in ``dtype``."""
         entry = self.entries[key]
         row_bytes = math.prod(entry.shape[1:]) * entry.dtype.itemsize
         buffer = torch.empty((stop - start) * row_bytes, dtype=torch.uint8)
@@ -106,7 +119,7 @@ class SafetensorsFile:
         return buffer.view(entry.dtype).reshape(stop - start, *entry.shape[1:]).to(dtype)
 
     def rows(self, key: str, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """Rows ``ids`` (U,) of the table ``key`` (V, ...) -> (U, ...) in ``dtype``; only those rows are read."""
+        """Rows ``ids`` (U,) of the table ``key`` (V, ...) -> (U, ...) in ``dtype``; only those are read."""
         entry = self.entries[key]
         width = math.prod(entry.shape[1:])
         row_bytes = width * entry.dtype.itemsize
@@ -152,22 +165,36 @@ def streamed_names(net: nn.Module, wanted: Mapping[str, str]) -> list[str]:
     out: list[str] = []
     for prefix, module in net.named_modules():
         if isinstance(module, nn.Linear) or (module is embedding and isinstance(module, nn.Embedding)):
-            out += [name for name in (f"{prefix}.{p}" if prefix else p for p, _ in module.named_parameters(
-                recurse=False)) if name in wanted]
+            out += [
+                name
+                for name in (
+                    f"{prefix}.{p}" if prefix else p for p, _ in module.named_parameters(recurse=False)
+                )
+                if name in wanted
+            ]
     return out
 
 
-def attach(net: nn.Module, keys: Mapping[str, str], read: Readers, dtype: torch.dtype, device: torch.device) -> None:
+def attach(
+    net: nn.Module, keys: Mapping[str, str], read: Readers, dtype: torch.dtype, device: torch.device
+) -> None:
     """Make the parameters ``keys`` (model name -> checkpoint key; from :func:`streamed_names`) placeholders
     on the meta device and read them when their module runs (the hooks live as long as ``net``)."""
     embedding = net.get_input_embeddings() if hasattr(net, "get_input_embeddings") else None
     for prefix, module in net.named_modules():
-        own = {p: keys[f"{prefix}.{p}" if prefix else p] for p, _ in module.named_parameters(recurse=False)
-               if (f"{prefix}.{p}" if prefix else p) in keys}
+        own = {
+            p: keys[f"{prefix}.{p}" if prefix else p]
+            for p, _ in module.named_parameters(recurse=False)
+            if (f"{prefix}.{p}" if prefix else p) in keys
+        }
         if not own:
             continue
-        holders = {p: nn.Parameter(torch.empty(module._parameters[p].shape, dtype=dtype, device="meta"),
-                                   requires_grad=False) for p in own}
+        holders = {
+            p: nn.Parameter(
+                torch.empty(module._parameters[p].shape, dtype=dtype, device="meta"), requires_grad=False
+            )
+            for p in own
+        }
         module._parameters.update(holders)
         if module is embedding:
             _rows_on_demand(module, own["weight"], read.rows, dtype, device)
@@ -177,8 +204,14 @@ def attach(net: nn.Module, keys: Mapping[str, str], read: Readers, dtype: torch.
             _weights_on_demand(module, own, holders, read.load, dtype, device)
 
 
-def _weights_on_demand(module: nn.Module, own: Mapping[str, str], holders: Mapping[str, nn.Parameter],
-                       load: Load, dtype: torch.dtype, device: torch.device) -> None:
+def _weights_on_demand(
+    module: nn.Module,
+    own: Mapping[str, str],
+    holders: Mapping[str, nn.Parameter],
+    load: Load,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> None:
     def read(mod: nn.Module, args: Any) -> None:
         for name, key in own.items():
             mod._parameters[name] = nn.Parameter(load(key, dtype).to(device), requires_grad=False)
@@ -190,8 +223,9 @@ def _weights_on_demand(module: nn.Module, own: Mapping[str, str], holders: Mappi
     module.register_forward_hook(drop, always_call=True)
 
 
-def _linear_by_chunks(module: nn.Linear, own: Mapping[str, str], read: Readers, dtype: torch.dtype,
-                      device: torch.device) -> None:
+def _linear_by_chunks(
+    module: nn.Linear, own: Mapping[str, str], read: Readers, dtype: torch.dtype, device: torch.device
+) -> None:
     """``module`` computes its output features in chunks of :data:`CHUNK_BYTES` of weight rows, each read just
     before it is used: neither the whole weight nor the copy a matrix product packs it into is ever resident.
     Each output is the same dot product as the whole layer's (summation order aside: equal up to rounding)."""
@@ -210,8 +244,9 @@ def _linear_by_chunks(module: nn.Linear, own: Mapping[str, str], read: Readers, 
     module.forward = forward  # type: ignore[method-assign] - this instance only; hooks still run around it
 
 
-def _rows_on_demand(module: nn.Embedding, key: str, load_rows: LoadRows, dtype: torch.dtype,
-                    device: torch.device) -> None:
+def _rows_on_demand(
+    module: nn.Embedding, key: str, load_rows: LoadRows, dtype: torch.dtype, device: torch.device
+) -> None:
     holder = module.weight
     padding = module.padding_idx
     vocab = holder.shape[0]
@@ -220,8 +255,12 @@ def _rows_on_demand(module: nn.Embedding, key: str, load_rows: LoadRows, dtype: 
         ids = args[0] if args else kwargs["input"]  # (B, n) token ids
         unique, inverse = torch.unique(ids, return_inverse=True)  # (U,) sorted, (B, n) positions in it
         if len(unique) and not 0 <= int(unique[0]) <= int(unique[-1]) < vocab:
-            raise IndexError(f"token ids {int(unique[0])}..{int(unique[-1])} outside the embedding's {vocab} rows")
-        mod._parameters["weight"] = nn.Parameter(load_rows(key, unique.cpu(), dtype).to(device), requires_grad=False)
+            raise IndexError(
+                f"token ids {int(unique[0])}..{int(unique[-1])} outside the embedding's {vocab} rows"
+            )
+        mod._parameters["weight"] = nn.Parameter(
+            load_rows(key, unique.cpu(), dtype).to(device), requires_grad=False
+        )
         mod.padding_idx = None  # it names a row of the whole table; at inference it changes no value
         return ((inverse, *args[1:]), kwargs) if args else ((), {**kwargs, "input": inverse})
 
