@@ -138,9 +138,11 @@ def main() -> None:
         if not args.no_baseline:
             base_wall, base_peak = measure([sys.executable, "-c", BASELINE, str(folder), str(args.samples),
                                              str(args.threads)])
-        rows.append((blocks, params, on_disk / GIB, peak, wall, base_peak, base_wall))
+        load = os.getloadavg()[0]  # the machine's 1-minute load when the measurements ended
+        rows.append((blocks, params, on_disk / GIB, peak, wall, base_peak, base_wall, load))
         print(f"{blocks} blocks, {params / 1e9:.2f}B params, {on_disk / GIB:.2f} GiB on disk: audit peak {peak:.2f} GiB "
-              f"in {wall:.0f} s; whole model {base_peak:.2f} GiB in {base_wall:.0f} s", flush=True)
+              f"in {wall:.0f} s; whole model {base_peak:.2f} GiB in {base_wall:.0f} s; load {load:.1f}",
+              flush=True)
         shutil.rmtree(folder, ignore_errors=True)
         shutil.rmtree(args.scratch / f"report-{blocks}", ignore_errors=True)
     if not args.no_report:
@@ -169,16 +171,18 @@ def write_report(rows, args) -> None:
         "computes the tokens in float32; the whole-model baseline is `LlamaModel.from_pretrained(DIR)` cast to",
         "float32 and one forward. Peak resident memory of each fresh process (`ru_maxrss`).",
         "",
-        "| blocks | parameters | on disk (GiB) | audit peak RSS (GiB) | audit / disk | audit wall (s) | whole model peak RSS (GiB) | whole model wall (s) |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| blocks | parameters | on disk (GiB) | audit peak RSS (GiB) | audit / disk | audit wall (s) "
+        "| whole model peak RSS (GiB) | whole model wall (s) | load (1 min) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for blocks, params, disk, peak, wall, base_peak, base_wall in rows:
+    for blocks, params, disk, peak, wall, base_peak, base_wall, load in rows:
+        base = "not run | not run" if args.no_baseline else f"{base_peak:.2f} | {base_wall:.0f}"
         lines.append(f"| {blocks} | {params / 1e9:.2f}B | {disk:.2f} | {peak:.2f} | {peak / disk:.2f} | {wall:.0f} | "
-                     f"{base_peak:.2f} | {base_wall:.0f} |")
+                     f"{base} | {load:.1f} |")
     lines += [
         "",
         f"Command: `python benchmarks/bench_memory.py --blocks {args.blocks} --samples {args.samples} "
-        f"--threads {args.threads}`",
+        f"--threads {args.threads}{' --no-baseline' if args.no_baseline else ''}`",
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} logical CPUs; git {stamp.get('git_commit', '')[:12]}; "
         f"{stamp.get('versions', '')}",

@@ -13,7 +13,7 @@ from PIL import Image
 
 from auditor.core.errors import AuditError
 from auditor.data import Inputs, load_inputs
-from auditor.data.images import list_image_files
+from auditor.data.images import list_image_files, permute_rows
 from auditor.data.samples import (
     CROPS_PER_PHOTO,
     MATPLOTLIB_PHOTOS,
@@ -118,6 +118,19 @@ def test_samples_are_a_seeded_random_draw_in_source_order(tmp_path, photo):
         draws.setdefault(seed, []).append(rows)
     assert draws[0][0] == draws[0][1] == sorted(random_order(12, 0)[:5])
     assert draws[1][0] != draws[0][0]
+
+
+def test_rows_are_put_in_source_order_in_place():
+    """permute_rows(t, order) is t[order] computed in place (the decoded pixels are held once)."""
+    gen = torch.Generator().manual_seed(0)
+    for size in (1, 2, 7, 50):
+        for _ in range(5):
+            order = torch.randperm(size, generator=gen).tolist()
+            tensor = torch.randint(0, 255, (size, 3, 2, 2), generator=gen, dtype=torch.uint8)
+            want = tensor[order]
+            pointer = tensor.data_ptr()
+            got = permute_rows(tensor, order)
+            assert torch.equal(got, want) and got.data_ptr() == pointer
 
 
 def test_random_order_and_selection_notes_are_fixed():

@@ -3,7 +3,8 @@
 A source with more images than asked for is read in a seeded random order until enough images decode;
 the kept ones are put back in source order (``first=True``: sorted order from the start). Every image
 is decoded once, converted to RGB (grayscale and CMYK conversions are counted), resized
-by the model's preprocessor and kept as uint8 (150 KB per 224 x 224 image); batches are standardised
+by the model's preprocessor and written as uint8 into one array (150 KB per 224 x 224 image, held once:
+no stacked or reordered copy); batches are standardised
 to float on the fly. A file that cannot be decoded (zero bytes, truncated, not an image) is skipped and
 counted, never fatal; a source with no readable image is an AuditError.
 """
@@ -98,22 +99,53 @@ def decode_images(
     progress: bool = True,
 ) -> tuple[torch.Tensor, dict[str, int], list[int]]:
     """The first ``samples`` readable images of ``sources`` as (N, 3, H, W) uint8, the conversion/skip
-    counts, and the positions in ``sources`` of the kept images."""
+    counts, and the positions in ``sources`` of the kept images.
+
+    With ``total`` known, each image is written into one preallocated (min(samples, total), 3, H, W)
+    array as it is decoded, so the pixels are held once (a list then ``torch.stack`` held them twice)."""
     counts = dict.fromkeys(COUNT_KEYS, 0)
-    pixels: list[torch.Tensor] = []
+    rows = min(samples, total) if total is not None else None
+    pixels = torch.empty((rows, 3, *preprocessor.size), dtype=torch.uint8) if rows is not None else None
+    held: list[torch.Tensor] = []  # source of unknown size: the images, stacked at the end
     kept: list[int] = []
     with tqdm(total=total, disable=not progress, desc="images", unit="file") as bar:
         for position, source in enumerate(sources):
             image = decode(source, preprocessor, counts)  # (3, H, W) uint8 or None
             bar.update(1)
             if image is not None:
-                pixels.append(image)
+                if pixels is not None and len(kept) < len(pixels):
+                    pixels[len(kept)] = image
+                else:
+                    held.append(image)
                 kept.append(position)
-                if len(pixels) == samples:
+                if len(kept) == samples:
                     break
-    if not pixels:
+    if pixels is not None and not held:  # (N, 3, H, W): copied only when unreadable files left rows unused
+        return (pixels if len(kept) == len(pixels) else pixels[: len(kept)].clone()), counts, kept
+    if not kept:
         return torch.empty((0, 3, *preprocessor.size), dtype=torch.uint8), counts, kept
-    return torch.stack(pixels), counts, kept  # (N, 3, H, W)
+    first = [pixels[: len(kept) - len(held)]] if pixels is not None else []
+    return torch.cat([*first, torch.stack(held)]), counts, kept  # (N, 3, H, W)
+
+
+def permute_rows(tensor: torch.Tensor, order: Sequence[int]) -> torch.Tensor:
+    """``tensor[order]`` computed in place, one row of scratch at a time (no second copy of ``tensor``)."""
+    done = [False] * len(order)
+    for start in range(len(order)):
+        if done[start] or order[start] == start:
+            done[start] = True
+            continue
+        saved = tensor[start].clone()  # follow the cycle start <- order[start] <- order[order[start]] ...
+        at = start
+        while True:
+            done[at] = True
+            source = order[at]
+            if source == start:
+                tensor[at] = saved
+                break
+            tensor[at] = tensor[source]
+            at = source
+    return tensor
 
 
 def pick_images(
@@ -135,7 +167,7 @@ def pick_images(
     )
     chosen = [order[p] for p in kept]
     ranks = sorted(range(len(chosen)), key=chosen.__getitem__)  # back to source order
-    return (pixels[ranks] if ranks else pixels), counts
+    return permute_rows(pixels, ranks), counts
 
 
 def image_inputs(

@@ -10,10 +10,13 @@ needs (``num_hidden_layers = deepest audited block + 1``); it grows when a deepe
   built; the tests check it.
 - Checkpoints (a ``save_pretrained`` folder or hub files, single or sharded with their index): the cut
   model is made with its parameters on the meta device (no memory), then only the tensors of the
-  embedding and of the audited blocks are read from the safetensors files (``safe_open``, tensor by
-  tensor), checked (real, finite), cast to the compute dtype and placed on the device. The modules after
-  the last audited block (final norm, pooler, heads) stay on the meta device: the forward pass stops
-  before them. A ``pytorch_model.bin`` has no index into it, so it is read whole (``weights_only``).
+  embedding and of the audited blocks are read from the safetensors files (the byte ranges their headers
+  name, tensor by tensor), checked (real, finite) and cast to the compute dtype. On the CPU the linear
+  layers and the embedding's rows are read as their modules run (:mod:`auditor.models.streamed`); on a
+  GPU every tensor is placed once, over several GPUs when one cannot hold them
+  (:mod:`auditor.models.placement`). The modules after the last audited block (final norm, pooler,
+  heads) stay on the meta device: the forward pass stops before them. A ``pytorch_model.bin`` has no
+  index into it, so it is read whole (``weights_only``) and its tensors are placed once.
 
 Memory thus grows with the audited depth, not with the model (see reports/benchmarks-memory.md).
 """
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import pickle
 import re
 from collections import Counter
@@ -34,6 +38,7 @@ from torch import nn
 
 from auditor.core.errors import AuditError
 from auditor.models.hub import WeightsUnavailable, first_line, hub_reachable
+from auditor.models.streamed import SafetensorsFile
 
 INDEX_FILE = "model.safetensors.index.json"
 SAFETENSORS_FILE = "model.safetensors"
@@ -102,7 +107,9 @@ class CheckpointReader:
     """Tensors of a ``save_pretrained`` checkpoint (a folder or a hub id), read one by one by name.
 
     ``read`` fetches only the files holding the tensors asked for (on the hub: only those shards are
-    downloaded) and records every tensor name it read in :attr:`read_keys`.
+    downloaded) and records every tensor name it read in :attr:`read_keys`; ``load`` and ``load_rows``
+    serve the weights read when their module runs (:mod:`auditor.models.streamed`). Safetensors files are
+    read with plain reads of the byte ranges their headers name, never memory-mapped whole.
     """
 
     def __init__(self, source: str) -> None:
@@ -112,6 +119,8 @@ class CheckpointReader:
         self.read_keys: list[str] = []
         self.dtypes: Counter[str] = Counter()
         self._where: dict[str, str] | None = None  # checkpoint key -> file name
+        self._files: dict[str, SafetensorsFile] = {}
+        self._checked_keys: set[str] = set()
         self._bin: dict[str, torch.Tensor] | None = None
 
     def file(self, name: str) -> Path | None:
@@ -136,11 +145,10 @@ class CheckpointReader:
         if self.folder is not None and not files:  # shards without an index: their headers name the tensors
             files = sorted(self.folder.glob("model*.safetensors"))
         if files:
-
             where: dict[str, str] = {}
             for path in files:
-                with self._opened(path) as handle:
-                    where.update({key: path.name for key in handle.keys()})  # noqa: SIM118
+                self._files[path.name] = SafetensorsFile(path)
+                where.update({key: path.name for key in self._files[path.name].entries})
             self._where = where
             return where
         binary = self.file(BIN_FILE)
@@ -150,24 +158,33 @@ class CheckpointReader:
         self._where = {key: BIN_FILE for key in self._bin}
         return self._where
 
-    @contextlib.contextmanager
-    def _opened(self, path: Path):
-        from safetensors import safe_open
+    def _header(self, filename: str) -> SafetensorsFile:
+        if filename not in self._files:
+            path = self.file(filename)
+            if path is None:
+                raise WeightsUnavailable(f"{self.source}: the index names {filename}, which is missing")
+            self._files[filename] = SafetensorsFile(path)
+        return self._files[filename]
 
-        try:
-            with safe_open(str(path), framework="pt") as handle:
-                yield handle
-        except AuditError:
-            raise
-        except Exception as err:  # noqa: BLE001 - safetensors raises its own SafetensorError
-            raise AuditError(f"{path} is not a readable safetensors file: {first_line(err)}") from None
+    def _entry_file(self, key: str) -> SafetensorsFile:
+        header = self._header(self._index()[key])
+        if key not in header.entries:
+            raise WeightsUnavailable(
+                f"{self.source}: the index puts {key!r} in {header.path.name}, which lacks it")
+        return header
 
     def keys(self) -> list[str]:
         """Every tensor name of the checkpoint (from the index or the file headers; no tensor is read)."""
         return list(self._index())
 
-    def read(self, names: Sequence[str], *, dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
-        """The tensors ``names`` (checkpoint names), each checked and cast to ``dtype`` on ``device``."""
+    @property
+    def streams(self) -> bool:
+        """Whether tensors can be read one by one when used (safetensors; a pickle is read whole)."""
+        self._index()
+        return self._bin is None
+
+    def require(self, names: Sequence[str]) -> None:
+        """Fail unless the checkpoint holds every tensor of ``names``."""
         where = self._index()
         missing = [name for name in names if name not in where]
         if missing:
@@ -175,35 +192,60 @@ class CheckpointReader:
                 f"{self.source}: the checkpoint lacks {len(missing)} tensors the audit needs (e.g. {missing[0]}); "
                 "it is not a checkpoint of this architecture"
             )
-        by_file: dict[str, list[str]] = {}
-        for name in names:
-            by_file.setdefault(where[name], []).append(name)
-        out: dict[str, torch.Tensor] = {}
-        for filename, keys in by_file.items():
-            if self._bin is not None:
-                for key in keys:
-                    out[key] = self._checked(self._bin[key], key, filename, dtype, device)
-                continue
-            path = self.file(filename)
-            if path is None:
-                raise WeightsUnavailable(f"{self.source}: the index names {filename}, which is missing")
-            with self._opened(path) as handle:
-                for key in keys:
-                    kind = str(handle.get_slice(key).get_dtype())
-                    if kind.startswith("C"):
-                        raise AuditError(f"{path}: tensor {key!r} is complex ({kind}); model weights must be real numbers")
-                    out[key] = self._checked(handle.get_tensor(key), key, str(path), dtype, device)
-        return out
 
-    def _checked(self, tensor: torch.Tensor, key: str, where: str, dtype: torch.dtype,
-                 device: torch.device) -> torch.Tensor:
+    def note_stored(self, names: Sequence[str]) -> None:
+        """Count the stored dtypes of ``names`` from their headers (:attr:`weights_dtype`); reads no data."""
+        for name in names:
+            if self._bin is not None:
+                tensor = self._bin[name]
+                self.dtypes[str(tensor.dtype).removeprefix("torch.")] += tensor.numel()
+            else:
+                entry = self._entry_file(name).entries[name]
+                self.dtypes[str(entry.dtype).removeprefix("torch.")] += math.prod(entry.shape)
+
+    def read(self, names: Sequence[str], *, dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
+        """The tensors ``names`` (checkpoint names), each checked and cast to ``dtype`` on ``device``."""
+        self.require(names)
+        return {name: self.load(name, dtype).to(device) for name in names}
+
+    def load(self, key: str, dtype: torch.dtype) -> torch.Tensor:
+        """Tensor ``key`` on the CPU, floating ones cast to ``dtype``; checked (finite) the first time."""
+        if self._bin is not None:
+            tensor = self._bin[key]
+            tensor = tensor.to(dtype) if tensor.is_floating_point() else tensor
+        else:
+            tensor = self._entry_file(key).tensor(key, dtype)
+        return self._checked(tensor, key)
+
+    def load_rows(self, key: str, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Rows ``ids`` (U,) of the table ``key``, cast to ``dtype``; only these rows are read and checked."""
+        if self._bin is not None:
+            rows = self._bin[key][ids].to(dtype)
+        else:
+            rows = self._entry_file(key).rows(key, ids, dtype)
+        self._checked_keys.discard(key)  # other rows than last time: check these
+        return self._checked(rows, key)
+
+    def load_span(self, key: str, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
+        """Rows ``start:stop`` of tensor ``key``, cast to ``dtype``; checked (finite) each time."""
+        rows = self._bin[key][start:stop].to(dtype) if self._bin is not None else self._entry_file(key).span(
+            key, start, stop, dtype)
+        self._checked_keys.discard(key)
+        return self._checked(rows, key)
+
+    def _checked(self, tensor: torch.Tensor, key: str) -> torch.Tensor:
+        if key in self._checked_keys:
+            return tensor
         if tensor.is_complex():
-            raise AuditError(f"{where}: tensor {key!r} is complex; model weights must be real numbers")
+            raise AuditError(f"{self.source}: tensor {key!r} is complex; model weights must be real numbers")
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            raise AuditError(f"{where}: tensor {key!r} contains NaN or infinite values; the checkpoint is corrupt")
-        self.read_keys.append(key)
-        self.dtypes[str(tensor.dtype).removeprefix("torch.")] += tensor.numel()
-        return tensor.to(device=device, dtype=dtype if tensor.is_floating_point() else tensor.dtype)
+            where = self._where.get(key, "") if self._where else ""
+            raise AuditError(f"{self.source}/{where}: tensor {key!r} contains NaN or infinite values; "
+                             "the checkpoint is corrupt")
+        self._checked_keys.add(key)
+        if key not in self.read_keys:
+            self.read_keys.append(key)
+        return tensor
 
     @property
     def weights_dtype(self) -> str:

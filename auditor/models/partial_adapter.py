@@ -35,6 +35,16 @@ from auditor.models.partial import (
     cut_config,
     parameters_on_meta,
 )
+from auditor.models.placement import (
+    BEFORE_BLOCKS,
+    device_of,
+    dispatch,
+    gpu_free,
+    move_to_plan,
+    plan_placement,
+    unit_sizes,
+)
+from auditor.models.streamed import Readers, attach, streamed_names
 
 
 class PartialAdapter(HFAdapter):
@@ -214,7 +224,12 @@ class PartialAdapter(HFAdapter):
                 net = self._instantiate(cut_config(config, structure))
                 reinitialise(net, self.blocks_of(net, config), seed)
             details["weights_dtype"] = str(dtype).removeprefix("torch.")
-            return net.to(device=device, dtype=dtype)
+            plan = self._placement(net, config, weighted, dtype, device)
+            if plan is None:
+                return net.to(device=device, dtype=dtype)
+            move_to_plan(net.to(dtype), self.block_path_of(config), plan)
+            self._dispatch(net, config, plan, details)
+            return net
 
         return build
 
@@ -239,18 +254,50 @@ class PartialAdapter(HFAdapter):
                     f"{reader.source}: the checkpoint lacks {len(missing)} tensors the audit needs (e.g. "
                     f"{prefix + missing[0]}); it is not a complete checkpoint of this architecture"
                 )
-            stored = [names_in_file[prefix + name] for name in wanted]
-            tensors = reader.read(stored, dtype=dtype, device=device)
-            state = {name: tensors[key] for name, key in zip(wanted, stored, strict=True)}
-            net.load_state_dict(state, strict=False, assign=True)
-            for module in net.modules():  # buffers are made on the CPU; parameters were placed as read
-                for key, buffer in module._buffers.items():
-                    if buffer is not None and buffer.device != device:
-                        module._buffers[key] = buffer.to(device)
+            stored = {name: names_in_file[prefix + name] for name in wanted}
+            reader.require(list(stored.values()))
+            reader.note_stored(list(stored.values()))
+            streamed = set(streamed_names(net, stored) if self.streams(device, reader) else [])
+            readers = Readers(reader.load, reader.load_rows, reader.load_span)
+            attach(net, {name: stored[name] for name in streamed}, readers, dtype, device)
+            resident = [name for name in wanted if name not in streamed]
+            plan = self._placement(net, config, weighted, dtype, device) or {BEFORE_BLOCKS: str(device)}
+            path = self.block_path_of(config)
+            groups: dict[str, list[str]] = {}  # target device -> model names placed there
+            for name in resident:
+                groups.setdefault(device_of(name, path, plan), []).append(name)
+            for target, names in groups.items():
+                tensors = reader.read([stored[n] for n in names], dtype=dtype, device=torch.device(target))
+                net.load_state_dict({n: tensors[stored[n]] for n in names}, strict=False, assign=True)
+            move_to_plan(net, path, plan)  # buffers are made on the CPU; parameters were placed as read
+            self._dispatch(net, config, plan, details)
             details["weights_dtype"] = reader.weights_dtype
+            if streamed:
+                details["loading"] = ("embedding rows looked up and audited blocks only; on the CPU the "
+                                      "linear layers' weights are read from the checkpoint as each runs "
+                                      "(streamed)")
             return net
 
         return build
+
+    def _placement(self, net: nn.Module, config: Any, weighted: int, dtype: torch.dtype,
+                   device: torch.device) -> dict[str, str] | None:
+        """On a GPU, where each unit goes (:mod:`auditor.models.placement`); None elsewhere."""
+        if device.type != "cuda":
+            return None
+        return plan_placement(unit_sizes(net, self.blocks_of(net, config), weighted, dtype), gpu_free(device))
+
+    def _dispatch(self, net: nn.Module, config: Any, plan: dict[str, str], details: dict) -> None:
+        """Hooks that carry the hidden states across GPUs, when the plan uses more than one."""
+        used = sorted(set(plan.values()))
+        if len(used) > 1:
+            dispatch(self.blocks_of(net, config), plan)
+            details["placement"] = ", ".join(f"{unit} on {where}" for unit, where in plan.items())
+
+    def streams(self, device: torch.device, reader: CheckpointReader) -> bool:
+        """Whether the big weights are read as their modules run (:mod:`auditor.models.streamed`): on the CPU,
+        from safetensors files. On a GPU they are placed once: memory there is for the resident blocks."""
+        return device.type == "cpu" and reader.streams
 
 
 def block_seed(seed: int, index: int) -> int:

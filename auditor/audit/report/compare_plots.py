@@ -35,7 +35,10 @@ SHORT_TITLES = {"assumption1": "Assump. 1\n(k = n)", "assumption3": "Assump. 3\n
                 "general_position": "general pos.\n(k = min(N,d))"}  # three panels in 3.5 inches
 DEPTH_PANELS = {  # depth.csv column -> y label (with its unit), drawn when a report has it
     "krank_lower": "Kruskal rank K\n(vectors)",  # the proven interval, with the sampled estimate in it
+    "assumption2_fraction": "Assumption 2\nfraction",
     "assumption1_fraction": "Assumption 1\nfraction",
+    "assumption3_fraction": "Assumption 3\nfraction",
+    "general_position_fraction": "general position\nfraction",
     "effective_rank": "effective rank\n(dimensions)",
     "anisotropy": "anisotropy\n(mean cosine)",
 }

@@ -1,0 +1,272 @@
+"""Weights read from the checkpoint when their module runs: the CPU memory of an audit stays small.
+
+Holding the audited blocks upcast to float32 costs 4 bytes per weight: 0.8 GiB for one block of a
+7B-class model, more than the whole checkpoint's share the audit needs. On the CPU the partial loader
+therefore keeps no weight of a linear layer and no row of the input embedding in memory between batches:
+
+- a linear layer computes its outputs in chunks of 16 MiB of weight rows, each chunk read from the
+  safetensors file, upcast and dropped before the next: neither the whole float32 weight (0.22 GiB for
+  the MLP's at d = 4096, MLP 14336) nor the packed copy a CPU matrix product makes of it is ever resident
+  (a linear layer of another class reads its whole weight before it runs and drops it after);
+- the input embedding reads only the rows of the ids in the batch (a (vocab, d) table is never read
+  whole); the module then runs on those rows with the ids renumbered, so a family's own embedding code
+  (Gemma's scaling by sqrt(d)) is kept;
+- everything else (norms, position tables, class tokens, buffers) is small and stays resident.
+
+The files are read with plain reads, not memory-mapped, so pages of tensors the audit does not use never
+count in the process's memory. The price is re-reading the weights for each batch (from the page cache
+after the first), which is small beside a block's forward pass over a batch. Tokens are the same as with
+resident weights up to float32 rounding (upcasting is exact; a chunked product may sum in another order).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from auditor.core.errors import AuditError
+
+CHUNK_BYTES = 16 << 20  # bytes read per call while upcasting one tensor (the transient beside the result)
+
+_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """Where one tensor lies in a safetensors file: its stored dtype, shape and byte range."""
+
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    begin: int  # absolute byte offset in the file
+    end: int
+
+
+class SafetensorsFile:
+    """The header of one safetensors file (8-byte length, JSON) and reads of its tensors or of some rows."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            with open(path, "rb") as fh:
+                (length,) = struct.unpack("<Q", fh.read(8))
+                header = json.loads(fh.read(length))
+        except (OSError, ValueError, struct.error, MemoryError) as err:
+            raise AuditError(f"{path} is not a readable safetensors file: {err}") from None
+        base = 8 + length
+        self.entries: dict[str, Entry] = {}
+        for key, info in header.items():
+            if key == "__metadata__":
+                continue
+            kind = str(info.get("dtype"))
+            if kind.startswith("C"):
+                raise AuditError(
+                    f"{path}: tensor {key!r} is complex ({kind}); model weights must be real numbers"
+                )
+            if kind not in _DTYPES:
+                raise AuditError(f"{path}: tensor {key!r} has dtype {kind}, which the auditor cannot read")
+            begin, end = (int(v) for v in info["data_offsets"])
+            self.entries[key] = Entry(
+                _DTYPES[kind], tuple(int(s) for s in info["shape"]), base + begin, base + end
+            )
+
+    def tensor(self, key: str, dtype: torch.dtype) -> torch.Tensor:
+        """Tensor ``key`` on the CPU, floating ones cast to ``dtype`` chunk by chunk (no stored copy)."""
+        entry = self.entries[key]
+        target = dtype if entry.dtype.is_floating_point else entry.dtype
+        out = torch.empty(entry.shape, dtype=target)
+        flat = out.view(-1)  # (numel,)
+        size = entry.dtype.itemsize
+        step = max(1, CHUNK_BYTES // size)
+        buffer = torch.empty(min(step, flat.numel()) * size, dtype=torch.uint8)
+        with open(self.path, "rb", buffering=0) as fh:
+            fh.seek(entry.begin)
+            for start in range(0, flat.numel(), step):
+                count = min(step, flat.numel() - start)
+                part = buffer[: count * size]
+                self._fill(fh, part)
+                flat[start : start + count].copy_(part.view(entry.dtype))
+        return out
+
+    def span(self, key: str, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
+        """Rows ``start:stop`` of the table ``key`` (V, ...) -> (stop - start, ...) in ``dtype``."""
+        entry = self.entries[key]
+        row_bytes = math.prod(entry.shape[1:]) * entry.dtype.itemsize
+        buffer = torch.empty((stop - start) * row_bytes, dtype=torch.uint8)
+        with open(self.path, "rb", buffering=0) as fh:
+            fh.seek(entry.begin + start * row_bytes)
+            self._fill(fh, buffer)
+        return buffer.view(entry.dtype).reshape(stop - start, *entry.shape[1:]).to(dtype)
+
+    def rows(self, key: str, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Rows ``ids`` (U,) of the table ``key`` (V, ...) -> (U, ...) in ``dtype``; only those are read."""
+        entry = self.entries[key]
+        width = math.prod(entry.shape[1:])
+        row_bytes = width * entry.dtype.itemsize
+        buffer = torch.empty((len(ids), row_bytes), dtype=torch.uint8)  # (U, row bytes)
+        with open(self.path, "rb", buffering=0) as fh:
+            for i, index in enumerate(ids.tolist()):
+                fh.seek(entry.begin + index * row_bytes)
+                self._fill(fh, buffer[i])
+        return buffer.view(entry.dtype).reshape(len(ids), *entry.shape[1:]).to(dtype)  # (U, ...)
+
+    def _fill(self, fh: Any, part: torch.Tensor) -> None:
+        view = memoryview(part.numpy()).cast("B")
+        done = 0
+        while done < len(view):
+            got = fh.readinto(view[done:])
+            if not got:
+                raise AuditError(f"{self.path} ends inside a tensor: the file is truncated")
+            done += got
+
+
+# ---------------------------------------------------------------------------------------------------
+# Hooks that read a module's weights when it runs
+# ---------------------------------------------------------------------------------------------------
+
+Load = Callable[[str, torch.dtype], torch.Tensor]  # checkpoint key -> the whole tensor in the compute dtype
+LoadRows = Callable[[str, torch.Tensor, torch.dtype], torch.Tensor]  # key, sorted ids (U,) -> rows (U, ...)
+LoadSpan = Callable[[str, int, int, torch.dtype], torch.Tensor]  # key, start, stop -> rows start:stop
+
+
+@dataclass(frozen=True)
+class Readers:
+    """How the hooks read the checkpoint (a :class:`auditor.models.partial.CheckpointReader`'s methods)."""
+
+    load: Load
+    rows: LoadRows
+    span: LoadSpan
+
+
+def streamed_names(net: nn.Module, wanted: Mapping[str, str]) -> list[str]:
+    """The parameters of ``wanted`` (model name -> checkpoint key) that are read when their module runs:
+    those of every ``nn.Linear`` and the input embedding's table; the rest is small and stays resident."""
+    embedding = net.get_input_embeddings() if hasattr(net, "get_input_embeddings") else None
+    out: list[str] = []
+    for prefix, module in net.named_modules():
+        if isinstance(module, nn.Linear) or (module is embedding and isinstance(module, nn.Embedding)):
+            out += [
+                name
+                for name in (
+                    f"{prefix}.{p}" if prefix else p for p, _ in module.named_parameters(recurse=False)
+                )
+                if name in wanted
+            ]
+    return out
+
+
+def attach(
+    net: nn.Module, keys: Mapping[str, str], read: Readers, dtype: torch.dtype, device: torch.device
+) -> None:
+    """Make the parameters ``keys`` (model name -> checkpoint key; from :func:`streamed_names`) placeholders
+    on the meta device and read them when their module runs (the hooks live as long as ``net``)."""
+    embedding = net.get_input_embeddings() if hasattr(net, "get_input_embeddings") else None
+    for prefix, module in net.named_modules():
+        own = {
+            p: keys[f"{prefix}.{p}" if prefix else p]
+            for p, _ in module.named_parameters(recurse=False)
+            if (f"{prefix}.{p}" if prefix else p) in keys
+        }
+        if not own:
+            continue
+        holders = {
+            p: nn.Parameter(
+                torch.empty(module._parameters[p].shape, dtype=dtype, device="meta"), requires_grad=False
+            )
+            for p in own
+        }
+        module._parameters.update(holders)
+        if module is embedding:
+            _rows_on_demand(module, own["weight"], read.rows, dtype, device)
+        elif type(module) is nn.Linear and "weight" in own:
+            _linear_by_chunks(module, own, read, dtype, device)
+        else:
+            _weights_on_demand(module, own, holders, read.load, dtype, device)
+
+
+def _weights_on_demand(
+    module: nn.Module,
+    own: Mapping[str, str],
+    holders: Mapping[str, nn.Parameter],
+    load: Load,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> None:
+    def read(mod: nn.Module, args: Any) -> None:
+        for name, key in own.items():
+            mod._parameters[name] = nn.Parameter(load(key, dtype).to(device), requires_grad=False)
+
+    def drop(mod: nn.Module, args: Any, output: Any) -> None:
+        mod._parameters.update(holders)
+
+    module.register_forward_pre_hook(read)
+    module.register_forward_hook(drop, always_call=True)
+
+
+def _linear_by_chunks(
+    module: nn.Linear, own: Mapping[str, str], read: Readers, dtype: torch.dtype, device: torch.device
+) -> None:
+    """``module`` computes its output features in chunks of :data:`CHUNK_BYTES` of weight rows, each read just
+    before it is used: neither the whole weight nor the copy a matrix product packs it into is ever resident.
+    Each output is the same dot product as the whole layer's (summation order aside: equal up to rounding)."""
+    rows_per_chunk = max(1, CHUNK_BYTES // (module.in_features * dtype.itemsize))
+    bias = own.get("bias")
+
+    def forward(x: torch.Tensor) -> torch.Tensor:  # x: (..., in_features) -> (..., out_features)
+        out = torch.empty((*x.shape[:-1], module.out_features), dtype=x.dtype, device=x.device)
+        for start in range(0, module.out_features, rows_per_chunk):
+            stop = min(start + rows_per_chunk, module.out_features)
+            weight = read.span(own["weight"], start, stop, dtype).to(device)  # (stop - start, in_features)
+            part = read.span(bias, start, stop, dtype).to(device) if bias is not None else None
+            out[..., start:stop] = nn.functional.linear(x, weight, part)  # (..., stop - start)
+        return out
+
+    module.forward = forward  # type: ignore[method-assign] - this instance only; hooks still run around it
+
+
+def _rows_on_demand(
+    module: nn.Embedding, key: str, load_rows: LoadRows, dtype: torch.dtype, device: torch.device
+) -> None:
+    holder = module.weight
+    padding = module.padding_idx
+    vocab = holder.shape[0]
+
+    def read(mod: nn.Embedding, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        ids = args[0] if args else kwargs["input"]  # (B, n) token ids
+        unique, inverse = torch.unique(ids, return_inverse=True)  # (U,) sorted, (B, n) positions in it
+        if len(unique) and not 0 <= int(unique[0]) <= int(unique[-1]) < vocab:
+            raise IndexError(
+                f"token ids {int(unique[0])}..{int(unique[-1])} outside the embedding's {vocab} rows"
+            )
+        mod._parameters["weight"] = nn.Parameter(
+            load_rows(key, unique.cpu(), dtype).to(device), requires_grad=False
+        )
+        mod.padding_idx = None  # it names a row of the whole table; at inference it changes no value
+        return ((inverse, *args[1:]), kwargs) if args else ((), {**kwargs, "input": inverse})
+
+    def drop(mod: nn.Embedding, args: Any, output: Any) -> None:
+        mod._parameters["weight"] = holder
+        mod.padding_idx = padding
+
+    module.register_forward_pre_hook(read, with_kwargs=True)
+    module.register_forward_hook(drop, always_call=True)
