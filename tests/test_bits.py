@@ -12,9 +12,13 @@ from click.testing import CliRunner
 
 from auditor.cli import main
 from auditor.core.errors import AuditError
-from auditor.lab.bits import COLUMNS, REAL_BITS, bits_command, bits_table, memorize_bits
+from auditor.lab.bits import COLUMNS, bits_command, bits_table
+from auditor.lab.certify.bits import REAL_BITS
+from auditor.lab.experiment import run_experiment
+from auditor.lab.memorize.bits import memorize_bits
+from auditor.lab.memorize.experiment import MemorizeConfig
 from auditor.lab.memorize.model import MHAConfig
-from auditor.lab.memorize.train import MemorizeSettings, grid, run_memorize
+from auditor.lab.room import get
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -23,9 +27,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def memorize_run(tmp_path_factory):
     """A real (seconds-long) memorize sweep: its results.csv is what the reader turns into bits."""
     out = tmp_path_factory.mktemp("mem")
-    runs = grid([1, 2], [3], [4], [12], [0], d=4, classes=3)
-    run_memorize(runs, MemorizeSettings(steps=100, lr=3e-2, batch_size=16, eval_every=20, rounds=2), out,
-                 progress=False)
+    config = MemorizeConfig(heads=(1, 2), context=(3,), d_h=(4,), N=(12,), seeds=(0,), d=4, classes=3, steps=100,
+                            lr=3e-2, batch_size=16, eval_every=20, rounds=2)
+    run_experiment(get("memorize"), config, out, plots=False, progress=False)
     return out
 
 

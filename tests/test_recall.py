@@ -13,10 +13,10 @@ import torch
 
 from auditor.cli import main
 from auditor.core.errors import AuditError
-from auditor.lab.assoc.dynamics import DynamicsConfig, LinearAttentionOneHot, run_dynamics
-from auditor.lab.assoc.facts import FactBank, FactTable, member_generator
-from auditor.lab.assoc.recall import RecallMember, build_recall, recall_parameters
-from auditor.lab.assoc.recall_sweep import (
+from auditor.lab.assoc.summary import budget_fit
+from auditor.lab.engine import TrainConfig, train
+from auditor.lab.recall.dynamics import DynamicsConfig, LinearAttentionOneHot, run_dynamics
+from auditor.lab.recall.experiments import (
     RecallTraining,
     ScalingConfig,
     TradeoffConfig,
@@ -28,9 +28,9 @@ from auditor.lab.assoc.recall_sweep import (
     table_shape,
     train_models,
 )
-from auditor.lab.assoc.stages import detect_stages, find_plateau
-from auditor.lab.assoc.summary import budget_fit
-from auditor.lab.engine import TrainConfig, train
+from auditor.lab.recall.model import RecallMember, build_recall, recall_parameters
+from auditor.lab.recall.stages import detect_stages, find_plateau
+from auditor.lab.recall.task import FactBank, FactTable, member_generator
 from auditor.lab.sweep import run_unit
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.one_thread

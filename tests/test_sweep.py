@@ -320,12 +320,14 @@ def test_ray_unit_error_is_the_users_one_line_and_other_units_finish(ray_local, 
 
 
 def test_memorize_room_with_ray_executor_matches_local(ray_local, tmp_path):
-    from auditor.lab.memorize.train import MemorizeRun, MemorizeSettings, run_memorize
+    from auditor.lab.experiment import run_experiment
+    from auditor.lab.memorize.experiment import MemorizeConfig
+    from auditor.lab.room import get
 
-    runs = [MemorizeRun(heads=h, context=4, d_h=4, N=16, d=8, classes=10, seed=s) for h, s in ((1, 0), (2, 1))]
-    settings = MemorizeSettings(steps=30, lr=1e-2, batch_size=16, eval_every=10, bucket_size=1)
-    local = run_memorize(runs, settings, tmp_path / "local", progress=False)
-    remote = run_memorize(runs, settings, tmp_path / "ray", executor="ray", progress=False)
+    config = MemorizeConfig(heads=(1, 2), context=(4,), d_h=(4,), N=(16,), seeds=(0,), d=8, classes=10, steps=30,
+                            lr=1e-2, batch_size=16, eval_every=10, bucket_size=1)
+    local, _ = run_experiment(get("memorize"), config, tmp_path / "local", plots=False, progress=False)
+    remote, _ = run_experiment(get("memorize"), config, tmp_path / "ray", executor="ray", plots=False, progress=False)
     assert local["unit"].tolist() == remote["unit"].tolist()  # keys leave the output folder out
     varying = ["seconds", "unit_config", "git_commit"]  # wall time; the folder; a commit made meanwhile
     pd.testing.assert_frame_equal(local.drop(columns=varying), remote.drop(columns=varying))

@@ -1,5 +1,5 @@
-"""The one command-line layer of the capacity lab: every lab command is built here from its
-:class:`~auditor.lab.experiment.Experiment`.
+"""The one command-line layer of the capacity lab: every lab command is built here, from its room
+(:class:`~auditor.lab.room.Room`) and its :class:`~auditor.lab.experiment.Experiment`.
 
 A command takes its config's options (lists as ``1,2,4`` or inclusive ranges ``1:8`` / ``0:60:10``) and
 the common options, with one meaning everywhere: ``--scale`` (a preset; reference: what the committed
@@ -40,8 +40,9 @@ from auditor.core.options import (
 from auditor.core.provenance import timestamp
 from auditor.core.slurm import click_options as slurm_options
 from auditor.core.slurm import pop_options as pop_slurm_options
-from auditor.lab import experiment as registry
-from auditor.lab.experiment import Experiment, Option, run_experiment
+from auditor.lab import room as registry
+from auditor.lab.experiment import SCALES, Experiment, Option, run_experiment
+from auditor.lab.room import Room
 from auditor.lab.sweep import missing_parents, remove_empty
 
 MAX_THREADS = 1024
@@ -214,7 +215,7 @@ def _old_name(flag: str) -> str:
 
 
 def _common_options(experiment: Experiment | None, options: list[Option]) -> list[click.Parameter]:
-    scales = experiment.scales if experiment else registry.SCALES
+    scales = experiment.scales if experiment else SCALES
     params = [
         click.Option(["--scale"], default="reference", show_default=True,
                      help=f"Preset: {' | '.join(scales)} (reference: the committed reports' settings)."),
@@ -293,11 +294,12 @@ def _run(experiments: list[Experiment], name: str, values: dict[str, Any]) -> No
     click.echo("\n\n".join(texts))
 
 
-def command(name: str) -> click.Command:
-    """The click command of a registered experiment or suite."""
-    members = [registry.get(n) for n in registry.SUITES.get(name, (name,))]
+def command(name: str, *, cls: type[click.Command] = click.Command, **attrs: Any) -> click.Command:
+    """The click command of an experiment or suite (``facts width``, ``recall all``, ``memorize``)."""
+    suites = registry.suites()
+    members = [registry.get(n) for n in suites.get(name, (name,))]
     first = members[0]
-    if name in registry.SUITES:
+    if name in suites:
         names = [{_dest(o) for o in e.options()} for e in members]
         options = [o for o in first.options() if all(_dest(o) in n for n in names)]
         help_text = (f"Run {', '.join(e.name for e in members)} into one folder (summary.md holds their "
@@ -307,47 +309,73 @@ def command(name: str) -> click.Command:
         options = first.options()
         help_text = first.help + (f"\n\n\b\n{first.examples}" if first.examples else "")
         params = [_param(o) for o in options] + _common_options(first, options)
-    return click.Command(name.split()[-1], params=params, help=help_text,
-                         callback=lambda **values: _run(members, name, values),
-                         context_settings={"help_option_names": ["-h", "--help"]})
+
+    def callback(**values: Any) -> None:
+        if click.get_current_context().invoked_subcommand is None:  # a room's own experiment, not a subcommand
+            _run(members, name, values)
+
+    return cls(name.split()[-1], params=params, help=help_text, callback=callback,
+               context_settings={"help_option_names": ["-h", "--help"]}, **attrs)
 
 
 class _Room(click.Group):
-    """A room with several experiments: ``audit facts width``; ``facts sweep NAME`` is the old spelling."""
+    """A room with subcommands (``audit facts width``), found in its :class:`Room` and built when used;
+    ``facts sweep NAME`` is the old spelling. A room with an experiment of its own name runs it when no
+    subcommand is given (``audit memorize --figure a``; ``audit memorize shared-queries``)."""
 
-    def __init__(self, name: str, tools: list[click.Command], **kwargs: Any) -> None:
+    def __init__(self, name: str, *, room: Room, **kwargs: Any) -> None:
         super().__init__(name, **kwargs)
-        self.tools = {t.name: t for t in tools}
+        self.room = room
 
     def _names(self) -> list[str]:
-        found = [n.split(" ", 1)[1] for n in [*registry.REGISTRY, *registry.SUITES] if n.startswith(self.name + " ")]
-        return [*found, *self.tools]
+        return self.room.subcommands
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return self._names()
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        if name in self.tools:
-            return self.tools[name]
+        if name in self.room.tools:
+            return registry.load(self.room.tools[name])
         if name == "sweep":
             return _OldSweep(self)
-        return command(f"{self.name} {name}") if name in self._names() else None
+        return command(self.room.full(name)) if name in self._names() else None
 
 
 class _OldSweep(click.Group):
-    def __init__(self, room: _Room) -> None:
+    def __init__(self, group: _Room) -> None:
         super().__init__("sweep", hidden=True)
-        self.room = room
+        self.group = group
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        found = self.room.get_command(ctx, name) if name not in self.room.tools else None
+        room = self.group.room
+        found = self.group.get_command(ctx, name) if name not in room.tools else None
         if found is None:
-            raise click.UsageError(str(did_you_mean(f"{self.room.name} experiment", name,
-                                                    [n for n in self.room._names() if n not in self.room.tools])))
-        deprecated(f"'audit {self.room.name} sweep {name}'", f"'audit {self.room.name} {name}'")
+            raise click.UsageError(str(did_you_mean(f"{room.name} experiment", name,
+                                                    [n for n in room.subcommands if n not in room.tools])))
+        deprecated(f"'audit {room.name} sweep {name}'", f"'audit {room.name} {name}'")
         return found
 
 
-def room(name: str, help: str, tools: list[click.Command] = ()) -> click.Group:
-    """The group of a room whose experiments are subcommands (``audit facts width``)."""
-    return _Room(name, list(tools), help=help, context_settings={"help_option_names": ["-h", "--help"]})
+def room_command(room: Room) -> click.Command:
+    """The command of a room: its experiment's command when that is all it holds (``audit certify``), else a
+    group of its experiments, suites and tools, which runs the room's own experiment (if it has one) when no
+    subcommand is given."""
+    if not room.subcommands:
+        return command(room.name)
+    if room.name in room.experiments:
+        return command(room.name, cls=_Room, room=room, invoke_without_command=True,
+                       subcommand_metavar="[COMMAND [ARGS]...]")
+    return _Room(room.name, room=room, help=room.help, context_settings={"help_option_names": ["-h", "--help"]})
+
+
+def lab_commands() -> dict[str, click.Command]:
+    """Every command of every room by its full name (``memorize``, ``memorize shared-queries``,
+    ``facts width``, ``facts generate``, ``recall all``): the rooms' experiments, suites and tools."""
+    out: dict[str, click.Command] = {}
+    for room in registry.rooms().values():
+        built = room_command(room)
+        if room.name in room.experiments:
+            out[room.name] = built
+        if isinstance(built, click.Group):
+            out.update({room.full(n): built.get_command(click.Context(built), n) for n in room.subcommands})
+    return out

@@ -1,4 +1,4 @@
-"""One contract for every capacity experiment, and the registry that lists them.
+"""One contract for every capacity experiment, and the one runner that runs it.
 
 An :class:`Experiment` declares
 
@@ -16,13 +16,12 @@ execution, resume, provenance, ``results.csv``), then the report and the plots. 
 (:mod:`auditor.lab.cli`) builds every lab command from the same declaration.
 
 Adding an experiment: write its file (config, units, unit function, columns, ``EXPERIMENT =
-Experiment(...)``) and add one line to :data:`REGISTRY`.
+Experiment(...)``) and add one line to its room's ``experiments`` (:mod:`auditor.lab.room`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,27 +32,6 @@ import pandas as pd
 from auditor.core.errors import did_you_mean
 from auditor.core.slurm import SlurmOptions
 
-# name -> "module:attribute" of its Experiment, imported when used. A name with a space is a
-# subcommand: "facts width" is `audit facts width`.
-REGISTRY: dict[str, str] = {
-    "memorize": "auditor.lab.memorize.experiment:EXPERIMENT",
-    "certify": "auditor.lab.memorize.certify_runs:EXPERIMENT",
-    "capacity": "auditor.lab.memorize.pipeline:EXPERIMENT",
-    "facts rank": "auditor.lab.facts.experiments:RANK",
-    "facts train": "auditor.lab.facts.experiments:TRAIN_LAYERS",
-    "facts width": "auditor.lab.facts.experiments:WIDTH",
-    "facts budget": "auditor.lab.facts.experiments:BUDGET",
-    "facts tau": "auditor.lab.facts.experiments:TAU",
-    "facts bound": "auditor.lab.facts.experiments:BOUND",
-    "facts measure": "auditor.lab.facts.experiments:MEASURE",
-    "facts scale": "auditor.lab.facts.experiments:SCALE",
-    "assoc": "auditor.lab.assoc.memory_sweep:EXPERIMENT",
-    "recall scaling": "auditor.lab.assoc.recall_sweep:SCALING",
-    "recall tradeoff": "auditor.lab.assoc.recall_sweep:TRADEOFF",
-    "recall dynamics": "auditor.lab.assoc.dynamics:EXPERIMENT",
-}
-# commands that run several experiments into one folder with the options they share
-SUITES: dict[str, tuple[str, ...]] = {"recall all": ("recall scaling", "recall tradeoff", "recall dynamics")}
 SCALES = ("quick", "reference", "paper")
 
 
@@ -126,14 +104,6 @@ class Option:
     owner: type
     field: dataclasses.Field
     parent: str | None
-
-
-def get(name: str) -> Experiment:
-    """The registered experiment ``name`` (did-you-mean on a typo)."""
-    if name not in REGISTRY:
-        raise did_you_mean("experiment", name, REGISTRY)
-    module, attr = REGISTRY[name].split(":")
-    return getattr(importlib.import_module(module), attr)
 
 
 def run_experiment(experiment: Experiment, config: Any, out: str | Path, *, executor: str = "local",

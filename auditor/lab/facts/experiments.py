@@ -36,7 +36,7 @@ import pandas as pd
 import torch
 
 from auditor.core.atomic import real_folder
-from auditor.core.errors import AuditError, did_you_mean
+from auditor.core.errors import AuditError
 from auditor.lab.engine import TrainConfig
 from auditor.lab.experiment import Experiment, option
 from auditor.lab.facts import plots
@@ -211,34 +211,9 @@ def train_csv_unit(config: dict[str, Any]) -> list[dict[str, Any]]:
              "train_config": _train_config(config).to_dict(), "dtype": "float32"} for e, row in enumerate(trained.rows)]
 
 
-UNITS: dict[str, Callable[[dict[str, Any]], list[dict[str, Any]]]] = {
-    "width": train_unit, "budget": train_unit, "tau": tau_unit, "bound": bound_unit, "measure": measure_unit,
-    "scale-rank": measure_unit, "scale-train": scale_train_unit, "rank": rank_unit, "train": train_csv_unit,
-}
-
-
-def unit_function(name: str) -> Callable[[dict[str, Any]], list[dict[str, Any]]]:
-    """The unit function of an experiment name."""
-    if name not in UNITS:
-        raise did_you_mean("experiment", name, UNITS)
-    return UNITS[name]
-
-
-def facts_unit(config: dict[str, Any]) -> list[dict[str, Any]]:
-    """The unit function of every facts experiment (the unit names its experiment)."""
-    return unit_function(config["experiment"])(config)
-
-
-def check_configs(configs: list[dict[str, Any]]) -> None:
-    """Validate every unit's database spec and layer configs before a sweep starts."""
-    if not configs:
-        raise AuditError("the sweep has no units")
-    for c in configs:
-        if "db" in c:
-            DatabaseSpec(**c["db"])
-        if "members" in c:
-            _members(c)
-        _train_config(c)
+def scale_unit(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """A unit of ``facts scale``: a database through the measures (``scale-rank``) or trained (``scale-train``)."""
+    return measure_unit(config) if config["experiment"] == "scale-rank" else scale_train_unit(config)
 
 
 # ---------------------------------------------------------------- configs: what each experiment runs
@@ -539,27 +514,28 @@ _SHOW_TRAINED = ("d_model", "heads", "d_qk", "d_vo", "seed", "parameters", "accu
                  "layer_bound", "layer_cp_rank", "layer_flattening_lower")
 
 
-def _facts(name: str, help: str, config: type, columns: tuple[str, ...], **kwargs: Any) -> Experiment:
-    """A facts experiment: its config splits into units, every unit runs through :func:`facts_unit`."""
+def _facts(name: str, help: str, config: type, run_unit: Callable[[dict[str, Any]], list[dict[str, Any]]],
+           columns: tuple[str, ...], **kwargs: Any) -> Experiment:
+    """A facts experiment: its config splits into units, each run by ``run_unit`` through the shared runner."""
     draw = plots.PLOTS.get(name)
     return Experiment(name=f"facts {name}", help=help, config=config, units=lambda c, out: c.units(),
-                      run_unit=facts_unit, columns=tuple(dict.fromkeys(columns)),
+                      run_unit=run_unit, columns=tuple(dict.fromkeys(columns)),
                       plots=(lambda frame, out, c: draw(frame, out)) if draw else None,
                       renamed=kwargs.pop("renamed", RENAMED), **kwargs)
 
 
 _SEEDED = {"deprecated": {"--init-seeds": "seeds"}, "show": _SHOW_TRAINED}
 WIDTH = _facts("width", "Accuracy against d_model and d_vo (d_qk = d_model, one head), per database seed.",
-               WidthConfig, (*_IDS, *_LAYER, *_TRAINED, "bounds_lower", "bounds_upper", "bounds_exact", "on_budget",
+               WidthConfig, train_unit, (*_IDS, *_LAYER, *_TRAINED, "bounds_lower", "bounds_upper", "bounds_exact", "on_budget",
                              *_STAMP),
                presets={"quick": {"db": QUICK_DB, "d_models": (2, 4), "d_vos": (1, 2), "db_seeds": (0,),
                                   "seeds": (0,), **QUICK}}, **_SEEDED)
 BUDGET = _facts("budget", "The full d_qk x d_vo grid at a fixed d_model; its anti-diagonal is Paper B's fixed "
-                "parameter budget.", BudgetConfig, WIDTH.columns,
+                "parameter budget.", BudgetConfig, train_unit, WIDTH.columns,
                 presets={"quick": {"db": QUICK_DB, "d_model": 3, "db_seeds": (0,), "seeds": (0,), **QUICK}}, **_SEEDED)
 TAU = _facts("tau", "Trained layers: rank of softmax>=tau(L) and the softmax>=tau accuracy for tau in 0.5..0.99, "
              "beside rank(D); on a generated database (change it with --keys, --queries, ...) or a DATABASE csv.",
-             TauConfig,
+             TauConfig, tau_unit,
              (*_IDS, *_LAYER, *[c for c in _TRAINED if not c.startswith("acc_tau")], "tau", "acc_tau",
               "thresholded_triples", "bounds_lower", "bounds_upper", "cp_rank", "layer_bound", "layer_flattening_lower",
               "s_rank_lower", "s_rank_upper", "s_cp_rank", "s_cp_reached_by", "s_cp_seconds", "cp_tolerance", *_STAMP),
@@ -569,7 +545,7 @@ TAU = _facts("tau", "Trained layers: rank of softmax>=tau(L) and the softmax>=ta
              examples="audit facts tau --keys 32 --queries 8 --values-per-query 4 --no-shared-values --d-model 2:6,8,16\n"
                       "audit facts tau db.csv --d-model 4,8 --tau 0.5,0.95 --steps 500 --lr 1e-2")
 BOUND = _facts("bound", "The bound on rank(L) against L's CP-rank estimate and flattening lower bound, random and "
-               "trained layers.", BoundConfig,
+               "trained layers.", BoundConfig, bound_unit,
                (*_IDS, *_LAYER, "state", *_LAYER_BOUND, "architecture_bound", "cp_tolerance", "bound_holds",
                 "tight_certified", "loose", "slack", *_STAMP),
                presets={"quick": {"db": DatabaseSpec(keys=4, queries=3, values_per_query=2), **QUICK,
@@ -581,12 +557,12 @@ BOUND = _facts("bound", "The bound on rank(L) against L's CP-rank estimate and f
                show=("d_model", "heads", "d_qk", "d_vo", "state", "layer_bound", "layer_cp_rank",
                      "layer_flattening_lower", "architecture_bound", "bound_holds"))
 MEASURE = _facts("measure", "Databases through every measure: triples, the paper's bound, certified bounds, exact "
-                 "rank, CP estimate, effective rank.", MeasureConfig, (*_MEASURED, *_STAMP),
+                 "rank, CP estimate, effective rank.", MeasureConfig, measure_unit, (*_MEASURED, *_STAMP),
                  presets={"quick": {"dbs": (QUICK_DB, DatabaseSpec(keys=5, queries=3, values_per_query=2,
                                                                    shared_values=True, seed=1))}},
                  show=("db", "triples", "bounds_lower", "bounds_upper", "exact_rank", "cp_rank", "effective_rank"))
 SCALE = _facts("scale", "Databases of >= 20,000 triples through the measures (batched sparse ALS) and through "
-               "training, with the time of each stage (rank/ and train/).", ScaleConfig,
+               "training, with the time of each stage (rank/ and train/).", ScaleConfig, scale_unit,
                (*_MEASURED, *_LAYER, *_TRAINED, "seconds", "batch_size", *_STAMP),
                presets={"quick": {"dbs": (DatabaseSpec(keys=200, queries=10, values_per_query=10),), "batch_size": 512,
                                   "members": (LayerConfig(d_model=16, heads=2, d_qk=16, d_vo=16),), "effective": False,
@@ -594,14 +570,14 @@ SCALE = _facts("scale", "Databases of >= 20,000 triples through the measures (ba
                folder=lambda unit: unit["experiment"].removeprefix("scale-"),
                show=("db", "triples", "bounds_exact", "cp_rank", "cp_seconds", "d_model", "accuracy", "train_seconds"))
 RANK = _facts("rank", "Measure a database CSV: triples, the paper's bound, certified bounds, exact rank, CP estimate.",
-              RankConfig, (*_IDS, *_BOUNDS, "exact_rank", "exact_lower", "exact_upper", "exact_method",
+              RankConfig, rank_unit, (*_IDS, *_BOUNDS, "exact_rank", "exact_lower", "exact_upper", "exact_method",
                            "exact_core_shape", *_CP, *_EFFECTIVE),
               presets={"quick": {"restarts": 1, "max_iter": 500}}, deprecated={"--tol": "cp_tolerance"},
               show=("db", "triples", "keys", "queries", "values", "bounds_paper_bound", "bounds_value_slice_bound",
                     "bounds_lower", "bounds_upper", "exact_rank", "exact_method", "cp_rank", "cp_reached_by",
                     "cp_tolerance", "effective_rank"))
 TRAIN_LAYERS = _facts("train", "Train one attention-only layer per configuration on a database CSV (all batched); "
-                      "report the accuracies.", TrainLayersConfig, (*_IDS, *_LAYER, *_TRAINED, *_LAYER_BOUND,
+                      "report the accuracies.", TrainLayersConfig, train_csv_unit, (*_IDS, *_LAYER, *_TRAINED, *_LAYER_BOUND,
                                                                     "train_config", "dtype"),
                       presets={"quick": {"steps": 100}}, show=_SHOW_TRAINED)
 

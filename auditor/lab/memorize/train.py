@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,7 +44,7 @@ from auditor.lab.memorize.data import DataConfig, MemorizeData, derived_seed, ma
 from auditor.lab.memorize.model import MHAConfig, MHAEnsemble
 from auditor.lab.memorize.saturation import saturation
 from auditor.lab.memorize.task import MemorizeTask
-from auditor.lab.sweep import run_sweep, unit_key, write_table
+from auditor.lab.sweep import unit_key, write_table
 
 
 @dataclass(frozen=True)
@@ -350,14 +350,16 @@ def fit_bucket(configs: Sequence[MHAConfig], datasets: Sequence[MemorizeData], s
     return out
 
 
-def run_unit(unit: dict[str, Any], progress: bool = False) -> list[dict[str, Any]]:
-    """Train one bucket of synthetic runs and return one row per run; the sweep runner's unit function."""
+def run_unit(unit: dict[str, Any], progress: bool = False,
+             make: Callable[[DataConfig], MemorizeData] = make_data) -> list[dict[str, Any]]:
+    """Train one bucket of synthetic runs and return one row per run; the sweep runner's unit function.
+    ``make`` draws the dataset of a run (another task, e.g. shared queries, passes its own)."""
     runs = [MemorizeRun(**r) for r in unit["runs"]]
     settings = MemorizeSettings.from_unit(unit["settings"])
     cache: dict[DataConfig, MemorizeData] = {}
     for run in runs:
         if run.data_config() not in cache:
-            cache[run.data_config()] = make_data(run.data_config())
+            cache[run.data_config()] = make(run.data_config())
     datasets = [cache[r.data_config()] for r in runs]  # identical datasets are stored once
     workdir = Path(unit["workdir"])
     key = unit_key(unit)
@@ -374,14 +376,6 @@ def run_unit(unit: dict[str, Any], progress: bool = False) -> list[dict[str, Any
          **m, "history": f"history/{key}.csv", "saturation": f"saturation/{key}.csv"}
         for i, (run, m) in enumerate(zip(runs, measured))
     ]
-
-
-def run_memorize(runs: Sequence[MemorizeRun], settings: MemorizeSettings, out: str | Path, *, executor: str = "local",
-                 progress: bool = True) -> pd.DataFrame:
-    """Run (or resume) a sweep into ``out``; returns the rows of ``out/results.csv``."""
-    units = make_units(runs, settings, out)
-    return run_sweep(run_unit, units, out, executor=executor, progress=progress, desc="memorize buckets",
-                     columns=COLUMNS, renamed=RENAMED)
 
 
 _CONVERGENCE = ("converged", "stop_reason", "rounds_trained")

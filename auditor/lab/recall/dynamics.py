@@ -17,7 +17,7 @@ Members of the ensemble are data seeds. At every evaluation the task records, ov
   table depends on the subject only;
 - the matching accuracies.
 
-:func:`run_dynamics` trains, then :func:`~auditor.lab.assoc.stages.detect_stages` finds the stages. As
+:func:`run_dynamics` trains, then :func:`~auditor.lab.recall.stages.detect_stages` finds the stages. As
 ``audit recall dynamics`` the run is one sweep unit (in ``dynamics/``); ``dynamics_stages.csv`` holds the
 stages, ``dynamics_curves.csv`` the curves.
 """
@@ -35,10 +35,10 @@ from torch import nn
 
 from auditor.core.atomic import write_text_atomic
 from auditor.core.errors import AuditError
-from auditor.lab.assoc.facts import DEFAULT_PROMPT_LENGTH, FactBank, FactTable, PromptBatch, member_generator
-from auditor.lab.assoc.stages import Stages, detect_stages
 from auditor.lab.engine import Ensemble, TrainConfig, train
 from auditor.lab.experiment import Experiment, option
+from auditor.lab.recall.stages import Stages, detect_stages
+from auditor.lab.recall.task import DEFAULT_PROMPT_LENGTH, FactBank, FactTable, PromptBatch, member_generator
 from auditor.lab.sweep import stamp, unit_key, write_csv, write_table
 
 _TRAIN_STREAM, _EVAL_STREAM = 3, 4

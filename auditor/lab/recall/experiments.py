@@ -36,11 +36,11 @@ from auditor.core.atomic import write_text_atomic
 from auditor.core.errors import AuditError
 from auditor.lab.assoc.capacity import FACTS_PER_PARAMETER_GUIDE, Bisection, search_all
 from auditor.lab.assoc.convergence import PLATEAU_GAIN, accuracy_at, plateau_gain
-from auditor.lab.assoc.facts import DEFAULT_PROMPT_LENGTH, FactTable
-from auditor.lab.assoc.recall import RecallMember, build_recall, recall_parameters
 from auditor.lab.engine import TrainConfig, train
 from auditor.lab.experiment import Experiment, option
-from auditor.lab.sweep import run_sweep, write_csv
+from auditor.lab.recall.model import RecallMember, build_recall, recall_parameters
+from auditor.lab.recall.task import DEFAULT_PROMPT_LENGTH, FactTable
+from auditor.lab.sweep import write_csv
 
 
 @dataclass(frozen=True)
@@ -390,18 +390,6 @@ RENAMED = {"params": "parameters", "params_with_bias": "parameters_with_bias", "
            "mlp_params": "mlp_parameters", "max_steps": "steps", "steps": "steps_trained", "T": "prompt_length",
            "D": "answers_per_relation", "seconds_unit": "seconds", "seconds_train": "train_seconds",
            "model": "architecture"}
-
-
-def run_scaling(config: ScalingConfig, out: str | Path, *, executor: str = "local", progress: bool = True) -> pd.DataFrame:
-    """Run (or resume) the facts-per-parameter sweep into ``out`` (``results.csv``)."""
-    return run_sweep(run_scaling_unit, config.units(), out, executor=executor, progress=progress, desc="recall scaling",
-                     columns=SCALING_COLUMNS, renamed=RENAMED)
-
-
-def run_tradeoff(config: TradeoffConfig, out: str | Path, *, executor: str = "local", progress: bool = True) -> pd.DataFrame:
-    """Run (or resume) the attention-versus-MLP grid into ``out`` (``results.csv``)."""
-    return run_sweep(run_tradeoff_unit, config.units(), out, executor=executor, progress=progress,
-                     desc="recall trade-off", columns=TRADEOFF_COLUMNS, renamed=RENAMED)
 
 
 # Named scales. The paper: d in 2^{3..7.5}, 16384 steps of 1024 fresh prompts, the best of lr in {1e-3, 3e-3,

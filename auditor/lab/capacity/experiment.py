@@ -44,7 +44,7 @@ from auditor.lab.memorize.train import (
     MemorizeSettings,
     fit_bucket,
 )
-from auditor.lab.sweep import file_fingerprint, run_sweep, unit_key, write_table
+from auditor.lab.sweep import file_fingerprint, unit_key, write_table
 
 PROJECTIONS = ("svd", "random", "none")
 EXTRACTED_SAMPLES = 256  # examples extracted when --samples is not given
@@ -180,13 +180,6 @@ def _units(token_files: dict[str, str | Path], settings: CapacitySettings, train
              "fingerprint": file_fingerprint(path), "capacity": dataclasses.asdict(settings),
              "train": train_settings.to_unit(), "workdir": str(out), **({} if samples is None else {"samples": samples})}
             for name, path in token_files.items()]
-
-
-def run_capacity(token_files: dict[str, str | Path], settings: CapacitySettings, train_settings: MemorizeSettings,
-                 out: str | Path, *, executor: str = "local", progress: bool = True) -> pd.DataFrame:
-    """Run (or resume) the capacity pipeline on saved token files (representation -> path)."""
-    return run_sweep(capacity_unit, _units(token_files, settings, train_settings, out), out, executor=executor,
-                     progress=progress, desc="capacity", columns=COLUMNS, renamed=RENAMED)
 
 
 def extract_tokens(model: str, weights: str, data: str | None, samples: int, representations: list[str],
