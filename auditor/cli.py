@@ -31,10 +31,12 @@ def _load(target: str) -> click.Command:
 
 
 def _lab() -> dict[str, str]:
-    """The lab's commands -> their one line of help (the rooms found on disk, none of their code imported)."""
-    from auditor.lab.room import commands
+    """The lab's commands -> their one line of help: its own tools, then the rooms found on disk (none of
+    their code imported)."""
+    from auditor.lab import TOOLS
+    from auditor.lab.room import rooms
 
-    return commands()
+    return {**{name: text for name, (_, text) in TOOLS.items()}, **{name: room.help for name, room in rooms().items()}}
 
 
 class _AuditGroup(click.Group):
@@ -54,9 +56,9 @@ class _AuditGroup(click.Group):
         try:
             if name in SUBCOMMANDS:
                 return _load(SUBCOMMANDS[name])
-            from auditor.lab.room import command
+            from auditor.lab.cli import lab_command
 
-            return command(name)
+            return lab_command(name)
         except ModuleNotFoundError as err:  # an optional room whose dependencies are not installed
             reason = str(err)
 

@@ -112,7 +112,8 @@ ROOM = Room(name="toyroom", help="A room made of one folder.", experiments={"toy
 def test_a_new_room_is_one_folder_and_nothing_edited_elsewhere(tmp_path, monkeypatch, capsys):
     (tmp_path / "toyroom").mkdir()
     (tmp_path / "toyroom" / "__init__.py").write_text(textwrap.dedent(_TOY_ROOM))
-    monkeypatch.setattr(auditor.lab, "__path__", [*auditor.lab.__path__, str(tmp_path)])
+    monkeypatch.setattr(auditor.lab, "__path__", [*auditor.lab.__path__, str(tmp_path)])  # importable
+    monkeypatch.setattr(registry, "FOLDERS", [*registry.FOLDERS, str(tmp_path)])  # and found
     registry.rooms.cache_clear()
     try:
         assert "toyroom" in registry.rooms()

@@ -368,6 +368,15 @@ def room_command(room: Room) -> click.Command:
     return _Room(room.name, room=room, help=room.help, context_settings={"help_option_names": ["-h", "--help"]})
 
 
+def lab_command(name: str) -> click.Command:
+    """The click command of ``audit <name>``: a lab-wide tool (``bits``) or a room."""
+    from auditor.lab import TOOLS
+
+    if name in TOOLS:
+        return registry.load(TOOLS[name][0])
+    return room_command(registry.get_room(name))
+
+
 def lab_commands() -> dict[str, click.Command]:
     """Every command of every room by its full name (``memorize``, ``memorize shared-queries``,
     ``facts width``, ``facts generate``, ``recall all``): the rooms' experiments, suites and tools."""

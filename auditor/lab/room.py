@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any
 from auditor.core.errors import AuditError, did_you_mean
 
 if TYPE_CHECKING:
-    import click
     import pandas as pd
 
     from auditor.lab.experiment import Experiment
@@ -90,11 +89,7 @@ class Room:
         return [n for n in [*self.experiments, *self.suites, *self.tools] if n != self.name]
 
 
-# lab commands that belong to no room (they read every room's results): name -> ("module:attribute", help)
-LAB_TOOLS: dict[str, tuple[str, str]] = {
-    "bits": ("auditor.lab.bits:bits_command", "Stored bits per trainable parameter of every room's results, with "
-             "each row's formula."),
-}
+FOLDERS = [str(Path(__file__).resolve().parent)]  # where the rooms are: the lab's own folder
 
 
 def load(target: str) -> Any:
@@ -106,10 +101,8 @@ def load(target: str) -> Any:
 @cache
 def rooms() -> dict[str, Room]:
     """Every room, by command name: the ``ROOM`` of each subpackage of :mod:`auditor.lab`, in name order."""
-    import auditor.lab
-
     found: dict[str, Room] = {}
-    for info in sorted(pkgutil.iter_modules(auditor.lab.__path__), key=lambda i: i.name):
+    for info in sorted(pkgutil.iter_modules(FOLDERS), key=lambda i: i.name):
         if not info.ispkg:
             continue
         room = getattr(importlib.import_module(f"auditor.lab.{info.name}"), "ROOM", None)
@@ -152,18 +145,3 @@ def get(name: str) -> Experiment:
 def bits_readers() -> dict[str, BitsReader]:
     """Room name -> its bits reader, for the rooms that store something countable."""
     return {room.name: load(room.bits) for room in rooms().values() if room.bits}
-
-
-def commands() -> dict[str, str]:
-    """Every lab command of ``audit`` -> its one line of help: the lab-wide tools, then the rooms."""
-    return {**{name: text for name, (_, text) in LAB_TOOLS.items()},
-            **{name: room.help for name, room in rooms().items()}}
-
-
-def command(name: str) -> click.Command:
-    """The click command of ``audit <name>``: a lab-wide tool, or a room built by :mod:`auditor.lab.cli`."""
-    if name in LAB_TOOLS:
-        return load(LAB_TOOLS[name][0])
-    from auditor.lab.cli import room_command
-
-    return room_command(get_room(name))

@@ -10,19 +10,18 @@ plots, and the tools ``audit facts generate`` and ``audit facts plot`` (:mod:`.t
 
 from auditor.lab.room import Room
 
-_EXPERIMENTS = "auditor.lab.facts.experiments"
 ROOM = Room(
     name="facts",
     help="Fact databases as tensors (rank, bounds) and how much one attention-only layer memorizes.",
     experiments={
-        "rank": f"{_EXPERIMENTS}:RANK",
-        "train": f"{_EXPERIMENTS}:TRAIN_LAYERS",
-        "width": f"{_EXPERIMENTS}:WIDTH",
-        "budget": f"{_EXPERIMENTS}:BUDGET",
-        "tau": f"{_EXPERIMENTS}:TAU",
-        "bound": f"{_EXPERIMENTS}:BOUND",
-        "measure": f"{_EXPERIMENTS}:MEASURE",
-        "scale": f"{_EXPERIMENTS}:SCALE",
+        "rank": "auditor.lab.facts.experiments:RANK",
+        "train": "auditor.lab.facts.experiments:TRAIN_LAYERS",
+        "width": "auditor.lab.facts.experiments:WIDTH",
+        "budget": "auditor.lab.facts.experiments:BUDGET",
+        "tau": "auditor.lab.facts.experiments:TAU",
+        "bound": "auditor.lab.facts.experiments:BOUND",
+        "measure": "auditor.lab.facts.experiments:MEASURE",
+        "scale": "auditor.lab.facts.experiments:SCALE",
     },
     tools={"generate": "auditor.lab.facts.tools:generate_command", "plot": "auditor.lab.facts.tools:plot_command"},
     bits="auditor.lab.facts.bits:READER",
