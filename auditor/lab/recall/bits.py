@@ -11,7 +11,7 @@ from auditor.lab.room import BitsReader
 
 
 def _recallrenamed_columns(frame: pd.DataFrame) -> pd.DataFrame:
-    """A recall CSV in the current column names (``recall_sweep.RENAMED``). Releases before 0.2 wrote
+    """A recall CSV in the current column names (``auditor.lab.recall.experiments.RENAMED``). Releases before 0.2 wrote
     ``steps`` = steps trained, ``max_steps`` = the budget, ``T``, ``D``, ``params``; since then ``steps`` is
     the budget, ``steps_trained`` what was trained, ``prompt_length``, ``answers_per_relation``, ``parameters``.
     The two meanings of ``steps`` are told apart by the other columns, never guessed: an old CSV is renamed
