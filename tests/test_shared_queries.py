@@ -65,3 +65,7 @@ def test_the_experiment_is_registered_in_its_room_and_refuses_bad_queries(tmp_pa
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "--queries" in err and err.count("\n") == 1
     assert not (tmp_path / "bad").exists()
+    assert main(["memorize", "--heads", "2", "shared-queries", "--out", str(tmp_path / "bad")]) == 2  # misplaced
+    err = capsys.readouterr().err
+    assert "--heads before 'shared-queries'" in err and err.count("\n") == 1
+    assert not (tmp_path / "bad").exists()

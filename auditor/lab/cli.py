@@ -311,8 +311,16 @@ def command(name: str, *, cls: type[click.Command] = click.Command, **attrs: Any
         params = [_param(o) for o in options] + _common_options(first, options)
 
     def callback(**values: Any) -> None:
-        if click.get_current_context().invoked_subcommand is None:  # a room's own experiment, not a subcommand
+        ctx = click.get_current_context()
+        if ctx.invoked_subcommand is None:
             _run(members, name, values)
+            return
+        # a room's subcommand (`audit memorize shared-queries`): options before it would be ignored; refuse them
+        given = [p.opts[0] for p in ctx.command.params if p.name and ctx.get_parameter_source(p.name)
+                 is not click.core.ParameterSource.DEFAULT]
+        if given:
+            raise AuditError(f"{', '.join(given)} before '{ctx.invoked_subcommand}' belong to 'audit {name}' itself; "
+                             f"give the options after it: audit {name} {ctx.invoked_subcommand} [OPTIONS]")
 
     return cls(name.split()[-1], params=params, help=help_text, callback=callback,
                context_settings={"help_option_names": ["-h", "--help"]}, **attrs)
