@@ -58,6 +58,7 @@ def test_the_command_tree_is_the_registry():
     assert set(lab_commands()) == set(COMMANDS) | TOOLS
     listed = cli.list_commands(click.Context(cli))
     assert set(ROOMS) <= set(listed) and "bits" in listed
+    assert len(listed) == len(set(listed)), "a room named like another command of `audit` would be hidden by it"
 
 
 def test_the_rooms_are_the_lab_folders():
