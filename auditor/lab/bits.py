@@ -44,11 +44,6 @@ REAL_BITS = 24  # significand bits of float32: the precision a certified real la
 COLUMNS = ("room", "experiment", "config", "stored_bits", "parameters", "bits_per_parameter", "formula", "converged",
            "source", "bound_bits_paper_a", "bound_bits_dana")
 REFERENCES = {"2 bits/param (Allen-Zhu and Li 2024)": 2.0, "3.6 bits/param (Morris et al. 2025)": 3.6}
-_OLD = {"bound": "lower_bound", "certified": "readout_hits", "tolerance": "error_tolerance", "params": "parameters"}
-
-
-def _current(frame: pd.DataFrame) -> pd.DataFrame:
-    return frame.rename(columns={o: n for o, n in _OLD.items() if o in frame and n not in frame})
 
 
 def _layer_parameters(row: pd.Series, d_v: int | None = None, outputs: int | None = None) -> int:
@@ -87,9 +82,6 @@ def _paper_a_bounds(frame: pd.DataFrame, label_bits: pd.Series) -> tuple[pd.Seri
 
 def memorize_bits(frame: pd.DataFrame, experiment: str = "memorize") -> pd.DataFrame:
     """Rows of ``audit memorize`` (and ``audit capacity``: same columns for what is counted)."""
-    frame = _current(frame)
-    if "max_steps" in frame and "steps_trained" not in frame:  # rows written before steps were renamed
-        frame = frame.rename(columns={"steps": "steps_trained", "max_steps": "steps"})
     regression = frame["task"].eq("regression") if "task" in frame else pd.Series(False, index=frame.index)
     tolerance = frame["error_tolerance"].astype(float) if "error_tolerance" in frame else pd.Series(np.nan, index=frame.index)
     outputs = frame["outputs"] if "outputs" in frame else pd.Series(1, index=frame.index)
@@ -109,7 +101,6 @@ def memorize_bits(frame: pd.DataFrame, experiment: str = "memorize") -> pd.DataF
 
 def capacity_bits(frame: pd.DataFrame) -> pd.DataFrame:
     """Rows of ``audit capacity`` (a layer with d_h = d_v = d on reduced real tokens)."""
-    frame = _current(frame)
     if "parameters" not in frame:
         frame = frame.assign(parameters=frame.apply(lambda r: _layer_parameters(r, d_v=int(r["d"])), axis=1))
     return memorize_bits(frame.assign(task="classification"), "capacity")
@@ -117,7 +108,6 @@ def capacity_bits(frame: pd.DataFrame) -> pd.DataFrame:
 
 def certify_bits(frame: pd.DataFrame) -> pd.DataFrame:
     """Rows of ``audit certify``: guaranteed exact reals at float32 precision (one label per example)."""
-    frame = _current(frame)
     parameters = frame.apply(lambda r: _layer_parameters(r, d_v=int(r["d_h"])), axis=1)
     config = frame.apply(lambda r: f"weights={r['weights']}, heads={r['heads']}, context={r['context']}, "
                                    f"d_h={r['d_h']}, d={r['d']}, N={r['N']}, seed={r['seed']}", axis=1)
@@ -129,8 +119,7 @@ def certify_bits(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def facts_bits(frame: pd.DataFrame, experiment: str = "facts") -> pd.DataFrame:
-    """Rows of a trained ``audit facts`` experiment (columns facts_stored, values, params)."""
-    frame = _current(frame)
+    """Rows of a trained ``audit facts`` experiment (columns facts_stored, values, parameters)."""
     if "tau" in frame:  # one training, one row per softmax threshold: count it once
         frame = frame.drop_duplicates([c for c in ("unit", "db", "d_model", "heads", "d_qk", "d_vo", "seed") if c in frame])
     config = frame.apply(lambda r: ", ".join(f"{k}={r[k]}" for k in ("db", "d_model", "heads", "d_qk", "d_vo", "seed")
@@ -141,30 +130,12 @@ def facts_bits(frame: pd.DataFrame, experiment: str = "facts") -> pd.DataFrame:
                          "converged": frame["early_stopped"].astype(bool) if "early_stopped" in frame else None})
 
 
-def _recall_current(frame: pd.DataFrame) -> pd.DataFrame:
-    """A recall CSV in the current column names (``recall_sweep.RENAMED``). Releases before 0.2 wrote
-    ``steps`` = steps trained, ``max_steps`` = the budget, ``T``, ``D``, ``params``; since then ``steps`` is
-    the budget, ``steps_trained`` what was trained, ``prompt_length``, ``answers_per_relation``, ``parameters``.
-    The two meanings of ``steps`` are told apart by the other columns, never guessed: an old CSV is renamed
-    all at once (as the sweep renames old unit files), a current one only where a name is missing."""
-    from auditor.lab.assoc.recall_sweep import RENAMED
-
-    current = {"steps_trained", "prompt_length", "answers_per_relation"}
-    old = {"max_steps", "T", "D"}
-    if set(frame) & old and not set(frame) & current:
-        return frame.rename(columns={o: n for o, n in RENAMED.items() if o in frame})
-    return frame.rename(columns={o: n for o, n in RENAMED.items()
-                                 if o in frame and n not in frame and o != "steps" and n != "steps"})
-
-
 def recall_bits(frame: pd.DataFrame) -> pd.DataFrame:
     """Rows of ``audit recall scaling`` (facts stored) or ``recall tradeoff`` (fact_recall of all facts).
 
-    ``converged``: the CSV's own column where it has one (current releases: the threshold was reached or the
-    accuracy plateaued); for an older trade-off CSV, an early stop (steps_trained < the budget ``steps``:
-    every fact recalled) or False (it ran its whole budget); empty (unknown) where the CSV records neither,
-    e.g. an old trade-off CSV without ``max_steps``, or an old scaling CSV."""
-    frame = _current(_recall_current(frame))
+    ``converged``: the CSV's own column where it has one (the threshold was reached or the accuracy
+    plateaued); for a trade-off CSV without it, an early stop (steps_trained < the budget ``steps``: every
+    fact recalled) or False (it ran its whole budget); empty (unknown) where the CSV records neither."""
     if "answers_per_relation" not in frame:
         raise KeyError("D (answers_per_relation: log2 D bits per fact)")
     tradeoff = "fact_recall" in frame
@@ -186,9 +157,7 @@ def recall_bits(frame: pd.DataFrame) -> pd.DataFrame:
 
 def assoc_bits(frame: pd.DataFrame) -> pd.DataFrame:
     """Rows of ``audit assoc``: N associations x -> x over N outputs store log2(N) bits each."""
-    frame = _current(frame)
-    width = "width" if "width" in frame else "m"  # (the column was m in older CSVs)
-    config = frame.apply(lambda r: f"kind={r['kind']}, d={r['d']}, width={r[width]}, seed={r['seed']}", axis=1)
+    config = frame.apply(lambda r: f"kind={r['kind']}, d={r['d']}, width={r['width']}, seed={r['seed']}", axis=1)
     converged = _flags(frame["converged"]) if "converged" in frame else _unknown(frame)
     return pd.DataFrame({"room": "assoc", "experiment": "assoc", "config": config,
                          "stored_bits": frame["capacity"] * np.log2(frame["capacity"].clip(lower=1).astype(float)),
@@ -252,7 +221,7 @@ def bits_table(paths: Sequence[str | Path], root: str | Path | None = None) -> p
             head = pd.read_csv(file, nrows=0)
         except (ValueError, UnicodeDecodeError) as err:  # empty, binary or malformed: name the file, one line
             raise AuditError(f"{file}: not a readable result CSV ({_first_line(err)})") from None
-        found = _reader(set(_current(head).columns) | set(head.columns))
+        found = _reader(set(head.columns))
         if found is None:
             continue
         reader, room = found

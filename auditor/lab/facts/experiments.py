@@ -532,9 +532,7 @@ _CP = tuple(f"cp_{k}" for k in ("rank", "floor", "ceiling", "ceiling_certified",
 _EFFECTIVE = ("effective_rank", "effective_lower", "effective_exact", "effective_seconds", "effective_tried")
 _MEASURED = (*_IDS, "seed", "build_seconds", *_BOUNDS, "bounds_seconds", "exact_rank", "exact_method", *_CP,
              *_EFFECTIVE)
-RENAMED = {"params": "parameters", "cp_tol": "cp_tolerance", "rank_lower": "bounds_lower", "rank_upper": "bounds_upper",
-           "rank_exact": "bounds_exact", "db_rank_lower": "bounds_lower", "db_rank_upper": "bounds_upper",
-           "db_cp_rank": "cp_rank", "total_seconds": "seconds", "members_in_batch": "bucket_members"}  # columns of earlier releases
+KEY_DEFAULTS = {"db": DatabaseSpec, "members": [LayerConfig]}  # a unit's key leaves these defaults out
 _SHOW_TRAINED = ("d_model", "heads", "d_qk", "d_vo", "seed", "parameters", "accuracy", "acc_tau0.95", "steps_trained",
                  "layer_bound", "layer_cp_rank", "layer_flattening_lower")
 
@@ -545,10 +543,10 @@ def _facts(name: str, help: str, config: type, columns: tuple[str, ...], **kwarg
     return Experiment(name=f"facts {name}", help=help, config=config, units=lambda c, out: c.units(),
                       run_unit=facts_unit, columns=tuple(dict.fromkeys(columns)),
                       plots=(lambda frame, out, c: draw(frame, out)) if draw else None,
-                      renamed=kwargs.pop("renamed", RENAMED), **kwargs)
+                      key_defaults=KEY_DEFAULTS, **kwargs)
 
 
-_SEEDED = {"deprecated": {"--init-seeds": "seeds"}, "show": _SHOW_TRAINED}
+_SEEDED = {"show": _SHOW_TRAINED}
 WIDTH = _facts("width", "Accuracy against d_model and d_vo (d_qk = d_model, one head), per database seed.",
                WidthConfig, (*_IDS, *_LAYER, *_TRAINED, "bounds_lower", "bounds_upper", "bounds_exact", "on_budget",
                              *_STAMP),
@@ -564,7 +562,6 @@ TAU = _facts("tau", "Trained layers: rank of softmax>=tau(L) and the softmax>=ta
               "thresholded_triples", "bounds_lower", "bounds_upper", "cp_rank", "layer_bound", "layer_flattening_lower",
               "s_rank_lower", "s_rank_upper", "s_cp_rank", "s_cp_reached_by", "s_cp_seconds", "cp_tolerance", *_STAMP),
              presets={"quick": {"db": QUICK_DB, "d_models": (2, 4), "taus": (0.5, 0.9), "seeds": (0,), **QUICK}},
-             deprecated={"--init-seeds": "seeds"},
              show=("d_model", "seed", "tau", "acc_tau", "s_cp_rank", "layer_bound", "cp_rank"),
              examples="audit facts tau --keys 32 --queries 8 --values-per-query 4 --no-shared-values --d-model 2:6,8,16\n"
                       "audit facts tau db.csv --d-model 4,8 --tau 0.5,0.95 --steps 500 --lr 1e-2")
@@ -576,8 +573,6 @@ BOUND = _facts("bound", "The bound on rank(L) against L's CP-rank estimate and f
                                   "members": (LayerConfig(d_model=2, d_qk=1, d_vo=1),
                                               LayerConfig(d_model=3, heads=2, d_qk=2, d_vo=1)),
                                   "cp": (("tol", 1e-3), ("restarts", 1), ("max_iter", 200))}},
-               renamed={**{k: f"layer_{k}" for k in (*_BOUND_PARTS, "flattening_lower", "cp_rank", "cp_reached_by",
-                                                     "cp_seconds")}, "cp_tol": "cp_tolerance"},
                show=("d_model", "heads", "d_qk", "d_vo", "state", "layer_bound", "layer_cp_rank",
                      "layer_flattening_lower", "architecture_bound", "bound_holds"))
 MEASURE = _facts("measure", "Databases through every measure: triples, the paper's bound, certified bounds, exact "
@@ -596,7 +591,7 @@ SCALE = _facts("scale", "Databases of >= 20,000 triples through the measures (ba
 RANK = _facts("rank", "Measure a database CSV: triples, the paper's bound, certified bounds, exact rank, CP estimate.",
               RankConfig, (*_IDS, *_BOUNDS, "exact_rank", "exact_lower", "exact_upper", "exact_method",
                            "exact_core_shape", *_CP, *_EFFECTIVE),
-              presets={"quick": {"restarts": 1, "max_iter": 500}}, deprecated={"--tol": "cp_tolerance"},
+              presets={"quick": {"restarts": 1, "max_iter": 500}},
               show=("db", "triples", "keys", "queries", "values", "bounds_paper_bound", "bounds_value_slice_bound",
                     "bounds_lower", "bounds_upper", "exact_rank", "exact_method", "cp_rank", "cp_reached_by",
                     "cp_tolerance", "effective_rank"))
@@ -606,20 +601,13 @@ TRAIN_LAYERS = _facts("train", "Train one attention-only layer per configuration
                       presets={"quick": {"steps": 100}}, show=_SHOW_TRAINED)
 
 
-def results_frame(path: str | Path) -> pd.DataFrame:
-    """A facts ``results.csv`` with the columns of this release (an earlier release's are renamed)."""
-    frame = pd.read_csv(path)
-    name = str(frame["experiment"].iloc[0]) if len(frame) and "experiment" in frame else ""
-    return frame.rename(columns=(BOUND.renamed if name == "bound" else RENAMED))
-
-
 def plot_results(results: str | Path, out: str | Path | None = None) -> list[Path]:
     """Draw the plot of the experiment recorded in ``results`` (a results.csv or its folder)."""
     path = Path(results)
     path = path / "results.csv" if path.is_dir() else path
     if not path.is_file():
         raise AuditError(f"no results file at {str(path)!r}; give a sweep folder or its results.csv")
-    frame = results_frame(path)
+    frame = pd.read_csv(path)
     if frame.empty or "experiment" not in frame:
         raise AuditError(f"{str(path)!r} has no facts experiment rows")
     name = str(frame["experiment"].iloc[0])
