@@ -11,7 +11,8 @@ Per sweep folder (one holding ``units/`` or a CSV with a ``unit`` column):
   experiment's declared defaults;
 * every CSV with a ``unit`` column (``results.csv``, side tables, copies such as ``capacity.csv``) gets the
   new keys and configurations, and its columns the names of this release where it still has old ones; a
-  facts folder's ``unit_configs.json`` becomes the ``unit_config`` column it lacked, and is removed;
+  committed facts folder keeps its configurations once per unit in ``unit_configs.json`` (key ->
+  configuration) instead of a ``unit_config`` column, re-keyed the same way;
 * files named by an old key (checkpoints, histories, curves) are renamed, and the old key is replaced
   wherever a CSV cell names such a file.
 
@@ -160,18 +161,9 @@ def _write_csv(path: Path, header: list[str], rows: list[list[str]]) -> None:
     write_text_atomic(path, buffer.getvalue())
 
 
-def _with_configs(header: list[str], rows: list[list[str]],
-                  old_configs: Mapping[str, Mapping[str, Any]] | None) -> tuple[list[str], list[list[str]]]:
-    """A table without a ``unit_config`` column gets one from ``old_configs`` (old key -> configuration)."""
-    if "unit_config" in header or old_configs is None:
-        return header, rows
-    unit = header.index("unit")
-    return [*header, "unit_config"], [[*row, _dumps(old_configs[row[unit]])] for row in rows]
-
-
-def learn_keys(path: Path, keys: dict[str, str], old_configs: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+def learn_keys(path: Path, keys: dict[str, str]) -> None:
     """Add old key -> new key for the units whose configuration a CSV records."""
-    header, rows = _with_configs(*_read_csv(path), old_configs)
+    header, rows = _read_csv(path)
     if "unit" in header and "unit_config" in header:
         unit, config_at = header.index("unit"), header.index("unit_config")
         for row in rows:
@@ -179,8 +171,22 @@ def learn_keys(path: Path, keys: dict[str, str], old_configs: Mapping[str, Mappi
                 keys.setdefault(row[unit], migrate_config(json.loads(row[config_at]))[2])
 
 
-def migrate_csv(path: Path, keys: Mapping[str, str],
-                old_configs: Mapping[str, Mapping[str, Any]] | None = None) -> bool:
+def migrate_configs_table(path: Path, keys: dict[str, str]) -> bool:
+    """Re-key a ``unit_configs.json`` (key -> configuration); adds its old -> new keys to ``keys``."""
+    table = json.loads(path.read_text())
+    out = {}
+    for old, config in table.items():
+        name, config, key = migrate_config(config)
+        keys.setdefault(old, key)
+        out[key] = config
+    text = json.dumps(out, indent=1, sort_keys=True) + "\n"
+    if text == path.read_text():
+        return False
+    write_text_atomic(path, text)
+    return True
+
+
+def migrate_csv(path: Path, keys: Mapping[str, str], old_configs: Mapping[str, Mapping[str, Any]] | None = None) -> bool:
     """Move one CSV with a ``unit`` column to this release: the new keys (``keys``: old -> new, also where a
     cell names a file by its key), configurations in this release's names and, where it still has columns
     of an earlier release, their names now. ``old_configs``: old key -> configuration, for a table without
@@ -188,10 +194,9 @@ def migrate_csv(path: Path, keys: Mapping[str, str],
     header, rows = _read_csv(path)
     if "unit" not in header:
         return False
-    header, rows = _with_configs(header, rows, old_configs)
     unit = header.index("unit")
     config_at = header.index("unit_config") if "unit_config" in header else None
-    names = set()
+    names = {experiment_of(old_configs[row[unit]]) for row in rows} if old_configs and config_at is None else set()
     for row in rows:
         if config_at is not None and row[config_at]:
             name, config, _ = migrate_config(json.loads(row[config_at]))
@@ -227,18 +232,20 @@ def _cell(text: str) -> Any:
 def rebuild_units(folder: Path, csv_path: Path) -> int:
     """Write ``folder/units`` from the rows of ``csv_path`` (after :func:`migrate_csv`); returns the count."""
     header, rows = _read_csv(csv_path)
-    if "unit" not in header or "unit_config" not in header:
+    table = folder / "unit_configs.json"
+    configs = json.loads(table.read_text()) if table.is_file() else {}
+    if "unit" not in header or ("unit_config" not in header and not configs):
         return 0
     grouped: dict[str, list[dict[str, Any]]] = {}
-    text: dict[str, str] = {}
     for row in rows:
         record = {c: (cell if c in ("unit", "unit_config") else _cell(cell)) for c, cell in zip(header, row)}
         grouped.setdefault(record["unit"], []).append(record)
-        text[record["unit"]] = record["unit_config"]
+        if "unit_config" in record:
+            configs[record["unit"]] = json.loads(record["unit_config"])
     units = folder / "units"
     units.mkdir(exist_ok=True)
     for key, unit_rows in grouped.items():
-        config = json.loads(text[key])
+        config = configs[key]
         write_text_atomic(units / f"{key}.json", _dumps({"key": key, "config": config, "rows": unit_rows},
                                                         sort_keys=False))
     for side in SIDE_FOLDERS:  # a side table the report gathered (tolerance.csv) back into one file per unit
@@ -274,15 +281,14 @@ def migrate_folder(folder: Path, *, rebuild: bool = False) -> list[str]:
         done.append(f"{folder}: {len(configs)} unit files re-keyed")
     table = folder / "unit_configs.json"
     old_configs = json.loads(table.read_text()) if table.is_file() else None
+    if old_configs is not None and migrate_configs_table(table, keys):
+        done.append(f"{table}: keys and configurations of this release")
     tables = [p for p in _own_files(folder) if p.suffix == ".csv"]
     for path in tables:  # first every old key this folder records, then the files that name them
-        learn_keys(path, keys, old_configs if path.parent == folder else None)
+        learn_keys(path, keys)
     for path in tables:
         if migrate_csv(path, keys, old_configs if path.parent == folder else None):
             done.append(f"{path}: keys, configurations and column names of this release")
-    if old_configs is not None:
-        table.unlink()
-        done.append(f"{table}: removed (its configurations are the unit_config column of results.csv)")
     for path in _own_files(folder):
         if path.stem in keys and keys[path.stem] != path.stem:
             path.rename(path.with_name(keys[path.stem] + path.suffix))
