@@ -289,13 +289,19 @@ def test_api_raises_one_line_value_error_and_writes_nothing(call, fragment, file
 
 def test_resuming_from_a_truncated_training_checkpoint_is_refused_and_left_alone(tmp_path):
     """A sweep whose engine checkpoint was cut short: one-line error, checkpoint kept, nothing else written."""
-    from auditor.lab.memorize.train import MemorizeRun, MemorizeSettings, make_units, run_memorize
+    from auditor.lab.memorize.train import (
+        KEY_DEFAULTS,
+        MemorizeRun,
+        MemorizeSettings,
+        make_units,
+        run_memorize,
+    )
     from auditor.lab.sweep import unit_key
 
     runs = [MemorizeRun(heads=1, context=4, d_h=4, N=16, d=8, classes=10)]
     settings = MemorizeSettings(steps=20, lr=1e-2, batch_size=16, eval_every=10, bucket_size=1)
     unit = make_units(runs, settings, tmp_path)[0]
-    checkpoint = tmp_path / "checkpoints" / f"{unit_key({k: v for k, v in unit.items() if k != 'workdir'})}.pt"
+    checkpoint = tmp_path / "checkpoints" / f"{unit_key(unit, KEY_DEFAULTS)}.pt"
     checkpoint.parent.mkdir()
     buffer = tmp_path / "whole.pt"
     torch.save({"format": 1, "model": {"w": torch.zeros(64)}}, buffer)
