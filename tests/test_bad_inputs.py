@@ -121,7 +121,6 @@ CLI_CASES = [
     ("negative-rtol", ["{vit}", "--rtol", "-1e-6"], "rtol (the relative rank tolerance) must be a number in [0, 1)"),
     ("rtol-one", ["{vit}", "--rtol", "1"], "must be a number in [0, 1)"),
     ("nan-rtol", ["{vit}", "--rtol", "nan"], "must be a number in [0, 1)"),
-    ("rtol-and-tolerance", ["{vit}", "--rtol", "1e-6", "--tolerance", "1e-6"], "give --rtol only"),
     ("unknown-representation", ["{vit}", "-r", "embeding"], "did you mean 'embedding'"),
     ("block-out-of-range", ["{vit}", "-r", "block.9"], "the model has 3 blocks"),
     ("unknown-test", ["{vit}", "--tests", "assumption4"], "unknown test 'assumption4'"),
