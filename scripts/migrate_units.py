@@ -45,6 +45,7 @@ CONFIG_RENAMES: dict[str, dict[str, dict[str, str]]] = {
     "memorize": {"settings": {"tolerance": "error_tolerance", "rank_rtol": "rtol"}},
     "capacity": {"train": {"tolerance": "error_tolerance", "rank_rtol": "rtol"}},
     "certify": {"request": {"train_steps": "steps"}},
+    **{f"facts {name}": {"cp": {"tol": "tolerance"}} for name in ("tau", "bound", "scale")},
 }
 
 # Column names of earlier releases, per experiment (applied all at once: ``steps`` was the steps trained
