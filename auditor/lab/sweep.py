@@ -3,8 +3,10 @@
 A unit's key (:func:`unit_key`) hashes what defines its work: the configuration less its location
 (``workdir``) and less every entry equal to its *declared default* (an experiment's ``key_defaults``,
 shaped like its units). A field added with a default therefore keys no finished unit anew, and no
-field needs an old name kept for the sake of a key. Changing a declared default re-keys the units
-that used it: do it with a migration (``scripts/migrate_units.py``), or change the presets instead.
+field needs an old name kept for the sake of a key. A finished unit's key does not say what its entries
+at their default were, so changing a declared default would hand it to the new default: change a preset
+instead, or migrate the folders (``scripts/migrate_units.py``); ``tests/test_key_defaults.py`` holds
+the declared defaults and fails on a change.
 
 A sweep is a list of *units*. A unit is a JSON-serialisable configuration dict; the function that runs
 it returns one row (a dict) or a list of rows, with typed values (numbers, booleans, strings, and lists
