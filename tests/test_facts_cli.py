@@ -153,8 +153,6 @@ def test_scale_quick_records_timings(tmp_path):
 def test_unknown_experiment_is_a_usage_error(capsys):
     assert main(["facts", "widht"]) == 2
     assert "widht" in capsys.readouterr().err
-    assert main(["facts", "sweep", "widht"]) == 2  # the old spelling of the room's experiments
-    assert "did you mean 'width'" in capsys.readouterr().err
 
 
 def test_tau_command_takes_its_database_widths_taus_and_steps(tmp_path, capsys):

@@ -175,36 +175,17 @@ def test_every_list_option_reads_commas_and_ranges(name):
             assert parse(option, "1e-2,3e-2") == (1e-2, 3e-2), option.field.name
 
 
-# -- old spellings: one line on stderr, then the same meaning ----------------------------------------
-@pytest.fixture
-def database(tmp_path, monkeypatch) -> str:
-    monkeypatch.chdir(tmp_path)
-    assert main(["facts", "generate", "--keys", "4", "--queries", "2", "-o", "db.csv"]) == 0
-    return "db.csv"
-
-
-SMALL = ["--heads", "1", "--context", "3", "--d-h", "2", "--N", "5", "--d", "4"]
-
-
-@pytest.mark.parametrize(("args", "old", "message"), [
-    (["memorize", *SMALL, "--task", "regression", "--tolerance", "0.7"], "--tolerance", "tolerance must be in (0, 0.5)"),
-    (["memorize", "--scale", "cpu", "--figure", "a", "--heads", "99"], "--scale cpu", "select none of the preset"),
-    (["facts", "width", "--quick", "--steps", "0"], "--quick", "steps must be >= 1"),
-    (["facts", "width", "--no-plot", "--steps", "0"], "--no-plot", "steps must be >= 1"),
-    (["facts", "sweep", "width", "--steps", "0"], "'audit facts sweep width'", "steps must be >= 1"),
-    (["facts", "width", "--init-seeds", "-1"], "--init-seeds", "--init-seeds takes values in 0.."),
-    (["facts", "rank", "db.csv", "--tol", "2"], "--tol", "cp_tolerance (the CP fit error) must be in (0, 1)"),
-    (["certify", "--train-steps", "-1"], "--train-steps", "steps must be >= 0"),
-    (["capacity", "--tokens", "missing.safetensors", "--representation", "block.0"], "--representation",
-     "does not exist"),
-], ids=lambda v: v if isinstance(v, str) and v.startswith("-") else None)
-def test_old_spellings_work_for_one_release_with_one_line_notice(args, old, message, database, capsys):
-    assert main([*args, "--out", "out"]) == 2
+# -- spellings of 0.1 are gone: a one-line error, no folder ---------------------------------------
+@pytest.mark.parametrize("args", [
+    ["memorize", "--tolerance", "0.1"], ["memorize", "--scale", "cpu"], ["facts", "width", "--quick"],
+    ["facts", "width", "--no-plot"], ["facts", "sweep", "width"], ["facts", "width", "--init-seeds", "0"],
+    ["certify", "--train-steps", "1"], ["capacity", "--representation", "block.0"],
+], ids=lambda v: " ".join(v[1:]))
+def test_retired_spellings_are_refused_in_one_line(args, tmp_path, capsys):
+    assert main([*args, "--out", str(tmp_path / "out")]) == 2
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert len(lines) == 2, lines
-    assert lines[0].startswith(f"warning: {old} is deprecated; use ") and "next release" in lines[0]
-    assert lines[1].startswith("error: ") and message in lines[1]
-    assert not Path("out").exists()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    assert not (tmp_path / "out").exists()
 
 
 def test_seeds_on_an_experiment_without_seeds_is_one_clear_line(tmp_path, capsys):

@@ -465,5 +465,5 @@ def test_summaries_and_fits_leave_out_runs_stopped_at_the_step_limit():
     fit = sweep_fits(frame, "heads").iloc[0]
     assert fit["slope"] == pytest.approx(12.0) and fit["seeds"] == 3
     assert (fit["slope_low"], fit["slope_high"]) == pytest.approx(mean_ci([10.0, 12.0, 14.0])[1:])
-    old = frame.rename(columns={"lower_bound": "bound"}).drop(columns="converged")  # a CSV of an earlier release
-    assert sweep_summary(old, "heads").set_index("heads").loc[3, "runs"] == 4
+    unflagged = frame.drop(columns="converged")  # a CSV without the column: every run counts
+    assert sweep_summary(unflagged, "heads").set_index("heads").loc[3, "runs"] == 4

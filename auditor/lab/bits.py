@@ -37,12 +37,6 @@ OUT_FILES = ("bits.csv", "bits.png")  # what `audit bits` writes into --out
 COLUMNS = ("room", "experiment", "config", "stored_bits", "parameters", "bits_per_parameter", "formula", "converged",
            "source", "bound_bits_paper_a", "bound_bits_dana")
 REFERENCES = {"2 bits/param (Allen-Zhu and Li 2024)": 2.0, "3.6 bits/param (Morris et al. 2025)": 3.6}
-_OLD = {"bound": "lower_bound", "certified": "readout_hits", "tolerance": "error_tolerance", "params": "parameters"}
-
-
-def renamed_columns(frame: pd.DataFrame) -> pd.DataFrame:
-    """``frame`` with the columns of earlier releases under their current names."""
-    return frame.rename(columns={o: n for o, n in _OLD.items() if o in frame and n not in frame})
 
 
 def unknown_convergence(frame: pd.DataFrame) -> pd.Series:
@@ -97,7 +91,7 @@ def bits_table(paths: Sequence[str | Path], root: str | Path | None = None) -> p
             head = pd.read_csv(file, nrows=0)
         except (ValueError, UnicodeDecodeError) as err:  # empty, binary or malformed: name the file, one line
             raise AuditError(f"{file}: not a readable result CSV ({_first_line(err)})") from None
-        columns = set(renamed_columns(head).columns) | set(head.columns)
+        columns = set(head.columns)
         claimed = [name for name, reader in readers.items() if reader.claims(columns)]
         if len(claimed) > 1:
             raise AuditError(f"{file}: the rooms {', '.join(claimed)} each claim this result CSV; its columns "

@@ -6,8 +6,7 @@ the common options, with one meaning everywhere: ``--scale`` (a preset; referenc
 reports used), ``--seeds``, ``--out`` (a folder; rerun to resume), ``--executor``, ``--address``, ``--slurm-*``,
 ``--threads`` (restored afterwards) and ``--plots/--no-plots``. It validates every option before it
 creates its output folder (:func:`output_folder`: a failed run removes the folders it created unless a
-finished unit or a checkpoint lies inside). Old spellings (``--quick``, ``--no-plot``, ``--scale cpu``,
-``audit facts sweep NAME``, each experiment's renamed flags) work for one release, with one line on stderr.
+finished unit or a checkpoint lies inside).
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ import click
 import torch
 
 from auditor.core.atomic import confined, foreign_entries, refuse_foreign, write_text_atomic
-from auditor.core.errors import AuditError, did_you_mean
+from auditor.core.errors import AuditError
 from auditor.core.execution import EXECUTORS, check_executor
 from auditor.core.options import (
     MAX_SEED,
@@ -137,11 +136,6 @@ def output_folder(path: Path) -> Iterator[Path]:
         raise
 
 
-def deprecated(old: str, new: str) -> None:
-    """The one-line notice for an old spelling that still works."""
-    click.echo(f"warning: {old} is deprecated; use {new} (the old spelling works until the next release)", err=True)
-
-
 # -- options from config fields ---------------------------------------------------------------------
 def _flag(opt: Option) -> str:
     return opt.field.metadata.get("flag") or "--" + opt.field.name.replace("_", "-")
@@ -166,29 +160,28 @@ def _shown(value: Any) -> str:
     return "none" if value is None else str(value)
 
 
-def _param(opt: Option, *, flag: str | None = None, name: str | None = None) -> click.Parameter:
+def _param(opt: Option) -> click.Parameter:
     """The click parameter of an option field: lists are read later (:func:`parse`), scalars by click."""
-    meta, kind, hidden = opt.field.metadata, _kind(opt), flag is not None
-    flag, name = flag or _flag(opt), name or _dest(opt)
-    help = None if hidden else f"{meta['help']} [default: {meta.get('default_help') or _shown(opt.field.default)}]"
+    meta, kind, flag, name = opt.field.metadata, _kind(opt), _flag(opt), _dest(opt)
+    help = f"{meta['help']} [default: {meta.get('default_help') or _shown(opt.field.default)}]"
     if meta.get("argument"):
         return click.Argument([name], required=False)
-    if kind is bool and not hidden:
+    if kind is bool:
         return click.Option([flag if "/" in flag else f"{flag}/--no-{flag[2:]}", name], default=None, help=help)
     if meta.get("multiple"):
-        return click.Option([flag, name], multiple=True, help=help, hidden=hidden)
+        return click.Option([flag, name], multiple=True, help=help)
     if meta.get("choices"):
         kind = click.Choice(meta["choices"])
     elif kind is int:
         kind = SEED if "seed" in opt.field.name else STEPS if opt.field.name in _STEP_COUNTS else SIZE
     elif kind is not float or meta.get("parse") == "floats":
         kind = str
-    return click.Option([flag, name], type=kind, default=None, help=help, hidden=hidden)
+    return click.Option([flag, name], type=kind, default=None, help=help)
 
 
-def parse(opt: Option, raw: Any, flag: str | None = None) -> Any:
+def parse(opt: Option, raw: Any) -> Any:
     """An option's value from its command-line text (lists: commas and ranges)."""
-    kind, flag = _kind(opt), flag or _flag(opt)
+    kind, flag = _kind(opt), _flag(opt)
     if not isinstance(raw, str) or opt.field.metadata.get("choices"):
         return tuple(raw) if isinstance(raw, tuple | list) else raw
     if kind is float:  # parse="floats": one positive number, read like a list
@@ -210,10 +203,6 @@ def parse(opt: Option, raw: Any, flag: str | None = None) -> Any:
     return tuple({"seeds": parse_seeds, "sizes": parse_sizes, "ints": parse_ints}[how](raw, flag))
 
 
-def _old_name(flag: str) -> str:
-    return "old_" + flag.lstrip("-").replace("-", "_")
-
-
 def _common_options(experiment: Experiment | None, options: list[Option]) -> list[click.Parameter]:
     scales = experiment.scales if experiment else SCALES
     params = [
@@ -226,54 +215,28 @@ def _common_options(experiment: Experiment | None, options: list[Option]) -> lis
         *slurm_options(),
         click.Option(["--threads"], type=int, default=None, help=THREADS_HELP),
         click.Option(["--plots/--no-plots"], default=True, show_default=True, help="Draw the PNG figures."),
-        click.Option(["--quick"], is_flag=True, hidden=True),
-        click.Option(["--no-plot", "no_plot"], is_flag=True, hidden=True),
     ]
     if not any(_dest(o) == "seeds" for o in options):
         params.insert(1, click.Option(["--seeds"], default=None, help=f"{SEEDS_HELP} (this command has none)."))
-    for old, target in (experiment.deprecated.items() if experiment else ()):
-        params.append(_param(next(o for o in options if o.field.name == target), flag=old, name=_old_name(old)))
     return params
 
 
 def _given(experiment: Experiment, values: dict[str, Any]) -> dict[str, Any]:
-    """Parsed values of the options the user gave (deprecated spellings included)."""
+    """Parsed values of the options the user gave."""
     options = {_dest(o): o for o in experiment.options()}
     given = {o.field.name: parse(o, values[dest]) for dest, o in options.items() if values.get(dest) not in (None, ())}
-    for old, target in experiment.deprecated.items():
-        raw = values.get(_old_name(old))
-        if raw not in (None, ()):
-            o = next(o for o in options.values() if o.field.name == target)
-            deprecated(old, _flag(o))
-            given.setdefault(target, parse(o, raw, old))
     if values.get("seeds") is not None and "seeds" not in options:
         raise AuditError(f"{experiment.name} has nothing to seed (its settings are fixed); leave out --seeds")
     return given
 
 
-def _scale(values: dict[str, Any]) -> str:
-    scale = values.pop("scale")
-    if values.pop("quick", False):
-        deprecated("--quick", "--scale quick")
-        scale = "quick"
-    if scale == "cpu":
-        deprecated("--scale cpu", "--scale reference")
-        scale = "reference"
-    return scale
-
-
 def _run(experiments: list[Experiment], name: str, values: dict[str, Any]) -> None:
     """The body of every lab command: options checked, then the folder, then the experiments."""
     with torch_threads(values.pop("threads")):
-        scale = _scale(values)
-        if values.pop("no_plot", False):
-            deprecated("--no-plot", "--no-plots")
-            values["plots"] = False
+        scale = values.pop("scale")
         out, executor, address, plots = (values.pop(k) for k in ("out", "executor", "address", "plots"))
         check_executor(executor)
         slurm = pop_slurm_options(values).check_executor(executor)
-        if out and Path(out).suffix == ".csv":  # `facts rank --out FILE.csv` wrote a file until this release
-            click.echo(f"warning: --out names a folder; results.csv is written inside {out!r}", err=True)
         configs = []
         for e in experiments:  # a suite member keeps the options its config lists in SUITE_FIXED
             fixed = getattr(e.config, "SUITE_FIXED", ()) if len(experiments) > 1 else ()
@@ -289,7 +252,7 @@ def _run(experiments: list[Experiment], name: str, values: dict[str, Any]) -> No
                 click.echo(f"{e.name} ({scale}) -> {folder}" + (f"\n{note}" if note else ""), err=True)
             if len(experiments) > 1:
                 write_text_atomic(folder / "summary.md", "\n\n".join(texts) + "\n")
-                given = {k: v for k, v in values.items() if v not in (None, ()) and not k.startswith("old_")}
+                given = {k: v for k, v in values.items() if v not in (None, ())}
                 write_text_atomic(folder / "settings.json", json.dumps({"scale": scale, **given}) + "\n")
     click.echo("\n\n".join(texts))
 
@@ -327,9 +290,9 @@ def command(name: str, *, cls: type[click.Command] = click.Command, **attrs: Any
 
 
 class _Room(click.Group):
-    """A room with subcommands (``audit facts width``), found in its :class:`Room` and built when used;
-    ``facts sweep NAME`` is the old spelling. A room with an experiment of its own name runs it when no
-    subcommand is given (``audit memorize --figure a``; ``audit memorize shared-queries``)."""
+    """A room with subcommands (``audit facts width``), found in its :class:`Room` and built when used.
+    A room with an experiment of its own name runs it when no subcommand is given (``audit memorize
+    --figure a``; ``audit memorize shared-queries``)."""
 
     def __init__(self, name: str, *, room: Room, **kwargs: Any) -> None:
         super().__init__(name, **kwargs)
@@ -344,24 +307,7 @@ class _Room(click.Group):
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name in self.room.tools:
             return registry.load(self.room.tools[name])
-        if name == "sweep":
-            return _OldSweep(self)
         return command(self.room.full(name)) if name in self._names() else None
-
-
-class _OldSweep(click.Group):
-    def __init__(self, group: _Room) -> None:
-        super().__init__("sweep", hidden=True)
-        self.group = group
-
-    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        room = self.group.room
-        found = self.group.get_command(ctx, name) if name not in room.tools else None
-        if found is None:
-            raise click.UsageError(str(did_you_mean(f"{room.name} experiment", name,
-                                                    [n for n in room.subcommands if n not in room.tools])))
-        deprecated(f"'audit {room.name} sweep {name}'", f"'audit {room.name} {name}'")
-        return found
 
 
 def room_command(room: Room) -> click.Command:

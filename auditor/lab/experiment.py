@@ -7,6 +7,9 @@ An :class:`Experiment` declares
 * ``units(config, out)``: how a run splits into sweep units (JSON dicts; ``out`` is the output folder,
   for units that keep side files there);
 * ``run_unit(unit)``: a module-level function that runs one unit and returns its rows;
+* ``key_defaults``: the defaults of the units' entries (:func:`auditor.lab.sweep.key_fields`); an entry at
+  its default is left out of the unit's resume key, so a field added with a default re-keys no
+  finished unit (declare a unit's dataclasses here rather than spelling their defaults out);
 * ``columns``: the row schema (the runner refuses other columns and writes them in this order);
 * ``plots`` and ``report``: the figures, and the extra files plus the text printed after a run;
 * ``presets``: named scales (``quick``, ``reference`` = the defaults, ``paper``) as field overrides.
@@ -60,8 +63,7 @@ class Experiment:
     report: Callable[[pd.DataFrame, Path, Any], str] | None = None
     presets: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     folder: Callable[[dict[str, Any]], str] | None = None  # subfolder of a unit's sweep (default: out itself)
-    renamed: Mapping[str, str] = field(default_factory=dict)  # old column -> new, for earlier unit files
-    deprecated: Mapping[str, str] = field(default_factory=dict)  # old flag -> field it now sets
+    key_defaults: Mapping[str, Any] | type = field(default_factory=dict)  # entries left out of a key at default
     show: tuple[str, ...] = ()  # columns of the table printed when there is no report
     examples: str = ""
 
@@ -120,7 +122,7 @@ def run_experiment(experiment: Experiment, config: Any, out: str | Path, *, exec
         groups.setdefault(experiment.folder(unit) if experiment.folder else "", []).append(unit)
     frames = [run_sweep(experiment.run_unit, part, out / folder, executor=executor, address=address, slurm=slurm,
                         progress=progress, desc=f"{experiment.name} {folder}".strip(), columns=experiment.columns,
-                        renamed=experiment.renamed)
+                        key_defaults=experiment.key_defaults)
               for folder, part in groups.items()]
     frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
     if experiment.report is not None:  # first: it may write tables the plots read

@@ -6,15 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from auditor.lab.bits import convergence_flags, renamed_columns, unknown_convergence
+from auditor.lab.bits import convergence_flags, unknown_convergence
 from auditor.lab.room import BitsReader
 
 
 def assoc_bits(frame: pd.DataFrame) -> pd.DataFrame:
     """Rows of ``audit assoc``: N associations x -> x over N outputs store log2(N) bits each."""
-    frame = renamed_columns(frame)
-    width = "width" if "width" in frame else "m"  # (the column was m in older CSVs)
-    config = frame.apply(lambda r: f"kind={r['kind']}, d={r['d']}, width={r[width]}, seed={r['seed']}", axis=1)
+    config = frame.apply(lambda r: f"kind={r['kind']}, d={r['d']}, width={r['width']}, seed={r['seed']}",
+                         axis=1)
     converged = convergence_flags(frame["converged"]) if "converged" in frame else unknown_convergence(frame)
     return pd.DataFrame({"room": "assoc", "experiment": "assoc", "config": config,
                          "stored_bits": frame["capacity"] * np.log2(frame["capacity"].clip(lower=1).astype(float)),

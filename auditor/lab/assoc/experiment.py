@@ -170,7 +170,6 @@ def run_bucket(unit: dict[str, Any]) -> list[dict[str, Any]]:
 COLUMNS = ("kind", "d", "width", "parameters", "seed", "capacity", "first_fail", "converged", "n_log_n",
            "guide_capacity", "rounds", "probes", "steps", "lr", "optimizer", "schedule", "warmup_frac", "eval_every",
            "threshold", "rel_tol", "dtype", "seconds")
-RENAMED = {"m": "width", "params": "parameters", "max_steps": "steps", "seconds_bucket": "seconds"}
 
 
 # Named scales per memory kind. The paper: linear AdamW lr 1000 (sic), 4096 full-batch steps, 5 seeds (lr 1
@@ -247,5 +246,5 @@ EXPERIMENT = Experiment(
     report=_report,
     scale_names=("quick", "reference", "paper"),
     folder=lambda unit: unit["kind"],
-    renamed=RENAMED,
+    key_defaults=AssocConfig,  # a unit holds an AssocConfig's fields: its key leaves their defaults out
 )

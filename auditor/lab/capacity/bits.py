@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import pandas as pd
 
-from auditor.lab.bits import renamed_columns
 from auditor.lab.memorize.bits import layer_parameters, memorize_bits
 from auditor.lab.room import BitsReader
 
 
 def capacity_bits(frame: pd.DataFrame) -> pd.DataFrame:
     """Rows of ``audit capacity`` (a layer with d_h = d_v = d on reduced real tokens)."""
-    frame = renamed_columns(frame)
     if "parameters" not in frame:
         frame = frame.assign(parameters=frame.apply(lambda r: layer_parameters(r, d_v=int(r["d"])), axis=1))
     return memorize_bits(frame.assign(task="classification"), "capacity")

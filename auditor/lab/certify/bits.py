@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pandas as pd
 
-from auditor.lab.bits import renamed_columns
 from auditor.lab.memorize.bits import layer_parameters, paper_a_bounds
 from auditor.lab.room import BitsReader
 
@@ -14,7 +13,6 @@ REAL_BITS = 24  # significand bits of float32: the precision a certified real la
 
 def certify_bits(frame: pd.DataFrame) -> pd.DataFrame:
     """Rows of ``audit certify``: guaranteed exact reals at float32 precision (one label per example)."""
-    frame = renamed_columns(frame)
     parameters = frame.apply(lambda r: layer_parameters(r, d_v=int(r["d_h"])), axis=1)
     config = frame.apply(lambda r: f"weights={r['weights']}, heads={r['heads']}, context={r['context']}, "
                                    f"d_h={r['d_h']}, d={r['d']}, N={r['N']}, seed={r['seed']}", axis=1)

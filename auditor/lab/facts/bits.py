@@ -9,13 +9,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from auditor.lab.bits import renamed_columns
 from auditor.lab.room import BitsReader
 
 
 def facts_bits(frame: pd.DataFrame, experiment: str = "facts") -> pd.DataFrame:
-    """Rows of a trained ``audit facts`` experiment (columns facts_stored, values, params)."""
-    frame = renamed_columns(frame)
+    """Rows of a trained ``audit facts`` experiment (columns facts_stored, values, parameters)."""
     if "tau" in frame:  # one training, one row per softmax threshold: count it once
         frame = frame.drop_duplicates([c for c in ("unit", "db", "d_model", "heads", "d_qk", "d_vo", "seed") if c in frame])
     config = frame.apply(lambda r: ", ".join(f"{k}={r[k]}" for k in ("db", "d_model", "heads", "d_qk", "d_vo", "seed")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from auditor.lab.bits import convergence_flags, renamed_columns, unknown_convergence
+from auditor.lab.bits import convergence_flags, unknown_convergence
 from auditor.lab.room import BitsReader
 
 
@@ -39,11 +39,8 @@ def paper_a_bounds(frame: pd.DataFrame, label_bits: pd.Series) -> tuple[pd.Serie
 def memorize_bits(frame: pd.DataFrame, experiment: str = "memorize") -> pd.DataFrame:
     """Rows of ``audit memorize`` (and ``audit capacity``: same columns for what is counted); rows of
     ``audit memorize shared-queries`` (column ``shared_queries``) count under that experiment."""
-    frame = renamed_columns(frame)
     if experiment == "memorize" and "shared_queries" in frame:
         experiment = "memorize shared-queries"
-    if "max_steps" in frame and "steps_trained" not in frame:  # rows written before steps were renamed
-        frame = frame.rename(columns={"steps": "steps_trained", "max_steps": "steps"})
     regression = frame["task"].eq("regression") if "task" in frame else pd.Series(False, index=frame.index)
     tolerance = frame["error_tolerance"].astype(float) if "error_tolerance" in frame else pd.Series(np.nan, index=frame.index)
     outputs = frame["outputs"] if "outputs" in frame else pd.Series(1, index=frame.index)

@@ -159,4 +159,5 @@ EXPERIMENT = Experiment(
     report=_report,
     presets={"quick": {"heads": (1, 2), "context": (4,), "d_h": (8,), "N": (64,), "queries": (1, 4), "d": 8,
                        "seeds": (0,), "steps": 100, "batch_size": 64, "eval_every": 20, "rounds": 2}},
+    key_defaults=train.KEY_DEFAULTS,  # memorize's units plus Q: their key leaves the same defaults out
 )

@@ -6,34 +6,16 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from auditor.lab.bits import convergence_flags, renamed_columns, unknown_convergence
+from auditor.lab.bits import convergence_flags, unknown_convergence
 from auditor.lab.room import BitsReader
-
-
-def _recallrenamed_columns(frame: pd.DataFrame) -> pd.DataFrame:
-    """A recall CSV in the current column names (``auditor.lab.recall.experiments.RENAMED``). Releases before 0.2 wrote
-    ``steps`` = steps trained, ``max_steps`` = the budget, ``T``, ``D``, ``params``; since then ``steps`` is
-    the budget, ``steps_trained`` what was trained, ``prompt_length``, ``answers_per_relation``, ``parameters``.
-    The two meanings of ``steps`` are told apart by the other columns, never guessed: an old CSV is renamed
-    all at once (as the sweep renames old unit files), a current one only where a name is missing."""
-    from auditor.lab.recall.experiments import RENAMED
-
-    current = {"steps_trained", "prompt_length", "answers_per_relation"}
-    old = {"max_steps", "T", "D"}
-    if set(frame) & old and not set(frame) & current:
-        return frame.rename(columns={o: n for o, n in RENAMED.items() if o in frame})
-    return frame.rename(columns={o: n for o, n in RENAMED.items()
-                                 if o in frame and n not in frame and o != "steps" and n != "steps"})
 
 
 def recall_bits(frame: pd.DataFrame) -> pd.DataFrame:
     """Rows of ``audit recall scaling`` (facts stored) or ``recall tradeoff`` (fact_recall of all facts).
 
-    ``converged``: the CSV's own column where it has one (current releases: the threshold was reached or the
-    accuracy plateaued); for an older trade-off CSV, an early stop (steps_trained < the budget ``steps``:
-    every fact recalled) or False (it ran its whole budget); empty (unknown) where the CSV records neither,
-    e.g. an old trade-off CSV without ``max_steps``, or an old scaling CSV."""
-    frame = renamed_columns(_recallrenamed_columns(frame))
+    ``converged``: the CSV's own column where it has one (the threshold was reached or the accuracy
+    plateaued); for a trade-off CSV without it, an early stop (steps_trained < the budget ``steps``: every
+    fact recalled) or False (it ran its whole budget); empty (unknown) where the CSV records neither."""
     if "answers_per_relation" not in frame:
         raise KeyError("D (answers_per_relation: log2 D bits per fact)")
     tradeoff = "fact_recall" in frame

@@ -198,11 +198,14 @@ def _stage_row(seed: int, stages: Stages, table: FactTable, seconds: float) -> d
     }
 
 
+
+KEY_DEFAULTS = {"config": DynamicsConfig}  # a unit's key leaves the config's defaults out
+
 def dynamics_unit(unit: dict[str, Any]) -> list[dict[str, Any]]:
     """Sweep unit: one run of every seed; returns the stage rows, writes the curves beside them."""
     config = DynamicsConfig(**{k: tuple(v) if k == "seeds" else v for k, v in unit["config"].items()})
     curves, stages = run_dynamics(config, progress=False)
-    key = unit_key(unit)
+    key = unit_key(unit, KEY_DEFAULTS)
     write_table(curves, Path(unit["workdir"]) / "dynamics" / "curves" / f"{key}.csv", unit=key)
     return stages.to_dict("records")
 
@@ -241,5 +244,5 @@ EXPERIMENT = Experiment(
              "reference": {"steps": 8192, "batch_size": 1024, "seeds": (0, 1, 2)},  # the paper's own setting
              "paper": {"steps": 8192, "batch_size": 1024, "seeds": (0, 1, 2, 3, 4)}},
     folder=lambda unit: "dynamics",
-    renamed={"seconds_run": "seconds"},
+    key_defaults=KEY_DEFAULTS,
 )
