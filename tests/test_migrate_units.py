@@ -47,6 +47,8 @@ def write_as_0_1(folder: Path, name: str) -> dict[str, str]:
     for path in [p for p in folder.rglob("*") if p.is_file() and p.parent.name != "units"]:
         if path.parent == folder:  # results.csv and the report's tables: rebuilt by the run that resumes
             path.unlink()
+        elif path.stem in keys and path.suffix == ".pt":  # a checkpoint: only its name holds the key
+            path.rename(path.with_name(keys[path.stem] + path.suffix))
         elif path.stem in keys:
             text = path.read_text()
             for new, old in keys.items():
@@ -102,3 +104,21 @@ def test_a_report_that_kept_only_its_csvs_resumes_once_its_units_are_rebuilt(tmp
     again, _ = run_experiment(experiment, config, kept, plots=False, progress=False)
     assert again["unit"].tolist() == first["unit"].tolist()
     pd.testing.assert_frame_equal(pd.read_csv(kept / "results.csv"), pd.read_csv(tmp_path / "run" / "results.csv"))
+
+
+def test_units_of_memorize_shared_queries_under_their_first_keys_resume_after_the_migration(tmp_path, monkeypatch):
+    """The experiment's first units were keyed with every field and memorize's old names (tolerance,
+    rank_rtol): the migration finds its kind and re-keys them."""
+    experiment = get("memorize shared-queries")
+    config = experiment.make("quick", heads=(1,), queries=(1,), N=(16,), steps=20, rounds=1, certify=False)
+    reference = tmp_path / "reference"
+    run_experiment(experiment, config, reference, plots=False, progress=False)
+    old = tmp_path / "old"
+    shutil.copytree(reference, old)
+    keys = write_as_0_1(old, "memorize shared-queries")
+    assert keys and all(new != old_key for new, old_key in keys.items())
+    assert migrate.main([str(old)]) == 0
+    assert sorted(p.stem for p in (old / "units").glob("*.json")) == sorted(keys)
+    monkeypatch.setattr(sweep, "run_unit", refuse)
+    run_experiment(experiment, config, old, plots=False, progress=False)
+    assert (old / "results.csv").read_text() == (reference / "results.csv").read_text()
