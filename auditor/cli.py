@@ -1,9 +1,10 @@
 """The ``audit`` command line.
 
-``audit MODEL [options]`` runs the assumption audit (the main job). The capacity lab and the other
-tools are subcommands (``audit memorize``, ``audit certify``, ``audit capacity``, ``audit facts``,
-``audit assoc``, ``audit recall``, ``audit bits``, ``audit compare``, ``audit models``). Each subcommand lives beside the code it drives
-and is imported only when it is used, so ``audit --help`` stays fast.
+``audit MODEL [options]`` runs the assumption audit (the main job). The other tools are subcommands
+(``audit compare``, ``audit models``), and so is every room of the capacity lab (``audit memorize``,
+``audit facts width``, ...): the lab's rooms find themselves (:mod:`auditor.lab.room`), none is listed
+here. Each subcommand lives beside the code it drives and is imported only when it is used; the listing
+of ``audit --help`` reads the rooms' one-line help without importing their code.
 
 User mistakes raise ``ValueError`` (``AuditError``); they are printed as one line and exit with code 2.
 """
@@ -15,17 +16,10 @@ import sys
 
 import click
 
-# subcommand name -> "module:attribute" of a click.Command
+# subcommand name -> "module:attribute" of a click.Command (the audit's tools; the lab's come from its rooms)
 SUBCOMMANDS: dict[str, str] = {
     "models": "auditor.audit.commands:models_command",
     "compare": "auditor.audit.compare:compare_command",
-    "bits": "auditor.lab.bits:bits_command",
-    "memorize": "auditor.lab.memorize.cli:memorize_command",
-    "certify": "auditor.lab.memorize.cli:certify_command",
-    "capacity": "auditor.lab.memorize.cli:capacity_command",
-    "facts": "auditor.lab.facts.cli:facts_command",
-    "assoc": "auditor.lab.assoc.cli:assoc_command",
-    "recall": "auditor.lab.assoc.cli:recall_command",
 }
 DEFAULT_COMMAND = "model"  # `audit vit-base ...` is `audit model vit-base ...`
 _DEFAULT_TARGET = "auditor.audit.commands:audit_command"
@@ -36,20 +30,35 @@ def _load(target: str) -> click.Command:
     return getattr(importlib.import_module(module), attr)
 
 
+def _lab() -> dict[str, str]:
+    """The lab's commands -> their one line of help: its own tools, then the rooms found on disk (none of
+    their code imported)."""
+    from auditor.lab import TOOLS
+    from auditor.lab.room import rooms
+
+    return {**{name: text for name, (_, text) in TOOLS.items()}, **{name: room.help for name, room in rooms().items()}}
+
+
 class _AuditGroup(click.Group):
     """A group whose unknown first word is the model name of the default ``model`` command."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return [DEFAULT_COMMAND, *SUBCOMMANDS]
+        return [DEFAULT_COMMAND, *SUBCOMMANDS, *_lab()]
+
+    def _known(self, name: str) -> bool:
+        return name == DEFAULT_COMMAND or name in SUBCOMMANDS or name in _lab()
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name == DEFAULT_COMMAND:
             return _load(_DEFAULT_TARGET)
-        target = SUBCOMMANDS.get(name)
-        if target is None:
+        if not self._known(name):
             return None
         try:
-            return _load(target)
+            if name in SUBCOMMANDS:
+                return _load(SUBCOMMANDS[name])
+            from auditor.lab.cli import lab_command
+
+            return lab_command(name)
         except ModuleNotFoundError as err:  # an optional room whose dependencies are not installed
             reason = str(err)
 
@@ -59,9 +68,23 @@ class _AuditGroup(click.Group):
             return click.Command(name, callback=unavailable, help=f"(unavailable: {reason})")
 
     def resolve_command(self, ctx: click.Context, args: list[str]):
-        if args and args[0] not in SUBCOMMANDS and args[0] != DEFAULT_COMMAND and not args[0].startswith("-"):
+        if args and not self._known(args[0]) and not args[0].startswith("-"):
             args = [DEFAULT_COMMAND, *args]
         return super().resolve_command(ctx, args)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The command listing, the lab's rooms by their declared help (so listing imports none of them)."""
+        lab = _lab()
+        names = self.list_commands(ctx)
+        limit = formatter.width - 6 - max(map(len, names))
+        rows = []
+        for name in names:
+            if name in lab:
+                rows.append((name, click.Command(name, help=lab[name]).get_short_help_str(limit)))
+            elif (cmd := self.get_command(ctx, name)) is not None and not cmd.hidden:
+                rows.append((name, cmd.get_short_help_str(limit)))
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
 
 @click.group(cls=_AuditGroup, context_settings={"help_option_names": ["-h", "--help"]})

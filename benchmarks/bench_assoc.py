@@ -26,8 +26,8 @@ import time
 
 import torch
 
-from auditor.lab.assoc.memory_sweep import AssocConfig, run_bucket
-from auditor.lab.assoc.recall_sweep import RecallTraining, TradeoffConfig, run_tradeoff_unit
+from auditor.lab.assoc.experiment import AssocConfig, run_bucket
+from auditor.lab.recall.experiments import RecallTraining, TradeoffConfig, run_tradeoff_unit
 
 
 def ints(text: str) -> list[int]:

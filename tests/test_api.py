@@ -224,7 +224,7 @@ def test_token_files_are_tested_again_without_loading_the_model(vit, images, tmp
 
 
 def test_every_option_has_the_same_default_in_python_and_on_the_command_line():
-    from auditor.audit.commands import DEPRECATED, audit_command
+    from auditor.audit.commands import audit_command
     from auditor.core.slurm import _CLI as SLURM_CLI
     from auditor.core.slurm import SlurmOptions
 
@@ -240,9 +240,6 @@ def test_every_option_has_the_same_default_in_python_and_on_the_command_line():
                 else param.default
             assert value == getattr(slurm_defaults, slurm_fields[param.name]), param.name
             checked.add("slurm")
-            continue
-        if param.name in DEPRECATED:  # an old name of another option: hidden, nothing unless given
-            assert param.hidden and param.default is None and DEPRECATED[param.name] in defaults
             continue
         value = param.default
         if param.name in ("representations", "weights", "tests"):
@@ -299,21 +296,15 @@ def test_bounds_are_checked_before_any_work(argv, fragment, tmp_path, monkeypatc
     assert not (tmp_path / "r").exists()
 
 
-def test_rtol_is_one_name_and_tolerance_a_deprecated_alias_that_warns_once(vit, images, tmp_path, capsys):
-    """--rtol on the command line, rtol in Python and in results.csv; --tolerance still works, with one
-    warning line, and gives the same rows."""
+def test_rtol_is_one_name_on_the_command_line_in_python_and_in_the_report(vit, images, tmp_path, capsys):
+    """--rtol on the command line, rtol in Python, in results.csv, config.json and summary.md."""
     assert main(cli(vit, images, tmp_path / "new", "--rtol", "1e-5")) == 0
     captured = capsys.readouterr()
-    assert "deprecated" not in captured.err
     assert "time per stage:" in captured.out and "| extraction @ random" in captured.out
-    assert main(cli(vit, images, tmp_path / "old", "--tolerance", "1e-5")) == 0
-    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert err == ["warning: --tolerance is deprecated; use --rtol"]
-    new, old = pd.read_csv(tmp_path / "new" / "results.csv"), pd.read_csv(tmp_path / "old" / "results.csv")
+    new = pd.read_csv(tmp_path / "new" / "results.csv")
     assert "tolerance" not in new.columns and (new["rtol"] == 1e-5).all()
-    pd.testing.assert_frame_equal(new[MEASURED + ["rtol"]], old[MEASURED + ["rtol"]])
-    assert json.loads((tmp_path / "old" / "config.json").read_text())["rtol"] == 1e-5
-    assert "rtol = 1e-05" in (tmp_path / "old" / "summary.md").read_text()
+    assert json.loads((tmp_path / "new" / "config.json").read_text())["rtol"] == 1e-5
+    assert "rtol = 1e-05" in (tmp_path / "new" / "summary.md").read_text()
     rows = auditor.audit_model(vit, data=images, weights="random", rtol=1e-5, **common())
     assert "tolerance" not in rows.columns and (rows["rtol"] == 1e-5).all()
 

@@ -19,6 +19,15 @@ from auditor.lab.assoc.capacity import (
     n_log_n,
     search_all,
 )
+from auditor.lab.assoc.experiment import (
+    AssocConfig,
+    AssocSweep,
+    capacity_converged,
+    guide_capacity,
+    plateau_gain,
+    probe_converged,
+    run_bucket,
+)
 from auditor.lab.assoc.memories import (
     LinearMemory,
     MemoryMember,
@@ -28,18 +37,9 @@ from auditor.lab.assoc.memories import (
     memory_parameters,
     unit_sphere,
 )
-from auditor.lab.assoc.memory_sweep import (
-    AssocConfig,
-    AssocSweep,
-    capacity_converged,
-    guide_capacity,
-    plateau_gain,
-    probe_converged,
-    run_bucket,
-)
-from auditor.lab.assoc.recall_sweep import PLATEAU_GAIN, SCALING_PRESETS
 from auditor.lab.assoc.summary import capacity_fits, capacity_markdown, facts_fits
 from auditor.lab.engine import TrainConfig, train
+from auditor.lab.recall.experiments import PLATEAU_GAIN, SCALING_PRESETS
 from auditor.lab.sweep import run_unit
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.one_thread

@@ -121,7 +121,6 @@ CLI_CASES = [
     ("negative-rtol", ["{vit}", "--rtol", "-1e-6"], "rtol (the relative rank tolerance) must be a number in [0, 1)"),
     ("rtol-one", ["{vit}", "--rtol", "1"], "must be a number in [0, 1)"),
     ("nan-rtol", ["{vit}", "--rtol", "nan"], "must be a number in [0, 1)"),
-    ("rtol-and-tolerance", ["{vit}", "--rtol", "1e-6", "--tolerance", "1e-6"], "give --rtol only"),
     ("unknown-representation", ["{vit}", "-r", "embeding"], "did you mean 'embedding'"),
     ("block-out-of-range", ["{vit}", "-r", "block.9"], "the model has 3 blocks"),
     ("unknown-test", ["{vit}", "--tests", "assumption4"], "unknown test 'assumption4'"),
@@ -289,13 +288,16 @@ def test_api_raises_one_line_value_error_and_writes_nothing(call, fragment, file
 
 def test_resuming_from_a_truncated_training_checkpoint_is_refused_and_left_alone(tmp_path):
     """A sweep whose engine checkpoint was cut short: one-line error, checkpoint kept, nothing else written."""
-    from auditor.lab.memorize.train import MemorizeRun, MemorizeSettings, make_units, run_memorize
+    from auditor.lab.experiment import run_experiment
+    from auditor.lab.memorize.experiment import MemorizeConfig
+    from auditor.lab.room import get
     from auditor.lab.sweep import unit_key
 
-    runs = [MemorizeRun(heads=1, context=4, d_h=4, N=16, d=8, classes=10)]
-    settings = MemorizeSettings(steps=20, lr=1e-2, batch_size=16, eval_every=10, bucket_size=1)
-    unit = make_units(runs, settings, tmp_path)[0]
-    checkpoint = tmp_path / "checkpoints" / f"{unit_key({k: v for k, v in unit.items() if k != 'workdir'})}.pt"
+    experiment = get("memorize")
+    config = MemorizeConfig(heads=(1,), context=(4,), d_h=(4,), N=(16,), seeds=(0,), d=8, classes=10, steps=20,
+                            lr=1e-2, batch_size=16, eval_every=10, bucket_size=1)
+    unit = experiment.units(config, tmp_path)[0]
+    checkpoint = tmp_path / "checkpoints" / f"{unit_key(unit, experiment.key_defaults)}.pt"
     checkpoint.parent.mkdir()
     buffer = tmp_path / "whole.pt"
     torch.save({"format": 1, "model": {"w": torch.zeros(64)}}, buffer)
@@ -303,7 +305,7 @@ def test_resuming_from_a_truncated_training_checkpoint_is_refused_and_left_alone
     buffer.unlink()
     before = snapshot(tmp_path)
     with pytest.raises(ValueError) as info:
-        run_memorize(runs, settings, tmp_path, progress=False)
+        run_experiment(experiment, config, tmp_path, plots=False, progress=False)
     assert "unreadable" in str(info.value) and "delete it to restart" in str(info.value)
     assert "\n" not in str(info.value)
     after = snapshot(tmp_path)

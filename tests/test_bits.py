@@ -12,9 +12,13 @@ from click.testing import CliRunner
 
 from auditor.cli import main
 from auditor.core.errors import AuditError
-from auditor.lab.bits import COLUMNS, REAL_BITS, bits_command, bits_table, memorize_bits
+from auditor.lab.bits import COLUMNS, bits_command, bits_table
+from auditor.lab.certify.bits import REAL_BITS
+from auditor.lab.experiment import run_experiment
+from auditor.lab.memorize.bits import memorize_bits
+from auditor.lab.memorize.experiment import MemorizeConfig
 from auditor.lab.memorize.model import MHAConfig
-from auditor.lab.memorize.train import MemorizeSettings, grid, run_memorize
+from auditor.lab.room import get
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -23,9 +27,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def memorize_run(tmp_path_factory):
     """A real (seconds-long) memorize sweep: its results.csv is what the reader turns into bits."""
     out = tmp_path_factory.mktemp("mem")
-    runs = grid([1, 2], [3], [4], [12], [0], d=4, classes=3)
-    run_memorize(runs, MemorizeSettings(steps=100, lr=3e-2, batch_size=16, eval_every=20, rounds=2), out,
-                 progress=False)
+    config = MemorizeConfig(heads=(1, 2), context=(3,), d_h=(4,), N=(12,), seeds=(0,), d=4, classes=3, steps=100,
+                            lr=3e-2, batch_size=16, eval_every=20, rounds=2)
+    run_experiment(get("memorize"), config, out, plots=False, progress=False)
     return out
 
 
@@ -44,11 +48,11 @@ def test_memorize_bits_follow_the_stated_formula(memorize_run):
     assert table["bound_bits_dana"].tolist() == pytest.approx([(H * 4 + 4) * math.log2(3) for H in (1, 2)])
 
 
-def test_regression_counts_bins_of_the_error_tolerance_and_old_columns_still_read():
-    old = pd.DataFrame({"heads": [2], "context": [3], "d_h": [4], "d": [4], "N": [10], "seed": [0], "task": ["regression"],
-                        "classes": [100], "outputs": [2], "tolerance": [0.05], "memorized": [7], "parameters": [100],
-                        "steps": [300], "max_steps": [300]})  # an earlier release: tolerance, steps = trained
-    row = memorize_bits(old).iloc[0]
+def test_regression_counts_bins_of_the_error_tolerance():
+    frame = pd.DataFrame({"heads": [2], "context": [3], "d_h": [4], "d": [4], "N": [10], "seed": [0],
+                          "task": ["regression"], "classes": [100], "outputs": [2], "error_tolerance": [0.05],
+                          "memorized": [7], "parameters": [100], "steps_trained": [300], "steps": [300]})
+    row = memorize_bits(frame).iloc[0]
     assert row["stored_bits"] == pytest.approx(7 * 2 * math.log2(10))  # +-0.05 in [0, 1): 10 bins per output
     assert not row["converged"]  # ran its whole budget without memorizing everything
 
@@ -57,11 +61,12 @@ def test_other_rooms_and_the_command(tmp_path):
     facts = tmp_path / "facts" / "width"
     facts.mkdir(parents=True)
     pd.DataFrame({"db": ["a"], "d_model": [4], "heads": [1], "d_qk": [2], "d_vo": [2], "seed": [0], "values": [8],
-                  "params": [30], "facts_stored": [20], "early_stopped": [True]}).to_csv(facts / "results.csv", index=False)
+                  "parameters": [30], "facts_stored": [20], "early_stopped": [True]}).to_csv(facts / "results.csv",
+                                                                                             index=False)
     recall = tmp_path / "assoc"
     recall.mkdir()
-    pd.DataFrame({"d": [8], "heads": [2], "seed": [0], "facts": [16], "bits": [48.0], "D": [8],
-                  "params": [64]}).to_csv(recall / "facts.csv", index=False)
+    pd.DataFrame({"d": [8], "heads": [2], "seed": [0], "facts": [16], "bits": [48.0], "answers_per_relation": [8],
+                  "parameters": [64]}).to_csv(recall / "facts.csv", index=False)
     pd.DataFrame({"weights": ["random"], "heads": [2], "context": [3], "d_h": [4], "d": [4], "N": [8], "seed": [0],
                   "classes": [3], "rank": [5], "guaranteed": [5]}).to_csv(tmp_path / "certify.csv", index=False)
     table = bits_table([tmp_path]).set_index("experiment")
@@ -85,9 +90,6 @@ def test_missing_or_empty_report_folders_are_one_line_errors(tmp_path):
 
 
 REPORTS = Path(__file__).resolve().parent.parent / "reports"
-# a trade-off CSV as written before 0.2 (steps = trained, max_steps = budget, D, T): the one-seed reference
-# run once committed as reports/assoc/tradeoff.csv, kept to test that old CSVs are still read
-OLD_TRADEOFF = Path(__file__).resolve().parent / "data" / "tradeoff_v01.csv"
 
 
 def test_every_committed_report_is_read_with_its_own_convergence():
@@ -104,10 +106,6 @@ def test_every_committed_report_is_read_with_its_own_convergence():
     ref = pd.read_csv(REPORTS / "assoc" / "tradeoff.csv")  # the 5 x 5 reference map, current names too
     rows = table[table["source"] == "reports/assoc/tradeoff.csv"]
     assert len(rows) == len(ref) and rows["converged"].tolist() == ref["converged"].tolist()
-    old = pd.read_csv(OLD_TRADEOFF)
-    rows = bits_table([OLD_TRADEOFF])
-    assert rows["converged"].tolist() == (old["steps"] < old["max_steps"]).tolist()  # early stop, or the budget ran out
-    assert rows["stored_bits"].to_numpy() == pytest.approx(((old["fact_recall"] * old["facts"]).round() * 3).to_numpy())
     scaling = pd.read_csv(REPORTS / "assoc" / "budget-d8" / "facts.csv")  # current names: read, not skipped
     rows = table[table["source"] == "reports/assoc/budget-d8/facts.csv"]
     assert rows["stored_bits"].tolist() == pytest.approx(scaling["bits"].tolist())
@@ -124,13 +122,14 @@ def test_assoc_rows_carry_their_recorded_convergence_and_width():
 
 
 def test_a_csv_without_the_step_budget_is_flagged_unknown_not_invented(tmp_path):
-    old = pd.read_csv(OLD_TRADEOFF)
+    reference = REPORTS / "assoc" / "tradeoff.csv"
+    old = pd.read_csv(reference)
     folder = tmp_path / "assoc"
     folder.mkdir()
-    old.drop(columns=["max_steps"]).to_csv(folder / "tradeoff.csv", index=False)
+    old.drop(columns=["converged", "steps"]).to_csv(folder / "tradeoff.csv", index=False)
     table = bits_table([folder])
     assert table["converged"].isna().all()  # steps trained without the budget says nothing about convergence
-    full = bits_table([OLD_TRADEOFF])
+    full = bits_table([reference])
     assert table["stored_bits"].tolist() == pytest.approx(full["stored_bits"].tolist())
     result = CliRunner().invoke(bits_command, [str(folder), "--out", str(tmp_path / "bits"), "--no-plots"])
     assert result.exit_code == 0, result.output
@@ -144,7 +143,7 @@ def test_an_unreadable_or_incomplete_report_is_a_one_line_error_naming_the_file(
     folder.mkdir()
     bad = folder / "facts.csv"
     pd.DataFrame({"d": [8], "heads": [2], "seed": [0], "facts": [16], "bits": [48.0],
-                  "params": [64]}).to_csv(bad, index=False)  # no D: bits per fact unknown
+                  "parameters": [64]}).to_csv(bad, index=False)  # no D: bits per fact unknown
     with pytest.raises(AuditError, match=r"facts\.csv: a recall result CSV without the column D"):
         bits_table([folder])
     bad.write_text("")
@@ -160,7 +159,7 @@ def _three_states(tmp_path):
     folder = tmp_path / "assoc"
     folder.mkdir()
     pd.DataFrame({"d": [8] * 4, "heads": [2] * 4, "seed": [0, 1, 2, 3], "facts": [16, 32, 80, 72],
-                  "bits": [48.0, 96.0, 240.0, 216.0], "D": [8] * 4, "params": [64, 65, 66, 67],
+                  "bits": [48.0, 96.0, 240.0, 216.0], "answers_per_relation": [8] * 4, "parameters": [64, 65, 66, 67],
                   "converged": [True, True, False, None]}).to_csv(folder / "facts.csv", index=False)
     return folder
 

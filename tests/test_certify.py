@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from auditor.core.errors import AuditError
+from auditor.lab.certify.experiment import CertifyRequest, default_rtols
 from auditor.lab.engine import TrainConfig, train
 from auditor.lab.memorize.certify import (
     attention_features,
@@ -20,7 +21,6 @@ from auditor.lab.memorize.certify import (
     readout_realizable,
     tolerance_curve,
 )
-from auditor.lab.memorize.certify_runs import CertifyRequest, default_rtols
 from auditor.lab.memorize.data import DataConfig, MemorizeData, make_data
 from auditor.lab.memorize.model import MHAConfig, MHAEnsemble
 from auditor.lab.memorize.saturation import saturation

@@ -135,10 +135,13 @@ PLACEMENT = ["member", "bucket_members", "history", "saturation", "unit", "unit_
 
 
 def memorize(out, bucket_size: int) -> pd.DataFrame:
-    from auditor.lab.memorize.train import MemorizeRun, MemorizeSettings, run_memorize
+    from auditor.lab.experiment import run_experiment
+    from auditor.lab.memorize.experiment import MemorizeConfig
+    from auditor.lab.room import get
 
-    settings = MemorizeSettings(steps=40, lr=1e-2, batch_size=12, eval_every=10, bucket_size=bucket_size)
-    return run_memorize([MemorizeRun(**r) for r in RUNS], settings, out, progress=False)
+    config = MemorizeConfig(heads=(1, 2), context=(4,), d_h=(4,), N=(24,), seeds=(0, 1), d=8, classes=10, steps=40,
+                            lr=1e-2, batch_size=12, eval_every=10, bucket_size=bucket_size)
+    return run_experiment(get("memorize"), config, out, plots=False, progress=False)[0]
 
 
 @pytest.fixture(scope="module")

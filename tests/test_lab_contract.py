@@ -1,15 +1,19 @@
-"""The contract every capacity experiment honours, tested over the whole registry.
+"""The contract every room and every capacity experiment honours, tested over the rooms found on disk.
 
-Every registered experiment declares a frozen config whose options all have help, a ``quick`` preset
-that runs, and a row schema; every lab command takes the same common options with the same meaning and
-reads lists the same way; old spellings still work with a one-line notice; every CSV a run writes
-carries the provenance columns; and no module of the package imports another in a cycle.
+Every room is a folder of ``auditor/lab`` named as its command, declaring its experiments, suites, tools
+and bits reader; a new folder is a new command with nothing edited elsewhere. Every experiment declares a
+frozen config whose options all have help, a ``quick`` preset that runs, and a row schema; every lab
+command takes the same common options with the same meaning and reads lists the same way; old spellings
+still work with a one-line notice; every CSV a run writes carries the provenance columns; and no module of
+the package imports another in a cycle.
 """
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import sys
+import textwrap
 import typing
 from pathlib import Path
 
@@ -18,16 +22,19 @@ import pandas as pd
 import pytest
 import torch
 
+import auditor.lab
 from auditor.cli import cli, main
-from auditor.lab import experiment as registry
+from auditor.lab import room as registry
 from auditor.lab.cli import parse
+from auditor.lab.room import BitsReader, Room
 from auditor.lab.sweep import PROVENANCE
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-NAMES = sorted(registry.REGISTRY)
-COMMANDS = sorted([*registry.REGISTRY, *registry.SUITES])
-TOOLS = {"facts generate", "facts plot"}  # commands around the experiments, not experiments
+ROOMS = sorted(registry.rooms())
+NAMES = sorted(registry.experiments())
+COMMANDS = sorted([*registry.experiments(), *registry.suites()])
+TOOLS = {room.full(t) for room in registry.rooms().values() for t in room.tools}  # around the experiments
 COMMON = {"--scale": "reference", "--seeds": None, "--out": None, "--executor": "local", "--address": None,
           "--threads": None, "--plots": True, "--slurm-partition": None, "--slurm-time": "60", "--slurm-cpus": 1,
           "--slurm-gpus": 0, "--slurm-parallel": None}
@@ -38,17 +45,87 @@ def lab_commands() -> dict[str, click.Command]:
     """Every lab command, found by walking ``audit``'s own command tree."""
     ctx = click.Context(cli)
     out = {}
-    for top in ("memorize", "certify", "capacity", "facts", "assoc", "recall"):
-        command = cli.get_command(ctx, top)
+    for name, room in registry.rooms().items():
+        command = cli.get_command(ctx, name)
+        if name in room.experiments:
+            out[name] = command
         if isinstance(command, click.Group):
-            out.update({f"{top} {n}": command.get_command(ctx, n) for n in command.list_commands(ctx)})
-        else:
-            out[top] = command
+            out.update({room.full(n): command.get_command(ctx, n) for n in command.list_commands(ctx)})
     return out
 
 
 def test_the_command_tree_is_the_registry():
     assert set(lab_commands()) == set(COMMANDS) | TOOLS
+    listed = cli.list_commands(click.Context(cli))
+    assert set(ROOMS) <= set(listed) and "bits" in listed
+    assert len(listed) == len(set(listed)), "a room named like another command of `audit` would be hidden by it"
+
+
+def test_the_rooms_are_the_lab_folders():
+    folders = sorted(p.name for p in Path(auditor.lab.__file__).parent.iterdir() if (p / "__init__.py").is_file())
+    assert folders == ROOMS
+    assert {"memorize", "certify", "capacity", "facts", "assoc", "recall"} <= set(ROOMS)
+
+
+@pytest.mark.parametrize("name", ROOMS)
+def test_every_room_declares_its_help_experiments_and_bits_reader(name):
+    room = registry.rooms()[name]
+    assert room.name == name and room.help.strip()
+    assert all(registry.get(room.full(e)).name == room.full(e) for e in room.experiments)
+    assert room.bits is None or isinstance(registry.load(room.bits), BitsReader)
+    assert all(isinstance(registry.load(t), click.Command) for t in room.tools.values())
+
+
+def test_a_room_refuses_duplicate_names_and_unknown_suite_members():
+    with pytest.raises(ValueError, match="twice"):
+        Room("toy", "help", {"a": "m:A"}, suites={"a": ("a",)})
+    with pytest.raises(ValueError, match="did you mean 'alpha'"):
+        Room("toy", "help", {"alpha": "m:A"}, suites={"all": ("alpah",)})
+    with pytest.raises(ValueError, match="module:attribute"):
+        Room("toy", "help", {"a": "no_colon"})
+    with pytest.raises(ValueError, match="did you mean 'memorize'"):
+        registry.get_room("memorise")
+
+
+_TOY_ROOM = """
+from dataclasses import dataclass
+
+from auditor.lab.experiment import Experiment, option
+from auditor.lab.room import Room
+
+
+@dataclass(frozen=True)
+class Config:
+    sizes: tuple[int, ...] = option((1, 2, 3), "Sizes.")
+
+
+def square(unit):
+    return {"size": unit["size"], "square": unit["size"] ** 2}
+
+
+EXPERIMENT = Experiment(name="toyroom", help="Squares of sizes.", config=Config,
+                        units=lambda config, out: [{"size": s} for s in config.sizes], run_unit=square,
+                        columns=("size", "square"), presets={"quick": {"sizes": (2, 5)}})
+ROOM = Room(name="toyroom", help="A room made of one folder.", experiments={"toyroom": "auditor.lab.toyroom:EXPERIMENT"})
+"""
+
+
+def test_a_new_room_is_one_folder_and_nothing_edited_elsewhere(tmp_path, monkeypatch, capsys):
+    (tmp_path / "toyroom").mkdir()
+    (tmp_path / "toyroom" / "__init__.py").write_text(textwrap.dedent(_TOY_ROOM))
+    monkeypatch.setattr(auditor.lab, "__path__", [*auditor.lab.__path__, str(tmp_path)])  # importable
+    monkeypatch.setattr(registry, "FOLDERS", [*registry.FOLDERS, str(tmp_path)])  # and found
+    registry.rooms.cache_clear()
+    try:
+        assert "toyroom" in registry.rooms()
+        assert main(["--help"]) == 0 and "A room made of one folder." in capsys.readouterr().out
+        assert main(["toyroom", "--scale", "quick", "--no-plots", "--out", str(tmp_path / "run")]) == 0
+        assert pd.read_csv(tmp_path / "run" / "results.csv")["square"].tolist() == [4, 25]
+    finally:
+        monkeypatch.undo()
+        registry.rooms.cache_clear()
+        sys.modules.pop("auditor.lab.toyroom", None)
+    assert "toyroom" not in registry.rooms()
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -98,36 +175,17 @@ def test_every_list_option_reads_commas_and_ranges(name):
             assert parse(option, "1e-2,3e-2") == (1e-2, 3e-2), option.field.name
 
 
-# -- old spellings: one line on stderr, then the same meaning ----------------------------------------
-@pytest.fixture
-def database(tmp_path, monkeypatch) -> str:
-    monkeypatch.chdir(tmp_path)
-    assert main(["facts", "generate", "--keys", "4", "--queries", "2", "-o", "db.csv"]) == 0
-    return "db.csv"
-
-
-SMALL = ["--heads", "1", "--context", "3", "--d-h", "2", "--N", "5", "--d", "4"]
-
-
-@pytest.mark.parametrize(("args", "old", "message"), [
-    (["memorize", *SMALL, "--task", "regression", "--tolerance", "0.7"], "--tolerance", "tolerance must be in (0, 0.5)"),
-    (["memorize", "--scale", "cpu", "--figure", "a", "--heads", "99"], "--scale cpu", "select none of the preset"),
-    (["facts", "width", "--quick", "--steps", "0"], "--quick", "steps must be >= 1"),
-    (["facts", "width", "--no-plot", "--steps", "0"], "--no-plot", "steps must be >= 1"),
-    (["facts", "sweep", "width", "--steps", "0"], "'audit facts sweep width'", "steps must be >= 1"),
-    (["facts", "width", "--init-seeds", "-1"], "--init-seeds", "--init-seeds takes values in 0.."),
-    (["facts", "rank", "db.csv", "--tol", "2"], "--tol", "cp_tolerance (the CP fit error) must be in (0, 1)"),
-    (["certify", "--train-steps", "-1"], "--train-steps", "steps must be >= 0"),
-    (["capacity", "--tokens", "missing.safetensors", "--representation", "block.0"], "--representation",
-     "does not exist"),
-], ids=lambda v: v if isinstance(v, str) and v.startswith("-") else None)
-def test_old_spellings_work_for_one_release_with_one_line_notice(args, old, message, database, capsys):
-    assert main([*args, "--out", "out"]) == 2
+# -- spellings of 0.1 are gone: a one-line error, no folder ---------------------------------------
+@pytest.mark.parametrize("args", [
+    ["memorize", "--tolerance", "0.1"], ["memorize", "--scale", "cpu"], ["facts", "width", "--quick"],
+    ["facts", "width", "--no-plot"], ["facts", "sweep", "width"], ["facts", "width", "--init-seeds", "0"],
+    ["certify", "--train-steps", "1"], ["capacity", "--representation", "block.0"],
+], ids=lambda v: " ".join(v[1:]))
+def test_retired_spellings_are_refused_in_one_line(args, tmp_path, capsys):
+    assert main([*args, "--out", str(tmp_path / "out")]) == 2
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert len(lines) == 2, lines
-    assert lines[0].startswith(f"warning: {old} is deprecated; use ") and "next release" in lines[0]
-    assert lines[1].startswith("error: ") and message in lines[1]
-    assert not Path("out").exists()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    assert not (tmp_path / "out").exists()
 
 
 def test_seeds_on_an_experiment_without_seeds_is_one_clear_line(tmp_path, capsys):

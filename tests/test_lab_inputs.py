@@ -20,22 +20,12 @@ from auditor.core import execution
 from auditor.core.errors import AuditError
 from auditor.core.options import MAX_SEED, MAX_VALUES, parse_floats, parse_ints, parse_seeds, parse_sizes
 from auditor.lab import sweep
-from auditor.lab.assoc.cli import assoc_command, recall_command
-from auditor.lab.cli import output_folder, torch_threads
-from auditor.lab.facts.cli import facts_command
-from auditor.lab.memorize.cli import capacity_command, certify_command, memorize_command
+from auditor.lab.cli import lab_commands, output_folder, torch_threads
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 TOO_BIG = str(2**70)
-LAB_COMMANDS: dict[str, click.Command] = {
-    "memorize": memorize_command,
-    "certify": certify_command,
-    "capacity": capacity_command,
-    "assoc": assoc_command,
-    **{f"{room.name} {name}": room.get_command(None, name) for room in (facts_command, recall_command)
-       for name in room.list_commands(None)},
-}
+LAB_COMMANDS: dict[str, click.Command] = lab_commands()
 SMALL_MEMORIZE = ["memorize", "--heads", "1", "--context", "3", "--d-h", "2", "--N", "5", "--d", "4"]
 
 

@@ -7,10 +7,15 @@ when ``from package import name`` names one. Importing ``a.b.c`` also runs ``a/_
 ``a/b/__init__``, but those implied edges are left out: every module would otherwise sit in a cycle with
 its package's ``__init__``.
 
+Lazy references count too: a string ``"auditor.x.y:attr"`` in the source (a registry entry, a subcommand,
+a room's experiment or bits reader) is an import that happens when it is used. Each must name a module
+and a name bound at its top level, and each is an edge of the graph under the same rules.
+
 The rules:
-- no cycles among the modules of ``auditor`` and ``probes``;
+- no cycles among the modules of ``auditor`` and ``probes``, lazy references included;
 - only the capacity lab (``auditor/lab``) and the command line's dispatcher (``auditor/cli.py``) import
   ``auditor.lab``: the audit, the data and the models never reach up into it;
+- a room of the lab (``auditor/lab/<room>/__init__``) refers only to its own modules;
 - ``probes`` is a library of its own and imports nothing from ``auditor``;
 - the audit's report sits below its runner: it imports from ``auditor`` only itself and ``auditor.core``;
 - token sources and extraction take the plan's parts, not the configuration.
@@ -19,6 +24,7 @@ The rules:
 from __future__ import annotations
 
 import ast
+import re
 from functools import cache
 from pathlib import Path
 
@@ -85,6 +91,41 @@ def graph() -> dict[str, dict[str, int]]:
     return edges
 
 
+LAZY = re.compile(r"(?:auditor|probes)(?:\.\w+)+:\w+")  # "module:attribute", imported when used
+
+
+@cache
+def lazy_references() -> list[tuple[str, str, str, int]]:
+    """(module holding the string, target module, attribute, line) of every lazy reference in the source."""
+    found = []
+    for module, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and LAZY.fullmatch(node.value):
+                target, attr = node.value.split(":")
+                found.append((module, target, attr, node.lineno))
+    return found
+
+
+def _top_level_names(path: Path) -> set[str]:
+    names = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    return names
+
+
+def with_lazy_edges(edges: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    out = {a: dict(targets) for a, targets in edges.items()}
+    for module, target, _, line in lazy_references():
+        if target != module:
+            out.setdefault(module, {}).setdefault(target, line)
+    return out
+
+
 def cycles(edges: dict[str, dict[str, int]]) -> list[list[str]]:
     """The strongly connected components with more than one module (Tarjan's algorithm, iterative)."""
     index: dict[str, int] = {}
@@ -148,7 +189,7 @@ def test_the_graph_reader_sees_function_level_and_relative_imports(tmp_path):
 
 def test_no_import_cycles_beyond_the_known_ones():
     edges = {a: {b: line for b, line in targets.items() if (a, b) not in KNOWN_CYCLE_EDGES}
-             for a, targets in graph().items()}
+             for a, targets in with_lazy_edges(graph()).items()}
     found = cycles(edges)
     assert not found, "import cycles: " + " | ".join(_describe(c, edges) for c in found)
 
@@ -202,7 +243,7 @@ def test_the_token_sources_take_the_plan_not_the_configuration(module):
 def test_only_the_lab_and_the_dispatcher_import_the_lab():
     allowed = {"auditor.cli"}
     offenders = [f"{a} -> {b} ({modules()[a].relative_to(REPO)}:{line})"
-                 for a, targets in graph().items() for b, line in targets.items()
+                 for a, targets in with_lazy_edges(graph()).items() for b, line in targets.items()
                  if (b == "auditor.lab" or b.startswith("auditor.lab."))
                  and not (a == "auditor.lab" or a.startswith("auditor.lab.") or a in allowed)]
     assert not offenders, "imports of auditor.lab from outside it: " + "; ".join(offenders)
@@ -216,3 +257,32 @@ def test_probes_imports_nothing_from_auditor():
         offenders += [f"{module} -> {name} (line {line})" for name, line in _imported_names(module, path)
                       if name == "auditor" or name.startswith("auditor.")]
     assert not offenders, "probes must stand alone: " + "; ".join(offenders)
+
+
+def test_the_lazy_reader_sees_every_registry():
+    """The scan finds the dispatcher's subcommands, the lab's tools and every room's references."""
+    from auditor import cli
+    from auditor.lab import TOOLS
+    from auditor.lab import room as registry
+
+    expected = {*cli.SUBCOMMANDS.values(), *(target for target, _ in TOOLS.values())}
+    for room in registry.rooms().values():
+        expected |= {*room.experiments.values(), *room.tools.values(), *([room.bits] if room.bits else [])}
+    seen = {f"{target}:{attr}" for _, target, attr, _ in lazy_references()}
+    assert expected <= seen, sorted(expected - seen)
+    assert len(expected) > 20
+
+
+def test_every_lazy_reference_resolves():
+    broken = [f"{module}:{line} -> {target}:{attr}" for module, target, attr, line in lazy_references()
+              if target not in modules() or attr not in _top_level_names(modules()[target])]
+    assert not broken, "lazy references to nothing: " + "; ".join(broken)
+
+
+def test_a_room_refers_only_to_its_own_modules():
+    def is_room(module: str) -> bool:
+        return module.count(".") == 2 and module.startswith("auditor.lab.") and modules()[module].name == "__init__.py"
+
+    offenders = [f"{module}:{line} -> {target}:{attr}" for module, target, attr, line in lazy_references()
+                 if is_room(module) and not target.startswith(module + ".")]
+    assert not offenders, "a room reaching into another package: " + "; ".join(offenders)

@@ -11,7 +11,9 @@ import torch
 from auditor.cli import main
 from auditor.core.errors import AuditError
 from auditor.lab.engine import TrainConfig, train
+from auditor.lab.experiment import run_experiment
 from auditor.lab.memorize.data import DataConfig, MemorizeData, make_data
+from auditor.lab.memorize.experiment import MemorizeConfig
 from auditor.lab.memorize.model import MHAConfig, MHAEnsemble, sinusoidal_positions
 from auditor.lab.memorize.plots import linear_fit, mean_ci, sweep_fits, sweep_summary
 from auditor.lab.memorize.task import MemorizeTask
@@ -20,9 +22,9 @@ from auditor.lab.memorize.train import (
     MemorizeSettings,
     buckets,
     grid,
-    run_memorize,
     train_rounds,
 )
+from auditor.lab.room import get
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.one_thread
 
@@ -235,9 +237,9 @@ def test_buckets_cover_every_run_once_and_respect_compatibility():
 
 
 def test_sweep_rows_resume_and_plots(tmp_path):
-    runs = grid([1, 3], [3], [4], [12], [0], d=4, classes=3)
-    settings = MemorizeSettings(steps=200, lr=3e-2, batch_size=16, eval_every=20)
-    frame = run_memorize(runs, settings, tmp_path, progress=False)
+    config = MemorizeConfig(heads=(1, 3), context=(3,), d_h=(4,), N=(12,), seeds=(0,), d=4, classes=3, steps=200,
+                            lr=3e-2, batch_size=16, eval_every=20)
+    frame, _ = run_experiment(get("memorize"), config, tmp_path, plots=False, progress=False)
     needed = {"heads", "context", "d_h", "N", "seed", "memorized", "accuracy", "lower_bound", "readout_hits",
               "steps_trained", "seconds", "git_commit", "versions", "dtype", "device", "rank", "readout_hits_init",
               "guaranteed", "converged", "stop_reason", "rounds_trained"}
@@ -247,7 +249,7 @@ def test_sweep_rows_resume_and_plots(tmp_path):
     assert set(frame["stop_reason"]) <= {"all_memorized", "plateau", "step_limit"}
     assert (frame["memorized"] == (frame["accuracy"] * frame["N"]).round()).all()
     assert (frame["rank"] <= frame["rank_ceiling"]).all()
-    again = run_memorize(runs, settings, tmp_path, progress=False)  # every unit done: read back, not retrained
+    again, _ = run_experiment(get("memorize"), config, tmp_path, plots=False, progress=False)  # read back, not retrained
     pd.testing.assert_frame_equal(frame, again)
     from auditor.lab.memorize.plots import plot_sweep
 
@@ -317,7 +319,7 @@ def _tokens(tmp_path, name: str, same_queries: bool):
 
 
 def test_select_rows_keeps_the_query_row():
-    from auditor.lab.memorize.pipeline import select_rows
+    from auditor.lab.capacity.experiment import select_rows
 
     rows = select_rows(197, 16, 0, seed=1)
     assert rows[0] == 0 and len(rows) == 16 and torch.equal(rows, rows.sort().values)
@@ -328,13 +330,14 @@ def test_select_rows_keeps_the_query_row():
 
 
 def test_capacity_pipeline_reports_memorization_beside_the_assumptions(tmp_path):
-    from auditor.lab.memorize.pipeline import CapacitySettings, run_capacity, summarize
+    from auditor.lab.capacity.experiment import CapacityConfig, CapacitySettings, summarize
 
-    files = {"mixed": _tokens(tmp_path, "mixed", False), "embedding": _tokens(tmp_path, "embedding", True)}
+    files = [_tokens(tmp_path, "mixed", False), _tokens(tmp_path, "embedding", True)]
     settings = CapacitySettings(rows=4, dim=8, heads=(1, 2), classes=4, subsets=50)
     assert settings.seeds == (0, 1, 2)  # several seeds by default
-    frame = run_capacity(files, settings, MemorizeSettings(steps=150, lr=3e-2, eval_every=25), tmp_path / "out",
-                         progress=False)
+    config = CapacityConfig(tokens=tuple(map(str, files)), settings=settings,
+                            training=MemorizeSettings(steps=150, lr=3e-2, eval_every=25))
+    frame, _ = run_experiment(get("capacity"), config, tmp_path / "out", plots=False, progress=False)
     assert len(frame) == 12 and set(frame["representation"]) == {"mixed", "embedding"}
     for verdict in ("holds", "fraction", "critical_rtol"):  # the audit's verdict columns, beside every row
         assert {f"assumption1_{verdict}", f"assumption2_{verdict}", f"original_assumption1_{verdict}"} <= set(frame)
@@ -355,13 +358,15 @@ def test_capacity_pipeline_reports_memorization_beside_the_assumptions(tmp_path)
 @pytest.mark.slow
 def test_capacity_end_to_end_on_a_tiny_random_vit(tmp_path):
     """Extraction API -> token files -> trained and certified layers (bundled photos, offline)."""
-    from auditor.lab.memorize.pipeline import CapacitySettings, extract_tokens, run_capacity
+    from auditor.lab.capacity.experiment import CapacityConfig, CapacitySettings, extract_tokens
 
     tiny = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64}
     files = extract_tokens("vit-base", "random", None, 8, ["embedding", "block.0"], tmp_path, progress=False,
                            config_overrides=tiny)
-    frame = run_capacity(files, CapacitySettings(rows=4, dim=8, heads=(1,), classes=3, subsets=20),
-                         MemorizeSettings(steps=60, lr=3e-2, eval_every=20), tmp_path, progress=False)
+    config = CapacityConfig(tokens=tuple(str(p) for p in files.values()),
+                            settings=CapacitySettings(rows=4, dim=8, heads=(1,), classes=3, subsets=20),
+                            training=MemorizeSettings(steps=60, lr=3e-2, eval_every=20))
+    frame, _ = run_experiment(get("capacity"), config, tmp_path, plots=False, progress=False)
     assert set(frame["representation"]) == {"embedding", "block.0"}
     assert (frame["n_original"] == 197).all() and (frame["model"] == "vit-base").all()
     emb = frame[frame["representation"] == "embedding"].iloc[0]
@@ -460,5 +465,5 @@ def test_summaries_and_fits_leave_out_runs_stopped_at_the_step_limit():
     fit = sweep_fits(frame, "heads").iloc[0]
     assert fit["slope"] == pytest.approx(12.0) and fit["seeds"] == 3
     assert (fit["slope_low"], fit["slope_high"]) == pytest.approx(mean_ci([10.0, 12.0, 14.0])[1:])
-    old = frame.rename(columns={"lower_bound": "bound"}).drop(columns="converged")  # a CSV of an earlier release
-    assert sweep_summary(old, "heads").set_index("heads").loc[3, "runs"] == 4
+    unflagged = frame.drop(columns="converged")  # a CSV without the column: every run counts
+    assert sweep_summary(unflagged, "heads").set_index("heads").loc[3, "runs"] == 4

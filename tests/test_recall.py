@@ -13,10 +13,11 @@ import torch
 
 from auditor.cli import main
 from auditor.core.errors import AuditError
-from auditor.lab.assoc.dynamics import DynamicsConfig, LinearAttentionOneHot, run_dynamics
-from auditor.lab.assoc.facts import FactBank, FactTable, member_generator
-from auditor.lab.assoc.recall import RecallMember, build_recall, recall_parameters
-from auditor.lab.assoc.recall_sweep import (
+from auditor.lab.assoc.summary import budget_fit
+from auditor.lab.engine import TrainConfig, train
+from auditor.lab.recall.dynamics import DynamicsConfig, LinearAttentionOneHot, run_dynamics
+from auditor.lab.recall.experiments import (
+    SCALING_KEYS,
     RecallTraining,
     ScalingConfig,
     TradeoffConfig,
@@ -28,10 +29,10 @@ from auditor.lab.assoc.recall_sweep import (
     table_shape,
     train_models,
 )
-from auditor.lab.assoc.stages import detect_stages, find_plateau
-from auditor.lab.assoc.summary import budget_fit
-from auditor.lab.engine import TrainConfig, train
-from auditor.lab.sweep import run_unit
+from auditor.lab.recall.model import RecallMember, build_recall, recall_parameters
+from auditor.lab.recall.stages import detect_stages, find_plateau
+from auditor.lab.recall.task import FactBank, FactTable, member_generator
+from auditor.lab.sweep import key_fields, run_unit
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.one_thread
 
@@ -375,7 +376,8 @@ def test_grid_and_budget_options_are_checked():
         ScalingConfig(budgets=(50, 200), training=tr)
     with pytest.raises(AuditError, match="two facts-per-parameter values"):
         ScalingConfig(budgets=(50,), grid=(0.2, 0.1), training=tr)
-    assert "budgets" not in ScalingConfig(training=tr).units()[0]  # bisection units keep their earlier keys
+    unit = ScalingConfig(training=tr).units()[0]
+    assert "budgets" not in key_fields(unit, SCALING_KEYS)  # at its default: left out of a bisection's key
 
 
 def test_budget_fit_recovers_a_known_saturating_curve():

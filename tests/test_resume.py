@@ -226,25 +226,6 @@ def test_a_finished_report_is_reused_only_for_the_same_configuration_and_data(vi
     assert rows["data_fingerprint"].iloc[0] != first["data_fingerprint"].iloc[0]
 
 
-@pytest.mark.parametrize("name", ["results.csv", "results.partial.csv"])
-def test_rows_written_before_rtol_had_its_name_are_reused(name, vit, images, tmp_path, count_assumption1):
-    """A finished or interrupted report whose rows name the rank tolerance ``tolerance`` (the column's old
-    name) resumes like a current one; the rows written then say ``rtol``."""
-    out = tmp_path / "report"
-    assert main(argv(vit, images, out)) == 0 and len(count_assumption1) == 2
-    first = pd.read_csv(out / "results.csv")
-    (out / "results.csv").write_text(first.rename(columns={"rtol": "tolerance"}).to_csv(index=False))
-    if name == "results.partial.csv":  # as if the run had been interrupted after its last row
-        (out / "results.csv").rename(out / name)
-        (out / "config.json").rename(out / "results.partial.json")
-    assert main(argv(vit, images, out)) == 0 and len(count_assumption1) == 2  # reused, not computed
-    again = pd.read_csv(out / "results.csv")
-    assert "tolerance" not in again.columns and again["rtol"].notna().all()
-    assert again.loc[again.test == "assumption1", "note"].str.contains("reused from").all()
-    pd.testing.assert_series_equal(again["rtol"], first["rtol"])
-    assert not (out / "results.partial.csv").exists()
-
-
 def test_a_second_interruption_keeps_the_rows_of_the_first(vit, images, tmp_path, monkeypatch, count_assumption1):
     """Run 1 finishes both representations' tests, then is interrupted in the sweep; run 2 is interrupted
     before it reaches block.0: the partial file must still hold block.0's row from run 1."""

@@ -8,6 +8,7 @@ for the module (2 CPUs); nothing is mocked.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -28,7 +29,7 @@ import probes
 from auditor.core.errors import AuditError
 from auditor.core.provenance import provenance
 from auditor.lab import sweep
-from auditor.lab.sweep import collect, run_sweep, unit_key
+from auditor.lab.sweep import collect, field_defaults, key_fields, run_sweep, unit_key
 
 TESTS = Path(__file__).resolve().parent
 GATE_ENV = "AUDITOR_TEST_SWEEP_GATE"  # units with index >= GATE_AT wait for this file (kill test only)
@@ -80,6 +81,42 @@ def test_unit_key_depends_on_values_not_key_order():
     assert unit_key({"a": 1}) != unit_key({"a": 2})
     assert unit_key({"x": (1, 2)}) == unit_key({"x": [1, 2]})  # what JSON stores is what is hashed
     assert len(unit_key({})) == 16
+
+
+@dataclasses.dataclass(frozen=True)
+class Layer:
+    width: int
+    heads: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerWithBias(Layer):  # the same unit a release later: a field added with its default
+    bias: bool = False
+
+
+def test_key_leaves_out_entries_at_their_declared_default():
+    unit = {"m": 24, "layers": [{"width": 4, "heads": 1}, {"width": 8, "heads": 2}], "tol": 0.1, "workdir": "x"}
+    declared = {"layers": [Layer], "tol": 0.1}
+    assert key_fields(unit, declared) == {"m": 24, "layers": [{"width": 4}, {"width": 8, "heads": 2}]}
+    assert unit_key(unit, declared) == unit_key({"m": 24, "layers": [{"width": 4}, {"width": 8, "heads": 2}]})
+    assert unit_key({**unit, "tol": 0.2}, declared) != unit_key(unit, declared)  # off its default: in the key
+    assert key_fields({"width": 4, "heads": 1}, Layer) == {"width": 4}  # a dataclass declares a whole unit
+    assert field_defaults(LayerWithBias) == {"heads": 1, "bias": False}
+
+
+def layers_unit(config: dict) -> dict:
+    return {"width": config["layer"]["width"], "cells": config["layer"]["width"] * config["layer"]["heads"]}
+
+
+def test_a_field_added_with_its_default_keys_no_finished_unit_anew(tmp_path):
+    before = [{"layer": dataclasses.asdict(Layer(w)), "seed": 0} for w in (2, 3)]
+    first = run_sweep(layers_unit, before, tmp_path, progress=False, key_defaults={"layer": Layer})
+    after = [{"layer": dataclasses.asdict(LayerWithBias(w)), "seed": 0} for w in (2, 3)]
+    again = run_sweep(must_not_run, after, tmp_path, progress=False, key_defaults={"layer": LayerWithBias})
+    assert again["cells"].tolist() == first["cells"].tolist() == [2, 3]
+    biased = [{"layer": dataclasses.asdict(LayerWithBias(2, bias=True)), "seed": 0}]
+    with pytest.raises(AssertionError, match="ran although it had finished"):  # new work: a new key
+        run_sweep(must_not_run, biased, tmp_path, progress=False, key_defaults={"layer": LayerWithBias})
 
 
 def test_local_sweep_rows_are_right_ordered_and_reproducible_from_their_line(tmp_path):
@@ -320,12 +357,14 @@ def test_ray_unit_error_is_the_users_one_line_and_other_units_finish(ray_local, 
 
 
 def test_memorize_room_with_ray_executor_matches_local(ray_local, tmp_path):
-    from auditor.lab.memorize.train import MemorizeRun, MemorizeSettings, run_memorize
+    from auditor.lab.experiment import run_experiment
+    from auditor.lab.memorize.experiment import MemorizeConfig
+    from auditor.lab.room import get
 
-    runs = [MemorizeRun(heads=h, context=4, d_h=4, N=16, d=8, classes=10, seed=s) for h, s in ((1, 0), (2, 1))]
-    settings = MemorizeSettings(steps=30, lr=1e-2, batch_size=16, eval_every=10, bucket_size=1)
-    local = run_memorize(runs, settings, tmp_path / "local", progress=False)
-    remote = run_memorize(runs, settings, tmp_path / "ray", executor="ray", progress=False)
+    config = MemorizeConfig(heads=(1, 2), context=(4,), d_h=(4,), N=(16,), seeds=(0,), d=8, classes=10, steps=30,
+                            lr=1e-2, batch_size=16, eval_every=10, bucket_size=1)
+    local, _ = run_experiment(get("memorize"), config, tmp_path / "local", plots=False, progress=False)
+    remote, _ = run_experiment(get("memorize"), config, tmp_path / "ray", executor="ray", plots=False, progress=False)
     assert local["unit"].tolist() == remote["unit"].tolist()  # keys leave the output folder out
     varying = ["seconds", "unit_config", "git_commit"]  # wall time; the folder; a commit made meanwhile
     pd.testing.assert_frame_equal(local.drop(columns=varying), remote.drop(columns=varying))

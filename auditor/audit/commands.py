@@ -24,8 +24,6 @@ from auditor.core.slurm import pop_options as pop_slurm_options
 from auditor.core.slurm import with_click_options as slurm_options
 
 _D = {f.name: f.default for f in dataclasses.fields(AuditConfig)}  # the CLI's defaults are the config's
-DEPRECATED = {"tolerance": "rtol"}  # old option name -> the option it is an alias of (still accepted)
-TOLERANCE_WARNING = "warning: --tolerance is deprecated; use --rtol"
 
 
 def _csv(value: str | None) -> tuple[str, ...] | None:
@@ -77,7 +75,6 @@ def _ints(value: str | None) -> tuple[int, ...] | None:
 @click.option("--rtol", type=float, default=_D["rtol"],
               help=f"Relative rank tolerance: a singular value counts when it exceeds rtol x sigma_max "
                    f"(default: {RTOL_RULE}).")
-@click.option("--tolerance", type=float, default=None, hidden=True, help="Deprecated name of --rtol.")
 @click.option("--seed", type=int, default=_D["seed"], show_default=True,
               help="Seed for the example draw, random weights and subsets (64-bit integer).")
 @click.option("--device", default=_D["device"], show_default=True, help="auto, cpu, cuda or cuda:N.")
@@ -122,7 +119,7 @@ def _ints(value: str | None) -> tuple[int, ...] | None:
               help="Report folder (default: reports/<model>-<timestamp>); rerunning into it reuses finished tests.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
 def audit_command(model: str, out: Path | None, quiet: bool, representations: str, weights: str, tests: str,
-                  sweep_ks: str | None, tokens: tuple[str, ...], tolerance: float | None, **options) -> None:
+                  sweep_ks: str | None, tokens: tuple[str, ...], **options) -> None:
     """Test the token assumptions of attention-memorization theory on MODEL.
 
     MODEL is a registered name (vit-base, vit-base-224, bert-base, bert-large, gpt2, gpt2-large, minilm;
@@ -140,11 +137,6 @@ def audit_command(model: str, out: Path | None, quiet: bool, representations: st
     from auditor.audit.report import stage_table, summary_table
     from auditor.audit.runner import default_out, run
 
-    if tolerance is not None:
-        if options["rtol"] is not None:
-            raise AuditError("--tolerance is the deprecated name of --rtol; give --rtol only")
-        click.echo(TOLERANCE_WARNING, err=True)
-        options["rtol"] = tolerance
     files = tuple(f for item in tokens for f in _csv(item) or ()) or None
     slurm = pop_slurm_options(options)
     config = AuditConfig(model=model, representations=_csv(representations), weights=_csv(weights),

@@ -1,19 +1,13 @@
-"""Bits per parameter: every room's capacity in one unit.
+"""Bits per parameter: every room's capacity in one unit (``audit bits``).
 
-Each room stores something different; this module turns each room's result CSV into rows
+Each room stores something different, so each room counts its own results: its
+:class:`~auditor.lab.room.BitsReader` (declared in the room's package, e.g. :mod:`auditor.lab.memorize.bits`)
+claims the result CSVs it wrote and turns them into rows
 
     room, experiment, config, stored_bits, parameters, bits_per_parameter, formula, converged, source
 
-with the formula written out on every row:
-
-* memorize (paper A), classification: memorized x log2(classes); regression: memorized x outputs x
-  log2(1 / (2 error_tolerance)) (a label known to +- error_tolerance in [0, 1) is one of that many bins);
-* capacity (paper A on real tokens): memorized x log2(classes);
-* certify (paper A without training): guaranteed x REAL_BITS: ``guaranteed`` arbitrary real labels are
-  fitted exactly, counted at float32 precision (24 significant bits, the layer's dtype);
-* facts (paper B): facts_stored x log2(values);
-* recall (paper C): facts x log2(D) (``recall scaling``), fact_recall x facts x log2(D) (``recall tradeoff``);
-  assoc (paper C's associative memories, f(x) = x over N outputs): capacity x log2(capacity).
+with the formula written out on every row. This module finds the CSVs, asks every room's reader (exactly
+one may claim a CSV; a CSV no room claims holds nothing to count), checks the counts and draws them.
 
 ``converged`` is True when the count comes from a run that finished (all memorized, a plateau, an early
 stop at full accuracy, or no training at all), False when it stopped at its step limit, empty when the CSV
@@ -27,7 +21,7 @@ median, min and max use the converged rows only; its "(all rows)" columns say so
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,177 +34,19 @@ from auditor.core.errors import AuditError
 from auditor.lab.stats import is_true
 
 OUT_FILES = ("bits.csv", "bits.png")  # what `audit bits` writes into --out
-REAL_BITS = 24  # significand bits of float32: the precision a certified real label is counted at
 COLUMNS = ("room", "experiment", "config", "stored_bits", "parameters", "bits_per_parameter", "formula", "converged",
            "source", "bound_bits_paper_a", "bound_bits_dana")
 REFERENCES = {"2 bits/param (Allen-Zhu and Li 2024)": 2.0, "3.6 bits/param (Morris et al. 2025)": 3.6}
-_OLD = {"bound": "lower_bound", "certified": "readout_hits", "tolerance": "error_tolerance", "params": "parameters"}
 
 
-def _current(frame: pd.DataFrame) -> pd.DataFrame:
-    return frame.rename(columns={o: n for o, n in _OLD.items() if o in frame and n not in frame})
-
-
-def _layer_parameters(row: pd.Series, d_v: int | None = None, outputs: int | None = None) -> int:
-    """Parameters of paper A's layer (spec variant): H(2 d d_h + d d_v) + H d_v d + d d_o."""
-    from auditor.lab.memorize.model import MHAConfig
-
-    return MHAConfig(heads=int(row["heads"]), d=int(row["d"]), d_h=int(row["d_h"]),
-                     d_v=int(d_v if d_v is not None else row.get("d_v", row["d_h"])),
-                     outputs=int(outputs if outputs is not None else row["classes"])).num_parameters
-
-
-def _unknown(frame: pd.DataFrame) -> pd.Series:
+def unknown_convergence(frame: pd.DataFrame) -> pd.Series:
     """``converged`` of rows whose CSV cannot tell: empty (None), never a guess."""
     return pd.Series([None] * len(frame), index=frame.index, dtype=object)
 
 
-def _flags(column: pd.Series) -> pd.Series:
+def convergence_flags(column: pd.Series) -> pd.Series:
     """A recorded ``converged`` column as True/False, an empty cell as None (unknown, not True)."""
     return column.map(lambda v: None if pd.isna(v) else is_true(v)).astype(object)
-
-
-def _attention_converged(frame: pd.DataFrame) -> pd.Series:
-    """The ``converged`` column, or for older CSVs: all memorized or stopped early (steps_trained < steps)."""
-    if "converged" in frame:
-        return _flags(frame["converged"])
-    if {"steps_trained", "steps"} <= set(frame):
-        return (frame["memorized"] >= frame["N"]) | (frame["steps_trained"] < frame["steps"])
-    return _unknown(frame)
-
-
-def _paper_a_bounds(frame: pd.DataFrame, label_bits: pd.Series) -> tuple[pd.Series, pd.Series]:
-    """Bits of H(n-1)+1 (Proposition 2's ceiling; Theorem 1 at d_h >= n) and of H d_h + d (Dana et al.) examples."""
-    return ((frame["heads"] * (frame["context"] - 1) + 1) * label_bits,
-            (frame["heads"] * frame["d_h"] + frame["d"]) * label_bits)
-
-
-def memorize_bits(frame: pd.DataFrame, experiment: str = "memorize") -> pd.DataFrame:
-    """Rows of ``audit memorize`` (and ``audit capacity``: same columns for what is counted)."""
-    frame = _current(frame)
-    if "max_steps" in frame and "steps_trained" not in frame:  # rows written before steps were renamed
-        frame = frame.rename(columns={"steps": "steps_trained", "max_steps": "steps"})
-    regression = frame["task"].eq("regression") if "task" in frame else pd.Series(False, index=frame.index)
-    tolerance = frame["error_tolerance"].astype(float) if "error_tolerance" in frame else pd.Series(np.nan, index=frame.index)
-    outputs = frame["outputs"] if "outputs" in frame else pd.Series(1, index=frame.index)
-    label_bits = np.where(regression, outputs * np.log2(1.0 / (2.0 * tolerance.where(regression, 0.25))),
-                          np.log2(frame["classes"].astype(float)))
-    label_bits = pd.Series(label_bits, index=frame.index)
-    parameters = frame["parameters"] if "parameters" in frame else frame.apply(
-        lambda r: _layer_parameters(r, d_v=int(r["d"]) if "d_v" not in r else None), axis=1)
-    formula = np.where(regression, "memorized x outputs x log2(1 / (2 error_tolerance))", "memorized x log2(classes)")
-    config = frame.apply(lambda r: ", ".join(f"{k}={r[k]}" for k in ("representation", "heads", "context", "d_h", "d", "N",
-                                                                     "seed") if k in r and pd.notna(r[k])), axis=1)
-    paper_a, dana = _paper_a_bounds(frame, label_bits)
-    return pd.DataFrame({"room": "memorize", "experiment": experiment, "config": config,
-                         "stored_bits": frame["memorized"] * label_bits, "parameters": parameters, "formula": formula,
-                         "converged": _attention_converged(frame), "bound_bits_paper_a": paper_a, "bound_bits_dana": dana})
-
-
-def capacity_bits(frame: pd.DataFrame) -> pd.DataFrame:
-    """Rows of ``audit capacity`` (a layer with d_h = d_v = d on reduced real tokens)."""
-    frame = _current(frame)
-    if "parameters" not in frame:
-        frame = frame.assign(parameters=frame.apply(lambda r: _layer_parameters(r, d_v=int(r["d"])), axis=1))
-    return memorize_bits(frame.assign(task="classification"), "capacity")
-
-
-def certify_bits(frame: pd.DataFrame) -> pd.DataFrame:
-    """Rows of ``audit certify``: guaranteed exact reals at float32 precision (one label per example)."""
-    frame = _current(frame)
-    parameters = frame.apply(lambda r: _layer_parameters(r, d_v=int(r["d_h"])), axis=1)
-    config = frame.apply(lambda r: f"weights={r['weights']}, heads={r['heads']}, context={r['context']}, "
-                                   f"d_h={r['d_h']}, d={r['d']}, N={r['N']}, seed={r['seed']}", axis=1)
-    paper_a, dana = _paper_a_bounds(frame, pd.Series(float(REAL_BITS), index=frame.index))
-    return pd.DataFrame({"room": "memorize", "experiment": "certify", "config": config,
-                         "stored_bits": frame["guaranteed"] * REAL_BITS, "parameters": parameters,
-                         "formula": f"guaranteed x {REAL_BITS} (exact reals at float32 precision)",
-                         "converged": True, "bound_bits_paper_a": paper_a, "bound_bits_dana": dana})
-
-
-def facts_bits(frame: pd.DataFrame, experiment: str = "facts") -> pd.DataFrame:
-    """Rows of a trained ``audit facts`` experiment (columns facts_stored, values, params)."""
-    frame = _current(frame)
-    if "tau" in frame:  # one training, one row per softmax threshold: count it once
-        frame = frame.drop_duplicates([c for c in ("unit", "db", "d_model", "heads", "d_qk", "d_vo", "seed") if c in frame])
-    config = frame.apply(lambda r: ", ".join(f"{k}={r[k]}" for k in ("db", "d_model", "heads", "d_qk", "d_vo", "seed")
-                                             if k in r), axis=1)
-    return pd.DataFrame({"room": "facts", "experiment": experiment, "config": config,
-                         "stored_bits": frame["facts_stored"] * np.log2(frame["values"].astype(float)),
-                         "parameters": frame["parameters"], "formula": "facts_stored x log2(values)",
-                         "converged": frame["early_stopped"].astype(bool) if "early_stopped" in frame else None})
-
-
-def _recall_current(frame: pd.DataFrame) -> pd.DataFrame:
-    """A recall CSV in the current column names (``recall_sweep.RENAMED``). Releases before 0.2 wrote
-    ``steps`` = steps trained, ``max_steps`` = the budget, ``T``, ``D``, ``params``; since then ``steps`` is
-    the budget, ``steps_trained`` what was trained, ``prompt_length``, ``answers_per_relation``, ``parameters``.
-    The two meanings of ``steps`` are told apart by the other columns, never guessed: an old CSV is renamed
-    all at once (as the sweep renames old unit files), a current one only where a name is missing."""
-    from auditor.lab.assoc.recall_sweep import RENAMED
-
-    current = {"steps_trained", "prompt_length", "answers_per_relation"}
-    old = {"max_steps", "T", "D"}
-    if set(frame) & old and not set(frame) & current:
-        return frame.rename(columns={o: n for o, n in RENAMED.items() if o in frame})
-    return frame.rename(columns={o: n for o, n in RENAMED.items()
-                                 if o in frame and n not in frame and o != "steps" and n != "steps"})
-
-
-def recall_bits(frame: pd.DataFrame) -> pd.DataFrame:
-    """Rows of ``audit recall scaling`` (facts stored) or ``recall tradeoff`` (fact_recall of all facts).
-
-    ``converged``: the CSV's own column where it has one (current releases: the threshold was reached or the
-    accuracy plateaued); for an older trade-off CSV, an early stop (steps_trained < the budget ``steps``:
-    every fact recalled) or False (it ran its whole budget); empty (unknown) where the CSV records neither,
-    e.g. an old trade-off CSV without ``max_steps``, or an old scaling CSV."""
-    frame = _current(_recall_current(frame))
-    if "answers_per_relation" not in frame:
-        raise KeyError("D (answers_per_relation: log2 D bits per fact)")
-    tradeoff = "fact_recall" in frame
-    facts = (frame["fact_recall"] * frame["facts"]).round() if tradeoff else frame["facts"]
-    keys = ("subjects", "relations", "d", "heads", "head_dim", "width", "seed", "budget")
-    config = frame.apply(lambda r: ", ".join(f"{k}={r[k]}" for k in keys if k in r), axis=1)
-    if "converged" in frame:
-        converged = _flags(frame["converged"])
-    elif tradeoff and {"steps_trained", "steps"} <= set(frame):  # early stop = every fact recalled
-        converged = (frame["steps_trained"] < frame["steps"]).astype(object)
-    else:
-        converged = _unknown(frame)
-    return pd.DataFrame({"room": "recall", "experiment": "recall tradeoff" if tradeoff else "recall scaling",
-                         "config": config, "stored_bits": facts * np.log2(frame["answers_per_relation"].astype(float)),
-                         "parameters": frame["parameters"],
-                         "formula": "fact_recall x facts x log2(D)" if tradeoff else "facts x log2(D)",
-                         "converged": converged})
-
-
-def assoc_bits(frame: pd.DataFrame) -> pd.DataFrame:
-    """Rows of ``audit assoc``: N associations x -> x over N outputs store log2(N) bits each."""
-    frame = _current(frame)
-    width = "width" if "width" in frame else "m"  # (the column was m in older CSVs)
-    config = frame.apply(lambda r: f"kind={r['kind']}, d={r['d']}, width={r[width]}, seed={r['seed']}", axis=1)
-    converged = _flags(frame["converged"]) if "converged" in frame else _unknown(frame)
-    return pd.DataFrame({"room": "assoc", "experiment": "assoc", "config": config,
-                         "stored_bits": frame["capacity"] * np.log2(frame["capacity"].clip(lower=1).astype(float)),
-                         "parameters": frame["parameters"], "formula": "capacity x log2(capacity)",
-                         "converged": converged})
-
-
-def _reader(columns: set[str]) -> tuple[Callable[[pd.DataFrame], pd.DataFrame], str] | None:
-    """Which room wrote a CSV with these columns (None: nothing stored to count, e.g. rank-only tables)."""
-    if "guaranteed" in columns and "weights" in columns and "memorized" not in columns:
-        return certify_bits, "certify"
-    if "memorized" in columns and "representation" in columns:
-        return capacity_bits, "capacity"
-    if "memorized" in columns:
-        return memorize_bits, "memorize"
-    if "facts_stored" in columns:
-        return facts_bits, "facts"
-    if "fact_recall" in columns or {"facts", "bits"} <= columns:  # D or answers_per_relation: checked on reading
-        return recall_bits, "recall"
-    if {"capacity", "kind"} <= columns:
-        return assoc_bits, "assoc"
-    return None
 
 
 def _first_line(err: Exception) -> str:
@@ -246,28 +82,31 @@ def bits_table(paths: Sequence[str | Path], root: str | Path | None = None) -> p
             raise AuditError(f"report folder {str(path)!r} does not exist; give folders holding result CSVs "
                              "(e.g. reports/memorize reports/facts reports/assoc)")
         files += [path] if path.is_file() else sorted(path.rglob("*.csv"))
+    from auditor.lab.room import bits_readers
+
+    readers = bits_readers()
     frames = []
     for file in files:
         try:
             head = pd.read_csv(file, nrows=0)
         except (ValueError, UnicodeDecodeError) as err:  # empty, binary or malformed: name the file, one line
             raise AuditError(f"{file}: not a readable result CSV ({_first_line(err)})") from None
-        found = _reader(set(_current(head).columns) | set(head.columns))
-        if found is None:
+        columns = set(head.columns)
+        claimed = [name for name, reader in readers.items() if reader.claims(columns)]
+        if len(claimed) > 1:
+            raise AuditError(f"{file}: the rooms {', '.join(claimed)} each claim this result CSV; its columns "
+                             f"do not tell which room wrote it")
+        if not claimed:
             continue
-        reader, room = found
+        room = claimed[0]
         try:
-            rows = reader(pd.read_csv(file))
+            rows = readers[room].read(pd.read_csv(file), file)
         except KeyError as err:
             missing = err.args[0] if err.args else "?"
             raise AuditError(f"{file}: a {room} result CSV without the column {missing}; "
                              f"columns: {', '.join(map(str, head.columns))}") from None
         except (ValueError, TypeError, UnicodeDecodeError) as err:
             raise AuditError(f"{file}: cannot count the bits of this {room} result CSV ({_first_line(err)})") from None
-        if room == "facts":  # the facts experiments keep one folder each (reports/facts/width, ...)
-            parts = file.parent.parts
-            rows["experiment"] = " ".join(["facts", *parts[parts.index("facts") + 1:]] if "facts" in parts
-                                          else ["facts", file.parent.name])
         _check_counts(rows, file, room)
         source = file.relative_to(root) if root and file.is_relative_to(root) else file
         frames.append(rows.assign(source=str(source)))

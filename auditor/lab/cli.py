@@ -1,13 +1,12 @@
-"""The one command-line layer of the capacity lab: every lab command is built here from its
-:class:`~auditor.lab.experiment.Experiment`.
+"""The one command-line layer of the capacity lab: every lab command is built here, from its room
+(:class:`~auditor.lab.room.Room`) and its :class:`~auditor.lab.experiment.Experiment`.
 
 A command takes its config's options (lists as ``1,2,4`` or inclusive ranges ``1:8`` / ``0:60:10``) and
 the common options, with one meaning everywhere: ``--scale`` (a preset; reference: what the committed
 reports used), ``--seeds``, ``--out`` (a folder; rerun to resume), ``--executor``, ``--address``, ``--slurm-*``,
 ``--threads`` (restored afterwards) and ``--plots/--no-plots``. It validates every option before it
 creates its output folder (:func:`output_folder`: a failed run removes the folders it created unless a
-finished unit or a checkpoint lies inside). Old spellings (``--quick``, ``--no-plot``, ``--scale cpu``,
-``audit facts sweep NAME``, each experiment's renamed flags) work for one release, with one line on stderr.
+finished unit or a checkpoint lies inside).
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ import click
 import torch
 
 from auditor.core.atomic import confined, foreign_entries, refuse_foreign, write_text_atomic
-from auditor.core.errors import AuditError, did_you_mean
+from auditor.core.errors import AuditError
 from auditor.core.execution import EXECUTORS, check_executor
 from auditor.core.options import (
     MAX_SEED,
@@ -40,8 +39,9 @@ from auditor.core.options import (
 from auditor.core.provenance import timestamp
 from auditor.core.slurm import click_options as slurm_options
 from auditor.core.slurm import pop_options as pop_slurm_options
-from auditor.lab import experiment as registry
-from auditor.lab.experiment import Experiment, Option, run_experiment
+from auditor.lab import room as registry
+from auditor.lab.experiment import SCALES, Experiment, Option, run_experiment
+from auditor.lab.room import Room
 from auditor.lab.sweep import missing_parents, remove_empty
 
 MAX_THREADS = 1024
@@ -136,11 +136,6 @@ def output_folder(path: Path) -> Iterator[Path]:
         raise
 
 
-def deprecated(old: str, new: str) -> None:
-    """The one-line notice for an old spelling that still works."""
-    click.echo(f"warning: {old} is deprecated; use {new} (the old spelling works until the next release)", err=True)
-
-
 # -- options from config fields ---------------------------------------------------------------------
 def _flag(opt: Option) -> str:
     return opt.field.metadata.get("flag") or "--" + opt.field.name.replace("_", "-")
@@ -165,29 +160,28 @@ def _shown(value: Any) -> str:
     return "none" if value is None else str(value)
 
 
-def _param(opt: Option, *, flag: str | None = None, name: str | None = None) -> click.Parameter:
+def _param(opt: Option) -> click.Parameter:
     """The click parameter of an option field: lists are read later (:func:`parse`), scalars by click."""
-    meta, kind, hidden = opt.field.metadata, _kind(opt), flag is not None
-    flag, name = flag or _flag(opt), name or _dest(opt)
-    help = None if hidden else f"{meta['help']} [default: {meta.get('default_help') or _shown(opt.field.default)}]"
+    meta, kind, flag, name = opt.field.metadata, _kind(opt), _flag(opt), _dest(opt)
+    help = f"{meta['help']} [default: {meta.get('default_help') or _shown(opt.field.default)}]"
     if meta.get("argument"):
         return click.Argument([name], required=False)
-    if kind is bool and not hidden:
+    if kind is bool:
         return click.Option([flag if "/" in flag else f"{flag}/--no-{flag[2:]}", name], default=None, help=help)
     if meta.get("multiple"):
-        return click.Option([flag, name], multiple=True, help=help, hidden=hidden)
+        return click.Option([flag, name], multiple=True, help=help)
     if meta.get("choices"):
         kind = click.Choice(meta["choices"])
     elif kind is int:
         kind = SEED if "seed" in opt.field.name else STEPS if opt.field.name in _STEP_COUNTS else SIZE
     elif kind is not float or meta.get("parse") == "floats":
         kind = str
-    return click.Option([flag, name], type=kind, default=None, help=help, hidden=hidden)
+    return click.Option([flag, name], type=kind, default=None, help=help)
 
 
-def parse(opt: Option, raw: Any, flag: str | None = None) -> Any:
+def parse(opt: Option, raw: Any) -> Any:
     """An option's value from its command-line text (lists: commas and ranges)."""
-    kind, flag = _kind(opt), flag or _flag(opt)
+    kind, flag = _kind(opt), _flag(opt)
     if not isinstance(raw, str) or opt.field.metadata.get("choices"):
         return tuple(raw) if isinstance(raw, tuple | list) else raw
     if kind is float:  # parse="floats": one positive number, read like a list
@@ -209,12 +203,8 @@ def parse(opt: Option, raw: Any, flag: str | None = None) -> Any:
     return tuple({"seeds": parse_seeds, "sizes": parse_sizes, "ints": parse_ints}[how](raw, flag))
 
 
-def _old_name(flag: str) -> str:
-    return "old_" + flag.lstrip("-").replace("-", "_")
-
-
 def _common_options(experiment: Experiment | None, options: list[Option]) -> list[click.Parameter]:
-    scales = experiment.scales if experiment else registry.SCALES
+    scales = experiment.scales if experiment else SCALES
     params = [
         click.Option(["--scale"], default="reference", show_default=True,
                      help=f"Preset: {' | '.join(scales)} (reference: the committed reports' settings)."),
@@ -225,54 +215,28 @@ def _common_options(experiment: Experiment | None, options: list[Option]) -> lis
         *slurm_options(),
         click.Option(["--threads"], type=int, default=None, help=THREADS_HELP),
         click.Option(["--plots/--no-plots"], default=True, show_default=True, help="Draw the PNG figures."),
-        click.Option(["--quick"], is_flag=True, hidden=True),
-        click.Option(["--no-plot", "no_plot"], is_flag=True, hidden=True),
     ]
     if not any(_dest(o) == "seeds" for o in options):
         params.insert(1, click.Option(["--seeds"], default=None, help=f"{SEEDS_HELP} (this command has none)."))
-    for old, target in (experiment.deprecated.items() if experiment else ()):
-        params.append(_param(next(o for o in options if o.field.name == target), flag=old, name=_old_name(old)))
     return params
 
 
 def _given(experiment: Experiment, values: dict[str, Any]) -> dict[str, Any]:
-    """Parsed values of the options the user gave (deprecated spellings included)."""
+    """Parsed values of the options the user gave."""
     options = {_dest(o): o for o in experiment.options()}
     given = {o.field.name: parse(o, values[dest]) for dest, o in options.items() if values.get(dest) not in (None, ())}
-    for old, target in experiment.deprecated.items():
-        raw = values.get(_old_name(old))
-        if raw not in (None, ()):
-            o = next(o for o in options.values() if o.field.name == target)
-            deprecated(old, _flag(o))
-            given.setdefault(target, parse(o, raw, old))
     if values.get("seeds") is not None and "seeds" not in options:
         raise AuditError(f"{experiment.name} has nothing to seed (its settings are fixed); leave out --seeds")
     return given
 
 
-def _scale(values: dict[str, Any]) -> str:
-    scale = values.pop("scale")
-    if values.pop("quick", False):
-        deprecated("--quick", "--scale quick")
-        scale = "quick"
-    if scale == "cpu":
-        deprecated("--scale cpu", "--scale reference")
-        scale = "reference"
-    return scale
-
-
 def _run(experiments: list[Experiment], name: str, values: dict[str, Any]) -> None:
     """The body of every lab command: options checked, then the folder, then the experiments."""
     with torch_threads(values.pop("threads")):
-        scale = _scale(values)
-        if values.pop("no_plot", False):
-            deprecated("--no-plot", "--no-plots")
-            values["plots"] = False
+        scale = values.pop("scale")
         out, executor, address, plots = (values.pop(k) for k in ("out", "executor", "address", "plots"))
         check_executor(executor)
         slurm = pop_slurm_options(values).check_executor(executor)
-        if out and Path(out).suffix == ".csv":  # `facts rank --out FILE.csv` wrote a file until this release
-            click.echo(f"warning: --out names a folder; results.csv is written inside {out!r}", err=True)
         configs = []
         for e in experiments:  # a suite member keeps the options its config lists in SUITE_FIXED
             fixed = getattr(e.config, "SUITE_FIXED", ()) if len(experiments) > 1 else ()
@@ -288,16 +252,17 @@ def _run(experiments: list[Experiment], name: str, values: dict[str, Any]) -> No
                 click.echo(f"{e.name} ({scale}) -> {folder}" + (f"\n{note}" if note else ""), err=True)
             if len(experiments) > 1:
                 write_text_atomic(folder / "summary.md", "\n\n".join(texts) + "\n")
-                given = {k: v for k, v in values.items() if v not in (None, ()) and not k.startswith("old_")}
+                given = {k: v for k, v in values.items() if v not in (None, ())}
                 write_text_atomic(folder / "settings.json", json.dumps({"scale": scale, **given}) + "\n")
     click.echo("\n\n".join(texts))
 
 
-def command(name: str) -> click.Command:
-    """The click command of a registered experiment or suite."""
-    members = [registry.get(n) for n in registry.SUITES.get(name, (name,))]
+def command(name: str, *, cls: type[click.Command] = click.Command, **attrs: Any) -> click.Command:
+    """The click command of an experiment or suite (``facts width``, ``recall all``, ``memorize``)."""
+    suites = registry.suites()
+    members = [registry.get(n) for n in suites.get(name, (name,))]
     first = members[0]
-    if name in registry.SUITES:
+    if name in suites:
         names = [{_dest(o) for o in e.options()} for e in members]
         options = [o for o in first.options() if all(_dest(o) in n for n in names)]
         help_text = (f"Run {', '.join(e.name for e in members)} into one folder (summary.md holds their "
@@ -307,47 +272,73 @@ def command(name: str) -> click.Command:
         options = first.options()
         help_text = first.help + (f"\n\n\b\n{first.examples}" if first.examples else "")
         params = [_param(o) for o in options] + _common_options(first, options)
-    return click.Command(name.split()[-1], params=params, help=help_text,
-                         callback=lambda **values: _run(members, name, values),
-                         context_settings={"help_option_names": ["-h", "--help"]})
+
+    def callback(**values: Any) -> None:
+        ctx = click.get_current_context()
+        if ctx.invoked_subcommand is None:
+            _run(members, name, values)
+            return
+        # a room's subcommand (`audit memorize shared-queries`): options before it would be ignored; refuse them
+        given = [p.opts[0] for p in ctx.command.params if p.name and ctx.get_parameter_source(p.name)
+                 is not click.core.ParameterSource.DEFAULT]
+        if given:
+            raise AuditError(f"{', '.join(given)} before '{ctx.invoked_subcommand}' belong to 'audit {name}' itself; "
+                             f"give the options after it: audit {name} {ctx.invoked_subcommand} [OPTIONS]")
+
+    return cls(name.split()[-1], params=params, help=help_text, callback=callback,
+               context_settings={"help_option_names": ["-h", "--help"]}, **attrs)
 
 
 class _Room(click.Group):
-    """A room with several experiments: ``audit facts width``; ``facts sweep NAME`` is the old spelling."""
+    """A room with subcommands (``audit facts width``), found in its :class:`Room` and built when used.
+    A room with an experiment of its own name runs it when no subcommand is given (``audit memorize
+    --figure a``; ``audit memorize shared-queries``)."""
 
-    def __init__(self, name: str, tools: list[click.Command], **kwargs: Any) -> None:
+    def __init__(self, name: str, *, room: Room, **kwargs: Any) -> None:
         super().__init__(name, **kwargs)
-        self.tools = {t.name: t for t in tools}
+        self.room = room
 
     def _names(self) -> list[str]:
-        found = [n.split(" ", 1)[1] for n in [*registry.REGISTRY, *registry.SUITES] if n.startswith(self.name + " ")]
-        return [*found, *self.tools]
+        return self.room.subcommands
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return self._names()
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        if name in self.tools:
-            return self.tools[name]
-        if name == "sweep":
-            return _OldSweep(self)
-        return command(f"{self.name} {name}") if name in self._names() else None
+        if name in self.room.tools:
+            return registry.load(self.room.tools[name])
+        return command(self.room.full(name)) if name in self._names() else None
 
 
-class _OldSweep(click.Group):
-    def __init__(self, room: _Room) -> None:
-        super().__init__("sweep", hidden=True)
-        self.room = room
-
-    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        found = self.room.get_command(ctx, name) if name not in self.room.tools else None
-        if found is None:
-            raise click.UsageError(str(did_you_mean(f"{self.room.name} experiment", name,
-                                                    [n for n in self.room._names() if n not in self.room.tools])))
-        deprecated(f"'audit {self.room.name} sweep {name}'", f"'audit {self.room.name} {name}'")
-        return found
+def room_command(room: Room) -> click.Command:
+    """The command of a room: its experiment's command when that is all it holds (``audit certify``), else a
+    group of its experiments, suites and tools, which runs the room's own experiment (if it has one) when no
+    subcommand is given."""
+    if not room.subcommands:
+        return command(room.name)
+    if room.name in room.experiments:
+        return command(room.name, cls=_Room, room=room, invoke_without_command=True,
+                       subcommand_metavar="[COMMAND [ARGS]...]")
+    return _Room(room.name, room=room, help=room.help, context_settings={"help_option_names": ["-h", "--help"]})
 
 
-def room(name: str, help: str, tools: list[click.Command] = ()) -> click.Group:
-    """The group of a room whose experiments are subcommands (``audit facts width``)."""
-    return _Room(name, list(tools), help=help, context_settings={"help_option_names": ["-h", "--help"]})
+def lab_command(name: str) -> click.Command:
+    """The click command of ``audit <name>``: a lab-wide tool (``bits``) or a room."""
+    from auditor.lab import TOOLS
+
+    if name in TOOLS:
+        return registry.load(TOOLS[name][0])
+    return room_command(registry.get_room(name))
+
+
+def lab_commands() -> dict[str, click.Command]:
+    """Every command of every room by its full name (``memorize``, ``memorize shared-queries``,
+    ``facts width``, ``facts generate``, ``recall all``): the rooms' experiments, suites and tools."""
+    out: dict[str, click.Command] = {}
+    for room in registry.rooms().values():
+        built = room_command(room)
+        if room.name in room.experiments:
+            out[room.name] = built
+        if isinstance(built, click.Group):
+            out.update({room.full(n): built.get_command(click.Context(built), n) for n in room.subcommands})
+    return out

@@ -1,4 +1,4 @@
-"""One contract for every capacity experiment, and the registry that lists them.
+"""One contract for every capacity experiment, and the one runner that runs it.
 
 An :class:`Experiment` declares
 
@@ -7,6 +7,9 @@ An :class:`Experiment` declares
 * ``units(config, out)``: how a run splits into sweep units (JSON dicts; ``out`` is the output folder,
   for units that keep side files there);
 * ``run_unit(unit)``: a module-level function that runs one unit and returns its rows;
+* ``key_defaults``: the defaults of the units' entries (:func:`auditor.lab.sweep.key_fields`); an entry at
+  its default is left out of the unit's resume key, so a field added with a default re-keys no
+  finished unit (declare a unit's dataclasses here rather than spelling their defaults out);
 * ``columns``: the row schema (the runner refuses other columns and writes them in this order);
 * ``plots`` and ``report``: the figures, and the extra files plus the text printed after a run;
 * ``presets``: named scales (``quick``, ``reference`` = the defaults, ``paper``) as field overrides.
@@ -16,13 +19,12 @@ execution, resume, provenance, ``results.csv``), then the report and the plots. 
 (:mod:`auditor.lab.cli`) builds every lab command from the same declaration.
 
 Adding an experiment: write its file (config, units, unit function, columns, ``EXPERIMENT =
-Experiment(...)``) and add one line to :data:`REGISTRY`.
+Experiment(...)``) and add one line to its room's ``experiments`` (:mod:`auditor.lab.room`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,27 +35,6 @@ import pandas as pd
 from auditor.core.errors import did_you_mean
 from auditor.core.slurm import SlurmOptions
 
-# name -> "module:attribute" of its Experiment, imported when used. A name with a space is a
-# subcommand: "facts width" is `audit facts width`.
-REGISTRY: dict[str, str] = {
-    "memorize": "auditor.lab.memorize.experiment:EXPERIMENT",
-    "certify": "auditor.lab.memorize.certify_runs:EXPERIMENT",
-    "capacity": "auditor.lab.memorize.pipeline:EXPERIMENT",
-    "facts rank": "auditor.lab.facts.experiments:RANK",
-    "facts train": "auditor.lab.facts.experiments:TRAIN_LAYERS",
-    "facts width": "auditor.lab.facts.experiments:WIDTH",
-    "facts budget": "auditor.lab.facts.experiments:BUDGET",
-    "facts tau": "auditor.lab.facts.experiments:TAU",
-    "facts bound": "auditor.lab.facts.experiments:BOUND",
-    "facts measure": "auditor.lab.facts.experiments:MEASURE",
-    "facts scale": "auditor.lab.facts.experiments:SCALE",
-    "assoc": "auditor.lab.assoc.memory_sweep:EXPERIMENT",
-    "recall scaling": "auditor.lab.assoc.recall_sweep:SCALING",
-    "recall tradeoff": "auditor.lab.assoc.recall_sweep:TRADEOFF",
-    "recall dynamics": "auditor.lab.assoc.dynamics:EXPERIMENT",
-}
-# commands that run several experiments into one folder with the options they share
-SUITES: dict[str, tuple[str, ...]] = {"recall all": ("recall scaling", "recall tradeoff", "recall dynamics")}
 SCALES = ("quick", "reference", "paper")
 
 
@@ -82,8 +63,7 @@ class Experiment:
     report: Callable[[pd.DataFrame, Path, Any], str] | None = None
     presets: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     folder: Callable[[dict[str, Any]], str] | None = None  # subfolder of a unit's sweep (default: out itself)
-    renamed: Mapping[str, str] = field(default_factory=dict)  # old column -> new, for earlier unit files
-    deprecated: Mapping[str, str] = field(default_factory=dict)  # old flag -> field it now sets
+    key_defaults: Mapping[str, Any] | type = field(default_factory=dict)  # entries left out of a key at default
     show: tuple[str, ...] = ()  # columns of the table printed when there is no report
     examples: str = ""
 
@@ -128,14 +108,6 @@ class Option:
     parent: str | None
 
 
-def get(name: str) -> Experiment:
-    """The registered experiment ``name`` (did-you-mean on a typo)."""
-    if name not in REGISTRY:
-        raise did_you_mean("experiment", name, REGISTRY)
-    module, attr = REGISTRY[name].split(":")
-    return getattr(importlib.import_module(module), attr)
-
-
 def run_experiment(experiment: Experiment, config: Any, out: str | Path, *, executor: str = "local",
                    address: str | None = None, plots: bool = True, progress: bool = True,
                    slurm: SlurmOptions | None = None) -> tuple[pd.DataFrame, str]:
@@ -150,7 +122,7 @@ def run_experiment(experiment: Experiment, config: Any, out: str | Path, *, exec
         groups.setdefault(experiment.folder(unit) if experiment.folder else "", []).append(unit)
     frames = [run_sweep(experiment.run_unit, part, out / folder, executor=executor, address=address, slurm=slurm,
                         progress=progress, desc=f"{experiment.name} {folder}".strip(), columns=experiment.columns,
-                        renamed=experiment.renamed)
+                        key_defaults=experiment.key_defaults)
               for folder, part in groups.items()]
     frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
     if experiment.report is not None:  # first: it may write tables the plots read

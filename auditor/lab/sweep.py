@@ -1,5 +1,13 @@
 """Resumable sweeps: work units keyed by the hash of their configuration, rows written atomically.
 
+A unit's key (:func:`unit_key`) hashes what defines its work: the configuration less its location
+(``workdir``) and less every entry equal to its *declared default* (an experiment's ``key_defaults``,
+shaped like its units). A field added with a default therefore keys no finished unit anew, and no
+field needs an old name kept for the sake of a key. A finished unit's key does not say what its entries
+at their default were, so changing a declared default would hand it to the new default: change a preset
+instead, or migrate the folders (``scripts/migrate_units.py``); ``tests/test_key_defaults.py`` holds
+the declared defaults and fails on a change.
+
 A sweep is a list of *units*. A unit is a JSON-serialisable configuration dict; the function that runs
 it returns one row (a dict) or a list of rows, with typed values (numbers, booleans, strings, and lists
 or dicts that the CSV writer stores as JSON). Each finished unit's rows are written at once to
@@ -29,6 +37,7 @@ sweep are removed on resume.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -56,7 +65,7 @@ from auditor.core.slurm import SlurmOptions
 log = logging.getLogger(__name__)
 
 UnitFn = Callable[[dict[str, Any]], "dict[str, Any] | list[dict[str, Any]]"]
-UNIT_FORMAT = "attention-auditor-unit/2"  # /1: columns before the renames of 0.2 (see ``renamed``)
+KeyDefaults = Mapping[str, Any] | type  # entry -> default, dataclass or [dataclass]; see key_fields
 LOCATION_KEYS = ("workdir",)  # say where a unit keeps side files, not what it computes: not in the key
 PROVENANCE = ("device", "seed", "git_commit", "versions")  # stamped on every row of every lab CSV
 RUNNER = ("unit", "unit_config")  # added by the sweep runner
@@ -73,11 +82,48 @@ def _dumps(payload: Any, *, sort_keys: bool = True) -> str:
     return json.dumps(payload, sort_keys=sort_keys, default=_jsonable, separators=(",", ":"))
 
 
-def unit_key(config: dict[str, Any]) -> str:
-    """Stable 16-hex-digit key of a resolved configuration (order of keys does not matter; the
-    ``LOCATION_KEYS`` are left out, so a moved output folder still resumes)."""
-    kept = {k: v for k, v in config.items() if k not in LOCATION_KEYS}
-    return hashlib.sha256(_dumps(kept).encode()).hexdigest()[:16]
+def field_defaults(cls: type) -> dict[str, Any]:
+    """The default of every field of the dataclass ``cls`` that has one (as a unit stores it: JSON)."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            value = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+        else:
+            continue
+        out[f.name] = json.loads(_dumps(dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value))
+    return out
+
+
+def _defaults(declared: Any) -> Mapping[str, Any] | None:
+    """The entry defaults a declaration stands for when it describes a dict (a dataclass), else None."""
+    return field_defaults(declared) if isinstance(declared, type) and dataclasses.is_dataclass(declared) else None
+
+
+def key_fields(config: Mapping[str, Any], defaults: KeyDefaults | None = None) -> dict[str, Any]:
+    """What a unit's key hashes: ``config`` less its ``LOCATION_KEYS`` and less every entry equal to its
+    declared default. ``defaults`` (a mapping, or a dataclass standing for its fields' defaults) maps an
+    entry to its default value, to a dataclass (the entry is a dict of that dataclass's fields, each left
+    out at its default) or to ``[dataclass]`` (a list of such dicts)."""
+    defaults = _defaults(defaults) or defaults or {}
+    out = {}
+    for name, value in config.items():
+        declared = defaults.get(name, dataclasses.MISSING)
+        if name in LOCATION_KEYS or (declared is not dataclasses.MISSING and _dumps(value) == _dumps(declared)):
+            continue
+        if isinstance(declared, list) and len(declared) == 1 and _defaults(declared[0]) is not None:
+            value = [key_fields(v, declared[0]) if isinstance(v, Mapping) else v for v in value]
+        elif _defaults(declared) is not None and isinstance(value, Mapping):
+            value = key_fields(value, declared)
+        out[name] = value
+    return out
+
+
+def unit_key(config: Mapping[str, Any], defaults: KeyDefaults | None = None) -> str:
+    """Stable 16-hex-digit key of a resolved configuration: the hash of its :func:`key_fields` (the order
+    of keys does not matter; a moved output folder and a field added at its default keep the key)."""
+    return hashlib.sha256(_dumps(key_fields(config, defaults)).encode()).hexdigest()[:16]
 
 
 def file_fingerprint(path: str | Path) -> str:
@@ -139,9 +185,8 @@ def run_unit(fn: UnitFn, config: dict[str, Any], root: str | None = None) -> lis
         return [stamp(row, seed=config.get("seed")) for row in _as_rows(fn(config), config)]
 
 
-def _read_unit(path: Path, renamed: Mapping[str, str] | None = None) -> list[dict[str, Any]] | None:
-    """Rows of a finished unit, or None when the file is missing or not a complete unit file; the columns
-    of a file in an earlier format are ``renamed``."""
+def _read_unit(path: Path, defaults: KeyDefaults | None = None) -> list[dict[str, Any]] | None:
+    """Rows of a finished unit, or None when the file is missing or not a complete unit file."""
     if not path.is_file():
         return None
     try:
@@ -154,11 +199,9 @@ def _read_unit(path: Path, renamed: Mapping[str, str] | None = None) -> list[dic
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows) or not isinstance(config, dict):
         log.warning("unit file %s is not a complete unit record; its unit will run again", path)
         return None
-    if unit_key(config) != path.stem:
+    if unit_key(config, defaults) != path.stem:
         log.warning("unit file %s holds another configuration; its unit will run again", path)
         return None
-    if renamed and payload.get("format") != UNIT_FORMAT:
-        rows = [{renamed.get(k, k): v for k, v in row.items()} for row in rows]
     return rows
 
 
@@ -221,8 +264,8 @@ def _exclusive(units: Path) -> Iterator[None]:
 
 def run_sweep(fn: UnitFn, configs: Sequence[dict[str, Any]], out: str | Path, *, executor: str = "local",
               address: str | None = None, progress: bool = True, desc: str = "sweep", num_cpus: float = 1,
-              num_gpus: float = 0, columns: Sequence[str] | None = None,
-              renamed: Mapping[str, str] | None = None, slurm: SlurmOptions | None = None) -> pd.DataFrame:
+              num_gpus: float = 0, columns: Sequence[str] | None = None, key_defaults: KeyDefaults | None = None,
+              slurm: SlurmOptions | None = None) -> pd.DataFrame:
     """Run every configuration not yet finished in ``out``; return (and write) all rows.
 
     Args:
@@ -237,7 +280,7 @@ def run_sweep(fn: UnitFn, configs: Sequence[dict[str, Any]], out: str | Path, *,
         num_cpus, num_gpus: resources each Ray task reserves (ignored by ``local``).
         columns: the row schema: a unit returning a column outside it (and outside the provenance
             columns) is a programming error; columns are written in this order.
-        renamed: old column name -> new, applied to unit files written by an earlier release.
+        key_defaults: the declared defaults of the units' entries, left out of their keys (:func:`key_fields`).
         slurm: the resources of each Slurm job (``slurm``; default :class:`~auditor.core.slurm.SlurmOptions`),
             logs in ``<out>/slurm`` unless it names a folder.
 
@@ -249,7 +292,7 @@ def run_sweep(fn: UnitFn, configs: Sequence[dict[str, Any]], out: str | Path, *,
     check_resources(num_cpus=num_cpus, num_gpus=num_gpus)
     if not configs:
         raise AuditError("the sweep lists no configurations; give at least one")
-    keys = [unit_key(c) for c in configs]
+    keys = [unit_key(c, key_defaults) for c in configs]
     if len(set(keys)) != len(keys):
         raise AuditError("the sweep lists the same configuration twice; every unit must be distinct")
     out = Path(out)
@@ -261,7 +304,7 @@ def run_sweep(fn: UnitFn, configs: Sequence[dict[str, Any]], out: str | Path, *,
             out = _check_out(out)
         units = out / "units"
         with confined(root), _exclusive(units):
-            pending = [(k, c) for k, c in zip(keys, configs) if _read_unit(units / f"{k}.json") is None]
+            pending = [(k, c) for k, c in zip(keys, configs) if _read_unit(units / f"{k}.json", key_defaults) is None]
             # progress on a terminal only: logs and pipes (Slurm, CI) get no carriage-return noise
             with tqdm(total=len(configs), initial=len(configs) - len(pending), desc=desc,
                       disable=None if progress else True) as bar:
@@ -269,14 +312,15 @@ def run_sweep(fn: UnitFn, configs: Sequence[dict[str, Any]], out: str | Path, *,
                 if executor == "slurm":  # the job writes its unit file
                     slurm = (slurm or SlurmOptions()).at(Path(os.path.abspath(out)) / "slurm")
                     worker = run_and_write
-                    calls = [(*call, str(units.absolute()), None if columns is None else tuple(columns)) for call in calls]
+                    calls = [(*call, str(units.absolute()), None if columns is None else tuple(columns), key)
+                             for call, (key, _) in zip(calls, pending)]
                 for i, rows in run_each(worker, calls, executor=executor, address=address, num_cpus=num_cpus,
                                         num_gpus=num_gpus, slurm=slurm, keys=[k for k, _ in pending], name=desc):
                     if executor != "slurm":
                         write_unit(units, *pending[i], rows, columns)
                     written += 1
                     bar.update()
-            return collect(out, configs, columns=columns, renamed=renamed)
+            return collect(out, configs, columns=columns, key_defaults=key_defaults)
     except BaseException:
         if written == 0:
             remove_empty(created)
@@ -289,15 +333,15 @@ def write_unit(units: Path, key: str, config: dict[str, Any], rows: list[dict[st
     _check_columns(rows, columns, config)
     text = _dumps(config)
     rows = [{**row, "unit": key, "unit_config": text} for row in rows]
-    payload = {"format": UNIT_FORMAT, "key": key, "config": config, "rows": rows}
+    payload = {"key": key, "config": config, "rows": rows}
     write_text_atomic(units / f"{key}.json", _dumps(payload, sort_keys=False))  # keeps column order
 
 
-def run_and_write(fn: UnitFn, config: dict[str, Any], root: str, units: str, columns: Sequence[str] | None) -> str:
-    """Run one unit and write its unit file: the body of a Slurm job (the file outlives the sweep's own
-    process). Returns the unit's key."""
+def run_and_write(fn: UnitFn, config: dict[str, Any], root: str, units: str, columns: Sequence[str] | None,
+                  key: str) -> str:
+    """Run one unit and write its unit file ``key``: the body of a Slurm job (the file outlives the sweep's
+    own process). Returns the unit's key."""
     rows = run_unit(fn, config, root)
-    key = unit_key(config)
     with confined(root):
         write_unit(Path(units), key, config, rows, columns)
     return key
@@ -313,12 +357,12 @@ def _check_columns(rows: list[dict[str, Any]], columns: Sequence[str] | None, co
 
 
 def collect(out: str | Path, configs: Sequence[dict[str, Any]], *, columns: Sequence[str] | None = None,
-            renamed: Mapping[str, str] | None = None) -> pd.DataFrame:
+            key_defaults: KeyDefaults | None = None) -> pd.DataFrame:
     """Assemble ``results.csv`` from the finished units of ``configs``, in their order."""
     out = Path(out)
     rows: list[dict[str, Any]] = []
     for config in configs:
-        rows.extend(_read_unit(out / "units" / f"{unit_key(config)}.json", renamed) or [])
+        rows.extend(_read_unit(out / "units" / f"{unit_key(config, key_defaults)}.json", key_defaults) or [])
     frame = pd.DataFrame(rows)
     if columns is not None:
         present = [c for c in dict.fromkeys([*columns, *PROVENANCE, *RUNNER]) if c in frame]

@@ -8,7 +8,7 @@ indices (None when no subset was found dependent). Skipped rows hold ``<NA>`` wh
 In ``results.csv`` the histogram is written ``rank:count;rank:count`` and the witness as space-separated
 indices, so a report stays readable as text; :func:`read_rows` turns such a file back into typed rows.
 ``rtol`` is the relative rank tolerance a row was judged at (a singular value counts when it exceeds
-``rtol x sigma_max``); files written before it had that name call it ``tolerance`` and read the same.
+``rtol x sigma_max``).
 
 ``critical_rtol_exact`` says whether ``critical_rtol`` is known to within its bracket
 ``[critical_rtol_low, critical_rtol_high]`` (True) or only bounded by it (False); files written before the
@@ -43,7 +43,6 @@ FLOAT_COLUMNS = ("fraction", "fraction_low", "fraction_high", "threshold", "min_
                  "critical_rtol_low", "critical_rtol_high", "verdict_margin", "effective_rank", "stable_rank",
                  "anisotropy", "collapse_residual", "effective_rank_centred", "stable_rank_centred",
                  "anisotropy_centred", "rtol", "seconds")
-RENAMED = {"tolerance": "rtol"}  # old column name -> name now: files written before the rename still read
 # read as text: a one-index witness is not a number; the grid is "multiplier:fraction;..."
 TEXT_CELLS = {"rank_counts": str, "witness": str, "rtol_grid": str, "krank_lower_method": str}
 
@@ -112,14 +111,8 @@ def _boolean(value: Any) -> bool | None:
 
 
 def typed_record(record: Mapping[str, Any]) -> dict[str, Any]:
-    """One row with its structured fields typed (from a probes result or a CSV line); a column of an older
-    file under its old name (``tolerance``) gets its current one (``rtol``)."""
+    """One row with its structured fields typed (from a probes result or a CSV line)."""
     out = dict(record)
-    for old, new in RENAMED.items():
-        if old in out:
-            value = out.pop(old)
-            if _missing(out.get(new)):
-                out[new] = value
     if "rank_counts" in out:
         out["rank_counts"] = parse_rank_counts(out["rank_counts"])
     if "witness" in out:

@@ -68,11 +68,6 @@ class CPConfig:
         if self.backend not in BACKENDS:
             raise did_you_mean("CP backend", self.backend, BACKENDS)
 
-    @classmethod
-    def of(cls, unit: dict[str, Any]) -> CPConfig:
-        """From a unit's ``cp`` dict, which keeps the name its key was hashed with (``tol``)."""
-        return cls(**{"tolerance" if k == "tol" else k: v for k, v in unit.items()})
-
 
 @dataclass
 class CPRankEstimate:

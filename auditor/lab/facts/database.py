@@ -268,14 +268,3 @@ class DatabaseSpec:
 def _balanced_groups(rng: np.random.Generator, n: int, groups: int) -> np.ndarray:
     """(n,) group labels, every group non-empty and sizes within one of each other, randomly placed."""
     return rng.permutation(np.arange(n) % groups)
-
-
-def database_from_config(config: dict[str, Any]) -> FactDatabase:
-    """Database from a sweep/CLI config: ``{"csv": path}`` or the fields of :class:`DatabaseSpec`."""
-    if "csv" in config:
-        return load_csv(config["csv"])
-    known = set(DatabaseSpec.__dataclass_fields__)
-    unknown = sorted(set(config) - known)
-    if unknown:
-        raise did_you_mean("database field", unknown[0], known)
-    return DatabaseSpec(**config).build()

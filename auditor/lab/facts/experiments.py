@@ -18,9 +18,6 @@ provenance. Certified bounds on the rank of D are ``bounds_*``, quantities of th
 * ``scale``:  databases of >= 20,000 triples through the same measures (CP fits by batched sparse ALS)
   and through training, with the time of each stage (``rank/`` and ``train/``).
 * ``rank`` and ``train``: the measures, and a grid of trained layers, on a database CSV.
-
-Unit configs keep the spelling their keys were first hashed with (``"cp": {"tol": ...}``), so output
-folders of earlier releases resume.
 """
 
 from __future__ import annotations
@@ -36,7 +33,7 @@ import pandas as pd
 import torch
 
 from auditor.core.atomic import real_folder
-from auditor.core.errors import AuditError, did_you_mean
+from auditor.core.errors import AuditError
 from auditor.lab.engine import TrainConfig
 from auditor.lab.experiment import Experiment, option
 from auditor.lab.facts import plots
@@ -96,7 +93,7 @@ def tau_unit(config: dict[str, Any]) -> list[dict[str, Any]]:
     """Train the members on the unit's database (generated, or a CSV), then per member and tau: rank of
     softmax>=tau(L) and softmax>=tau accuracy."""
     db = _csv(config) if "database" in config else DatabaseSpec(**config["db"]).build()
-    cp = CPConfig.of(config.get("cp", {}))
+    cp = CPConfig(**config.get("cp", {}))
     d_bounds, d_est = rank_bounds(db), estimate_cp_rank(db, cp)
     trained = train_layers(db, _members(config), _train_config(config), taus=config["taus"])
     rows = []
@@ -139,7 +136,7 @@ def bound_unit(config: dict[str, Any]) -> list[dict[str, Any]]:
     members = _members(config)
     trained = config["state"] == "trained"
     model = train_layers(db, members, _train_config(config)).model if trained else FactLayer(members, *db.shape)
-    cp = CPConfig.of(config.get("cp", {}))
+    cp = CPConfig(**config.get("cp", {}))
     rows = []
     for e, cfg in enumerate(members):
         row = layer_columns(model, e, cp)
@@ -170,7 +167,7 @@ def measure_unit(config: dict[str, Any]) -> list[dict[str, Any]]:
         result = exact_rank(db)
         exact, method = result.rank, result.method
     row.update(exact_rank=exact, exact_method=method)
-    row.update({f"cp_{k}": v for k, v in estimate_cp_rank(db, CPConfig.of(config.get("cp", {}))).to_row().items()})
+    row.update({f"cp_{k}": v for k, v in estimate_cp_rank(db, CPConfig(**config.get("cp", {}))).to_row().items()})
     if config.get("effective", True):
         row.update(effective_rank(db, restarts=config.get("effective_restarts", 2),
                                   max_rank=config.get("effective_max")).to_row())
@@ -197,7 +194,7 @@ def rank_unit(config: dict[str, Any]) -> list[dict[str, Any]]:
     row: dict[str, Any] = {**db.summary(), **{f"bounds_{k}": v for k, v in rank_bounds(db).to_row().items()}}
     if max(db.shape) <= 64:
         row.update(exact_rank(db).to_row())
-    estimate = estimate_cp_rank(db, CPConfig.of(config["cp"]), progress=True)
+    estimate = estimate_cp_rank(db, CPConfig(**config["cp"]), progress=True)
     row.update({f"cp_{k}": v for k, v in estimate.to_row().items()})
     return [{**row, **(effective_rank(db).to_row() if config["effective"] else {})}]
 
@@ -211,34 +208,9 @@ def train_csv_unit(config: dict[str, Any]) -> list[dict[str, Any]]:
              "train_config": _train_config(config).to_dict(), "dtype": "float32"} for e, row in enumerate(trained.rows)]
 
 
-UNITS: dict[str, Callable[[dict[str, Any]], list[dict[str, Any]]]] = {
-    "width": train_unit, "budget": train_unit, "tau": tau_unit, "bound": bound_unit, "measure": measure_unit,
-    "scale-rank": measure_unit, "scale-train": scale_train_unit, "rank": rank_unit, "train": train_csv_unit,
-}
-
-
-def unit_function(name: str) -> Callable[[dict[str, Any]], list[dict[str, Any]]]:
-    """The unit function of an experiment name."""
-    if name not in UNITS:
-        raise did_you_mean("experiment", name, UNITS)
-    return UNITS[name]
-
-
-def facts_unit(config: dict[str, Any]) -> list[dict[str, Any]]:
-    """The unit function of every facts experiment (the unit names its experiment)."""
-    return unit_function(config["experiment"])(config)
-
-
-def check_configs(configs: list[dict[str, Any]]) -> None:
-    """Validate every unit's database spec and layer configs before a sweep starts."""
-    if not configs:
-        raise AuditError("the sweep has no units")
-    for c in configs:
-        if "db" in c:
-            DatabaseSpec(**c["db"])
-        if "members" in c:
-            _members(c)
-        _train_config(c)
+def scale_unit(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """A unit of ``facts scale``: a database through the measures (``scale-rank``) or trained (``scale-train``)."""
+    return measure_unit(config) if config["experiment"] == "scale-rank" else scale_train_unit(config)
 
 
 # ---------------------------------------------------------------- configs: what each experiment runs
@@ -373,7 +345,7 @@ class TauConfig(Seeded):
     def units(self) -> list[dict[str, Any]]:
         members = [LayerConfig(d_model=d, heads=1, d_qk=d, d_vo=v, seed=i)
                    for d in self.d_models for v in (self.d_vos or [d]) for i in self.seeds]
-        extra = {"taus": list(self.taus), "cp": {"tol": 1e-3, "restarts": 2, "max_iter": 500}}
+        extra = {"taus": list(self.taus), "cp": {"tolerance": 1e-3, "restarts": 2, "max_iter": 500}}
         layers = [m.to_dict() for m in members]
         if self.database is None:
             return [{"experiment": "tau", "db": {**self.spec().to_dict(), "seed": s}, "members": layers, **extra,
@@ -391,7 +363,7 @@ class BoundConfig(Training):
     members: tuple[LayerConfig, ...] = tuple(
         LayerConfig(d_model=d, heads=h, d_qk=qk, d_vo=vo, seed=i) for i, (d, h, qk, vo) in enumerate(
             [(2, 1, 2, 1), (4, 1, 4, 1), (4, 1, 1, 4), (4, 2, 2, 2), (8, 1, 8, 1), (8, 1, 2, 4), (8, 2, 4, 2)]))
-    cp: tuple[tuple[str, Any], ...] = (("tol", 1e-4), ("restarts", 2), ("max_iter", 500))
+    cp: tuple[tuple[str, Any], ...] = (("tolerance", 1e-4), ("restarts", 2), ("max_iter", 500))
 
     def units(self) -> list[dict[str, Any]]:
         return [{"experiment": "bound", "db": self.db.to_dict(), "members": [m.to_dict() for m in self.members],
@@ -433,7 +405,7 @@ class ScaleConfig(Training):
 
     def units(self) -> list[dict[str, Any]]:
         rank = [{"experiment": "scale-rank", "db": db.to_dict(),  # the first two fitted on the full tensor
-                 "cp": {"tol": 1e-4, "restarts": 4 if db.kind == "random" else 2, "max_iter": 1000, "backend": "als",
+                 "cp": {"tolerance": 1e-4, "restarts": 4 if db.kind == "random" else 2, "max_iter": 1000, "backend": "als",
                         "compress": i >= 2, "verify_ceiling": i < 2},
                  "effective": self.effective and db.kind == "planted", "effective_max": 16}
                 for i, db in enumerate(self.dbs)]
@@ -475,7 +447,7 @@ class RankConfig(CSVDatabase):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        CPConfig.of(self.cp())
+        CPConfig(**self.cp())
 
     def cp(self) -> dict[str, Any]:
         return {"tolerance": self.cp_tolerance, "restarts": self.restarts, "max_iter": self.max_iter,
@@ -532,61 +504,57 @@ _CP = tuple(f"cp_{k}" for k in ("rank", "floor", "ceiling", "ceiling_certified",
 _EFFECTIVE = ("effective_rank", "effective_lower", "effective_exact", "effective_seconds", "effective_tried")
 _MEASURED = (*_IDS, "seed", "build_seconds", *_BOUNDS, "bounds_seconds", "exact_rank", "exact_method", *_CP,
              *_EFFECTIVE)
-RENAMED = {"params": "parameters", "cp_tol": "cp_tolerance", "rank_lower": "bounds_lower", "rank_upper": "bounds_upper",
-           "rank_exact": "bounds_exact", "db_rank_lower": "bounds_lower", "db_rank_upper": "bounds_upper",
-           "db_cp_rank": "cp_rank", "total_seconds": "seconds", "members_in_batch": "bucket_members"}  # columns of earlier releases
+KEY_DEFAULTS = {"db": DatabaseSpec, "members": [LayerConfig], "cp": CPConfig}  # a unit's key leaves these defaults out
 _SHOW_TRAINED = ("d_model", "heads", "d_qk", "d_vo", "seed", "parameters", "accuracy", "acc_tau0.95", "steps_trained",
                  "layer_bound", "layer_cp_rank", "layer_flattening_lower")
 
 
-def _facts(name: str, help: str, config: type, columns: tuple[str, ...], **kwargs: Any) -> Experiment:
-    """A facts experiment: its config splits into units, every unit runs through :func:`facts_unit`."""
+def _facts(name: str, help: str, config: type, run_unit: Callable[[dict[str, Any]], list[dict[str, Any]]],
+           columns: tuple[str, ...], **kwargs: Any) -> Experiment:
+    """A facts experiment: its config splits into units, each run by ``run_unit`` through the shared runner."""
     draw = plots.PLOTS.get(name)
     return Experiment(name=f"facts {name}", help=help, config=config, units=lambda c, out: c.units(),
-                      run_unit=facts_unit, columns=tuple(dict.fromkeys(columns)),
+                      run_unit=run_unit, columns=tuple(dict.fromkeys(columns)),
                       plots=(lambda frame, out, c: draw(frame, out)) if draw else None,
-                      renamed=kwargs.pop("renamed", RENAMED), **kwargs)
+                      key_defaults=KEY_DEFAULTS, **kwargs)
 
 
-_SEEDED = {"deprecated": {"--init-seeds": "seeds"}, "show": _SHOW_TRAINED}
+_SEEDED = {"show": _SHOW_TRAINED}
 WIDTH = _facts("width", "Accuracy against d_model and d_vo (d_qk = d_model, one head), per database seed.",
-               WidthConfig, (*_IDS, *_LAYER, *_TRAINED, "bounds_lower", "bounds_upper", "bounds_exact", "on_budget",
+               WidthConfig, train_unit, (*_IDS, *_LAYER, *_TRAINED, "bounds_lower", "bounds_upper", "bounds_exact", "on_budget",
                              *_STAMP),
                presets={"quick": {"db": QUICK_DB, "d_models": (2, 4), "d_vos": (1, 2), "db_seeds": (0,),
                                   "seeds": (0,), **QUICK}}, **_SEEDED)
 BUDGET = _facts("budget", "The full d_qk x d_vo grid at a fixed d_model; its anti-diagonal is Paper B's fixed "
-                "parameter budget.", BudgetConfig, WIDTH.columns,
+                "parameter budget.", BudgetConfig, train_unit, WIDTH.columns,
                 presets={"quick": {"db": QUICK_DB, "d_model": 3, "db_seeds": (0,), "seeds": (0,), **QUICK}}, **_SEEDED)
 TAU = _facts("tau", "Trained layers: rank of softmax>=tau(L) and the softmax>=tau accuracy for tau in 0.5..0.99, "
              "beside rank(D); on a generated database (change it with --keys, --queries, ...) or a DATABASE csv.",
-             TauConfig,
+             TauConfig, tau_unit,
              (*_IDS, *_LAYER, *[c for c in _TRAINED if not c.startswith("acc_tau")], "tau", "acc_tau",
               "thresholded_triples", "bounds_lower", "bounds_upper", "cp_rank", "layer_bound", "layer_flattening_lower",
               "s_rank_lower", "s_rank_upper", "s_cp_rank", "s_cp_reached_by", "s_cp_seconds", "cp_tolerance", *_STAMP),
              presets={"quick": {"db": QUICK_DB, "d_models": (2, 4), "taus": (0.5, 0.9), "seeds": (0,), **QUICK}},
-             deprecated={"--init-seeds": "seeds"},
              show=("d_model", "seed", "tau", "acc_tau", "s_cp_rank", "layer_bound", "cp_rank"),
              examples="audit facts tau --keys 32 --queries 8 --values-per-query 4 --no-shared-values --d-model 2:6,8,16\n"
                       "audit facts tau db.csv --d-model 4,8 --tau 0.5,0.95 --steps 500 --lr 1e-2")
 BOUND = _facts("bound", "The bound on rank(L) against L's CP-rank estimate and flattening lower bound, random and "
-               "trained layers.", BoundConfig,
+               "trained layers.", BoundConfig, bound_unit,
                (*_IDS, *_LAYER, "state", *_LAYER_BOUND, "architecture_bound", "cp_tolerance", "bound_holds",
                 "tight_certified", "loose", "slack", *_STAMP),
                presets={"quick": {"db": DatabaseSpec(keys=4, queries=3, values_per_query=2), **QUICK,
                                   "members": (LayerConfig(d_model=2, d_qk=1, d_vo=1),
                                               LayerConfig(d_model=3, heads=2, d_qk=2, d_vo=1)),
-                                  "cp": (("tol", 1e-3), ("restarts", 1), ("max_iter", 200))}},
-               renamed={**{k: f"layer_{k}" for k in (*_BOUND_PARTS, "flattening_lower", "cp_rank", "cp_reached_by",
-                                                     "cp_seconds")}, "cp_tol": "cp_tolerance"},
+                                  "cp": (("tolerance", 1e-3), ("restarts", 1), ("max_iter", 200))}},
                show=("d_model", "heads", "d_qk", "d_vo", "state", "layer_bound", "layer_cp_rank",
                      "layer_flattening_lower", "architecture_bound", "bound_holds"))
 MEASURE = _facts("measure", "Databases through every measure: triples, the paper's bound, certified bounds, exact "
-                 "rank, CP estimate, effective rank.", MeasureConfig, (*_MEASURED, *_STAMP),
+                 "rank, CP estimate, effective rank.", MeasureConfig, measure_unit, (*_MEASURED, *_STAMP),
                  presets={"quick": {"dbs": (QUICK_DB, DatabaseSpec(keys=5, queries=3, values_per_query=2,
                                                                    shared_values=True, seed=1))}},
                  show=("db", "triples", "bounds_lower", "bounds_upper", "exact_rank", "cp_rank", "effective_rank"))
 SCALE = _facts("scale", "Databases of >= 20,000 triples through the measures (batched sparse ALS) and through "
-               "training, with the time of each stage (rank/ and train/).", ScaleConfig,
+               "training, with the time of each stage (rank/ and train/).", ScaleConfig, scale_unit,
                (*_MEASURED, *_LAYER, *_TRAINED, "seconds", "batch_size", *_STAMP),
                presets={"quick": {"dbs": (DatabaseSpec(keys=200, queries=10, values_per_query=10),), "batch_size": 512,
                                   "members": (LayerConfig(d_model=16, heads=2, d_qk=16, d_vo=16),), "effective": False,
@@ -594,23 +562,16 @@ SCALE = _facts("scale", "Databases of >= 20,000 triples through the measures (ba
                folder=lambda unit: unit["experiment"].removeprefix("scale-"),
                show=("db", "triples", "bounds_exact", "cp_rank", "cp_seconds", "d_model", "accuracy", "train_seconds"))
 RANK = _facts("rank", "Measure a database CSV: triples, the paper's bound, certified bounds, exact rank, CP estimate.",
-              RankConfig, (*_IDS, *_BOUNDS, "exact_rank", "exact_lower", "exact_upper", "exact_method",
+              RankConfig, rank_unit, (*_IDS, *_BOUNDS, "exact_rank", "exact_lower", "exact_upper", "exact_method",
                            "exact_core_shape", *_CP, *_EFFECTIVE),
-              presets={"quick": {"restarts": 1, "max_iter": 500}}, deprecated={"--tol": "cp_tolerance"},
+              presets={"quick": {"restarts": 1, "max_iter": 500}},
               show=("db", "triples", "keys", "queries", "values", "bounds_paper_bound", "bounds_value_slice_bound",
                     "bounds_lower", "bounds_upper", "exact_rank", "exact_method", "cp_rank", "cp_reached_by",
                     "cp_tolerance", "effective_rank"))
 TRAIN_LAYERS = _facts("train", "Train one attention-only layer per configuration on a database CSV (all batched); "
-                      "report the accuracies.", TrainLayersConfig, (*_IDS, *_LAYER, *_TRAINED, *_LAYER_BOUND,
+                      "report the accuracies.", TrainLayersConfig, train_csv_unit, (*_IDS, *_LAYER, *_TRAINED, *_LAYER_BOUND,
                                                                     "train_config", "dtype"),
                       presets={"quick": {"steps": 100}}, show=_SHOW_TRAINED)
-
-
-def results_frame(path: str | Path) -> pd.DataFrame:
-    """A facts ``results.csv`` with the columns of this release (an earlier release's are renamed)."""
-    frame = pd.read_csv(path)
-    name = str(frame["experiment"].iloc[0]) if len(frame) and "experiment" in frame else ""
-    return frame.rename(columns=(BOUND.renamed if name == "bound" else RENAMED))
 
 
 def plot_results(results: str | Path, out: str | Path | None = None) -> list[Path]:
@@ -619,7 +580,7 @@ def plot_results(results: str | Path, out: str | Path | None = None) -> list[Pat
     path = path / "results.csv" if path.is_dir() else path
     if not path.is_file():
         raise AuditError(f"no results file at {str(path)!r}; give a sweep folder or its results.csv")
-    frame = results_frame(path)
+    frame = pd.read_csv(path)
     if frame.empty or "experiment" not in frame:
         raise AuditError(f"{str(path)!r} has no facts experiment rows")
     name = str(frame["experiment"].iloc[0])

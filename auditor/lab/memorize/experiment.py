@@ -185,6 +185,5 @@ EXPERIMENT = Experiment(
     report=_report,
     presets={"quick": {"figure": "a", "seeds": (0,), "rounds": 2}},  # the other scales keep --figure optional; the config reads its scale
     scale_names=("quick", "reference", "paper"),
-    renamed=train.RENAMED,
-    deprecated={"--tolerance": "error_tolerance"},
+    key_defaults=train.KEY_DEFAULTS,
 )

@@ -38,16 +38,6 @@ def linear_fit(x: np.ndarray, y: np.ndarray) -> LinearFit:
     return LinearFit(float(slope), float(intercept), r2, int(x.size))
 
 
-# names of earlier releases, so committed CSVs still read (old -> current)
-OLD_COLUMNS = {"bound": "lower_bound", "certified": "readout_hits", "certified_init": "readout_hits_init",
-               "tolerance": "error_tolerance", "rank_rtol": "rtol"}
-
-
-def current_columns(frame: pd.DataFrame) -> pd.DataFrame:
-    """``frame`` with old column names replaced (a column already present under its new name wins)."""
-    return frame.rename(columns={old: new for old, new in OLD_COLUMNS.items() if old in frame and new not in frame})
-
-
 def converged_rows(frame: pd.DataFrame) -> pd.DataFrame:
     """Rows whose training converged (all of them for CSVs written before ``converged`` existed)."""
     if "converged" not in frame:
@@ -61,7 +51,6 @@ def sweep_summary(frame: pd.DataFrame, x: str) -> pd.DataFrame:
     (converged) and ``runs`` (all, step-limited ones included)."""
     if x not in X_LABELS:
         raise AuditError(f"x must be one of {', '.join(X_LABELS)}, got {x!r}")
-    frame = current_columns(frame)
     rows = []
     for (N, value), part in frame.groupby(["N", x]):
         done = converged_rows(part)
@@ -83,7 +72,6 @@ def sweep_fits(frame: pd.DataFrame, x: str) -> pd.DataFrame:
     slope_high, intercept, r2 = mean over seeds, points, seeds); an empty frame for other axes."""
     if x != "heads":
         return pd.DataFrame()
-    frame = current_columns(frame)
     summary = sweep_summary(frame, x)
     fits = []
     for N, part in converged_rows(frame).groupby("N"):
@@ -102,7 +90,6 @@ def plot_sweep(frame: pd.DataFrame, x: str, path: str | Path, title: str = "") -
     error bars), the lower bound drawn; for ``x = heads`` the fit of :func:`sweep_fits` dotted with its
     slope interval and R^2 in the legend. Runs stopped at the step limit are left out and counted in the
     title. Returns the fits."""
-    frame = current_columns(frame)
     summary = sweep_summary(frame, x)
     fits = sweep_fits(frame, x)
     fig, ax = plt.subplots(figsize=(6.4, 4.6))

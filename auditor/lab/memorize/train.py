@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,7 +44,7 @@ from auditor.lab.memorize.data import DataConfig, MemorizeData, derived_seed, ma
 from auditor.lab.memorize.model import MHAConfig, MHAEnsemble
 from auditor.lab.memorize.saturation import saturation
 from auditor.lab.memorize.task import MemorizeTask
-from auditor.lab.sweep import run_sweep, unit_key, write_table
+from auditor.lab.sweep import unit_key, write_table
 
 
 @dataclass(frozen=True)
@@ -136,14 +136,6 @@ class MemorizeSettings:
             raise AuditError(f"device must be cpu, cuda or cuda:<index>, got {self.device!r}")
         self.train_config(None)  # validates steps, lr, schedule, warm-up
 
-    def to_unit(self) -> dict[str, Any]:
-        """The settings as a unit stores them (under the names the unit keys were first hashed with)."""
-        return {_UNIT_NAMES.get(k, k): v for k, v in dataclasses.asdict(self).items()}
-
-    @classmethod
-    def from_unit(cls, settings: dict[str, Any]) -> MemorizeSettings:
-        return cls(**{_FIELD_NAMES.get(k, k): v for k, v in settings.items()})
-
     def train_config(self, checkpoint: str | None, round: int = 1) -> TrainConfig:
         """The engine's config of training round ``round`` (1-based; later rounds draw another data order)."""
         seed = self.order_seed if round == 1 else derived_seed(self.order_seed, f"round {round}")
@@ -152,10 +144,7 @@ class MemorizeSettings:
                            seed=seed, checkpoint=checkpoint, checkpoint_every=self.checkpoint_every)
 
 
-_UNIT_NAMES = {"error_tolerance": "tolerance", "rtol": "rank_rtol"}  # field -> its name in unit files
-_FIELD_NAMES = {v: k for k, v in _UNIT_NAMES.items()}
-RENAMED = {**_FIELD_NAMES, "steps": "steps_trained", "max_steps": "steps",  # columns of earlier releases
-           "bound": "lower_bound", "certified": "readout_hits", "certified_init": "readout_hits_init"}
+KEY_DEFAULTS = {"runs": [MemorizeRun], "settings": MemorizeSettings}  # a unit's key leaves these defaults out
 
 
 def paper_steps(N: int, batch_size: int = 256, epochs: int = 500, minimum: int = 50_000) -> int:
@@ -217,7 +206,7 @@ def make_units(runs: Sequence[MemorizeRun], settings: MemorizeSettings, workdir:
     if not runs:
         raise AuditError("the sweep has no runs; give at least one value for every swept option")
     return [{"kind": "memorize", "runs": [dataclasses.asdict(r) for r in bucket],
-             "settings": settings.to_unit(), "workdir": str(workdir)}
+             "settings": dataclasses.asdict(settings), "workdir": str(workdir)}
             for bucket in buckets(runs, settings)]
 
 
@@ -350,17 +339,19 @@ def fit_bucket(configs: Sequence[MHAConfig], datasets: Sequence[MemorizeData], s
     return out
 
 
-def run_unit(unit: dict[str, Any], progress: bool = False) -> list[dict[str, Any]]:
-    """Train one bucket of synthetic runs and return one row per run; the sweep runner's unit function."""
+def run_unit(unit: dict[str, Any], progress: bool = False,
+             make: Callable[[DataConfig], MemorizeData] = make_data) -> list[dict[str, Any]]:
+    """Train one bucket of synthetic runs and return one row per run; the sweep runner's unit function.
+    ``make`` draws the dataset of a run (another task, e.g. shared queries, passes its own)."""
     runs = [MemorizeRun(**r) for r in unit["runs"]]
-    settings = MemorizeSettings.from_unit(unit["settings"])
+    settings = MemorizeSettings(**unit["settings"])
     cache: dict[DataConfig, MemorizeData] = {}
     for run in runs:
         if run.data_config() not in cache:
-            cache[run.data_config()] = make_data(run.data_config())
+            cache[run.data_config()] = make(run.data_config())
     datasets = [cache[r.data_config()] for r in runs]  # identical datasets are stored once
     workdir = Path(unit["workdir"])
-    key = unit_key(unit)
+    key = unit_key(unit, KEY_DEFAULTS)
     measured = fit_bucket([r.model_config() for r in runs], datasets, settings,
                           checkpoint=str(workdir / "checkpoints" / f"{key}.pt"),
                           history=workdir / "history" / f"{key}.csv",
@@ -374,14 +365,6 @@ def run_unit(unit: dict[str, Any], progress: bool = False) -> list[dict[str, Any
          **m, "history": f"history/{key}.csv", "saturation": f"saturation/{key}.csv"}
         for i, (run, m) in enumerate(zip(runs, measured))
     ]
-
-
-def run_memorize(runs: Sequence[MemorizeRun], settings: MemorizeSettings, out: str | Path, *, executor: str = "local",
-                 progress: bool = True) -> pd.DataFrame:
-    """Run (or resume) a sweep into ``out``; returns the rows of ``out/results.csv``."""
-    units = make_units(runs, settings, out)
-    return run_sweep(run_unit, units, out, executor=executor, progress=progress, desc="memorize buckets",
-                     columns=COLUMNS, renamed=RENAMED)
 
 
 _CONVERGENCE = ("converged", "stop_reason", "rounds_trained")

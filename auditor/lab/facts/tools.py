@@ -1,14 +1,9 @@
-"""``audit facts``: fact databases as tensors and the capacity of one attention-only layer.
+"""The tools of the facts room around its experiments: ``audit facts generate`` (a seeded database as CSV)
+and ``audit facts plot`` (redraw a finished sweep's plot).
 
 \b
   audit facts generate --keys 32 --queries 8 --values-per-query 4 -o db.csv
-  audit facts rank db.csv [--effective]          # bounds, exact rank (tiny), CP estimate
-  audit facts train db.csv --d-model 8 --d-vo 1:8 [--layer-rank]
-  audit facts width|budget|tau|bound|measure|scale [--scale quick] --out DIR
   audit facts plot DIR
-
-The experiments are built from their declarations (:mod:`auditor.lab.facts.experiments`) by
-:mod:`auditor.lab.cli`; ``generate`` and ``plot`` are tools around them.
 """
 
 from __future__ import annotations
@@ -17,7 +12,7 @@ from typing import Any
 
 import click
 
-from auditor.lab.cli import SEED, SIZE, room, threads_option
+from auditor.lab.cli import SEED, SIZE, threads_option
 
 
 @click.command("generate")
@@ -56,7 +51,3 @@ def plot_command(folder: str, out: str | None) -> None:
         click.echo("no plot for this experiment (its results are tables)")
     for path in paths:
         click.echo(f"plot: {path}")
-
-
-facts_command = room("facts", "Fact databases as tensors (rank, bounds) and how much one attention-only layer "
-                     "memorizes.", [generate_command, plot_command])

@@ -13,7 +13,7 @@ Trainable parameters are counted as 4 H d_h d + 2 m d (the paper's count; the m 
 separately).
 
 Members of one ensemble share d, H and d_h; they may differ in the MLP width m (padded, with a mask on
-the hidden units), in the fact table (S, R, D padded by :class:`~auditor.lab.assoc.facts.FactBank`)
+the hidden units), in the fact table (S, R, D padded by :class:`~auditor.lab.recall.task.FactBank`)
 and in the seed. A member's embeddings and initial weights depend only on its own (S, R, D, m, seed).
 """
 
@@ -27,8 +27,8 @@ import torch
 from torch import nn
 
 from auditor.core.errors import AuditError
-from auditor.lab.assoc.facts import DEFAULT_PROMPT_LENGTH, FactBank, FactTable, PromptBatch, member_generator
 from auditor.lab.engine import Ensemble
+from auditor.lab.recall.task import DEFAULT_PROMPT_LENGTH, FactBank, FactTable, PromptBatch, member_generator
 
 _TRAIN_STREAM, _EVAL_STREAM = 1, 2
 
@@ -158,7 +158,7 @@ class RecallTask:
     """Fresh prompts every step; accuracy over ALL S R facts of every member (the engine's ``Task``).
 
     Prompts of member i come from generators seeded by (``seeds[i]``, step) only
-    (:func:`~auditor.lab.assoc.facts.member_generator`), so a member trains on the same data alone or
+    (:func:`~auditor.lab.recall.task.member_generator`), so a member trains on the same data alone or
     in any ensemble, and a resumed run redraws the same prompts; the engine's generator is not used.
     The evaluation set holds every fact in ``eval_contexts`` noisy prompts, drawn once (every evaluation
     of a run sees the same prompts). ``accuracy`` is the fraction of those prompts answered correctly;

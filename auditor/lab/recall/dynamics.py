@@ -17,7 +17,7 @@ Members of the ensemble are data seeds. At every evaluation the task records, ov
   table depends on the subject only;
 - the matching accuracies.
 
-:func:`run_dynamics` trains, then :func:`~auditor.lab.assoc.stages.detect_stages` finds the stages. As
+:func:`run_dynamics` trains, then :func:`~auditor.lab.recall.stages.detect_stages` finds the stages. As
 ``audit recall dynamics`` the run is one sweep unit (in ``dynamics/``); ``dynamics_stages.csv`` holds the
 stages, ``dynamics_curves.csv`` the curves.
 """
@@ -35,10 +35,10 @@ from torch import nn
 
 from auditor.core.atomic import write_text_atomic
 from auditor.core.errors import AuditError
-from auditor.lab.assoc.facts import DEFAULT_PROMPT_LENGTH, FactBank, FactTable, PromptBatch, member_generator
-from auditor.lab.assoc.stages import Stages, detect_stages
 from auditor.lab.engine import Ensemble, TrainConfig, train
 from auditor.lab.experiment import Experiment, option
+from auditor.lab.recall.stages import Stages, detect_stages
+from auditor.lab.recall.task import DEFAULT_PROMPT_LENGTH, FactBank, FactTable, PromptBatch, member_generator
 from auditor.lab.sweep import stamp, unit_key, write_csv, write_table
 
 _TRAIN_STREAM, _EVAL_STREAM = 3, 4
@@ -198,11 +198,14 @@ def _stage_row(seed: int, stages: Stages, table: FactTable, seconds: float) -> d
     }
 
 
+
+KEY_DEFAULTS = {"config": DynamicsConfig}  # a unit's key leaves the config's defaults out
+
 def dynamics_unit(unit: dict[str, Any]) -> list[dict[str, Any]]:
     """Sweep unit: one run of every seed; returns the stage rows, writes the curves beside them."""
     config = DynamicsConfig(**{k: tuple(v) if k == "seeds" else v for k, v in unit["config"].items()})
     curves, stages = run_dynamics(config, progress=False)
-    key = unit_key(unit)
+    key = unit_key(unit, KEY_DEFAULTS)
     write_table(curves, Path(unit["workdir"]) / "dynamics" / "curves" / f"{key}.csv", unit=key)
     return stages.to_dict("records")
 
@@ -241,5 +244,5 @@ EXPERIMENT = Experiment(
              "reference": {"steps": 8192, "batch_size": 1024, "seeds": (0, 1, 2)},  # the paper's own setting
              "paper": {"steps": 8192, "batch_size": 1024, "seeds": (0, 1, 2, 3, 4)}},
     folder=lambda unit: "dynamics",
-    renamed={"seconds_run": "seconds"},
+    key_defaults=KEY_DEFAULTS,
 )

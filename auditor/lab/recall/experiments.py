@@ -36,11 +36,11 @@ from auditor.core.atomic import write_text_atomic
 from auditor.core.errors import AuditError
 from auditor.lab.assoc.capacity import FACTS_PER_PARAMETER_GUIDE, Bisection, search_all
 from auditor.lab.assoc.convergence import PLATEAU_GAIN, accuracy_at, plateau_gain
-from auditor.lab.assoc.facts import DEFAULT_PROMPT_LENGTH, FactTable
-from auditor.lab.assoc.recall import RecallMember, build_recall, recall_parameters
 from auditor.lab.engine import TrainConfig, train
 from auditor.lab.experiment import Experiment, option
-from auditor.lab.sweep import run_sweep, write_csv
+from auditor.lab.recall.model import RecallMember, build_recall, recall_parameters
+from auditor.lab.recall.task import DEFAULT_PROMPT_LENGTH, FactTable
+from auditor.lab.sweep import field_defaults, write_csv
 
 
 @dataclass(frozen=True)
@@ -187,9 +187,6 @@ class ScalingConfig:
     def units(self) -> list[dict[str, Any]]:
         base = dataclasses.asdict(self)
         base.pop("dims")
-        if not self.budgets:  # a bisection's unit keys stay those of earlier runs
-            base.pop("budgets")
-            base.pop("grid")
         return [{**base, "d": d} for d in self.dims]
 
 
@@ -385,23 +382,9 @@ SCALING_COLUMNS = ("d", "heads", "head_dim", "width", "architecture", "parameter
 TRADEOFF_COLUMNS = ("subjects", "relations", "facts", "d", "heads", "head_dim", "width", "seed", "parameters",
                     "attention_parameters", "mlp_parameters", "accuracy", "fact_recall", "steps_trained", "best_lr",
                     "accuracy_by_lr", "train_seconds", "stored", "converged", *_TRAINING)
-RENAMED = {"params": "parameters", "params_with_bias": "parameters_with_bias", "facts_per_param": "facts_per_parameter",
-           "bits_per_param": "bits_per_parameter", "attention_params": "attention_parameters",
-           "mlp_params": "mlp_parameters", "max_steps": "steps", "steps": "steps_trained", "T": "prompt_length",
-           "D": "answers_per_relation", "seconds_unit": "seconds", "seconds_train": "train_seconds",
-           "model": "architecture"}
-
-
-def run_scaling(config: ScalingConfig, out: str | Path, *, executor: str = "local", progress: bool = True) -> pd.DataFrame:
-    """Run (or resume) the facts-per-parameter sweep into ``out`` (``results.csv``)."""
-    return run_sweep(run_scaling_unit, config.units(), out, executor=executor, progress=progress, desc="recall scaling",
-                     columns=SCALING_COLUMNS, renamed=RENAMED)
-
-
-def run_tradeoff(config: TradeoffConfig, out: str | Path, *, executor: str = "local", progress: bool = True) -> pd.DataFrame:
-    """Run (or resume) the attention-versus-MLP grid into ``out`` (``results.csv``)."""
-    return run_sweep(run_tradeoff_unit, config.units(), out, executor=executor, progress=progress,
-                     desc="recall trade-off", columns=TRADEOFF_COLUMNS, renamed=RENAMED)
+# a unit holds its config's fields (the training nested): its key leaves their defaults out
+SCALING_KEYS = {**field_defaults(ScalingConfig), "training": RecallTraining}
+TRADEOFF_KEYS = {**field_defaults(TradeoffConfig), "training": RecallTraining}
 
 
 # Named scales. The paper: d in 2^{3..7.5}, 16384 steps of 1024 fresh prompts, the best of lr in {1e-3, 3e-3,
@@ -471,12 +454,12 @@ SCALING = Experiment(
          "with the fitted facts per parameter and bits per parameter.",
     config=ScalingConfig, units=lambda config, out: config.units(), run_unit=run_scaling_unit,
     columns=SCALING_COLUMNS, plots=_scaling_plots, report=_scaling_report,
-    presets=SCALING_PRESETS, folder=lambda unit: "scaling", renamed=RENAMED,
+    presets=SCALING_PRESETS, folder=lambda unit: "scaling", key_defaults=SCALING_KEYS,
 )
 TRADEOFF = Experiment(
     name="recall tradeoff",
     help="Accuracy over a grid of heads H and MLP widths m at S = R = 32, d = 32, d_h = 8.",
     config=TradeoffConfig, units=lambda config, out: config.units(), run_unit=run_tradeoff_unit,
     columns=TRADEOFF_COLUMNS, plots=_plot("plot_tradeoff", "tradeoff.png"), report=_tradeoff_report,
-    presets=TRADEOFF_PRESETS, folder=lambda unit: "tradeoff", renamed=RENAMED,
+    presets=TRADEOFF_PRESETS, folder=lambda unit: "tradeoff", key_defaults=TRADEOFF_KEYS,
 )

@@ -36,7 +36,7 @@ from auditor.lab.assoc.convergence import PLATEAU_GAIN, plateau_gain
 from auditor.lab.assoc.memories import MEMORY_KINDS, MemoryMember, build_memory, memory_parameters
 from auditor.lab.engine import TrainConfig, train
 from auditor.lab.experiment import Experiment, option
-from auditor.lab.sweep import run_sweep, write_csv
+from auditor.lab.sweep import write_csv
 
 log = logging.getLogger(__name__)
 
@@ -170,13 +170,6 @@ def run_bucket(unit: dict[str, Any]) -> list[dict[str, Any]]:
 COLUMNS = ("kind", "d", "width", "parameters", "seed", "capacity", "first_fail", "converged", "n_log_n",
            "guide_capacity", "rounds", "probes", "steps", "lr", "optimizer", "schedule", "warmup_frac", "eval_every",
            "threshold", "rel_tol", "dtype", "seconds")
-RENAMED = {"m": "width", "params": "parameters", "max_steps": "steps", "seconds_bucket": "seconds"}
-
-
-def run_assoc(config: AssocConfig, out: str | Path, *, executor: str = "local", progress: bool = True) -> pd.DataFrame:
-    """Run (or resume) the capacity sweep into ``out``; returns the rows (also ``out/results.csv``)."""
-    return run_sweep(run_bucket, config.buckets(), out, executor=executor, progress=progress,
-                     desc=f"assoc {config.kind}", columns=COLUMNS, renamed=RENAMED)
 
 
 # Named scales per memory kind. The paper: linear AdamW lr 1000 (sic), 4096 full-batch steps, 5 seeds (lr 1
@@ -253,5 +246,5 @@ EXPERIMENT = Experiment(
     report=_report,
     scale_names=("quick", "reference", "paper"),
     folder=lambda unit: unit["kind"],
-    renamed=RENAMED,
+    key_defaults=AssocConfig,  # a unit holds an AssocConfig's fields: its key leaves their defaults out
 )

@@ -40,11 +40,10 @@ from auditor.lab.memorize.train import (
     _CERTIFICATE,
     _CONVERGENCE,
     _TRAINING,
-    RENAMED,
     MemorizeSettings,
     fit_bucket,
 )
-from auditor.lab.sweep import file_fingerprint, run_sweep, unit_key, write_table
+from auditor.lab.sweep import file_fingerprint, unit_key, write_table
 
 PROJECTIONS = ("svd", "random", "none")
 EXTRACTED_SAMPLES = 256  # examples extracted when --samples is not given
@@ -76,6 +75,10 @@ class CapacitySettings:
         if self.classes < 2 or self.subsets < 1:
             raise AuditError("classes must be >= 2 and subsets >= 1")
 
+
+
+# a unit's key leaves these defaults out
+KEY_DEFAULTS = {"capacity": CapacitySettings, "train": MemorizeSettings, "samples": None}
 
 def select_rows(n: int, rows: int, query_index: int | None, seed: int) -> torch.Tensor:
     """Indices of the kept context rows (sorted); the query row is always kept when there is one."""
@@ -134,7 +137,7 @@ def capacity_unit(unit: dict[str, Any], progress: bool = False) -> list[dict[str
     if unit.get("samples") is not None:  # --samples with --tokens: the first N examples of the file
         tokens = Tokens(tokens.contexts[: unit["samples"]], tokens.queries[: unit["samples"]], tokens.meta)
     settings = CapacitySettings(**{k: tuple(v) if isinstance(v, list) else v for k, v in unit["capacity"].items()})
-    train_settings = MemorizeSettings.from_unit(unit["train"])
+    train_settings = MemorizeSettings(**unit["train"])
     contexts, queries, info = reduce_tokens(tokens, settings)
     N, n, w = contexts.shape
     verdicts = {
@@ -145,7 +148,7 @@ def capacity_unit(unit: dict[str, Any], progress: bool = False) -> list[dict[str
     datasets = {seed: MemorizeData(contexts, queries, random_labels(N, settings.classes, seed), "classification",
                                    settings.classes) for seed in settings.seeds}
     configs = [MHAConfig(heads=H, d=w, d_h=w, d_v=w, outputs=settings.classes, seed=seed) for H, seed in members]
-    key = unit_key(unit)
+    key = unit_key(unit, KEY_DEFAULTS)
     workdir = Path(unit["workdir"])
     measured = fit_bucket(configs, [datasets[seed] for _, seed in members], train_settings,
                           checkpoint=str(workdir / "checkpoints" / f"{key}.pt"),
@@ -173,21 +176,13 @@ COLUMNS = ("model", "representation", "weights", "data_source", "tokens_dtype", 
 
 def _units(token_files: dict[str, str | Path], settings: CapacitySettings, train_settings: MemorizeSettings,
            out: str | Path, *, samples: int | None = None) -> list[dict[str, Any]]:
-    """One unit per token file; ``samples``: train on the first N examples of each (a unit key changes
-    only when it is given, so earlier runs on whole files still resume)."""
+    """One unit per token file; ``samples``: train on the first N examples of each (None: all)."""
     if not token_files:
         raise AuditError("no token files to run on")
     return [{"kind": "capacity", "representation": name, "tokens": str(Path(path).resolve()),
              "fingerprint": file_fingerprint(path), "capacity": dataclasses.asdict(settings),
-             "train": train_settings.to_unit(), "workdir": str(out), **({} if samples is None else {"samples": samples})}
+             "train": dataclasses.asdict(train_settings), "workdir": str(out), "samples": samples}
             for name, path in token_files.items()]
-
-
-def run_capacity(token_files: dict[str, str | Path], settings: CapacitySettings, train_settings: MemorizeSettings,
-                 out: str | Path, *, executor: str = "local", progress: bool = True) -> pd.DataFrame:
-    """Run (or resume) the capacity pipeline on saved token files (representation -> path)."""
-    return run_sweep(capacity_unit, _units(token_files, settings, train_settings, out), out, executor=executor,
-                     progress=progress, desc="capacity", columns=COLUMNS, renamed=RENAMED)
 
 
 def extract_tokens(model: str, weights: str, data: str | None, samples: int, representations: list[str],
@@ -320,6 +315,5 @@ EXPERIMENT = Experiment(
                        "settings": {"rows": 4, "dim": 8, "heads": (1, 2), "classes": 3, "subsets": 50, "seeds": (0,)},
                        "training": {"steps": 100, "lr": 1e-2, "batch_size": 512, "eval_every": 20}},
              "reference": {"training": {"steps": 3000, "lr": 1e-2, "batch_size": 512, "eval_every": 50}}},
-    renamed={**RENAMED, "scale": "token_rms"},
-    deprecated={"--representation": "representations"},
+    key_defaults=KEY_DEFAULTS,
 )

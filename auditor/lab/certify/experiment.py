@@ -76,14 +76,9 @@ class CertifyRequest:
             raise AuditError(f"rtol (the relative rank tolerance) must be in (0, 1), got {self.rtol}")
         self.runs()  # validates every configuration (H, n, d_h against d)
 
-    def to_unit(self) -> dict[str, Any]:
-        """The request as a unit stores it (``train_steps``: the name its key was first hashed with)."""
-        return {("train_steps" if k == "steps" else k): v for k, v in dataclasses.asdict(self).items()}
-
     @classmethod
     def from_unit(cls, request: dict[str, Any]) -> CertifyRequest:
-        return cls(**{("steps" if k == "train_steps" else k): tuple(v) if isinstance(v, list) else v
-                      for k, v in request.items()})
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in request.items()})
 
     def runs(self) -> list[MemorizeRun]:
         top = max(self.N)
@@ -92,6 +87,9 @@ class CertifyRequest:
                         shared_context=self.shared_context)
             for H in self.heads for n in self.context for dh in self.d_h for s in self.seeds
         ))
+
+
+KEY_DEFAULTS = {"request": CertifyRequest, "runs": [MemorizeRun]}  # a unit's key leaves these defaults out
 
 
 def load_attention_weights(path: str | Path) -> tuple[torch.Tensor, torch.Tensor]:
@@ -179,7 +177,7 @@ def certify_unit(unit: dict[str, Any]) -> list[dict[str, Any]]:
                 row.update(steps_trained=int(result.steps_trained[i]), train_accuracy=float(result.accuracy[i]))
             rows += trained
             curves.append(tolerance_curve(attention_features(model, ds, i)).assign(weights="trained", **_ids(run)))
-    key = unit_key(unit)
+    key = unit_key(unit, KEY_DEFAULTS)
     write_table(pd.concat(curves).assign(d=request.d, shared_context=request.shared_context, dtype="float64 (Z)"),
                 Path(unit["workdir"]) / "tolerance" / f"{key}.csv", unit=key)
     return [{**row, "dtype": "float32"} for row in rows]
@@ -192,7 +190,7 @@ def _ids(run: MemorizeRun) -> dict[str, Any]:
 def _units(request: CertifyRequest, out: Path) -> list[dict[str, Any]]:
     settings = MemorizeSettings(steps=max(request.steps, 1), batch_size=512, bucket_size=16)
     fingerprint = file_fingerprint(request.weights) if request.weights != "random" else None
-    return [{"kind": "certify", "request": request.to_unit(), "fingerprint": fingerprint,
+    return [{"kind": "certify", "request": dataclasses.asdict(request), "fingerprint": fingerprint,
              "runs": [dataclasses.asdict(r) for r in bucket], "workdir": str(out)}
             for bucket in buckets(request.runs(), settings)]
 
@@ -276,6 +274,5 @@ EXPERIMENT = Experiment(
     plots=_plots,
     report=_report,
     presets={"quick": {"heads": (2,), "context": (3,), "d_h": (3,), "N": (4, 8), "d": 4, "steps": 20}},
-    renamed={"rank_rtol": "rtol", "train_steps": "steps_trained", "certified": "readout_hits", "bound": "lower_bound"},
-    deprecated={"--train-steps": "steps"},
+    key_defaults=KEY_DEFAULTS,
 )
