@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A single-node Slurm on this machine, for trying `--executor slurm` and for the tests in tests/test_slurm.py.
+# A single-node Slurm on this machine, for trying `--executor slurm` and for the tests in tests/core/test_slurm.py.
 #
 #   scripts/slurm-local.sh start    # munged, slurmctld and slurmd on localhost; prints the SLURM_CONF line
 #   scripts/slurm-local.sh status   # sinfo through this cluster's config

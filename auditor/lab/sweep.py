@@ -5,7 +5,7 @@ A unit's key (:func:`unit_key`) hashes what defines its work: the configuration 
 shaped like its units). A field added with a default therefore keys no finished unit anew, and no
 field needs an old name kept for the sake of a key. A finished unit's key does not say what its entries
 at their default were, so changing a declared default would hand it to the new default: change a preset
-instead, or migrate the folders (``scripts/migrate_units.py``); ``tests/test_key_defaults.py`` holds
+instead, or migrate the folders (``scripts/migrate_units.py``); ``tests/lab/test_key_defaults.py`` holds
 the declared defaults and fails on a change.
 
 A sweep is a list of *units*. A unit is a JSON-serialisable configuration dict; the function that runs

@@ -32,7 +32,7 @@ from auditor.core.errors import AuditError
 from auditor.core.slurm import SlurmOptions, parse_sbatch, parse_time
 from auditor.lab.sweep import run_sweep, unit_key
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 SCRIPT = TESTS.parent / "scripts" / "slurm-local.sh"
 SLURM_DIR = Path(os.environ.get("AUDITOR_SLURM_DIR", "/tmp/attention-auditor-slurm"))
 BINARIES = ("slurmctld", "slurmd", "munged", "sinfo", "sbatch", "squeue", "scancel", "srun")

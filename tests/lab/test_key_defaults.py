@@ -6,7 +6,7 @@ hand the old units to the new default: this test stops that. Adding a field with
 only needs the snapshot regenerated; changing a default needs the finished units migrated
 (``scripts/migrate_units.py``), or the change made in a preset instead.
 
-Regenerate the snapshot with ``python tests/test_key_defaults.py``.
+Regenerate the snapshot with ``python tests/lab/test_key_defaults.py``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 from auditor.lab.room import experiments, get
 from auditor.lab.sweep import field_defaults
 
-SNAPSHOT = Path(__file__).resolve().parent / "data" / "key_defaults.json"
+SNAPSHOT = Path(__file__).resolve().parents[1] / "fixtures" / "key_defaults.json"
 
 
 def _declared(value: Any) -> Any:
@@ -51,8 +51,8 @@ def test_no_declared_default_of_a_unit_changed():
     changed = _changes(recorded, now, "")
     assert not changed, (f"declared unit defaults changed: {changed}; finished units keyed with the old defaults "
                          "would resume as the new ones: migrate them (scripts/migrate_units.py) or change a preset "
-                         "instead, then regenerate the snapshot (python tests/test_key_defaults.py)")
-    assert recorded == now, "defaults were added: regenerate the snapshot (python tests/test_key_defaults.py)"
+                         "instead, then regenerate the snapshot (python tests/lab/test_key_defaults.py)")
+    assert recorded == now, "defaults were added: regenerate the snapshot (python tests/lab/test_key_defaults.py)"
 
 
 if __name__ == "__main__":

@@ -197,7 +197,7 @@ def test_an_audit_into_a_folder_with_only_its_names_but_no_audit_is_refused(tmp_
 
 @pytest.mark.parametrize("command", [["assoc", "--scale", "quick", "--dims", "8"], ["bits"], ["compare", "minilm"]])
 def test_other_commands_refuse_a_folder_of_the_users_files(tmp_path, command, capsys, monkeypatch):
-    monkeypatch.chdir(Path(__file__).resolve().parents[1])  # compare and bits read the committed reports
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])  # compare and bits read the committed reports
     folder = tmp_path / "project"
     before = users_folder(folder)
     assert main([*command, "--out", str(folder)]) == 2

@@ -231,7 +231,7 @@ def test_every_experiment_runs_at_quick_scale_and_stamps_every_csv(name, tmp_pat
 
 
 # -- no import cycles ---------------------------------------------------------------------------------
-PACKAGE = Path(__file__).resolve().parent.parent / "auditor"
+PACKAGE = Path(__file__).resolve().parents[2] / "auditor"
 
 
 def _module(path: Path) -> str:

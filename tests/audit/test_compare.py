@@ -17,7 +17,7 @@ from auditor.audit.report.schema import read_rows
 from auditor.cli import main
 from auditor.core.errors import AuditError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 

@@ -31,7 +31,7 @@ from auditor.core.provenance import provenance
 from auditor.lab import sweep
 from auditor.lab.sweep import collect, field_defaults, key_fields, run_sweep, unit_key
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 GATE_ENV = "AUDITOR_TEST_SWEEP_GATE"  # units with index >= GATE_AT wait for this file (kill test only)
 GATE_AT = 3
 ran_units: list[int] = []  # indices of the units run in this process

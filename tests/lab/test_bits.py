@@ -89,7 +89,7 @@ def test_missing_or_empty_report_folders_are_one_line_errors(tmp_path):
         bits_table([tmp_path])
 
 
-REPORTS = Path(__file__).resolve().parent.parent / "reports"
+REPORTS = Path(__file__).resolve().parents[2] / "reports"
 
 
 def test_every_committed_report_is_read_with_its_own_convergence():

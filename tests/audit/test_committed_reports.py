@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-REPORTS = Path(__file__).resolve().parent.parent / "reports"
+REPORTS = Path(__file__).resolve().parents[2] / "reports"
 ABSOLUTE = re.compile(r"(?:^|[\s,\"'(`=])/(?:work|home|root|tmp|Users|mnt|scratch)/")
 
 
