@@ -36,7 +36,10 @@ def _lab() -> dict[str, str]:
     from auditor.lab import TOOLS
     from auditor.lab.room import rooms
 
-    return {**{name: text for name, (_, text) in TOOLS.items()}, **{name: room.help for name, room in rooms().items()}}
+    return {
+        **{name: text for name, (_, text) in TOOLS.items()},
+        **{name: room.help for name, room in rooms().items()},
+    }
 
 
 class _AuditGroup(click.Group):

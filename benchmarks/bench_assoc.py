@@ -63,18 +63,30 @@ def bench_memory(dims: list[int], seeds: list[int], steps: int) -> None:
 
 def bench_recall(heads: list[int], widths: list[int], steps: int) -> None:
     training = RecallTraining(steps=steps, batch_size=128, eval_every=50, eval_contexts=2)
-    config = TradeoffConfig(subjects=8, relations=8, d=16, head_dim=4, heads=tuple(heads), widths=tuple(widths),
-                            seeds=(0,), training=training)
+    config = TradeoffConfig(
+        subjects=8,
+        relations=8,
+        d=16,
+        head_dim=4,
+        heads=tuple(heads),
+        widths=tuple(widths),
+        seeds=(0,),
+        training=training,
+    )
     units = config.units()
     batched = timed(lambda: [row for unit in units for row in run_tradeoff_unit(unit)])
-    loop = timed(lambda: [row for unit in units for m in widths for row in run_tradeoff_unit({**unit, "widths": [m]})])
+    loop = timed(
+        lambda: [row for unit in units for m in widths for row in run_tradeoff_unit({**unit, "widths": [m]})]
+    )
     diff = max(abs(a["accuracy"] - b["accuracy"]) for a, b in zip(batched[0], loop[0]))
     report(f"recall trade-off grid: S=R=8, d=16, d_h=4, H in {heads}, m in {widths}, <= {steps} steps",
            batched, loop, f"largest accuracy difference {diff:.4f} over {len(batched[0])} cells")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--dims", type=ints, default=[8, 11, 16])
     parser.add_argument("--seeds", type=ints, default=[0, 1, 2, 3, 4, 5])
     parser.add_argument("--memory-steps", type=int, default=512)

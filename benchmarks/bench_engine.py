@@ -34,7 +34,9 @@ def ints(text: str) -> list[int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--heads", type=ints, default=[1, 2, 3, 4])
     parser.add_argument("--context", type=ints, default=[4, 8])
     parser.add_argument("--seeds", type=ints, default=[0, 1])
@@ -51,8 +53,10 @@ def main() -> None:
     datasets = [make_data(r.data_config()) for r in runs]
     config = TrainConfig(steps=args.steps, lr=1e-2, early_stop=False, eval_every=max(args.steps // 5, 1))
     max_n = max(args.context)
-    print(f"{len(runs)} configurations: H in {args.heads}, n in {args.context}, seeds {args.seeds}, d = d_h = {args.d}, "
-          f"N = {args.N}, {args.steps} steps, batch {args.batch_size}, {torch.get_num_threads()} torch threads")
+    print(
+        f"{len(runs)} configurations: H in {args.heads}, n in {args.context}, seeds {args.seeds}, d = d_h = {args.d}, "
+        f"N = {args.N}, {args.steps} steps, batch {args.batch_size}, {torch.get_num_threads()} torch threads"
+    )
 
     settings = MemorizeSettings(steps=args.steps, batch_size=args.batch_size)
     groups = buckets(runs, settings)  # as the sweeps bucket them (padding waste bounded)
@@ -61,7 +65,9 @@ def main() -> None:
     for group in groups:
         members = [runs.index(r) for r in group]
         model = MHAEnsemble([r.model_config() for r in group], max_context=max_n)
-        res = train(model, MemorizeTask([datasets[i] for i in members], args.batch_size), config, progress=False)
+        res = train(
+            model, MemorizeTask([datasets[i] for i in members], args.batch_size), config, progress=False
+        )
         for j, i in enumerate(members):
             batched_models[i], batched_acc[i] = model.member(j), float(res.accuracy[j])
     t_batched, c_batched = time.perf_counter() - start, time.process_time() - cpu
@@ -82,10 +88,18 @@ def main() -> None:
         for name in ("W_Q", "W_K", "W_V", "W_O", "W_D")
     )
     print(f"{'':16}  {'wall s':>8}  {'CPU s':>8}")
-    print(f"sequential loop : {t_sequential:8.2f}  {c_sequential:8.2f}  ({t_sequential / len(runs):.2f} s per configuration)")
-    print(f"batched ensemble: {t_batched:8.2f}  {c_batched:8.2f}  ({len(groups)} bucket(s) of {[len(g) for g in groups]})")
-    print(f"speed-up        : {t_sequential / t_batched:8.2f}x wall, {c_sequential / c_batched:.2f}x CPU time")
-    print(f"agreement       : max |accuracy difference| = {acc_diff:.3g}, max |weight difference| = {weight_diff:.3g}")
+    print(
+        f"sequential loop : {t_sequential:8.2f}  {c_sequential:8.2f}  ({t_sequential / len(runs):.2f} s per configuration)"
+    )
+    print(
+        f"batched ensemble: {t_batched:8.2f}  {c_batched:8.2f}  ({len(groups)} bucket(s) of {[len(g) for g in groups]})"
+    )
+    print(
+        f"speed-up        : {t_sequential / t_batched:8.2f}x wall, {c_sequential / c_batched:.2f}x CPU time"
+    )
+    print(
+        f"agreement       : max |accuracy difference| = {acc_diff:.3g}, max |weight difference| = {weight_diff:.3g}"
+    )
 
 
 if __name__ == "__main__":

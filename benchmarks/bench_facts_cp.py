@@ -51,7 +51,9 @@ def main() -> None:
         tl_time = (time.perf_counter() - t0) / (args.sweeps * args.restarts)
         coords = np.argwhere(dense)
         values = dense[tuple(coords.T)]
-        config = CPConfig(tolerance=1e-30, max_iter=args.sweeps)  # no early stop: every member runs every sweep
+        config = CPConfig(
+            tolerance=1e-30, max_iter=args.sweeps
+        )  # no early stop: every member runs every sweep
         t0 = time.perf_counter()
         batched_cp_als(coords, values, dense.shape, [(rank, r) for r in range(args.restarts)], config)
         als_time = (time.perf_counter() - t0) / (args.sweeps * args.restarts)

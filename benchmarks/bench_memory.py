@@ -131,18 +131,37 @@ def main() -> None:
         shutil.rmtree(folder, ignore_errors=True)
         params, on_disk = write_checkpoint(folder, blocks)
         # ru_maxrss of children is a running maximum: each measurement runs in its own helper process
-        wall, peak = measure([*audit, str(folder), "-w", "pretrained", "--layers", "0",
-                                 "--samples", str(args.samples), "--subsets", "200", "--no-robustness", "-q",
-                                 "--threads", str(args.threads), "--out", str(args.scratch / f"report-{blocks}")])
+        wall, peak = measure(
+            [
+                *audit,
+                str(folder),
+                "-w",
+                "pretrained",
+                "--layers",
+                "0",
+                "--samples",
+                str(args.samples),
+                "--subsets",
+                "200",
+                "--no-robustness",
+                "-q",
+                "--threads",
+                str(args.threads),
+                "--out",
+                str(args.scratch / f"report-{blocks}"),
+            ]
+        )
         base_wall = base_peak = float("nan")
         if not args.no_baseline:
             base_wall, base_peak = measure([sys.executable, "-c", BASELINE, str(folder), str(args.samples),
                                              str(args.threads)])
         load = os.getloadavg()[0]  # the machine's 1-minute load when the measurements ended
         rows.append((blocks, params, on_disk / GIB, peak, wall, base_peak, base_wall, load))
-        print(f"{blocks} blocks, {params / 1e9:.2f}B params, {on_disk / GIB:.2f} GiB on disk: audit peak {peak:.2f} GiB "
-              f"in {wall:.0f} s; whole model {base_peak:.2f} GiB in {base_wall:.0f} s; load {load:.1f}",
-              flush=True)
+        print(
+            f"{blocks} blocks, {params / 1e9:.2f}B params, {on_disk / GIB:.2f} GiB on disk: audit peak {peak:.2f} GiB "
+            f"in {wall:.0f} s; whole model {base_peak:.2f} GiB in {base_wall:.0f} s; load {load:.1f}",
+            flush=True,
+        )
         shutil.rmtree(folder, ignore_errors=True)
         shutil.rmtree(args.scratch / f"report-{blocks}", ignore_errors=True)
     if not args.no_report:
@@ -177,8 +196,10 @@ def write_report(rows, args) -> None:
     ]
     for blocks, params, disk, peak, wall, base_peak, base_wall, load in rows:
         base = "not run | not run" if args.no_baseline else f"{base_peak:.2f} | {base_wall:.0f}"
-        lines.append(f"| {blocks} | {params / 1e9:.2f}B | {disk:.2f} | {peak:.2f} | {peak / disk:.2f} | {wall:.0f} | "
-                     f"{base} | {load:.1f} |")
+        lines.append(
+            f"| {blocks} | {params / 1e9:.2f}B | {disk:.2f} | {peak:.2f} | {peak / disk:.2f} | {wall:.0f} | "
+            f"{base} | {load:.1f} |"
+        )
     lines += [
         "",
         f"Command: `python benchmarks/bench_memory.py --blocks {args.blocks} --samples {args.samples} "

@@ -167,7 +167,11 @@ def run(kind: str, shape: str, args: argparse.Namespace, device: str, peak: floa
         sync(device)
         t_fast = min(t_fast, time.perf_counter() - start)
     load_fast = load()
-    assert (plain.fraction, plain.witness, plain.rank_counts) == (fast.fraction, fast.witness, fast.rank_counts)
+    assert (plain.fraction, plain.witness, plain.rank_counts) == (
+        fast.fraction,
+        fast.witness,
+        fast.rank_counts,
+    )
     # the loop's subsets, re-decided with an exact rank for every subset, for the comparison
     x64 = x.double()
     nb = min(args.baseline_subsets or default_loop, count)
@@ -240,10 +244,25 @@ def run_robustness(kind: str, x: torch.Tensor, k: int, count: int, seed: int, de
         loads.append(load())
     r = res[True]
     # (the stage counts may differ: the tolerance fields need ceilings that stage 0b does not give)
-    same = (res[False].fraction, res[False].witness, res[False].rank_counts) == (r.fraction, r.witness, r.rank_counts)
-    return dict(pool=kind, k=k, subsets=count, fraction=r.fraction, plain_s=best[False], robust_s=best[True],
-                ratio=best[True] / best[False], same=same, critical=(r.robustness.critical_rtol_low, r.robustness.critical_rtol_high),
-                rtol=r.rtol, margin=(res[False].min_margin, r.min_margin, r.robustness.margin_bound), load="/".join(loads))
+    same = (res[False].fraction, res[False].witness, res[False].rank_counts) == (
+        r.fraction,
+        r.witness,
+        r.rank_counts,
+    )
+    return dict(
+        pool=kind,
+        k=k,
+        subsets=count,
+        fraction=r.fraction,
+        plain_s=best[False],
+        robust_s=best[True],
+        ratio=best[True] / best[False],
+        same=same,
+        critical=(r.robustness.critical_rtol_low, r.robustness.critical_rtol_high),
+        rtol=r.rtol,
+        margin=(res[False].min_margin, r.min_margin, r.robustness.margin_bound),
+        load="/".join(loads),
+    )
 
 
 def print_robustness(rows: list[dict]) -> None:
@@ -253,9 +272,12 @@ def print_robustness(rows: list[dict]) -> None:
     for r in rows:
         lo, hi = r["critical"]
         m0, m1, bound = r["margin"]
-        print(f"| {r['pool']} | {r['k']} | {r['subsets']} | {r['fraction']:.4f} | {r['plain_s']:.2f} | "
-              f"{r['robust_s']:.2f} | {r['ratio']:.2f}x | {r['same']} | [{lo / r['rtol']:.3g}, {hi / r['rtol']:.3g}] "
-              f"| {m0:.3f} -> {m1:.3f} ({bound}) | {r['load']} |", flush=True)
+        print(
+            f"| {r['pool']} | {r['k']} | {r['subsets']} | {r['fraction']:.4f} | {r['plain_s']:.2f} | "
+            f"{r['robust_s']:.2f} | {r['ratio']:.2f}x | {r['same']} | [{lo / r['rtol']:.3g}, {hi / r['rtol']:.3g}] "
+            f"| {m0:.3f} -> {m1:.3f} ({bound}) | {r['load']} |",
+            flush=True,
+        )
 
 
 def header(args: argparse.Namespace, device: str) -> None:
@@ -264,13 +286,19 @@ def header(args: argparse.Namespace, device: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--shapes", default="vit", help="comma-separated: " + ", ".join(SHAPES))
     parser.add_argument("--subsets", type=int, default=None,
                         help="subsets per test (default 5000, as audit --subsets)")
     parser.add_argument("--large-subsets", type=int, default=None, help="subsets for bert and gpt2 only")
-    parser.add_argument("--baseline-subsets", type=int, default=None,
-                        help="time the loop on this many subsets and scale (default: vit 500, bert 100, gpt2 40)")
+    parser.add_argument(
+        "--baseline-subsets",
+        type=int,
+        default=None,
+        help="time the loop on this many subsets and scale (default: vit 500, bert 100, gpt2 40)",
+    )
     parser.add_argument("--pools", default="gaussian,cluster")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--seed", type=int, default=0)
@@ -284,8 +312,12 @@ def main() -> None:
     parser.add_argument("--cpu-time", action="store_true",
                         help="--robustness: time by the process's CPU time instead of the wall clock (for a "
                              "loaded machine; use with one thread, OMP_NUM_THREADS=1)")
-    parser.add_argument("--repeats", type=int, default=2,
-                        help="best of this many runs of the fast path and of the loop (--robustness: of each call)")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=2,
+        help="best of this many runs of the fast path and of the loop (--robustness: of each call)",
+    )
     args = parser.parse_args()
     clock = time.process_time if args.cpu_time else time.perf_counter
     header(args, args.device)
@@ -293,17 +325,35 @@ def main() -> None:
         if args.general_position:
             n = min(args.n, 1000)
             x = anisotropic_pool(n, args.d, args.seed).to(args.device)
-            print_robustness([run_robustness("anisotropic", x, args.d, args.gp_subsets, args.seed, args.device,
-                                             args.repeats, clock)])
+            print_robustness(
+                [
+                    run_robustness(
+                        "anisotropic", x, args.d, args.gp_subsets, args.seed, args.device, args.repeats, clock
+                    )
+                ]
+            )
             return
         rows = []
         for shape in args.shapes.split(","):
             if shape not in SHAPES:
                 parser.error(f"unknown shape {shape!r}; valid: {', '.join(SHAPES)}")
             n, d, k, default_subsets, _ = SHAPES[shape]
-            count = (args.large_subsets if shape != "vit" and args.large_subsets else args.subsets) or default_subsets
-            rows += [run_robustness(kind, make_pool(kind, n, d, k, args.seed).to(args.device), k, count, args.seed,
-                                    args.device, args.repeats, clock) for kind in args.pools.split(",")]
+            count = (
+                args.large_subsets if shape != "vit" and args.large_subsets else args.subsets
+            ) or default_subsets
+            rows += [
+                run_robustness(
+                    kind,
+                    make_pool(kind, n, d, k, args.seed).to(args.device),
+                    k,
+                    count,
+                    args.seed,
+                    args.device,
+                    args.repeats,
+                    clock,
+                )
+                for kind in args.pools.split(",")
+            ]
         print_robustness(rows)
         return
     if args.general_position:
@@ -318,8 +368,10 @@ def main() -> None:
         return
     peak = gemm_peak(args.device)
     peak32 = gemm_peak(args.device, torch.float32)
-    print(f"# dense-kernel peak (4096^3 GEMM, {torch.get_num_threads()} threads): float64 {peak:.1f} GFLOP/s, "
-          f"float32 {peak32:.1f} GFLOP/s")
+    print(
+        f"# dense-kernel peak (4096^3 GEMM, {torch.get_num_threads()} threads): float64 {peak:.1f} GFLOP/s, "
+        f"float32 {peak32:.1f} GFLOP/s"
+    )
     print("| shape (N, d, k) | pool | subsets | full-rank fraction | test (s) | matrix_rank loop (s) | ratio "
           "| default, with robustness (s) | ratio | floor f64 / f32 (s) | test / floor f64 "
           "| achieved GFLOP/s (% of f64 peak) | verdicts agree | ranks agree | fast-path stages "
@@ -332,11 +384,14 @@ def main() -> None:
             r = run(kind, shape, args, args.device, peak)
             loop = f"{r['loop_s']:.1f}" + (f" (scaled from {r['loop_n']})" if r["extrapolated"] else "")
             stages = ", ".join(f"{k} {v}" for k, v in r["stages"].items() if v)
-            print(f"| {shape} ({r['n']}, {r['d']}, {r['k']}) | {kind} | {r['subsets']} | {r['fraction']:.4f} "
-                  f"| {r['plain_s']:.2f} | {loop} | {r['ratio']:.1f}x | {r['fast_s']:.2f} | {r['ratio_default']:.1f}x "
-                  f"| {r['floor64']:.2f} / {r['floor32']:.2f} "
-                  f"| {r['plain_s'] / r['floor64']:.2f} | {r['gflops']:.1f} ({100 * r['gflops'] / r['peak']:.0f}%) "
-                  f"| {r['verdicts_agree']} | {r['ranks_agree']} | {stages} | {r['load']} |", flush=True)
+            print(
+                f"| {shape} ({r['n']}, {r['d']}, {r['k']}) | {kind} | {r['subsets']} | {r['fraction']:.4f} "
+                f"| {r['plain_s']:.2f} | {loop} | {r['ratio']:.1f}x | {r['fast_s']:.2f} | {r['ratio_default']:.1f}x "
+                f"| {r['floor64']:.2f} / {r['floor32']:.2f} "
+                f"| {r['plain_s'] / r['floor64']:.2f} | {r['gflops']:.1f} ({100 * r['gflops'] / r['peak']:.0f}%) "
+                f"| {r['verdicts_agree']} | {r['ranks_agree']} | {stages} | {r['load']} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

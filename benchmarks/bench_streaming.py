@@ -57,17 +57,37 @@ def main() -> None:
         return found
 
     sources._inputs = timed_inputs
-    config = AuditConfig(model=args.model, data=args.data, samples=args.samples, first=True, weights=("random",),
-                         representations=tuple(args.representations.split(",")), tests=tuple(args.tests.split(",")),
-                         subsets=args.subsets, device="cpu", memory_budget=args.memory_budget, threads=args.threads)
+    config = AuditConfig(
+        model=args.model,
+        data=args.data,
+        samples=args.samples,
+        first=True,
+        weights=("random",),
+        representations=tuple(args.representations.split(",")),
+        tests=tuple(args.tests.split(",")),
+        subsets=args.subsets,
+        device="cpu",
+        memory_budget=args.memory_budget,
+        threads=args.threads,
+    )
     begin = time.perf_counter()
     result = run(config, out=args.out, progress=False)
     wall = time.perf_counter() - begin
     streamed = bool(result.out and "contexts" in json.loads((Path(result.out) / "config.json").read_text()))
-    print(json.dumps({"N": args.samples, "representations": args.representations, "streamed": streamed,
-                      "memory_budget_gib": args.memory_budget, **{k: round(v) for k, v in peaks.items()},
-                      "extract_and_test_peak_mib": round(_status("VmHWM") / 1024), "wall_s": round(wall, 1),
-                      "verdicts": {f"{r.representation}/{r.test}": bool(r.holds) for r in result.rows.itertuples()}}))
+    print(
+        json.dumps(
+            {
+                "N": args.samples,
+                "representations": args.representations,
+                "streamed": streamed,
+                "memory_budget_gib": args.memory_budget,
+                **{k: round(v) for k, v in peaks.items()},
+                "extract_and_test_peak_mib": round(_status("VmHWM") / 1024),
+                "wall_s": round(wall, 1),
+                "verdicts": {f"{r.representation}/{r.test}": bool(r.holds) for r in result.rows.itertuples()},
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -97,7 +97,9 @@ def context_ranks(contexts: Array, rtol: float | None = None) -> ContextRanks:
     e, _ = pow2_rescale(e, (1, 2))  # exact powers of two per context where float64 would under/overflow
     # for n > d the rank is at most d and the transposed (d, n) problem is the small one
     dec = fast.matrix_decisions(e if n <= d else e.transpose(1, 2), rtol)
-    return ContextRanks(rank=dec.rank, margin=dec.margin, n=n, d=d, rtol=rtol, stages=dec.stages, bound=dec.bound)
+    return ContextRanks(
+        rank=dec.rank, margin=dec.margin, n=n, d=d, rtol=rtol, stages=dec.stages, bound=dec.bound
+    )
 
 
 @dataclass(frozen=True, repr=False)
@@ -294,9 +296,18 @@ def assumption2(
                                   threshold=threshold, robustness=robustness, grid=grid, start=start)
 
 
-def assumption2_from_ranks(cr: ContextRanks, shape: tuple[int, int, int], dtype: torch.dtype, device: torch.device,
-                           matrices: Callable[[], Any], *, threshold: float, robustness: bool,
-                           grid: tuple[float, ...] | None, start: float) -> AssumptionResult:
+def assumption2_from_ranks(
+    cr: ContextRanks,
+    shape: tuple[int, int, int],
+    dtype: torch.dtype,
+    device: torch.device,
+    matrices: Callable[[], Any],
+    *,
+    threshold: float,
+    robustness: bool,
+    grid: tuple[float, ...] | None,
+    start: float,
+) -> AssumptionResult:
     """The Assumption 2 result from the contexts' ranks ``cr`` (shape ``(N, n, d)``), as :func:`assumption2`
     forms it; ``matrices()`` gives the contexts for the tolerance analysis, called only when it runs (so a
     caller that streamed its contexts reads them back only then). ``threshold`` and ``grid`` checked."""

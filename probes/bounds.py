@@ -76,7 +76,9 @@ def clopper_pearson(successes: int, trials: int, confidence: float = 0.95) -> tu
     trials = check_int(trials, "trials")
     successes = check_int(successes, "successes", minimum=0)
     if successes > trials:
-        raise ValueError(f"successes = {successes} exceeds trials = {trials}; valid: 0 <= successes <= trials")
+        raise ValueError(
+            f"successes = {successes} exceeds trials = {trials}; valid: 0 <= successes <= trials"
+        )
     if (isinstance(confidence, bool | np.bool_) or not isinstance(confidence, numbers.Real)
             or not 0 < confidence < 1):
         raise ValueError(f"confidence must be a number in (0, 1), e.g. 0.95; got {confidence!r}")
@@ -148,16 +150,20 @@ class KruskalLowerBound:
 
     def __repr__(self) -> str:
         what = "=" if self.exact else ">="
-        text = (f"KruskalLowerBound(N={self.N}, d={self.d}: Kruskal rank {what} {self.lower} by {self.method}; "
-                f"coherence={self.coherence:.4g}, coherence_k={self.coherence_k}, babel_k={self.babel_k}, "
-                f"whitened_coherence_k={self.whitened_coherence_k}, whitened_babel_k={self.whitened_babel_k}, "
-                f"nullspace_k={self.nullspace_k}, exhaustive_k={self.exhaustive_k} ({self.subsets} subsets)")
+        text = (
+            f"KruskalLowerBound(N={self.N}, d={self.d}: Kruskal rank {what} {self.lower} by {self.method}; "
+            f"coherence={self.coherence:.4g}, coherence_k={self.coherence_k}, babel_k={self.babel_k}, "
+            f"whitened_coherence_k={self.whitened_coherence_k}, whitened_babel_k={self.whitened_babel_k}, "
+            f"nullspace_k={self.nullspace_k}, exhaustive_k={self.exhaustive_k} ({self.subsets} subsets)"
+        )
         return text + (f"; {self.note}" if self.note else "") + ")"
 
 
 def _unit_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Float64 unit rows (zero rows stay zero) and the row norms of the (rescaled) pool."""
-    return unit_rows(pool64(x))  # (N, d), scaled by a power of two when its squares would underflow or overflow
+    return unit_rows(
+        pool64(x)
+    )  # (N, d), scaled by a power of two when its squares would underflow or overflow
 
 
 def _gershgorin_passes(bound: torch.Tensor, ks: torch.Tensor, ratio: float, rtols: torch.Tensor,

@@ -177,10 +177,12 @@ class Geometry:
 
     def __repr__(self) -> str:
         collapse = "None" if self.collapse_residual is None else f"{self.collapse_residual:.4g}"
-        return (f"Geometry(effective_rank={self.effective_rank:.4g} (centred {self.effective_rank_centred:.4g}), "
-                f"stable_rank={self.stable_rank:.4g} (centred {self.stable_rank_centred:.4g}), "
-                f"anisotropy={self.anisotropy:.4g} (centred {self.anisotropy_centred:.4g}), "
-                f"collapse_residual={collapse})")
+        return (
+            f"Geometry(effective_rank={self.effective_rank:.4g} (centred {self.effective_rank_centred:.4g}), "
+            f"stable_rank={self.stable_rank:.4g} (centred {self.stable_rank_centred:.4g}), "
+            f"anisotropy={self.anisotropy:.4g} (centred {self.anisotropy_centred:.4g}), "
+            f"collapse_residual={collapse})"
+        )
 
 
 def token_geometry(contexts: Array | Iterable[Array] | None, queries: Array) -> Geometry:
@@ -218,7 +220,12 @@ def token_geometry(contexts: Array | Iterable[Array] | None, queries: Array) -> 
     centred = q64 - q64.mean(0, keepdim=True)  # (N, d)
     sv_c = torch.linalg.svdvals(centred)  # (min(N, d),)
     pairs = q.shape[0] >= 2  # anisotropy averages over pairs: undefined for one query
-    return Geometry(effective_rank=float(_effective_rank(sv)), stable_rank=float(_stable_rank(sv)),
-                    anisotropy=float(anisotropy(q)) if pairs else None, collapse_residual=collapse,
-                    effective_rank_centred=float(_effective_rank(sv_c)), stable_rank_centred=float(_stable_rank(sv_c)),
-                    anisotropy_centred=float(anisotropy(centred)) if pairs else None)
+    return Geometry(
+        effective_rank=float(_effective_rank(sv)),
+        stable_rank=float(_stable_rank(sv)),
+        anisotropy=float(anisotropy(q)) if pairs else None,
+        collapse_residual=collapse,
+        effective_rank_centred=float(_effective_rank(sv_c)),
+        stable_rank_centred=float(_stable_rank(sv_c)),
+        anisotropy_centred=float(anisotropy(centred)) if pairs else None,
+    )

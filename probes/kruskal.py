@@ -106,7 +106,9 @@ def flatten_row(row: dict[str, Any]) -> dict[str, Any]:
     out = dict(row)
     if "rtol_grid" in out and not isinstance(out["rtol_grid"], str):
         grid = out["rtol_grid"]
-        out["rtol_grid"] = "" if grid is None else ";".join(f"{m:g}:{float(f)!r}" for m, f in sorted(grid.items()))
+        out["rtol_grid"] = (
+            "" if grid is None else ";".join(f"{m:g}:{float(f)!r}" for m, f in sorted(grid.items()))
+        )
     if isinstance(out.get("rank_counts"), dict):
         out["rank_counts"] = ";".join(f"{r}:{c}" for r, c in sorted(out["rank_counts"].items()))
     if "witness" in out and not isinstance(out["witness"], str):
@@ -173,9 +175,11 @@ class KruskalResult:
         return result_dict(self)
 
     def __repr__(self) -> str:
-        text = (f"KruskalResult(k={self.k}, N={self.N}, d={self.d}: fraction={self.fraction:.4f} "
-                f"({self.full_rank}/{self.subsets} full rank) {_fmt_scope(self.subsets, self.exhaustive, self.spectrum_proof)}, "
-                f"min_margin={self.min_margin:.2f} decades{_fmt_critical(self)}{_fmt_witness(self.witness)}")
+        text = (
+            f"KruskalResult(k={self.k}, N={self.N}, d={self.d}: fraction={self.fraction:.4f} "
+            f"({self.full_rank}/{self.subsets} full rank) {_fmt_scope(self.subsets, self.exhaustive, self.spectrum_proof)}, "
+            f"min_margin={self.min_margin:.2f} decades{_fmt_critical(self)}{_fmt_witness(self.witness)}"
+        )
         return text + (f"; {self.note}" if self.note else "") + ")"
 
 
@@ -212,8 +216,17 @@ def _fmt_critical(res: Any) -> str:
 
 
 _INT_FIELDS = ("k", "N", "n", "d", "subsets", "full_rank", "seed")
-_FLOAT_FIELDS = ("fraction", "min_margin", "rtol", "threshold", "seconds", "critical_rtol", "critical_rtol_low",
-                 "critical_rtol_high", "verdict_margin")
+_FLOAT_FIELDS = (
+    "fraction",
+    "min_margin",
+    "rtol",
+    "threshold",
+    "seconds",
+    "critical_rtol",
+    "critical_rtol_low",
+    "critical_rtol_high",
+    "verdict_margin",
+)
 
 
 def _typed(out: dict[str, Any]) -> dict[str, Any]:
@@ -313,10 +326,17 @@ def _test_subsets(
     that is cheap, and dependent ones get ceilings, so that the grid needs few new proofs)."""
     lam_cap = None if spectrum is None else float(spectrum[0]) ** 2
     top = max(grid) if grid else 1.0
-    return fast.subset_decisions(x64, subsets.to(x64.device), rtol, gram, lam_cap=lam_cap,
-                                  exact_dependent=exact_dependent, on_chunk=None if bar is None else bar.update,
-                                  reach=math.log10(top) * (1 + 1e-6) if top > 1 else None,
-                                  ceilings=grid is not None)
+    return fast.subset_decisions(
+        x64,
+        subsets.to(x64.device),
+        rtol,
+        gram,
+        lam_cap=lam_cap,
+        exact_dependent=exact_dependent,
+        on_chunk=None if bar is None else bar.update,
+        reach=math.log10(top) * (1 + 1e-6) if top > 1 else None,
+        ceilings=grid is not None,
+    )
 
 
 def kruskal_test(
@@ -461,8 +481,13 @@ def _kruskal(
     rob = robust.Robustness(margin_bound=margin_bound)
     if robustness and note and not unranked:  # every subset proven dependent by interlacing
         rob = robust.all_dependent_case(
-            rtol, _dependent_ceiling(x64, k, spectrum), grid,
-            lambda t: _fraction_at(x64, k, subsets, seed, exhaustive, t, gram, spectrum), threshold, margin_bound)
+            rtol,
+            _dependent_ceiling(x64, k, spectrum),
+            grid,
+            lambda t: _fraction_at(x64, k, subsets, seed, exhaustive, t, gram, spectrum),
+            threshold,
+            margin_bound,
+        )
     elif robustness:
         step = fast.subset_step(k)
         pool = fast.Pool(x64, gram, k, rtol, float(spectrum[0]) ** 2, step)
@@ -573,8 +598,10 @@ class SweepResult:
     def __repr__(self) -> str:
         ks = [r.k for r in self.results]
         refined = f", {len(self.refined)} refined" if self.refined else ""
-        text = (f"SweepResult(k={ks[0]}..{ks[-1]} ({len(ks)} values{refined}): "
-                f"sampled {self.sampled}, lower_estimate={self.lower_estimate}, upper_bound={self.upper_bound}")
+        text = (
+            f"SweepResult(k={ks[0]}..{ks[-1]} ({len(ks)} values{refined}): "
+            f"sampled {self.sampled}, lower_estimate={self.lower_estimate}, upper_bound={self.upper_bound}"
+        )
         if self.truncated:
             text += f"; truncated by max_seconds, not tested: {list(self.skipped) or 'bisection steps'}"
         return text + ")"
@@ -613,7 +640,9 @@ def kruskal_sweep(
     x = validate_vectors(vectors)
     n_vec, d = x.shape
     bad_ks = f"ks must be a list of subset sizes (e.g. range(10, 101, 10)), got {ks!r}"
-    if isinstance(ks, numbers.Number | str | bytes) or (isinstance(ks, torch.Tensor | np.ndarray) and ks.ndim != 1):
+    if isinstance(ks, numbers.Number | str | bytes) or (
+        isinstance(ks, torch.Tensor | np.ndarray) and ks.ndim != 1
+    ):
         raise ValueError(bad_ks)
     try:
         requested = ks.tolist() if isinstance(ks, torch.Tensor | np.ndarray) else list(ks)

@@ -58,12 +58,16 @@ def as_tensor(a: Array, name: str = "input") -> torch.Tensor:
     through a rank decision. A path is refused with a hint (the probes take tensors, not files); a NumPy
     array of strings, objects or dates is a ``TypeError`` naming its dtype."""
     if isinstance(a, str | os.PathLike):
-        raise ValueError(f"{name} must be a torch.Tensor or numpy.ndarray, got the path {str(a)!r}; the probes "
-                         "take tensors: load the file first")
+        raise ValueError(
+            f"{name} must be a torch.Tensor or numpy.ndarray, got the path {str(a)!r}; the probes "
+            "take tensors: load the file first"
+        )
     if isinstance(a, np.ndarray):
         if a.dtype.kind not in "biufc":
-            raise TypeError(f"{name} must hold numbers (bool, integer or floating point); got a numpy.ndarray of "
-                            f"dtype {a.dtype}")
+            raise TypeError(
+                f"{name} must hold numbers (bool, integer or floating point); got a numpy.ndarray of "
+                f"dtype {a.dtype}"
+            )
         a = torch.from_numpy(a)
     if not isinstance(a, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor or numpy.ndarray, got {type(a).__name__}")
@@ -77,7 +81,9 @@ def check_finite(a: torch.Tensor, name: str) -> None:
     if a.is_floating_point():
         bad = (~torch.isfinite(a)).sum().item()
         if bad:
-            raise ValueError(f"{name} holds {bad} NaN/Inf values of {a.numel()}; only finite values are valid")
+            raise ValueError(
+                f"{name} holds {bad} NaN/Inf values of {a.numel()}; only finite values are valid"
+            )
 
 
 def eps_of(dtype: torch.dtype) -> float:
@@ -161,7 +167,9 @@ def pow2_exponent(amax: torch.Tensor) -> torch.Tensor | None:
     return exp
 
 
-def pow2_rescale(a: torch.Tensor, dims: tuple[int, ...] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def pow2_rescale(
+    a: torch.Tensor, dims: tuple[int, ...] | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Rescale float64 data by exact powers of two so that its Gram matrices neither underflow nor
     overflow.
 
@@ -209,7 +217,9 @@ def margins_from_singular_values(sv: torch.Tensor, tol: torch.Tensor) -> tuple[t
     return rank, torch.where(tol > 0, margin, inf)
 
 
-def numerical_rank(a: Array, rtol: float | None = None, *, source_dtype: torch.dtype | None = None) -> RankResult:
+def numerical_rank(
+    a: Array, rtol: float | None = None, *, source_dtype: torch.dtype | None = None
+) -> RankResult:
     """Numerical rank of one matrix or a batch, computed from float64 singular values.
 
     Args:

@@ -296,10 +296,17 @@ class _Refiner:
                 lo, hi = fast.tight_lambda_max(gram if bool(new.all()) else gram[pos], residual=True)
                 lam_lo[new], lam_hi[new] = lo.cpu(), hi.cpu()
             lam = (lam_lo, lam_hi)
-        dec = fast.decide(gram, lambda p, dev=dev: self.src.rows(dev[p]), t, self.src.width,
-                           lam_cap=self.src.lam_cap, exact_dependent=0 if self.src.k > 1 else None,
-                           dependent_first=dependent_first, floor=0.0,
-                           lam_bounds=None if lam is None else (lam[0].to(gram.device), lam[1].to(gram.device)))
+        dec = fast.decide(
+            gram,
+            lambda p, dev=dev: self.src.rows(dev[p]),
+            t,
+            self.src.width,
+            lam_cap=self.src.lam_cap,
+            exact_dependent=0 if self.src.k > 1 else None,
+            dependent_first=dependent_first,
+            floor=0.0,
+            lam_bounds=None if lam is None else (lam[0].to(gram.device), lam[1].to(gram.device)),
+        )
         full = dec.rank.cpu() == self.src.k
         margin = dec.margin.cpu().to(torch.float64)
         lo = torch.full((part.numel(),), t, dtype=torch.float64)
@@ -322,9 +329,18 @@ class _Refiner:
             rest = (~ok).nonzero().flatten()
             if rest.numel() and k > 1:
                 here = rest.to(gram.device)
-                dep, ceil = fast.prove_dependent(gram[here], lam_hi[here], t, width, ceilings=True,
-                                                 rows=lambda p, here=here, dev=dev: self.src.rows(dev[here[p]]))
-                dep, ceil = dep.cpu(), torch.minimum(ceil.cpu() * (1 + _PAD), torch.tensor(t, dtype=torch.float64))
+                dep, ceil = fast.prove_dependent(
+                    gram[here],
+                    lam_hi[here],
+                    t,
+                    width,
+                    ceilings=True,
+                    rows=lambda p, here=here, dev=dev: self.src.rows(dev[here[p]]),
+                )
+                dep, ceil = (
+                    dep.cpu(),
+                    torch.minimum(ceil.cpu() * (1 + _PAD), torch.tensor(t, dtype=torch.float64)),
+                )
                 hit = part[rest[dep]]
                 self.hi[hit] = torch.minimum(self.hi[hit], ceil[dep])
             self.factorised += c
@@ -344,7 +360,9 @@ class _Refiner:
         if count:
             self.spectra += pos.numel()
 
-    def _spectra(self, part: torch.Tensor, svd: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _spectra(
+        self, part: torch.Tensor, svd: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(r, r_lo, r_hi) on the CPU for the matrices at ``part``, r NaN where not known (see
         :meth:`exact`)."""
         k, tiny = self.src.k, torch.finfo(torch.float64).tiny

@@ -99,9 +99,14 @@ LP_ROUNDS = 6  # most rounds of row generation per linear program
 NULLSPACE_MAX_N = 4000  # the null-space bound keeps two N x N matrices (cosines and their order)
 LOCAL_SIZES = (0, 1, 2, 4, 8)  # the solver-free certificates use this many neighbours (0: coherence)
 REFINE_STEPS = 200  # first-order steps that improve every certificate at once (O(N^2 (p + 32)) each)
-REFINE_WORK = 200 * 1000**2 * (768 + 32)  # most N^2 (p + 32) x steps per call: 200 steps up to N = 1000, d = 768
+REFINE_WORK = (
+    200 * 1000**2 * (768 + 32)
+)  # most N^2 (p + 32) x steps per call: 200 steps up to N = 1000, d = 768
 REFINE_MAX_RATIO = 16  # no refinement with more than this many vectors per dimension (alpha stays near 1)
-REFINE_BETAS = (50.0, 3200.0)  # smoothing of the max: first and last, geometric between (MiniLM block.5: 11 at 800)
+REFINE_BETAS = (
+    50.0,
+    3200.0,
+)  # smoothing of the max: first and last, geometric between (MiniLM block.5: 11 at 800)
 
 
 @dataclass(frozen=True)
@@ -196,7 +201,9 @@ def spectrum(x64: torch.Tensor, rtols: list[float]) -> Spectrum:
     u, s, vh = torch.linalg.svd(x64, full_matrices=False)  # (N, p), (p,), (p, d)
     v_norm = float(torch.linalg.svdvals(vh)[0]) * (1 + 64 * d * EPS64)
     ks = torch.arange(1, top + 1, dtype=torch.float64, device=x64.device)
-    frob = torch.sqrt(torch.cumsum(norms.sort(descending=True).values[:top] ** 2, 0)) * (1 + (d + 2 * ks + 8) * EPS64)
+    frob = torch.sqrt(torch.cumsum(norms.sort(descending=True).values[:top] ** 2, 0)) * (
+        1 + (d + 2 * ks + 8) * EPS64
+    )
     sigma1 = float(s[0]) * (1 + 64 * (n_vec + d) * EPS64)  # float64 SVD: backward stable
     den = torch.clamp(frob, max=sigma1)  # (top,)
     rtol = torch.tensor(rtols, dtype=torch.float64, device=x64.device) + 64 * (ks + d) * EPS64
@@ -482,7 +489,11 @@ def nullspace_bound(sp: Spectrum, w: Whitened, *, start: int, seconds: float,
             a, b, u = am, bm, um
         else:
             better = am + deltas[target - 1] * bm < a + deltas[target - 1] * b
-            a, b, u = torch.where(better, am, a), torch.where(better, bm, b), torch.where(better[:, None], um, u)
+            a, b, u = (
+                torch.where(better, am, a),
+                torch.where(better, bm, b),
+                torch.where(better[:, None], um, u),
+            )
     p = z.shape[1]
     steps = min(steps, REFINE_WORK // (n_vec**2 * (p + 32))) if n_vec <= REFINE_MAX_RATIO * p else 0
     if steps > 0 and _largest_k(a, b, deltas) < min(top, n_vec):  # refine every certificate at once

@@ -51,18 +51,57 @@ CONFIG_RENAMES: dict[str, dict[str, dict[str, str]]] = {
 
 # Column names of earlier releases, per experiment (applied all at once: ``steps`` was the steps trained
 # where ``max_steps`` was the budget).
-_MEMORIZE = {"tolerance": "error_tolerance", "rank_rtol": "rtol", "steps": "steps_trained", "max_steps": "steps",
-             "bound": "lower_bound", "certified": "readout_hits", "certified_init": "readout_hits_init"}
-_FACTS = {"params": "parameters", "cp_tol": "cp_tolerance", "rank_lower": "bounds_lower", "rank_upper": "bounds_upper",
-          "rank_exact": "bounds_exact", "db_rank_lower": "bounds_lower", "db_rank_upper": "bounds_upper",
-          "db_cp_rank": "cp_rank", "total_seconds": "seconds", "members_in_batch": "bucket_members"}
-_BOUND_PARTS = ("bound", "joint", "key_side", "query_side", "slice_bound", "construction", "direct_rank",
-                "attention_ranks", "value_ranks", "flattening_lower", "cp_rank", "cp_reached_by", "cp_seconds")
-_RECALL = {"params": "parameters", "params_with_bias": "parameters_with_bias", "facts_per_param": "facts_per_parameter",
-           "bits_per_param": "bits_per_parameter", "attention_params": "attention_parameters",
-           "mlp_params": "mlp_parameters", "max_steps": "steps", "steps": "steps_trained", "T": "prompt_length",
-           "D": "answers_per_relation", "seconds_unit": "seconds", "seconds_train": "train_seconds",
-           "model": "architecture"}
+_MEMORIZE = {
+    "tolerance": "error_tolerance",
+    "rank_rtol": "rtol",
+    "steps": "steps_trained",
+    "max_steps": "steps",
+    "bound": "lower_bound",
+    "certified": "readout_hits",
+    "certified_init": "readout_hits_init",
+}
+_FACTS = {
+    "params": "parameters",
+    "cp_tol": "cp_tolerance",
+    "rank_lower": "bounds_lower",
+    "rank_upper": "bounds_upper",
+    "rank_exact": "bounds_exact",
+    "db_rank_lower": "bounds_lower",
+    "db_rank_upper": "bounds_upper",
+    "db_cp_rank": "cp_rank",
+    "total_seconds": "seconds",
+    "members_in_batch": "bucket_members",
+}
+_BOUND_PARTS = (
+    "bound",
+    "joint",
+    "key_side",
+    "query_side",
+    "slice_bound",
+    "construction",
+    "direct_rank",
+    "attention_ranks",
+    "value_ranks",
+    "flattening_lower",
+    "cp_rank",
+    "cp_reached_by",
+    "cp_seconds",
+)
+_RECALL = {
+    "params": "parameters",
+    "params_with_bias": "parameters_with_bias",
+    "facts_per_param": "facts_per_parameter",
+    "bits_per_param": "bits_per_parameter",
+    "attention_params": "attention_parameters",
+    "mlp_params": "mlp_parameters",
+    "max_steps": "steps",
+    "steps": "steps_trained",
+    "T": "prompt_length",
+    "D": "answers_per_relation",
+    "seconds_unit": "seconds",
+    "seconds_train": "train_seconds",
+    "model": "architecture",
+}
 COLUMN_RENAMES: dict[str, dict[str, str]] = {
     "memorize": _MEMORIZE,
     "capacity": {**_MEMORIZE, "scale": "token_rms"},
@@ -145,7 +184,9 @@ def migrate_units(units: Path) -> tuple[dict[str, str], dict[str, dict[str, Any]
         text = _dumps(config)
         rows = [{k: (key if k == "unit" else text if k == "unit_config" else _replace_keys(v, keys))
                  for k, v in row.items()} for row in rows]
-        write_text_atomic(units / f"{key}.json", _dumps({"key": key, "config": config, "rows": rows}, sort_keys=False))
+        write_text_atomic(
+            units / f"{key}.json", _dumps({"key": key, "config": config, "rows": rows}, sort_keys=False)
+        )
         if path.stem != key and path.exists():
             path.unlink()
     return keys, configs
@@ -190,7 +231,9 @@ def migrate_configs_table(path: Path, keys: dict[str, str]) -> bool:
     return True
 
 
-def migrate_csv(path: Path, keys: Mapping[str, str], old_configs: Mapping[str, Mapping[str, Any]] | None = None) -> bool:
+def migrate_csv(
+    path: Path, keys: Mapping[str, str], old_configs: Mapping[str, Mapping[str, Any]] | None = None
+) -> bool:
     """Move one CSV with a ``unit`` column to this release: the new keys (``keys``: old -> new, also where a
     cell names a file by its key), configurations in this release's names and, where it still has columns
     of an earlier release, their names now. ``old_configs``: old key -> configuration, for a table without
@@ -200,7 +243,11 @@ def migrate_csv(path: Path, keys: Mapping[str, str], old_configs: Mapping[str, M
         return False
     unit = header.index("unit")
     config_at = header.index("unit_config") if "unit_config" in header else None
-    names = {experiment_of(old_configs[row[unit]]) for row in rows} if old_configs and config_at is None else set()
+    names = (
+        {experiment_of(old_configs[row[unit]]) for row in rows}
+        if old_configs and config_at is None
+        else set()
+    )
     for row in rows:
         if config_at is not None and row[config_at]:
             name, config, _ = migrate_config(json.loads(row[config_at]))
@@ -259,11 +306,19 @@ def rebuild_units(folder: Path, csv_path: Path) -> int:
             at = side_header.index("unit")
             for key in dict.fromkeys(row[at] for row in side_rows):
                 (folder / side).mkdir(exist_ok=True)
-                _write_csv(folder / side / f"{key}.csv", side_header, [row for row in side_rows if row[at] == key])
+                _write_csv(
+                    folder / side / f"{key}.csv", side_header, [row for row in side_rows if row[at] == key]
+                )
     return len(grouped)
 
 
-SIDE_FOLDERS = ("history", "saturation", "tolerance", "curves", "checkpoints")  # files a unit names by its key
+SIDE_FOLDERS = (
+    "history",
+    "saturation",
+    "tolerance",
+    "curves",
+    "checkpoints",
+)  # files a unit names by its key
 
 
 def _own_files(folder: Path) -> list[Path]:
@@ -297,7 +352,9 @@ def migrate_folder(folder: Path, *, rebuild: bool = False) -> list[str]:
         if path.stem in keys and keys[path.stem] != path.stem:
             path.rename(path.with_name(keys[path.stem] + path.suffix))
     if rebuild and not units.is_dir() and (folder / "results.csv").is_file():
-        done.append(f"{folder}: {rebuild_units(folder, folder / 'results.csv')} unit files rebuilt from results.csv")
+        done.append(
+            f"{folder}: {rebuild_units(folder, folder / 'results.csv')} unit files rebuilt from results.csv"
+        )
     return done
 
 

@@ -170,7 +170,9 @@ def brute_kruskal_rank(x: torch.Tensor, rtol: float | None = None) -> int:
     n_vec, d = x.shape
     for k in range(1, min(n_vec, d) + 1):
         idx = torch.tensor(list(itertools.combinations(range(n_vec), k)))  # (C(N, k), k)
-        ranks = probes.rank.numerical_rank(x[idx], probes.rank.resolve_rtol(rtol, k, d, x.dtype)).rank  # (C(N, k),)
+        ranks = probes.rank.numerical_rank(
+            x[idx], probes.rank.resolve_rtol(rtol, k, d, x.dtype)
+        ).rank  # (C(N, k),)
         if bool((ranks < k).any()):
             return k - 1
     return min(n_vec, d)

@@ -105,20 +105,31 @@ CLI_CASES = [
     ("empty-text", ["{gpt2}", "--data", "{empty-txt}", "--context-length", "16"], "text too short"),
     ("no-txt-files", ["{gpt2}", "--data", "{no-txt}", "--context-length", "16"], "no .txt files"),
     ("n-greater-than-d", ["{gpt2}", "--context-length", "64"], "exceeds the width d = 32"),
-    ("k-greater-than-N", ["{vit}", "--data", "{imagenet}", "--samples", "5", "--sweep", "--sweep-ks", "4,40"],
-     "sweep k = 40 exceeds the N = 5 examples"),
+    (
+        "k-greater-than-N",
+        ["{vit}", "--data", "{imagenet}", "--samples", "5", "--sweep", "--sweep-ks", "4,40"],
+        "sweep k = 40 exceeds the N = 5 examples",
+    ),
     ("sweep-ks-not-integers", ["{vit}", "--sweep", "--sweep-ks", "a,b"], "comma-separated integers"),
     ("zero-samples", ["{vit}", "--samples", "0"], "samples must be a positive integer"),
     ("negative-samples", ["{vit}", "--samples", "-3"], "samples must be a positive integer"),
     ("zero-subsets", ["{vit}", "--subsets", "0"], "subsets must be a positive integer"),
-    ("negative-sweep-refine", ["{vit}", "--sweep", "--sweep-refine", "-1"], "sweep_refine must be an integer >= 0"),
+    (
+        "negative-sweep-refine",
+        ["{vit}", "--sweep", "--sweep-refine", "-1"],
+        "sweep_refine must be an integer >= 0",
+    ),
     ("zero-batch-size", ["{vit}", "--batch-size", "0"], "batch_size must be a positive integer"),
     ("zero-context-length", ["{gpt2}", "--context-length", "0"], "context_length must be a positive integer"),
     ("negative-sweep-k", ["{vit}", "--sweep", "--sweep-ks", "-3"], "sweep k must be a positive integer"),
     ("zero-threshold", ["{vit}", "--threshold", "0"], "threshold must be a number in (0, 1]"),
     ("threshold-above-one", ["{vit}", "--threshold", "1.5"], "threshold must be a number in (0, 1]"),
     ("nan-threshold", ["{vit}", "--threshold", "nan"], "threshold must be a number in (0, 1]"),
-    ("negative-rtol", ["{vit}", "--rtol", "-1e-6"], "rtol (the relative rank tolerance) must be a number in [0, 1)"),
+    (
+        "negative-rtol",
+        ["{vit}", "--rtol", "-1e-6"],
+        "rtol (the relative rank tolerance) must be a number in [0, 1)",
+    ),
     ("rtol-one", ["{vit}", "--rtol", "1"], "must be a number in [0, 1)"),
     ("nan-rtol", ["{vit}", "--rtol", "nan"], "must be a number in [0, 1)"),
     ("unknown-representation", ["{vit}", "-r", "embeding"], "did you mean 'embedding'"),
@@ -134,18 +145,38 @@ CLI_CASES = [
     ("tokens-with-data", ["{vit}", "--tokens", "{ok}", "--data", "{empty}"], "do not apply when re-testing"),
     ("tokens-nan", ["{vit}", "--tokens", "{nan}"], "contain NaN or infinite values"),
     ("tokens-missing", ["{vit}", "--tokens", "{root}/none.safetensors"], "does not exist"),
-    ("memorize-zero-heads", ["memorize", "--heads", "0", "--context", "4", "--d-h", "4", "--N", "16"],
-     "--heads takes values in 1.."),
-    ("memorize-zero-N", ["memorize", "--heads", "1", "--context", "4", "--d-h", "4", "--N", "0"], "--N takes values in 1.."),
-    ("memorize-negative-d", ["memorize", "--heads", "1", "--context", "4", "--d-h", "4", "--N", "16", "--d", "-4"],
-     "d must be >= 1"),
-    ("memorize-negative-lr", ["memorize", "--heads", "1", "--context", "4", "--d-h", "4", "--N", "16", "--lr", "-1"],
-     "--lr takes positive finite numbers"),
-    ("memorize-bad-list", ["memorize", "--heads", "a", "--context", "4", "--d-h", "4", "--N", "16"],
-     "takes integers like 1,2,4"),
+    (
+        "memorize-zero-heads",
+        ["memorize", "--heads", "0", "--context", "4", "--d-h", "4", "--N", "16"],
+        "--heads takes values in 1..",
+    ),
+    (
+        "memorize-zero-N",
+        ["memorize", "--heads", "1", "--context", "4", "--d-h", "4", "--N", "0"],
+        "--N takes values in 1..",
+    ),
+    (
+        "memorize-negative-d",
+        ["memorize", "--heads", "1", "--context", "4", "--d-h", "4", "--N", "16", "--d", "-4"],
+        "d must be >= 1",
+    ),
+    (
+        "memorize-negative-lr",
+        ["memorize", "--heads", "1", "--context", "4", "--d-h", "4", "--N", "16", "--lr", "-1"],
+        "--lr takes positive finite numbers",
+    ),
+    (
+        "memorize-bad-list",
+        ["memorize", "--heads", "a", "--context", "4", "--d-h", "4", "--N", "16"],
+        "takes integers like 1,2,4",
+    ),
     ("capacity-nan-tokens", ["capacity", "--tokens", "{nan}"], "contain NaN or infinite values"),
     ("capacity-wrong-shape-tokens", ["capacity", "--tokens", "{flat}"], "contexts must be (N, n, d)"),
-    ("capacity-truncated-tokens", ["capacity", "--tokens", "{truncated}"], "not a readable safetensors token file"),
+    (
+        "capacity-truncated-tokens",
+        ["capacity", "--tokens", "{truncated}"],
+        "not a readable safetensors token file",
+    ),
     ("certify-missing-weights", ["certify", "--weights", "{root}/none.safetensors"], "does not exist"),
 ]
 
@@ -218,11 +249,25 @@ def api_cases():
     return [
         ("audit-unknown-model", lambda f, t: audit_model("vit-bse", out=t / "r"), "did you mean 'vit-base'"),
         ("audit-unknown-option", lambda f, t: audit_model(str(f["vit"]), samplez=3), "unknown audit option"),
-        ("audit-unwritable-out", lambda f, t: audit_model(str(f["vit"]), weights="random", out=f["file"] / "r"),
-         "cannot write to output folder"),
-        ("audit-k-greater-than-N", lambda f, t: audit_model(str(f["vit"]), data=str(shared_data("imagenet-sample")),
-                                                      samples=4, weights="random", sweep=True, sweep_ks=(50,),
-                                                      out=t / "r", progress=False), "exceeds the N = 4"),
+        (
+            "audit-unwritable-out",
+            lambda f, t: audit_model(str(f["vit"]), weights="random", out=f["file"] / "r"),
+            "cannot write to output folder",
+        ),
+        (
+            "audit-k-greater-than-N",
+            lambda f, t: audit_model(
+                str(f["vit"]),
+                data=str(shared_data("imagenet-sample")),
+                samples=4,
+                weights="random",
+                sweep=True,
+                sweep_ks=(50,),
+                out=t / "r",
+                progress=False,
+            ),
+            "exceeds the N = 4",
+        ),
         ("config-zero-samples", lambda f, t: AuditConfig(samples=0), "samples must be a positive integer"),
         ("config-nan-threshold", lambda f, t: AuditConfig(threshold=math.nan), "threshold must be a number"),
         ("config-negative-rtol", lambda f, t: AuditConfig(rtol=-0.5), "must be a number in [0, 1)"),
@@ -230,15 +275,33 @@ def api_cases():
         ("config-huge-seed", lambda f, t: AuditConfig(seed=2**70), "seed must be an integer in [-2**63"),
         ("config-first-not-bool", lambda f, t: AuditConfig(first="yes"), "first must be True or False"),
         ("config-huge-subsets", lambda f, t: AuditConfig(subsets=10**9), "valid: 1 .. 10,000,000"),
-        ("audit-processor-with-name", lambda f, t: audit_model("vit-base", "a processor"), "processor goes with a model"),
+        (
+            "audit-processor-with-name",
+            lambda f, t: audit_model("vit-base", "a processor"),
+            "processor goes with a model",
+        ),
         ("audit-tokens-bad-queries", lambda f, t: audit_tokens(None, good[0], n=2), "queries must be (N, d)"),
-        ("audit-tokens-n-mismatch", lambda f, t: audit_tokens(good[:, None, :], good, n=2), "n = 2 but the contexts"),
+        (
+            "audit-tokens-n-mismatch",
+            lambda f, t: audit_tokens(good[:, None, :], good, n=2),
+            "n = 2 but the contexts",
+        ),
         ("model-unknown-weights", lambda f, t: load_model("vit-base", "pretrainned"), "weights must be"),
-        ("extract-block-out-of-range", lambda f, t: extract(_tiny(f), _inputs(f), ["block.99"]), "out of range"),
-        ("extract-zero-batch", lambda f, t: extract(_tiny(f), _inputs(f), ["embedding"], batch_size=0),
-         "batch_size must be a positive integer"),
-        ("data-zero-byte-images", lambda f, t: load_inputs(_tiny(f), str(f["zero-byte"]), 4, progress=False),
-         "no readable image"),
+        (
+            "extract-block-out-of-range",
+            lambda f, t: extract(_tiny(f), _inputs(f), ["block.99"]),
+            "out of range",
+        ),
+        (
+            "extract-zero-batch",
+            lambda f, t: extract(_tiny(f), _inputs(f), ["embedding"], batch_size=0),
+            "batch_size must be a positive integer",
+        ),
+        (
+            "data-zero-byte-images",
+            lambda f, t: load_inputs(_tiny(f), str(f["zero-byte"]), 4, progress=False),
+            "no readable image",
+        ),
         ("data-zero-samples", lambda f, t: load_inputs(_tiny(f), str(f["empty"]), 0), "samples must be"),
         ("rank-nan", lambda f, t: probes.numerical_rank(with_nan), "only finite values are valid"),
         ("rank-inf", lambda f, t: probes.numerical_rank(with_inf), "only finite values are valid"),
@@ -246,28 +309,47 @@ def api_cases():
         ("kruskal-k-greater-than-N", lambda f, t: probes.kruskal_test(good, k=7), "valid: 1 <= k <= N"),
         ("assumption1-nan-queries", lambda f, t: probes.assumption1(with_nan, 2), "only finite values"),
         ("assumption1-zero-n", lambda f, t: probes.assumption1(good, 0), "must be a positive integer"),
-        ("assumption2-wrong-shape", lambda f, t: probes.assumption2(good), "contexts must have shape (N, n, d)"),
-        *[(f"tokens-{name}", _load_tokens(name), fragment) for name, fragment in (
-            ("nan", "contain NaN or infinite values"),
-            ("inf", "contain NaN or infinite values"),
-            ("flat", "contexts must be (N, n, d)"),
-            ("d-mismatch", "disagree on N or d"),
-            ("ints", "must be floating point"),
-            ("no-keys", "missing tensor(s)"),
-            ("meta", "metadata says n=5"),
-            ("truncated", "not a readable safetensors token file"),
-            ("zero-tokens", "not a readable safetensors token file"),
-        )],
+        (
+            "assumption2-wrong-shape",
+            lambda f, t: probes.assumption2(good),
+            "contexts must have shape (N, n, d)",
+        ),
+        *[
+            (f"tokens-{name}", _load_tokens(name), fragment)
+            for name, fragment in (
+                ("nan", "contain NaN or infinite values"),
+                ("inf", "contain NaN or infinite values"),
+                ("flat", "contexts must be (N, n, d)"),
+                ("d-mismatch", "disagree on N or d"),
+                ("ints", "must be floating point"),
+                ("no-keys", "missing tensor(s)"),
+                ("meta", "metadata says n=5"),
+                ("truncated", "not a readable safetensors token file"),
+                ("zero-tokens", "not a readable safetensors token file"),
+            )
+        ],
         ("tokens-wrong-shape-object", lambda f, t: Tokens(good, good), "contexts must be (N, n, d)"),
-        ("sweep-unknown-executor", lambda f, t: run_sweep(probes.numerical_rank, [{}], t / "s", executor="spark"),
-         "valid: local, ray"),
-        ("sweep-unwritable-out", lambda f, t: run_sweep(probes.numerical_rank, [{}], f["file"] / "s"),
-         "cannot write to output folder"),
-        ("sweep-negative-cpus", lambda f, t: run_sweep(probes.numerical_rank, [{}], t / "s", num_cpus=-1),
-         "num_cpus must be a finite number >= 0"),
+        (
+            "sweep-unknown-executor",
+            lambda f, t: run_sweep(probes.numerical_rank, [{}], t / "s", executor="spark"),
+            "valid: local, ray",
+        ),
+        (
+            "sweep-unwritable-out",
+            lambda f, t: run_sweep(probes.numerical_rank, [{}], f["file"] / "s"),
+            "cannot write to output folder",
+        ),
+        (
+            "sweep-negative-cpus",
+            lambda f, t: run_sweep(probes.numerical_rank, [{}], t / "s", num_cpus=-1),
+            "num_cpus must be a finite number >= 0",
+        ),
         ("shard-zero-workers", lambda f, t: shard_bounds(10, 0, 4), "workers must be a positive integer"),
-        ("shard-zero-threads", lambda f, t: extract_sharded(ModelRecipe("vit-base"), _inputs(f), ["embedding"],
-                                                            threads=0), "threads must be a positive integer"),
+        (
+            "shard-zero-threads",
+            lambda f, t: extract_sharded(ModelRecipe("vit-base"), _inputs(f), ["embedding"], threads=0),
+            "threads must be a positive integer",
+        ),
         ("shard-empty-model-name", lambda f, t: ModelRecipe(" "), "must be a model name"),
     ]
 
@@ -294,8 +376,20 @@ def test_resuming_from_a_truncated_training_checkpoint_is_refused_and_left_alone
     from auditor.lab.sweep import unit_key
 
     experiment = get("memorize")
-    config = MemorizeConfig(heads=(1,), context=(4,), d_h=(4,), N=(16,), seeds=(0,), d=8, classes=10, steps=20,
-                            lr=1e-2, batch_size=16, eval_every=10, bucket_size=1)
+    config = MemorizeConfig(
+        heads=(1,),
+        context=(4,),
+        d_h=(4,),
+        N=(16,),
+        seeds=(0,),
+        d=8,
+        classes=10,
+        steps=20,
+        lr=1e-2,
+        batch_size=16,
+        eval_every=10,
+        bucket_size=1,
+    )
     unit = experiment.units(config, tmp_path)[0]
     checkpoint = tmp_path / "checkpoints" / f"{unit_key(unit, experiment.key_defaults)}.pt"
     checkpoint.parent.mkdir()
@@ -323,12 +417,21 @@ def test_audit_tokens_says_what_to_pass_for_paths_and_non_numeric_arrays(tmp_pat
 
     from auditor import audit_tokens
 
-    contexts = torch.randn(12, 3, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)  # (N, n, d)
-    cases = [(("tokens.safetensors", contexts[:, 0]), "audit_tokens takes tensors, not files"),
-             ((tmp_path / "t.safetensors", contexts[:, 0]), "load a token file with auditor.audit.tokens.Tokens.load"),
-             ((np.array([[["a"] * 4] * 3] * 12, dtype=object), contexts[:, 0]), "array of numbers; got ndarray of "
-              "dtype object"),
-             ((contexts, contexts[:, 0].to(torch.complex128)), "queries must hold real numbers")]
+    contexts = torch.randn(
+        12, 3, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64
+    )  # (N, n, d)
+    cases = [
+        (("tokens.safetensors", contexts[:, 0]), "audit_tokens takes tensors, not files"),
+        (
+            (tmp_path / "t.safetensors", contexts[:, 0]),
+            "load a token file with auditor.audit.tokens.Tokens.load",
+        ),
+        (
+            (np.array([[["a"] * 4] * 3] * 12, dtype=object), contexts[:, 0]),
+            "array of numbers; got ndarray of dtype object",
+        ),
+        ((contexts, contexts[:, 0].to(torch.complex128)), "queries must hold real numbers"),
+    ]
     for args, fragment in cases:
         with pytest.raises(TypeError) as info:
             audit_tokens(*args, subsets=5, progress=False)
@@ -340,11 +443,16 @@ def test_tensors_that_require_grad_give_the_rows_of_their_values():
     import probes
     from auditor import audit_tokens
 
-    contexts = torch.randn(12, 3, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)  # (N, n, d)
+    contexts = torch.randn(
+        12, 3, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64
+    )  # (N, n, d)
     graded = contexts.clone().requires_grad_(True)
     plain = audit_tokens(contexts, contexts[:, 0], subsets=20, progress=False)
     rows = audit_tokens(graded, graded[:, 0], subsets=20, progress=False)
-    assert rows["fraction"].tolist() == plain["fraction"].tolist() and rows["holds"].tolist() == plain["holds"].tolist()
+    assert (
+        rows["fraction"].tolist() == plain["fraction"].tolist()
+        and rows["holds"].tolist() == plain["holds"].tolist()
+    )
     result = probes.kruskal_test(graded[:, 0], 3, subsets=20, seed=0)
     assert result.fraction == probes.kruskal_test(contexts[:, 0], 3, subsets=20, seed=0).fraction
     assert graded.grad is None  # nothing was differentiated
@@ -369,12 +477,24 @@ def test_probes_refuse_paths_and_non_numeric_arrays_in_their_own_words():
 def test_a_lock_that_is_a_folder_is_named(files, tmp_path, capsys):
     out = tmp_path / "report"
     (out / ".lock").mkdir(parents=True)
-    argv = [str(files["vit"]), "--data", str(shared_data("imagenet-sample")), "--samples", "4", "-w", "random",
-            "--out", str(out), "--quiet"]
+    argv = [
+        str(files["vit"]),
+        "--data",
+        str(shared_data("imagenet-sample")),
+        "--samples",
+        "4",
+        "-w",
+        "random",
+        "--out",
+        str(out),
+        "--quiet",
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
-    assert err == (f"error: {str(out / '.lock')!r} is a folder where the audit keeps its lock file; remove it or "
-                   "choose another --out")
+    assert err == (
+        f"error: {str(out / '.lock')!r} is a folder where the audit keeps its lock file; remove it or "
+        "choose another --out"
+    )
     assert sorted(p.name for p in out.iterdir()) == [".lock"]
 
 
@@ -388,7 +508,9 @@ def test_a_full_disk_names_the_file_it_could_not_write(tmp_path, capsys, monkeyp
 
     monkeypatch.setattr(atomic, "_write_synced", full)
     out = tmp_path / "run"
-    assert main(["facts", "width", "--scale", "quick", "--threads", "1", "--no-plots", "--out", str(out)]) == 2
+    assert (
+        main(["facts", "width", "--scale", "quick", "--threads", "1", "--no-plots", "--out", str(out)]) == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("error: No space left on device: ") and str(out / "units") in err
     assert not out.exists()  # nothing finished: the folder it made is gone
@@ -400,6 +522,9 @@ def test_text_data_inside_out_is_said_to_be_left_out(tmp_path):
 
     (tmp_path / "report").mkdir()
     (tmp_path / "report" / "notes.txt").write_text("some text\n")
-    with pytest.raises(AuditError, match=r"no \.txt files under .* \(1 found, none read as data: 1 inside the "
-                                         r"output folder --out"):
+    with pytest.raises(
+        AuditError,
+        match=r"no \.txt files under .* \(1 found, none read as data: 1 inside the "
+        r"output folder --out",
+    ):
         read_documents(str(tmp_path), exclude=tmp_path / "report")

@@ -74,7 +74,9 @@ def _imported_names(module: str, path: Path) -> list[tuple[str, int]]:
                 anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
                 base = ".".join([*anchor, base] if base else anchor)
             for alias in node.names:  # `from pkg import sub` imports the submodule pkg.sub
-                names.append((f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules() else base, node.lineno))
+                names.append(
+                    (f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules() else base, node.lineno)
+                )
     return names
 
 
@@ -184,7 +186,10 @@ def test_the_graph_reader_sees_function_level_and_relative_imports(tmp_path):
     assert "auditor.audit.report.schema" in names  # `from auditor.audit.report.schema import ...`
     source = tmp_path / "mod.py"
     source.write_text("def f():\n    from . import sibling\n    from .. import up\n")
-    assert [n for n, _ in _imported_names("auditor.audit.report.mod", source)] == ["auditor.audit.report", "auditor.audit"]
+    assert [n for n, _ in _imported_names("auditor.audit.report.mod", source)] == [
+        "auditor.audit.report",
+        "auditor.audit",
+    ]
 
 
 def test_no_import_cycles_beyond_the_known_ones():
@@ -200,11 +205,24 @@ def test_the_known_cycle_edges_still_exist():
     assert not stale, f"remove from KNOWN_CYCLE_EDGES (the import is gone): {', '.join(stale)}"
 
 
-@pytest.mark.parametrize("module", ["auditor.audit.runner", "auditor.audit.report", "auditor.audit.report.tables",
-                                    "auditor.audit.report.plots", "auditor.audit.report.writer", "auditor.audit.sources",
-                                    "auditor.audit.shard", "auditor.audit.commands", "auditor.audit.config", "auditor.audit.assumptions",
-                                    "auditor.audit.plan", "auditor.audit.report.catalogue",
-                                    "auditor.audit.verdicts"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "auditor.audit.runner",
+        "auditor.audit.report",
+        "auditor.audit.report.tables",
+        "auditor.audit.report.plots",
+        "auditor.audit.report.writer",
+        "auditor.audit.sources",
+        "auditor.audit.shard",
+        "auditor.audit.commands",
+        "auditor.audit.config",
+        "auditor.audit.assumptions",
+        "auditor.audit.plan",
+        "auditor.audit.report.catalogue",
+        "auditor.audit.verdicts",
+    ],
+)
 def test_the_audit_is_in_no_cycle_at_all(module):
     """The audit's own modules are in no cycle, not even through a known edge elsewhere."""
     for component in cycles(graph()):
@@ -228,7 +246,9 @@ def test_the_report_sits_below_the_runner():
                  if _inside(b, "auditor") and not any(_inside(b, below) for below in BELOW_THE_REPORT)]
     assert not offenders, "the report imports from above it: " + "; ".join(offenders)
     runner = graph()["auditor.audit.runner"]
-    assert any(_inside(b, REPORT) for b in runner), "the runner should write its report through auditor.audit.report"
+    assert any(_inside(b, REPORT) for b in runner), (
+        "the runner should write its report through auditor.audit.report"
+    )
 
 
 @pytest.mark.parametrize("module", ["auditor.audit.sources", "auditor.audit.extract", "auditor.audit.stream",
@@ -281,7 +301,11 @@ def test_every_lazy_reference_resolves():
 
 def test_a_room_refers_only_to_its_own_modules():
     def is_room(module: str) -> bool:
-        return module.count(".") == 2 and module.startswith("auditor.lab.") and modules()[module].name == "__init__.py"
+        return (
+            module.count(".") == 2
+            and module.startswith("auditor.lab.")
+            and modules()[module].name == "__init__.py"
+        )
 
     offenders = [f"{module}:{line} -> {target}:{attr}" for module, target, attr, line in lazy_references()
                  if is_room(module) and not target.startswith(module + ".")]

@@ -74,14 +74,29 @@ def _assumption1(contexts: torch.Tensor | None, queries: torch.Tensor, n: int,
 
 
 def _assumption3(contexts: torch.Tensor, queries: torch.Tensor, n: int, options: RunOptions) -> Verdict:
-    return probes.assumption3(contexts, queries, n, subsets=options.subsets, seed=options.seed, rtol=options.rtol,
-                              threshold=options.threshold, robustness=options.robustness), None
+    return probes.assumption3(
+        contexts,
+        queries,
+        n,
+        subsets=options.subsets,
+        seed=options.seed,
+        rtol=options.rtol,
+        threshold=options.threshold,
+        robustness=options.robustness,
+    ), None
 
 
 def _general_position(contexts: torch.Tensor | None, queries: torch.Tensor, n: int,
                       options: RunOptions) -> Verdict:
-    return probes.general_position(queries, n=n, subsets=options.subsets, seed=options.seed, rtol=options.rtol,
-                                   threshold=options.threshold, robustness=options.robustness), None
+    return probes.general_position(
+        queries,
+        n=n,
+        subsets=options.subsets,
+        seed=options.seed,
+        rtol=options.rtol,
+        threshold=options.threshold,
+        robustness=options.robustness,
+    ), None
 
 
 _RUNNERS: dict[str, Runner] = {"assumption2": _assumption2, "assumption1": _assumption1,

@@ -35,9 +35,22 @@ from auditor.audit.report.schema import (
 from auditor.core.atomic import Staged, check_output_folder, confined, real_folder
 from auditor.core.errors import AuditError
 
-COMPARE_COLUMNS = ("report", "model", "weights", "representation", "test", "fraction", "fraction_low",
-                   "fraction_high", "verdict", "rtol", "critical_rtol", "critical_rtol_low", "critical_rtol_high",
-                   "critical_rtol_exact")
+COMPARE_COLUMNS = (
+    "report",
+    "model",
+    "weights",
+    "representation",
+    "test",
+    "fraction",
+    "fraction_low",
+    "fraction_high",
+    "verdict",
+    "rtol",
+    "critical_rtol",
+    "critical_rtol_low",
+    "critical_rtol_high",
+    "critical_rtol_exact",
+)
 COMPARE_FILES = ("compare.csv", "compare.md", "compare_kruskal.png", "compare_depth.png")
 
 
@@ -80,13 +93,19 @@ def _table_lines(path: Path, what: str) -> tuple[list[str], list[tuple[int, list
             if cells:
                 rows.append((reader.line_num, cells))
                 if len(cells) != len(header):
-                    raise AuditError(f"{path}: line {reader.line_num} has {len(cells)} cells where the header has "
-                                     f"{len(header)}; the file is truncated or damaged: rerun the audit that wrote it")
+                    raise AuditError(
+                        f"{path}: line {reader.line_num} has {len(cells)} cells where the header has "
+                        f"{len(header)}; the file is truncated or damaged: rerun the audit that wrote it"
+                    )
     except csv.Error as err:
-        raise AuditError(f"{path}: line {reader.line_num} is not valid CSV ({err}); the file is damaged") from None
+        raise AuditError(
+            f"{path}: line {reader.line_num} is not valid CSV ({err}); the file is damaged"
+        ) from None
     if not text.endswith(("\n", "\r")):
-        raise AuditError(f"{path}: ends mid-row (no newline after its last line); the file was cut short: rerun the "
-                         "audit that wrote it")
+        raise AuditError(
+            f"{path}: ends mid-row (no newline after its last line); the file was cut short: rerun the "
+            "audit that wrote it"
+        )
     return header, rows
 
 
@@ -110,8 +129,11 @@ def _bad_cell(column: str, value: str) -> str | None:
         elif column == "rtol_grid":
             parse_rtol_grid(value)
     except (ValueError, TypeError, IndexError, OverflowError):
-        return {"rank_counts": "a rank histogram rank:count;...", "witness": "space-separated example indices",
-                "rtol_grid": "a tolerance grid multiplier:fraction;..."}.get(column, "a number")
+        return {
+            "rank_counts": "a rank histogram rank:count;...",
+            "witness": "space-separated example indices",
+            "rtol_grid": "a tolerance grid multiplier:fraction;...",
+        }.get(column, "a number")
     return None
 
 
@@ -123,20 +145,29 @@ def check_results_csv(path: str | Path) -> None:
     header, rows = _table_lines(path, "an audit's results.csv")
     columns = set(header)
     if set(LAB_COLUMNS) <= columns:
-        raise AuditError(f"{path}: the results of a lab sweep (audit memorize, facts, assoc, ...), not of an audit; "
-                         "compare takes folders written by 'audit MODEL'")
+        raise AuditError(
+            f"{path}: the results of a lab sweep (audit memorize, facts, assoc, ...), not of an audit; "
+            "compare takes folders written by 'audit MODEL'"
+        )
     missing = [c for c in AUDIT_COLUMNS if c not in columns]
     if missing:
-        raise AuditError(f"{path}: not an audit's results.csv (no column {', '.join(missing)}); compare takes folders "
-                         "written by 'audit MODEL'")
-    typed = [(i, c) for i, c in enumerate(header)
-             if c in (*INT_COLUMNS, *BOOL_COLUMNS, *FLOAT_COLUMNS, "rank_counts", "witness", "rtol_grid", "status")]
+        raise AuditError(
+            f"{path}: not an audit's results.csv (no column {', '.join(missing)}); compare takes folders "
+            "written by 'audit MODEL'"
+        )
+    typed = [
+        (i, c)
+        for i, c in enumerate(header)
+        if c in (*INT_COLUMNS, *BOOL_COLUMNS, *FLOAT_COLUMNS, "rank_counts", "witness", "rtol_grid", "status")
+    ]
     for line, cells in rows:
         for i, column in typed:
             wrong = _bad_cell(column, cells[i])
             if wrong:
-                raise AuditError(f"{path}: line {line}, column {column}: {cells[i]!r} is not {wrong}; the file is "
-                                 "damaged or was edited: rerun the audit that wrote it")
+                raise AuditError(
+                    f"{path}: line {line}, column {column}: {cells[i]!r} is not {wrong}; the file is "
+                    "damaged or was edited: rerun the audit that wrote it"
+                )
     if not rows:
         raise AuditError(f"{path}: a header without rows; the audit that wrote it did not finish")
 
@@ -172,12 +203,18 @@ def resolve_report(reference: str | Path, root: str | Path | None = None) -> tup
         path = root / path
     if path.is_dir():
         if not (path / "results.csv").is_file():
-            raise AuditError(f"no results.csv in {str(reference)!r}; give a folder an audit wrote its report into")
+            raise AuditError(
+                f"no results.csv in {str(reference)!r}; give a folder an audit wrote its report into"
+            )
         return path, None
     if path.exists():
-        raise AuditError(f"{str(reference)!r} is a file; give the report folder that holds it (or a model name)")
+        raise AuditError(
+            f"{str(reference)!r} is a file; give the report folder that holds it (or a model name)"
+        )
     name = str(reference)
-    models = {p: _report_model(p) for p in sorted((root / "reports").glob("*")) if (p / "results.csv").is_file()}
+    models = {
+        p: _report_model(p) for p in sorted((root / "reports").glob("*")) if (p / "results.csv").is_file()
+    }
     candidates = [p for p, model in models.items() if model == name]
     if not candidates:
         known = sorted({m for m in models.values() if m})
@@ -197,17 +234,29 @@ def compare_table(reports: Sequence[Report]) -> pd.DataFrame:
         for row in rows.to_dict("records"):
             ok = row.get("status") == "ok"
             holds = row.get("holds")
-            records.append({
-                "report": str(report.folder), "model": row.get("model"), "weights": row.get("weights"),
-                "representation": row.get("representation"), "test": row.get("test"),
-                "fraction": row.get("fraction") if ok else None,
-                "fraction_low": row.get("fraction_low") if ok else None,
-                "fraction_high": row.get("fraction_high") if ok else None,
-                "verdict": ("holds" if holds else "fails") if ok and not pd.isna(holds) else "skipped",
-                "rtol": row.get("rtol"),
-                **{key: row.get(key) if ok else None for key in ("critical_rtol", "critical_rtol_low",
-                                                                  "critical_rtol_high", "critical_rtol_exact")},
-            })
+            records.append(
+                {
+                    "report": str(report.folder),
+                    "model": row.get("model"),
+                    "weights": row.get("weights"),
+                    "representation": row.get("representation"),
+                    "test": row.get("test"),
+                    "fraction": row.get("fraction") if ok else None,
+                    "fraction_low": row.get("fraction_low") if ok else None,
+                    "fraction_high": row.get("fraction_high") if ok else None,
+                    "verdict": ("holds" if holds else "fails") if ok and not pd.isna(holds) else "skipped",
+                    "rtol": row.get("rtol"),
+                    **{
+                        key: row.get(key) if ok else None
+                        for key in (
+                            "critical_rtol",
+                            "critical_rtol_low",
+                            "critical_rtol_high",
+                            "critical_rtol_exact",
+                        )
+                    },
+                }
+            )
     table = pd.DataFrame(records, columns=list(COMPARE_COLUMNS))
     for key in ("fraction", "fraction_low", "fraction_high", "rtol", "critical_rtol", "critical_rtol_low",
                 "critical_rtol_high"):
@@ -219,17 +268,29 @@ def compare_table(reports: Sequence[Report]) -> pd.DataFrame:
 
 def markdown_table(table: pd.DataFrame) -> str:
     """The table for people: the fraction with its interval in one cell, numbers rounded."""
-    shown = pd.DataFrame({
-        "model": table["model"], "weights": table["weights"], "representation": table["representation"],
-        "test": table["test"], "fraction [95% interval]": [_fraction_cell(r) for r in table.to_dict("records")],
-        "verdict": table["verdict"], "rtol": [_g(v) for v in table["rtol"]],
-        "critical rtol / rtol": [_critical_cell(r) for r in table.to_dict("records")],
-    })
+    shown = pd.DataFrame(
+        {
+            "model": table["model"],
+            "weights": table["weights"],
+            "representation": table["representation"],
+            "test": table["test"],
+            "fraction [95% interval]": [_fraction_cell(r) for r in table.to_dict("records")],
+            "verdict": table["verdict"],
+            "rtol": [_g(v) for v in table["rtol"]],
+            "critical rtol / rtol": [_critical_cell(r) for r in table.to_dict("records")],
+        }
+    )
     return shown.to_markdown(index=False, disable_numparse=True)
 
 
-def compare(references: Sequence[str | Path], out: str | Path | None = None, *, root: str | Path | None = None,
-            plots: bool = True, echo=None) -> pd.DataFrame:
+def compare(
+    references: Sequence[str | Path],
+    out: str | Path | None = None,
+    *,
+    root: str | Path | None = None,
+    plots: bool = True,
+    echo=None,
+) -> pd.DataFrame:
     """Compare the reports named by ``references`` (folders or model names); write the table and figures
     into ``out`` (default ``reports/compare-<timestamp>`` under ``root``) and return the table.
 
@@ -254,8 +315,9 @@ def compare(references: Sequence[str | Path], out: str | Path | None = None, *, 
     try:
         real_folder(out)
     except OSError as err:
-        raise AuditError(f"cannot write to output folder {str(out)!r} ({err.strerror}); choose another --out") \
-            from None
+        raise AuditError(
+            f"cannot write to output folder {str(out)!r} ({err.strerror}); choose another --out"
+        ) from None
     with confined(out), Staged() as staged:
         staged.text(out / "compare.csv", table.to_csv(index=False))
         staged.text(out / "compare.md", "# Comparison of audit reports\n\n" + "\n".join(
@@ -287,7 +349,9 @@ def _stage_figures(table: pd.DataFrame, reports: Sequence[Report], out: Path, st
             fig = draw()
         try:
             staged.write(out / name, lambda tmp, fig=fig: fig.savefig(tmp, dpi=DPI, format="png"))
-            staged.write((out / name).with_suffix(".pdf"), lambda tmp, fig=fig: fig.savefig(tmp, format="pdf"))
+            staged.write(
+                (out / name).with_suffix(".pdf"), lambda tmp, fig=fig: fig.savefig(tmp, format="pdf")
+            )
         finally:
             plt.close(fig)
 
@@ -325,8 +389,12 @@ def _g(value: float) -> str:
 
 @click.command("compare", context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.argument("reports", nargs=-1, required=True, metavar="REPORT...")
-@click.option("--out", type=click.Path(file_okay=False), default=None,
-              help="Folder for compare.csv, compare.md and the figures (default: reports/compare-<timestamp>).")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Folder for compare.csv, compare.md and the figures (default: reports/compare-<timestamp>).",
+)
 @click.option("--plots/--no-plots", default=True, show_default=True, help="Draw the overlay figures.")
 def compare_command(reports: tuple[str, ...], out: str | None, plots: bool) -> None:
     """Put audit reports side by side: one table of fractions, verdicts and critical rtol, and overlay

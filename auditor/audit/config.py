@@ -26,7 +26,9 @@ MAX_SUBSETS = 10_000_000  # per test; the sampled share is then known to about +
 MAX_SWEEP_REFINE = 64  # bisection steps; log2(d) of any real model is far below
 MAX_THREADS = 1024
 MAX_DEFAULT_SAMPLES = 2000  # the paper's N: what an audit takes when --samples is not given
-LAYERS_FORMS = "all, block indices (0,3,-1), ranges in Python slice notation (0:6, -3:, ::2) or a mix (0:3,11)"
+LAYERS_FORMS = (
+    "all, block indices (0,3,-1), ranges in Python slice notation (0:6, -3:, ::2) or a mix (0:3,11)"
+)
 _LAYER_PART = re.compile(r"all|-?\d+|(-?\d+)?:(-?\d+)?(:\d*)?")  # one comma-separated part of a layers spec
 
 
@@ -58,9 +60,11 @@ class AuditConfig:
     save_tokens: bool = False
     tokens: tuple[str, ...] | None = None  # token files to test again instead of extracting
     trust_remote_code: bool = False
-    dtype: str = "float32"  # what the audited blocks compute tokens in (the weights keep their stored dtype on disk)
-    query: str | None = None  # SigLIP (no CLS token): "mean" of the patch tokens (None: mean) or "first" patch
-    bos: bool | None = None  # decoder LLMs: BOS at position 0 (True) or not (False); None: as the tokenizer does
+    dtype: str = "float32"
+    query: str | None = None
+    bos: bool | None = (
+        None  # decoder LLMs: BOS at position 0 (True) or not (False); None: as the tokenizer does
+    )
     threads: int | None = None  # torch threads for the run (None: torch's default)
     workers: int = 1  # > 1: shard extraction across workers (see auditor.audit.shard)
     executor: str = "local"  # "local" (in this process) | "ray" | "slurm"
@@ -84,7 +88,9 @@ class AuditConfig:
             raise did_you_mean("executor", self.executor, EXECUTORS)
         if self.slurm is not None:
             if not isinstance(self.slurm, SlurmOptions):
-                raise AuditError(f"slurm must be SlurmOptions (auditor.core.slurm); got {type(self.slurm).__name__}")
+                raise AuditError(
+                    f"slurm must be SlurmOptions (auditor.core.slurm); got {type(self.slurm).__name__}"
+                )
             self.slurm.check_executor(self.executor)
         from auditor.models.devices import resolve_dtype
 
@@ -106,7 +112,9 @@ class AuditConfig:
             raise AuditError(f"threshold must be a number in (0, 1]; got {self.threshold!r}")
         if self.rtol is not None and (isinstance(self.rtol, bool) or not isinstance(self.rtol, int | float)
                                       or not 0 <= self.rtol < 1 or math.isnan(self.rtol)):
-            raise AuditError(f"rtol (the relative rank tolerance) must be a number in [0, 1); got {self.rtol!r}")
+            raise AuditError(
+                f"rtol (the relative rank tolerance) must be a number in [0, 1); got {self.rtol!r}"
+            )
         lo, hi = probes.rank.SEED_RANGE
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not lo <= self.seed <= hi:
             raise AuditError(f"seed must be an integer in [-2**63, 2**63 - 1] (64 bits); got {self.seed!r}")
@@ -157,8 +165,9 @@ def parse_layers(spec: object, num_layers: int | None) -> list[int]:
             bounds = [int(b) if b else None for b in part.split(":")]
             picked = range(num_layers)[slice(*bounds)]
             if not picked:
-                raise AuditError(f"layers range {part!r} selects no block of the {num_layers} this model has; "
-                                 f"{valid}")
+                raise AuditError(
+                    f"layers range {part!r} selects no block of the {num_layers} this model has; {valid}"
+                )
             chosen.update(picked)
         else:
             index = int(part)

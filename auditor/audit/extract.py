@@ -109,7 +109,9 @@ def available_memory() -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def plan_passes(representations: Sequence[str], num_layers: int, bytes_each: int, budget: int) -> list[list[str]]:
+def plan_passes(
+    representations: Sequence[str], num_layers: int, bytes_each: int, budget: int
+) -> list[list[str]]:
     """The forward passes that extract ``representations`` holding at most ``budget`` bytes of tokens.
 
     Everything in one pass (in the order given) when it fits; otherwise the canonical names sorted by

@@ -82,9 +82,24 @@ from auditor.core.provenance import provenance, timestamp
 if TYPE_CHECKING:
     from auditor.models.base import LoadedModel
 
-__all__ = ["COLUMNS", "DEFAULT_REPRESENTATIONS", "DEFAULT_SUBSETS", "DEFAULT_WEIGHTS", "MAX_SUBSETS", "QUERY_TESTS",
-           "TESTS", "AuditConfig", "AuditPlan", "AuditResult", "StageClock", "audit_model", "audit_tokens",
-           "default_out", "run", "run_tests"]
+__all__ = [
+    "COLUMNS",
+    "DEFAULT_REPRESENTATIONS",
+    "DEFAULT_SUBSETS",
+    "DEFAULT_WEIGHTS",
+    "MAX_SUBSETS",
+    "QUERY_TESTS",
+    "TESTS",
+    "AuditConfig",
+    "AuditPlan",
+    "AuditResult",
+    "StageClock",
+    "audit_model",
+    "audit_tokens",
+    "default_out",
+    "run",
+    "run_tests",
+]
 
 TENSORS = "tensors"  # the model column of audit_tokens rows
 GIVEN = "given"  # ... and their weights column
@@ -158,7 +173,9 @@ def audit_model(model: str | torch.nn.Module = "vit-base", processor: object = N
         return run(AuditConfig(model=model, **options), out=out, progress=progress).rows
     from auditor.models.from_object import IN_MEMORY, from_object
 
-    misplaced = sorted(set(options) & {"weights", "workers", "executor", "address", "tokens", "trust_remote_code"})
+    misplaced = sorted(
+        set(options) & {"weights", "workers", "executor", "address", "tokens", "trust_remote_code"}
+    )
     if misplaced:
         raise AuditError(f"option(s) {', '.join(misplaced)} do not apply to a model object (its weights are "
                          "the ones audited, in this process)")
@@ -205,8 +222,13 @@ def audit_tokens(
                                      "threshold": threshold}))
     plan = AuditPlan.of(config)
     check_contexts_given(plan.testing.tests, contexts is not None)
-    meta = {"model": TENSORS, "representation": "tokens", "weights": GIVEN,
-            "dtype": str(queries.dtype).removeprefix("torch."), "data_source": "tensors given to audit_tokens"}
+    meta = {
+        "model": TENSORS,
+        "representation": "tokens",
+        "weights": GIVEN,
+        "dtype": str(queries.dtype).removeprefix("torch."),
+        "data_source": "tensors given to audit_tokens",
+    }
     item = TokenItem("tokens", tokens.queries, None if contexts is None else tokens.contexts, n_tokens, meta)
     group = TokenGroup(GIVEN, [item], fingerprint([("queries", tokens.queries)] + (
         [] if contexts is None else [("contexts", tokens.contexts)])))
@@ -219,8 +241,10 @@ def _given_tensor(value: object, name: str) -> torch.Tensor:
     """A tensor argument of :func:`audit_tokens` as a tensor of numbers (detached: the tests read values
     only); a path, a string or anything that holds no numbers is a TypeError that says what to pass."""
     if isinstance(value, str | bytes | Path):
-        raise TypeError(f"audit_tokens takes tensors, not files: {name} is {str(value)!r}; load a token file with "
-                        "auditor.audit.tokens.Tokens.load(path), or audit it with auditor.audit_model(tokens=path)")
+        raise TypeError(
+            f"audit_tokens takes tensors, not files: {name} is {str(value)!r}; load a token file with "
+            "auditor.audit.tokens.Tokens.load(path), or audit it with auditor.audit_model(tokens=path)"
+        )
     if isinstance(value, torch.Tensor):
         tensor = value
     else:
@@ -228,8 +252,10 @@ def _given_tensor(value: object, name: str) -> torch.Tensor:
             tensor = torch.as_tensor(value)
         except (TypeError, ValueError, RuntimeError):
             kind = getattr(value, "dtype", None)
-            raise TypeError(f"{name} must be a torch.Tensor or NumPy array of numbers; got {type(value).__name__}"
-                            + (f" of dtype {kind}" if kind is not None else "")) from None
+            raise TypeError(
+                f"{name} must be a torch.Tensor or NumPy array of numbers; got {type(value).__name__}"
+                + (f" of dtype {kind}" if kind is not None else "")
+            ) from None
     if tensor.is_complex():
         raise TypeError(f"{name} must hold real numbers; got dtype {tensor.dtype}")
     return tensor.detach()
@@ -349,8 +375,12 @@ def _run_groups(config: AuditConfig, plan: AuditPlan, groups: Callable[[Path | N
         stamp = provenance()
         done = RowStore(out_path, stamp, _config_record(config))
         if done.load_previous():
-            log.warning("resuming: %d finished Kruskal tests of an earlier run in %s are reused where the data "
-                        "is the same (Assumption 2 and the sweep run again)", len(done.previous), out_path)
+            log.warning(
+                "resuming: %d finished Kruskal tests of an earlier run in %s are reused where the data "
+                "is the same (Assumption 2 and the sweep run again)",
+                len(done.previous),
+                out_path,
+            )
         per_layer = plan.across_depth
         saving = folder is not None and plan.extraction.save_tokens
         tester = _Tester(plan, test_device, done, clock, progress=progress, per_layer=per_layer,
@@ -372,7 +402,9 @@ def _run_groups(config: AuditConfig, plan: AuditPlan, groups: Callable[[Path | N
                      f"command to resume" if kept else "")
             raise KeyboardInterrupt(f"audit interrupted{where}") from err
         records = done.records
-        if not any(r.get("status") == "ok" for r in records) and all(r.get("status") == "skipped" for r in records):
+        if not any(r.get("status") == "ok" for r in records) and all(
+            r.get("status") == "skipped" for r in records
+        ):
             reasons = sorted({r["note"] for r in records})
             raise AuditError(f"nothing could be tested: {reasons[0]}")
         curves = pd.concat(tested.curves, ignore_index=True) if tested.curves else pd.DataFrame()
@@ -385,13 +417,18 @@ def _run_groups(config: AuditConfig, plan: AuditPlan, groups: Callable[[Path | N
                              depth=depth_frame(rows, curves) if per_layer else pd.DataFrame())
         result.stages = clock.frame()
         if folder is not None:
-            extra = {"torch_threads": torch.get_num_threads(), **({"contexts": streamed_note(chunks)} if chunks else {})}
+            extra = {
+                "torch_threads": torch.get_num_threads(),
+                **({"contexts": streamed_note(chunks)} if chunks else {}),
+            }
             try:
                 written = write_report(result, folder.path, extra)
             except OSError as err:
-                raise AuditError(f"cannot write the report into {str(folder.path)!r} ({err.strerror or err}); "
-                                 f"the finished rows stay in {PARTIAL_CSV}: free some space or fix the folder and "
-                                 "rerun to resume") from None
+                raise AuditError(
+                    f"cannot write the report into {str(folder.path)!r} ({err.strerror or err}); "
+                    f"the finished rows stay in {PARTIAL_CSV}: free some space or fix the folder and "
+                    "rerun to resume"
+                ) from None
             folder.produced.update(written)
             folder.tidy(keep)
         return result
@@ -461,8 +498,10 @@ class _Tester:
                 with clock.stage(SAVING_TOKENS):
                     item.tokens.save(path)
             except OSError as err:
-                raise AuditError(f"cannot save tokens in {str(path.parent)!r} ({err.strerror or err}); free some "
-                                 "space or choose another --out") from None
+                raise AuditError(
+                    f"cannot save tokens in {str(path.parent)!r} ({err.strerror or err}); free some "
+                    "space or choose another --out"
+                ) from None
             produced.insert(0, path)
         streamed = isinstance(item.contexts, StreamedContexts)
         contexts = item.contexts if streamed or item.contexts is None else item.contexts.to(self.device)

@@ -70,9 +70,16 @@ class ModelRecipe:
 
     def load(self, device: str | None = None) -> LoadedModel:
         """Build or load the model (on ``device`` if given, else on the recipe's)."""
-        return load_model(self.name, self.weights, device=device or self.device, dtype=self.dtype, seed=self.seed,
-                          context_length=self.context_length, trust_remote_code=self.trust_remote_code,
-                          config_overrides=self.config_overrides)
+        return load_model(
+            self.name,
+            self.weights,
+            device=device or self.device,
+            dtype=self.dtype,
+            seed=self.seed,
+            context_length=self.context_length,
+            trust_remote_code=self.trust_remote_code,
+            config_overrides=self.config_overrides,
+        )
 
 
 def shard_bounds(num: int, workers: int, batch_size: int) -> list[tuple[int, int]]:
@@ -118,7 +125,9 @@ def extract_shard(
     return extract(loaded, inputs, representations, batch_size=batch_size, seed=seed, progress=False)
 
 
-def _gather(parts: Iterable[tuple[int, dict[str, Tokens]]], bounds: list[tuple[int, int]]) -> dict[str, Tokens]:
+def _gather(
+    parts: Iterable[tuple[int, dict[str, Tokens]]], bounds: list[tuple[int, int]]
+) -> dict[str, Tokens]:
     """Copy each shard's tokens into place as it arrives (shard i fills ``bounds[i]``), then let it go.
 
     The shards' metadata must agree; only ``device`` may differ (the gathered value lists them).
@@ -157,7 +166,9 @@ def _ray_device(device: str) -> tuple[str, float]:
     if device == "auto":
         return ("cuda", 1) if gpus >= 1 else ("cpu", 0)
     if gpus < 1:
-        raise AuditError(f"device {device!r} requested but the Ray cluster has no GPU; use --device cpu or auto")
+        raise AuditError(
+            f"device {device!r} requested but the Ray cluster has no GPU; use --device cpu or auto"
+        )
     return "cuda", 1  # each task sees only its own GPU, as cuda:0
 
 
@@ -245,7 +256,9 @@ def _ray_parts(recipe, shards, reps, batch_size, seed, threads, address, bar) ->
     that fails cancels the others and raises its own error (a user mistake stays one line)."""
     with ray_session(address) as ray:
         device, gpus = _ray_device(recipe.device)
-        largest = max((node["Resources"].get("CPU", 0) for node in ray.nodes() if node.get("Alive")), default=1)
+        largest = max(
+            (node["Resources"].get("CPU", 0) for node in ray.nodes() if node.get("Alive")), default=1
+        )
         if not gpus and threads > largest:
             log.warning("no Ray node has %d CPUs; workers use %d threads (last bits may differ from this "
                         "process)", threads, int(largest))
@@ -263,8 +276,10 @@ def slurm_device(device: str, options: SlurmOptions) -> str:
     if options.gpus_per_task:
         return "cpu" if device == "cpu" else "cuda"  # each job sees only its own GPUs, from cuda:0
     if device not in ("auto", "cpu"):
-        raise AuditError(f"device {device!r} requested but the Slurm jobs get no GPU; add --slurm-gpus 1 or use "
-                         "--device cpu or auto")
+        raise AuditError(
+            f"device {device!r} requested but the Slurm jobs get no GPU; add --slurm-gpus 1 or use "
+            "--device cpu or auto"
+        )
     return "cpu"
 
 

@@ -65,17 +65,24 @@ def read_token_files(plan: AuditPlan) -> list[TokenGroup]:
                              f"`audit {made_by} --tokens {file}`")
         rep = tok.meta.get("representation") or "tokens"
         if not _NAME.fullmatch(rep) or ".." in rep:
-            raise AuditError(f"{file}: its metadata names representation {rep!r}, a path that could lead outside "
-                             "--out, not a representation name (valid: embedding, random-attention, block.L)")
+            raise AuditError(
+                f"{file}: its metadata names representation {rep!r}, a path that could lead outside "
+                "--out, not a representation name (valid: embedding, random-attention, block.L)"
+            )
         weights = tok.meta.get("weights") or "unknown"
         label = f"{rep}@{weights}"
         if label in seen:
             raise AuditError(f"{seen[label]} and {file} both hold {label}; give each representation once")
         seen[label] = file
-        meta = {**tok.meta, "data_source": f"{tok.meta.get('data_source', '')} (tokens read from {file})".strip()}
+        meta = {
+            **tok.meta,
+            "data_source": f"{tok.meta.get('data_source', '')} (tokens read from {file})".strip(),
+        }
         item = TokenItem(rep, tok.queries, tok.contexts, tok.n, meta)
         plan.check_shape(n=tok.n, d=tok.d, num=tok.N)
-        groups.append(TokenGroup(weights, [item], fingerprint([("contexts", tok.contexts), ("queries", tok.queries)])))
+        groups.append(
+            TokenGroup(weights, [item], fingerprint([("contexts", tok.contexts), ("queries", tok.queries)]))
+        )
     return groups
 
 
@@ -241,8 +248,11 @@ def streamed(loaded: LoadedModel, read: Read, reps: list[str], extraction: Extra
     try:
         with bar:
             for start in range(0, num, chunk):
-                part = dataclasses.replace(inputs, N=min(chunk, num - start),
-                                           tensors={k: v[start : start + chunk] for k, v in inputs.tensors.items()})
+                part = dataclasses.replace(
+                    inputs,
+                    N=min(chunk, num - start),
+                    tensors={k: v[start : start + chunk] for k, v in inputs.tensors.items()},
+                )
                 tokens = extract(loaded, part, reps, batch_size=extraction.batch_size, seed=extraction.seed,
                                  progress=False)
                 for rep, tok in tokens.items():

@@ -178,7 +178,13 @@ class ContextReducer:
                  save: Path | None, chunk: int) -> None:
         if dtype == torch.float64:
             raise ValueError("float64 contexts are tested in memory (Assumption 3 rescales them all at once)")
-        self.shape, self.dtype, self.device, self.rtol, self.chunk = (num, n, d), dtype, torch.device(device), rtol, chunk
+        self.shape, self.dtype, self.device, self.rtol, self.chunk = (
+            (num, n, d),
+            dtype,
+            torch.device(device),
+            rtol,
+            chunk,
+        )
         self.rows = self.largest = 0
         self.seconds: dict[str, float] = {}
         self.save = save
@@ -271,9 +277,12 @@ class ContextReducer:
         if self.ranks is not None:
             parts = self.ranks
             ranks = dataclasses.replace(
-                parts[0], rank=torch.cat([p.rank for p in parts]), margin=torch.cat([p.margin for p in parts]),
+                parts[0],
+                rank=torch.cat([p.rank for p in parts]),
+                margin=torch.cat([p.margin for p in parts]),
                 stages={key: sum(p.stages[key] for p in parts) for key in parts[0].stages},
-                bound=None if parts[0].bound is None else torch.cat([p.bound for p in parts]))
+                bound=None if parts[0].bound is None else torch.cat([p.bound for p in parts]),
+            )
         streamed = StreamedContexts(
             shape=(num, n, d), dtype=self.dtype, device=self.device, ranks=ranks,
             means=None if self.means is None else torch.cat(self.means),
@@ -302,14 +311,26 @@ def assumption3(s: StreamedContexts, queries: torch.Tensor, n: int, options: Run
     q = validate_vectors(queries, "queries")
     num, _, d = s.shape
     if q.shape[0] != num or q.shape[1] != d:
-        raise ValueError(f"queries {tuple(q.shape)} do not match contexts {s.shape}; expected queries (N, d) = "
-                         f"({num}, {d})")
+        raise ValueError(
+            f"queries {tuple(q.shape)} do not match contexts {s.shape}; expected queries (N, d) = "
+            f"({num}, {d})"
+        )
     n = _check_n(n)
     threshold = _check_threshold(options.threshold)
     mixed = q.to(torch.float64) + s.means  # (N, d)
     rtol = resolve_rtol(options.rtol, n, d, s.dtype)  # judged at the tokens' own dtype
-    res = checked_kruskal(mixed, n, options.subsets, options.seed, rtol, rank_sample=100, progress=None,
-                          robustness=options.robustness, rtol_grid=robust.DEFAULT_RTOL_GRID, threshold=threshold)
+    res = checked_kruskal(
+        mixed,
+        n,
+        options.subsets,
+        options.seed,
+        rtol,
+        rank_sample=100,
+        progress=None,
+        robustness=options.robustness,
+        rtol_grid=robust.DEFAULT_RTOL_GRID,
+        threshold=threshold,
+    )
     res = dataclasses.replace(res, dtype=str(s.dtype).removeprefix("torch."))
     return _from_kruskal("assumption3", res, threshold, n)
 

@@ -145,7 +145,12 @@ class Tokens:
 # Chunked files: written as the contexts are extracted, read back by example
 # ---------------------------------------------------------------------------------------------------
 
-_SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
+_SAFETENSORS_DTYPES = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+}
 
 
 class TokenWriter:
@@ -160,7 +165,9 @@ class TokenWriter:
         from auditor.core.atomic import temporary_path
 
         if dtype not in _SAFETENSORS_DTYPES:
-            raise AuditError(f"tokens of dtype {dtype} cannot be saved; valid: {', '.join(map(str, _SAFETENSORS_DTYPES))}")
+            raise AuditError(
+                f"tokens of dtype {dtype} cannot be saved; valid: {', '.join(map(str, _SAFETENSORS_DTYPES))}"
+            )
         self.path, self.shape, self.dtype = Path(path), (num, n, d), dtype
         size = torch.empty((), dtype=dtype).element_size()
         self.context_bytes, self.row_bytes = num * n * d * size, n * d * size
@@ -190,8 +197,10 @@ class TokenWriter:
         """Write the queries (N, d), sync and rename the file into place; returns its path."""
         if self.rows != self.shape[0] or tuple(queries.shape) != (self.shape[0], self.shape[2]):
             self.abort()
-            raise ValueError(f"token file {self.path}: {self.rows} of {self.shape[0]} contexts written, queries "
-                             f"{tuple(queries.shape)}")
+            raise ValueError(
+                f"token file {self.path}: {self.rows} of {self.shape[0]} contexts written, queries "
+                f"{tuple(queries.shape)}"
+            )
         try:
             self._fh.write(queries.detach().cpu().to(self.dtype).contiguous().reshape(-1).view(torch.uint8)
                            .numpy().tobytes())
@@ -230,7 +239,9 @@ class ContextFile:
         """The contexts of the examples at ``positions`` (c,), in that order: (c, n, d) on the CPU."""
         _, n, d = self.shape
         out = torch.empty((positions.numel(), n, d), dtype=self.dtype)  # (c, n, d)
-        flat = out.view(positions.numel(), n * d).view(torch.uint8)  # (c, n d size): the bytes of each context
+        flat = out.view(positions.numel(), n * d).view(
+            torch.uint8
+        )  # (c, n d size): the bytes of each context
         size = flat.shape[1]
         with open(self.path, "rb", buffering=0) as fh:
             for row, index in enumerate(positions.tolist()):

@@ -28,8 +28,18 @@ from auditor.audit.report.tables import stage_frame
 from auditor.audit.stream import StreamedContexts
 from auditor.core.errors import AuditError
 
-__all__ = ["BOUND_COLUMNS", "GEOMETRY_COLUMNS", "StageClock", "VectorBounds", "check_contexts_given", "curve_frame",
-           "kruskal_extras", "run_tests", "sweep_ks", "token_geometry"]
+__all__ = [
+    "BOUND_COLUMNS",
+    "GEOMETRY_COLUMNS",
+    "StageClock",
+    "VectorBounds",
+    "check_contexts_given",
+    "curve_frame",
+    "kruskal_extras",
+    "run_tests",
+    "sweep_ks",
+    "token_geometry",
+]
 
 
 class StageClock:
@@ -61,16 +71,55 @@ class StageClock:
         return stage_frame(self.seconds, time.perf_counter() - self.start)
 
 
-_ROW_FIELDS = ("test", "k", "N", "n", "d", "fraction", "holds", "threshold", "min_margin", "subsets", "exhaustive",
-               "rank_counts", "witness", "rtol", "dtype", "device", "note")  # taken as probes gives them
+_ROW_FIELDS = (
+    "test",
+    "k",
+    "N",
+    "n",
+    "d",
+    "fraction",
+    "holds",
+    "threshold",
+    "min_margin",
+    "subsets",
+    "exhaustive",
+    "rank_counts",
+    "witness",
+    "rtol",
+    "dtype",
+    "device",
+    "note",
+)  # taken as probes gives them
 # taken too where this version of probes gives them: how robust a verdict is to the tolerance
-_TOLERANCE_FIELDS = ("margin_bound", "critical_rtol", "critical_rtol_low", "critical_rtol_high", "critical_rtol_exact",
-                     "verdict_margin", "rtol_grid", "spectrum_proof")
+_TOLERANCE_FIELDS = (
+    "margin_bound",
+    "critical_rtol",
+    "critical_rtol_low",
+    "critical_rtol_high",
+    "critical_rtol_exact",
+    "verdict_margin",
+    "rtol_grid",
+    "spectrum_proof",
+)
 # added by the audit to the rows of the Kruskal tests (see kruskal_extras) and to every row (token geometry)
-BOUND_COLUMNS = ("fraction_low", "fraction_high", "krank_upper", "krank_lower", "krank_lower_method", "duplicates",
-                 "near_duplicates")
-GEOMETRY_COLUMNS = ("effective_rank", "stable_rank", "anisotropy", "collapse_residual", "effective_rank_centred",
-                    "stable_rank_centred", "anisotropy_centred")
+BOUND_COLUMNS = (
+    "fraction_low",
+    "fraction_high",
+    "krank_upper",
+    "krank_lower",
+    "krank_lower_method",
+    "duplicates",
+    "near_duplicates",
+)
+GEOMETRY_COLUMNS = (
+    "effective_rank",
+    "stable_rank",
+    "anisotropy",
+    "collapse_residual",
+    "effective_rank_centred",
+    "stable_rank_centred",
+    "anisotropy_centred",
+)
 
 
 def _test_row(result: probes.AssumptionResult) -> dict[str, Any]:
@@ -129,7 +178,9 @@ def kruskal_extras(row: dict[str, Any], tested: torch.Tensor | VectorBounds) -> 
     if row.get("exhaustive") or row.get("spectrum_proof") or subsets == 0:  # every subset tested or proven
         extras["fraction_low"] = extras["fraction_high"] = fraction
     else:
-        extras["fraction_low"], extras["fraction_high"] = bounds.clopper_pearson(round(fraction * subsets), subsets)
+        extras["fraction_low"], extras["fraction_high"] = bounds.clopper_pearson(
+            round(fraction * subsets), subsets
+        )
     shared = tested if isinstance(tested, VectorBounds) else VectorBounds(tested)
     lower, dup = shared.lower(bounds, float(row["rtol"])), shared.duplicates(bounds)
     if getattr(lower, "exact", False) and lower.witness is not None:  # its search met a dependent subset
@@ -211,8 +262,15 @@ def run_tests(
             if cached is not None:
                 row = cached
             elif test.kruskal and k > num:  # a report row, not an error: the other tests still run
-                row = {"test": name, "status": "skipped", "k": k, "N": num, "n": n, "d": d,
-                       "note": f"N = {num} examples < k = {k}: too few for one {k}-subset; give at least {k} samples"}
+                row = {
+                    "test": name,
+                    "status": "skipped",
+                    "k": k,
+                    "N": num,
+                    "n": n,
+                    "d": d,
+                    "note": f"N = {num} examples < k = {k}: too few for one {k}-subset; give at least {k} samples",
+                }
             else:
                 run_test = contexts.run if isinstance(contexts, StreamedContexts) else (
                     lambda name, *args, test=test: test.run(contexts, *args))
@@ -238,9 +296,16 @@ def run_tests(
 def curve_frame(sweep: probes.SweepResult, model: str, rep: str, weights: str, n: int) -> pd.DataFrame:
     """The sweep's rows, typed (``rank_counts`` dicts, ``witness`` lists) until the CSV writer."""
     frame = pd.DataFrame([r.to_dict() for r in sweep.results])
-    return frame.assign(refined=frame["k"].isin(sweep.refined), model=model, representation=rep, weights=weights,
-                        n=n, lower_estimate=sweep.lower_estimate, sampled=sweep.sampled,
-                        upper_bound=sweep.upper_bound)
+    return frame.assign(
+        refined=frame["k"].isin(sweep.refined),
+        model=model,
+        representation=rep,
+        weights=weights,
+        n=n,
+        lower_estimate=sweep.lower_estimate,
+        sampled=sweep.sampled,
+        upper_bound=sweep.upper_bound,
+    )
 
 
 def sweep_ks(sweep: Sweep, num: int, n: int, d: int) -> list[int]:

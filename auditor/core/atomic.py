@@ -87,7 +87,9 @@ def real_folder(folder: str | os.PathLike[str]) -> Path:
             current.mkdir()
         except FileExistsError:
             if not current.is_dir() or current.is_symlink():
-                raise NotADirectoryError(errno.ENOTDIR, "a file is where a folder belongs", str(current)) from None
+                raise NotADirectoryError(
+                    errno.ENOTDIR, "a file is where a folder belongs", str(current)
+                ) from None
     return folder
 
 

@@ -53,7 +53,9 @@ def check_resources(**amounts: float) -> None:
             raise AuditError(f"{name} must be a finite number >= 0; got {value!r}")
 
 
-RAY_CONNECT_TIMEOUT_S = 10.0  # how long --address may stay silent before the run is refused (Ray itself retries on)
+RAY_CONNECT_TIMEOUT_S = (
+    10.0  # how long --address may stay silent before the run is refused (Ray itself retries on)
+)
 _HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes.fromhex("000000040000000000")  # + empty SETTINGS
 
 
@@ -78,11 +80,15 @@ def check_reachable(address: str | None, timeout: float | None = None) -> None:
     except OSError as err:
         reason = f"no answer within {timeout:g} s" if isinstance(err, TimeoutError) else (
             err.strerror or type(err).__name__)
-        raise AuditError(f"cannot reach a Ray cluster at {address!r} ({where}: {reason}); check the address, start "
-                         "one with 'ray start --head', or leave out --address for a local instance") from None
+        raise AuditError(
+            f"cannot reach a Ray cluster at {address!r} ({where}: {reason}); check the address, start "
+            "one with 'ray start --head', or leave out --address for a local instance"
+        ) from None
     if len(head) < 4 or head[3] != 0x04:
-        raise AuditError(f"{address!r} ({where}) answers, but not as a Ray cluster (no gRPC handshake); check the "
-                         "address (the head's GCS port, 6379 by default, or ray://host:10001)")
+        raise AuditError(
+            f"{address!r} ({where}) answers, but not as a Ray cluster (no gRPC handshake); check the "
+            "address (the head's GCS port, 6379 by default, or ray://host:10001)"
+        )
 
 
 def connect_ray(address: str | None) -> bool:
@@ -144,16 +150,28 @@ def as_completed(task: Any, calls: Sequence[tuple], *, fail_fast: bool) -> Itera
                 if first_error is None:
                     first_error = user_error(err)  # raised once the other submitted tasks are in
                 else:
-                    log.warning("task %d failed too: %s", index[ref], str(user_error(err)).strip().split("\n")[0])
+                    log.warning(
+                        "task %d failed too: %s", index[ref], str(user_error(err)).strip().split("\n")[0]
+                    )
                 continue
             yield index[ref], result
     if first_error is not None:
         raise first_error
 
 
-def run_each(fn: Callable[..., Any], calls: Sequence[tuple], *, executor: str = "local", address: str | None = None,
-             num_cpus: float = 1, num_gpus: float = 0, fail_fast: bool = False, slurm: SlurmOptions | None = None,
-             keys: Sequence[str] | None = None, name: str = "run") -> Iterator[tuple[int, Any]]:
+def run_each(
+    fn: Callable[..., Any],
+    calls: Sequence[tuple],
+    *,
+    executor: str = "local",
+    address: str | None = None,
+    num_cpus: float = 1,
+    num_gpus: float = 0,
+    fail_fast: bool = False,
+    slurm: SlurmOptions | None = None,
+    keys: Sequence[str] | None = None,
+    name: str = "run",
+) -> Iterator[tuple[int, Any]]:
     """``fn(*args)`` for every ``args`` in ``calls``: yield ``(index, result)`` as each finishes.
 
     ``fn`` must be a module-level function (Ray and Slurm jobs import it by reference); ``num_cpus`` and

@@ -45,7 +45,9 @@ def parse_ints(
                 value = int(part)
                 parts.append((value, value, 1))
     except ValueError:
-        raise AuditError(f"{option} takes integers like 1,2,4 or ranges like 1:8 or 0:60:10; got {text!r}") from None
+        raise AuditError(
+            f"{option} takes integers like 1,2,4 or ranges like 1:8 or 0:60:10; got {text!r}"
+        ) from None
     total = 0
     for start, stop, step in parts:
         n = _count(start, stop, step)
@@ -55,8 +57,10 @@ def parse_ints(
             raise AuditError(f"{option} takes values in {low}..{high}; got {bad}")
         total += n
         if total > max_values:
-            raise AuditError(f"{option} lists more than {max_values:,} values; give a shorter list or a coarser "
-                             f"range (e.g. 0:1000:10)")
+            raise AuditError(
+                f"{option} lists more than {max_values:,} values; give a shorter list or a coarser "
+                f"range (e.g. 0:1000:10)"
+            )
     values = [v for start, stop, step in parts for v in range(start, stop + 1, step)]
     if not values:
         raise AuditError(f"{option} lists no values; give e.g. 1,2,4")
@@ -73,7 +77,9 @@ def parse_seeds(text: str, option: str) -> list[int]:
     return parse_ints(text, option, low=0, high=MAX_SEED)
 
 
-def parse_floats(text: str, option: str, *, positive: bool = False, max_values: int = MAX_VALUES) -> list[float]:
+def parse_floats(
+    text: str, option: str, *, positive: bool = False, max_values: int = MAX_VALUES
+) -> list[float]:
     """``"1e-2,3e-2"`` -> finite floats (``positive``: each > 0), duplicates dropped in order."""
     try:
         values = [float(p) for p in (p.strip() for p in text.split(",")) if p]
@@ -128,5 +134,7 @@ class Deprecation:
     def notice(self, installed: tuple[int, ...] | None = None) -> str:
         """The one line for stderr: the old spelling, the new one and the release that removes the old."""
         if self.expired(installed):
-            raise RuntimeError(f"the deprecated {self.old} was to be removed in {self.removed_in}; delete its shim")
+            raise RuntimeError(
+                f"the deprecated {self.old} was to be removed in {self.removed_in}; delete its shim"
+            )
         return f"warning: {self.old} is deprecated and is removed in {self.removed_in}; use {self.new}"

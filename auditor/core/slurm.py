@@ -101,8 +101,10 @@ def parse_sbatch(flags: Sequence[str]) -> dict[str, Any]:
                              f"--account=abc, --qos=high, --mem=16G, --exclusive); got {raw!r}")
         name, value = match.group(1), match.group(2)
         if name in _MANAGED:
-            raise AuditError(f"--slurm-sbatch {raw!r}: --{name} is set by the executor; use --slurm-partition, "
-                             "--slurm-time, --slurm-cpus, --slurm-gpus or --slurm-parallel instead")
+            raise AuditError(
+                f"--slurm-sbatch {raw!r}: --{name} is set by the executor; use --slurm-partition, "
+                "--slurm-time, --slurm-cpus, --slurm-gpus or --slurm-parallel instead"
+            )
         out[name] = True if value is None else value
     return out
 
@@ -133,13 +135,18 @@ class SlurmOptions:
     def __post_init__(self) -> None:
         if self.partition is not None and not (isinstance(self.partition, str) and self.partition.strip()):
             raise AuditError(f"--slurm-partition takes a partition name (see sinfo); got {self.partition!r}")
-        for name, value, low in (("--slurm-cpus", self.cpus_per_task, 1), ("--slurm-gpus", self.gpus_per_task, 0),
-                                 ("--slurm-parallel", self.array_parallelism, 1)):
+        for name, value, low in (
+            ("--slurm-cpus", self.cpus_per_task, 1),
+            ("--slurm-gpus", self.gpus_per_task, 0),
+            ("--slurm-parallel", self.array_parallelism, 1),
+        ):
             if value is None and name == "--slurm-parallel":
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise AuditError(f"{name} takes an integer >= {low}; got {value!r}")
-        object.__setattr__(self, "sbatch", (self.sbatch,) if isinstance(self.sbatch, str) else tuple(self.sbatch))
+        object.__setattr__(
+            self, "sbatch", (self.sbatch,) if isinstance(self.sbatch, str) else tuple(self.sbatch)
+        )
         object.__setattr__(self, "minutes", parse_time(self.time))
         object.__setattr__(self, "extra", parse_sbatch(self.sbatch))
 
@@ -154,14 +161,20 @@ class SlurmOptions:
         """These options, when ``executor`` is ``slurm`` or they are the defaults; else a one-line AuditError
         (a ``--slurm-*`` option given without ``--executor slurm`` would be silently ignored)."""
         if executor != "slurm" and self != SlurmOptions(folder=self.folder):
-            raise AuditError("--slurm-* options go with --executor slurm; add --executor slurm or leave them out")
+            raise AuditError(
+                "--slurm-* options go with --executor slurm; add --executor slurm or leave them out"
+            )
         return self
 
     def parameters(self, name: str) -> dict[str, Any]:
         """submitit's ``SlurmExecutor.update_parameters`` for jobs called ``name``."""
-        params: dict[str, Any] = {"job_name": name, "time": self.minutes, "cpus_per_task": self.cpus_per_task,
-                                  "additional_parameters": dict(self.extra),
-                                  "wckey": None}  # submitit's default wckey is refused where wckeys are enforced
+        params: dict[str, Any] = {
+            "job_name": name,
+            "time": self.minutes,
+            "cpus_per_task": self.cpus_per_task,
+            "additional_parameters": dict(self.extra),
+            "wckey": None,
+        }  # submitit's default wckey is refused where wckeys are enforced
         if self.partition:
             params["partition"] = self.partition
         if self.gpus_per_task:
@@ -225,16 +238,22 @@ def slurm_command(args: Sequence[str], *, what: str) -> str:
     """stdout of a Slurm command run under :data:`COMMAND_TIMEOUT_S`; a one-line AuditError when it is
     missing, fails or does not answer (``what`` says what was being done)."""
     if shutil.which(args[0]) is None:
-        raise AuditError(f"--executor slurm needs Slurm's commands ({args[0]} is not on PATH); run on a "
-                         "cluster's login node, or start a single-node Slurm with scripts/slurm-local.sh start")
+        raise AuditError(
+            f"--executor slurm needs Slurm's commands ({args[0]} is not on PATH); run on a "
+            "cluster's login node, or start a single-node Slurm with scripts/slurm-local.sh start"
+        )
     try:
         done = subprocess.run(list(args), capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        raise AuditError(f"Slurm did not answer {args[0]} within {COMMAND_TIMEOUT_S:g} s while {what}; check "
-                         "that slurmctld runs and SLURM_CONF names its config (sinfo should answer)") from None
+        raise AuditError(
+            f"Slurm did not answer {args[0]} within {COMMAND_TIMEOUT_S:g} s while {what}; check "
+            "that slurmctld runs and SLURM_CONF names its config (sinfo should answer)"
+        ) from None
     if done.returncode != 0:
-        raise AuditError(f"Slurm refused {what} ({_first_line(done.stderr or done.stdout) or f'exit {done.returncode}'})"
-                         "; check that slurmctld runs and SLURM_CONF names its config (sinfo should answer)")
+        raise AuditError(
+            f"Slurm refused {what} ({_first_line(done.stderr or done.stdout) or f'exit {done.returncode}'})"
+            "; check that slurmctld runs and SLURM_CONF names its config (sinfo should answer)"
+        )
     return done.stdout
 
 
@@ -242,8 +261,10 @@ def check_cluster(options: SlurmOptions) -> None:
     """Slurm answers and knows the partition; a one-line AuditError otherwise (before any submission)."""
     conf = os.environ.get("SLURM_CONF")
     if conf and not Path(conf).is_file():
-        raise AuditError(f"SLURM_CONF names {conf!r}, which is not a file; point it at the cluster's slurm.conf "
-                         "or unset it")
+        raise AuditError(
+            f"SLURM_CONF names {conf!r}, which is not a file; point it at the cluster's slurm.conf "
+            "or unset it"
+        )
     listed = slurm_command(["sinfo", "--all", "--noheader", "--format=%R"], what="listing the partitions")
     partitions = sorted({p.strip() for p in listed.split()})
     if options.partition and options.partition not in partitions:
@@ -253,7 +274,9 @@ def check_cluster(options: SlurmOptions) -> None:
 def live_tasks() -> set[str]:
     """Ids (``123_4``, ``125``) of this user's jobs that are queued or running."""
     user = pwd.getpwuid(os.getuid()).pw_name
-    out = slurm_command(["squeue", "--noheader", "--array", f"--user={user}", "--format=%i"], what="asking for the jobs")
+    out = slurm_command(
+        ["squeue", "--noheader", "--array", f"--user={user}", "--format=%i"], what="asking for the jobs"
+    )
     return {line.strip() for line in out.splitlines() if line.strip()}
 
 
@@ -300,7 +323,9 @@ class _Record:
             self.jobs = {}
 
     def save(self) -> None:
-        write_text_atomic(self.path, json.dumps(self.jobs, indent=0, sort_keys=True))  # a link there: replaced
+        write_text_atomic(
+            self.path, json.dumps(self.jobs, indent=0, sort_keys=True)
+        )  # a link there: replaced
 
 
 def _job_name(name: str) -> str:
@@ -314,10 +339,20 @@ def _submit(fn: Callable[..., Any], calls: Sequence[tuple], options: SlurmOption
     try:
         executor = submitit.SlurmExecutor(folder=folder, max_pickle_size_gb=MAX_PICKLE_GB)
         executor.update_parameters(**options.parameters(_job_name(name)))
-        return executor.map_array(in_job, [fn] * len(calls), list(calls), [options.cpus_per_task] * len(calls))
-    except (subprocess.SubprocessError, submitit.core.utils.FailedJobError, OSError, RuntimeError, ValueError) as err:
-        raise AuditError(f"Slurm refused the job array ({_first_line(str(err)) or type(err).__name__}); "
-                         f"the sbatch script is in {folder}") from None
+        return executor.map_array(
+            in_job, [fn] * len(calls), list(calls), [options.cpus_per_task] * len(calls)
+        )
+    except (
+        subprocess.SubprocessError,
+        submitit.core.utils.FailedJobError,
+        OSError,
+        RuntimeError,
+        ValueError,
+    ) as err:
+        raise AuditError(
+            f"Slurm refused the job array ({_first_line(str(err)) or type(err).__name__}); "
+            f"the sbatch script is in {folder}"
+        ) from None
 
 
 def _why_lost(job: Any) -> str:
@@ -338,16 +373,22 @@ def _outcome(job: Any) -> tuple[str, Any]:
     try:
         kind, value = job.result()
     except submitit.core.utils.UncompletedJobError as err:
-        return "raise", AuditError(f"Slurm job {job.job_id} ended without a result ({_first_line(str(err))}); "
-                                   "finished work is kept: run the same command again to resume")
+        return "raise", AuditError(
+            f"Slurm job {job.job_id} ended without a result ({_first_line(str(err))}); "
+            "finished work is kept: run the same command again to resume"
+        )
     except submitit.core.utils.FailedJobError as err:
         trace = [ln for ln in str(err).splitlines() if ln.strip() and not ln.startswith(("-", " "))]
         last = next((ln for ln in reversed(trace) if "Error" in ln or "Exception" in ln), "failed")
         if "UncompletedJobError" in str(err):  # submitit's own: timed out and not requeued
             last = last.split(": ", 1)[-1]
-            return "raise", AuditError(f"Slurm job {job.job_id} ended without a result ({last}); a longer "
-                                       "--slurm-time may help; finished work is kept: run the same command again")
-        return "raise", RuntimeError(f"Slurm job {job.job_id} failed: {last.strip()} (log: {job.paths.stderr})")
+            return "raise", AuditError(
+                f"Slurm job {job.job_id} ended without a result ({last}); a longer "
+                "--slurm-time may help; finished work is kept: run the same command again"
+            )
+        return "raise", RuntimeError(
+            f"Slurm job {job.job_id} failed: {last.strip()} (log: {job.paths.stderr})"
+        )
     if kind == "value-error":
         return "raise", value
     return "ok", value
@@ -387,7 +428,12 @@ def run_array(fn: Callable[..., Any], calls: Sequence[tuple], options: SlurmOpti
         if record is not None:
             record.jobs.update({keys[i]: jobs[i].job_id for i in todo})
             record.save()
-        log.info("submitted %d Slurm jobs (%s) with logs in %s", len(todo), submitted[0].job_id.split("_")[0], folder)
+        log.info(
+            "submitted %d Slurm jobs (%s) with logs in %s",
+            len(todo),
+            submitted[0].job_id.split("_")[0],
+            folder,
+        )
     yield from _gather(jobs, fail_fast=fail_fast, keep_running=keys is not None)
 
 
@@ -424,8 +470,10 @@ def _gather(jobs: dict[int, Any], *, fail_fast: bool, keep_running: bool) -> Ite
                 except AuditError as err:
                     failing_since = failing_since or asked
                     if asked - failing_since > SQUEUE_GIVE_UP_S:
-                        raise AuditError(f"lost contact with Slurm for {SQUEUE_GIVE_UP_S:g} s ({err}); the jobs keep "
-                                         "running: run the same command again later to collect them") from None
+                        raise AuditError(
+                            f"lost contact with Slurm for {SQUEUE_GIVE_UP_S:g} s ({err}); the jobs keep "
+                            "running: run the same command again later to collect them"
+                        ) from None
                     log.warning("squeue failed (%s); still waiting", err)
                     live = None
                 for i, job in list(waiting.items()):
@@ -436,8 +484,10 @@ def _gather(jobs: dict[int, Any], *, fail_fast: bool, keep_running: bool) -> Ite
                     if absent[i] < 2:  # gone from squeue twice, SQUEUE_EVERY_S apart, and still no result
                         continue
                     del waiting[i]
-                    lost = AuditError(f"Slurm job {job.job_id} ended without a result ({_why_lost(job)}); finished "
-                                      "work is kept: run the same command again to resume")
+                    lost = AuditError(
+                        f"Slurm job {job.job_id} ended without a result ({_why_lost(job)}); finished "
+                        "work is kept: run the same command again to resume"
+                    )
                     if fail_fast:
                         failed_fast = True
                         raise lost

@@ -41,7 +41,9 @@ def load_hf_dataset(
     folder = Path(name).expanduser()
     try:
         if folder.exists():
-            files = [str(p) for p in visible_files(folder, suffixes, exclude)] if folder.is_dir() else str(folder)
+            files = (
+                [str(p) for p in visible_files(folder, suffixes, exclude)] if folder.is_dir() else str(folder)
+            )
             if not files:
                 raise AuditError(f"no {', '.join(suffixes)} files under {str(folder)!r}")
             data = datasets.load_dataset(local_builder, data_files={split: files}, split=split)

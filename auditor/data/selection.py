@@ -64,7 +64,9 @@ def left_out_note(folder: Path, suffixes: Iterable[str], exclude: str | Path | N
     inside = sum(1 for p in found if out is not None and out in p.resolve().parents)
     reasons = ([f"{inside} inside the output folder --out {str(exclude)!r}"] if inside else []) + (
         [f"{len(found) - inside} in hidden folders or audit report folders"] if len(found) > inside else [])
-    return f" ({len(found)} found, none read as data: {', '.join(reasons)}; put the data in a folder of its own)"
+    return (
+        f" ({len(found)} found, none read as data: {', '.join(reasons)}; put the data in a folder of its own)"
+    )
 
 
 def visible_files(folder: Path, suffixes: Iterable[str], exclude: str | Path | None = None) -> list[Path]:

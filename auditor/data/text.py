@@ -68,7 +68,9 @@ def read_text_file(path: Path, counts: dict[str, int]) -> str:
     """
     raw = path.read_bytes()
     if b"\x00" in raw:
-        raise AuditError(f"{path} is not UTF-8 text (it contains NUL bytes: binary or UTF-16); text must be UTF-8")
+        raise AuditError(
+            f"{path} is not UTF-8 text (it contains NUL bytes: binary or UTF-16); text must be UTF-8"
+        )
     text = raw.decode("utf-8-sig", errors="surrogateescape")
     bad = len(_ESCAPED.findall(text))
     if bad > MAX_UNDECODABLE * len(raw):
@@ -208,12 +210,16 @@ def pair_windows(
                 break
         if len(s2) < need:
             break  # the text ran out inside this row
-        rows.append(np.array([tokenizer.cls_id, *s1, tokenizer.sep_id, *s2[:need], tokenizer.sep_id], np.int32))
+        rows.append(
+            np.array([tokenizer.cls_id, *s1, tokenizer.sep_id, *s2[:need], tokenizer.sep_id], np.int32)
+        )
         first_lengths.append(len(s1) + 2)
         if len(rows) == samples:
             break
     ids = torch.from_numpy(np.stack(rows) if rows else np.empty((0, n), np.int32)).long()  # (N, n)
-    types = (torch.arange(n)[None, :] >= torch.tensor(first_lengths, dtype=torch.long)[:, None]).long()  # (N, n)
+    types = (
+        torch.arange(n)[None, :] >= torch.tensor(first_lengths, dtype=torch.long)[:, None]
+    ).long()  # (N, n)
     return ids.view(-1, n), types.view(-1, n), seen
 
 

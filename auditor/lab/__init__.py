@@ -12,6 +12,8 @@ batched training engine (:mod:`auditor.lab.engine`), one experiment contract and
 
 # lab commands that belong to no room (they read every room's results): name -> ("module:attribute", help)
 TOOLS: dict[str, tuple[str, str]] = {
-    "bits": ("auditor.lab.bits:bits_command", "Stored bits per trainable parameter of every room's results, with "
-             "each row's formula."),
+    "bits": (
+        "auditor.lab.bits:bits_command",
+        "Stored bits per trainable parameter of every room's results, with each row's formula.",
+    ),
 }

@@ -34,8 +34,19 @@ from auditor.core.errors import AuditError
 from auditor.lab.stats import is_true
 
 OUT_FILES = ("bits.csv", "bits.png")  # what `audit bits` writes into --out
-COLUMNS = ("room", "experiment", "config", "stored_bits", "parameters", "bits_per_parameter", "formula", "converged",
-           "source", "bound_bits_paper_a", "bound_bits_dana")
+COLUMNS = (
+    "room",
+    "experiment",
+    "config",
+    "stored_bits",
+    "parameters",
+    "bits_per_parameter",
+    "formula",
+    "converged",
+    "source",
+    "bound_bits_paper_a",
+    "bound_bits_dana",
+)
 REFERENCES = {"2 bits/param (Allen-Zhu and Li 2024)": 2.0, "3.6 bits/param (Morris et al. 2025)": 3.6}
 
 
@@ -60,10 +71,12 @@ def _check_counts(rows: pd.DataFrame, file: Path, room: str) -> None:
     infinite bits per parameter). Names the file and the first bad row (its line in the file)."""
     bits = pd.to_numeric(rows["stored_bits"], errors="coerce").astype(float)
     params = pd.to_numeric(rows["parameters"], errors="coerce").astype(float)
-    checks = ((~np.isfinite(bits), "stored bits {} (from its counts) are not a finite number"),
-              (bits < 0, "stored bits {} are negative (a negative count, or fewer than 1 class, value or answer)"),
-              (~np.isfinite(params), "its parameters {} are not a finite number"),
-              (params <= 0, "its parameters {} are not positive"))
+    checks = (
+        (~np.isfinite(bits), "stored bits {} (from its counts) are not a finite number"),
+        (bits < 0, "stored bits {} are negative (a negative count, or fewer than 1 class, value or answer)"),
+        (~np.isfinite(params), "its parameters {} are not a finite number"),
+        (params <= 0, "its parameters {} are not positive"),
+    )
     for bad, what in checks:
         if bad.any():
             index = bad[bad].index[0]
@@ -94,8 +107,10 @@ def bits_table(paths: Sequence[str | Path], root: str | Path | None = None) -> p
         columns = set(head.columns)
         claimed = [name for name, reader in readers.items() if reader.claims(columns)]
         if len(claimed) > 1:
-            raise AuditError(f"{file}: the rooms {', '.join(claimed)} each claim this result CSV; its columns "
-                             f"do not tell which room wrote it")
+            raise AuditError(
+                f"{file}: the rooms {', '.join(claimed)} each claim this result CSV; its columns "
+                f"do not tell which room wrote it"
+            )
         if not claimed:
             continue
         room = claimed[0]
@@ -103,10 +118,14 @@ def bits_table(paths: Sequence[str | Path], root: str | Path | None = None) -> p
             rows = readers[room].read(pd.read_csv(file), file)
         except KeyError as err:
             missing = err.args[0] if err.args else "?"
-            raise AuditError(f"{file}: a {room} result CSV without the column {missing}; "
-                             f"columns: {', '.join(map(str, head.columns))}") from None
+            raise AuditError(
+                f"{file}: a {room} result CSV without the column {missing}; "
+                f"columns: {', '.join(map(str, head.columns))}"
+            ) from None
         except (ValueError, TypeError, UnicodeDecodeError) as err:
-            raise AuditError(f"{file}: cannot count the bits of this {room} result CSV ({_first_line(err)})") from None
+            raise AuditError(
+                f"{file}: cannot count the bits of this {room} result CSV ({_first_line(err)})"
+            ) from None
         _check_counts(rows, file, room)
         source = file.relative_to(root) if root and file.is_relative_to(root) else file
         frames.append(rows.assign(source=str(source)))
@@ -149,11 +168,21 @@ def bits_summary(table: pd.DataFrame) -> pd.DataFrame:
         kind = classes.loc[part.index]
         bpp = pd.to_numeric(part["bits_per_parameter"], errors="coerce")
         done = bpp[kind == CONVERGED]
-        out.append({"room": room, "experiment": experiment, "rows": len(part),
-                    "converged": int((kind == CONVERGED).sum()), "step-limited": int((kind == STEP_LIMITED).sum()),
-                    "not recorded": int((kind == NOT_RECORDED).sum()),
-                    "median (converged)": done.median(), "min (converged)": done.min(),
-                    "max (converged)": done.max(), "median (all rows)": bpp.median(), "max (all rows)": bpp.max()})
+        out.append(
+            {
+                "room": room,
+                "experiment": experiment,
+                "rows": len(part),
+                "converged": int((kind == CONVERGED).sum()),
+                "step-limited": int((kind == STEP_LIMITED).sum()),
+                "not recorded": int((kind == NOT_RECORDED).sum()),
+                "median (converged)": done.median(),
+                "min (converged)": done.min(),
+                "max (converged)": done.max(),
+                "median (all rows)": bpp.median(),
+                "max (all rows)": bpp.max(),
+            }
+        )
     return pd.DataFrame(out)
 
 
@@ -173,7 +202,9 @@ def draw_bits(table: pd.DataFrame, ax: Any) -> Any:
                                                                       (STEP_LIMITED, "step-limited"),
                                                                       (NOT_RECORDED, "not recorded"))
                   if (kind == c).any()]
-        ax.plot([], [], color=color, lw=5, label=f"{room}: {experiment} ({len(part)} rows: {', '.join(counts)})")
+        ax.plot(
+            [], [], color=color, lw=5, label=f"{room}: {experiment} ({len(part)} rows: {', '.join(counts)})"
+        )
         for name, style in _STYLE.items():
             rows = part[kind == name]
             if len(rows):
@@ -186,8 +217,17 @@ def draw_bits(table: pd.DataFrame, ax: Any) -> Any:
                 ax.scatter(part["parameters"], bound / part["parameters"], s=9, marker=marker, color=color,
                            facecolors="none" if marker == "o" else color, lw=0.5, alpha=0.5, gid="bound")
     for name, style in _STYLE.items():
-        ax.scatter([], [], s=16, marker=style["marker"], color="k", facecolors="k" if style["filled"] else "none",
-                   alpha=max(style["alpha"], 0.5), lw=0.8, label=_KEY[name])
+        ax.scatter(
+            [],
+            [],
+            s=16,
+            marker=style["marker"],
+            color="k",
+            facecolors="k" if style["filled"] else "none",
+            alpha=max(style["alpha"], 0.5),
+            lw=0.8,
+            label=_KEY[name],
+        )
     ax.scatter([], [], s=9, marker="o", facecolors="none", color="k", lw=0.5,
                label="paper A: H(n-1)+1 examples, same unit (small hollow circle)")
     ax.scatter([], [], s=9, marker="+", color="k", lw=0.5, label="Dana et al.: H d_h + d examples, same unit")
@@ -237,10 +277,17 @@ def bits_command(report_dirs: tuple[str, ...], out: str, plots: bool) -> None:
     summary = bits_summary(table)
     summary = summary.astype(object).where(summary.notna(), None)  # no converged row: an empty cell, not nan
     click.echo(summary.to_markdown(index=False, floatfmt=".3g", missingval=""))
-    click.echo("\nmedian, min and max (converged): over the converged rows only (empty where none converged); "
-               "(all rows): step-limited rows and rows whose convergence is not recorded included.")
+    click.echo(
+        "\nmedian, min and max (converged): over the converged rows only (empty where none converged); "
+        "(all rows): step-limited rows and rows whose convergence is not recorded included."
+    )
     unknown = table.loc[table["converged"].isna(), "source"].value_counts(sort=False)
     if len(unknown):
-        click.echo("\nconvergence not recorded (convergence unknown, empty `converged`: the CSV records neither a "
-                   "convergence flag nor a step budget to compare with): " + "; ".join(f"{source} ({n} rows)" for source, n in unknown.items()))
-    click.echo(f"\nbits per parameter: {folder / 'bits.csv'}" + (f"; plot: {folder / 'bits.png'}" if plots else ""))
+        click.echo(
+            "\nconvergence not recorded (convergence unknown, empty `converged`: the CSV records neither a "
+            "convergence flag nor a step budget to compare with): "
+            + "; ".join(f"{source} ({n} rows)" for source, n in unknown.items())
+        )
+    click.echo(
+        f"\nbits per parameter: {folder / 'bits.csv'}" + (f"; plot: {folder / 'bits.png'}" if plots else "")
+    )

@@ -56,8 +56,10 @@ _STEP_COUNTS = ("steps", "eval_every")  # bounded by MAX_STEPS, not MAX_SIZE
 def check_threads(threads: int | None) -> None:
     """None (torch's default) or an integer in 1 .. MAX_THREADS, else a one-line AuditError."""
     if threads is not None and not 1 <= threads <= MAX_THREADS:
-        raise AuditError(f"--threads takes an integer in 1..{MAX_THREADS} (or leave it out for one per core); "
-                         f"got {threads}")
+        raise AuditError(
+            f"--threads takes an integer in 1..{MAX_THREADS} (or leave it out for one per core); "
+            f"got {threads}"
+        )
 
 
 @contextlib.contextmanager
@@ -101,8 +103,12 @@ def _holds_progress(folder: Path) -> bool:
 def _earlier_run(folder: Path) -> bool:
     """Whether ``folder`` holds the sweep units or checkpoints of an earlier lab run (up to two levels
     down: experiments that keep a subfolder per sweep)."""
-    return any(p.is_dir() for name in ("units", "checkpoints") for pattern in (name, f"*/{name}", f"*/*/{name}")
-               for p in folder.glob(pattern))
+    return any(
+        p.is_dir()
+        for name in ("units", "checkpoints")
+        for pattern in (name, f"*/{name}", f"*/*/{name}")
+        for p in folder.glob(pattern)
+    )
 
 
 def check_lab_folder(path: Path) -> None:
@@ -124,7 +130,9 @@ def output_folder(path: Path) -> Iterator[Path]:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise AuditError(f"cannot create output folder {str(path)!r} ({err.strerror}); choose a writable --out") from None
+        raise AuditError(
+            f"cannot create output folder {str(path)!r} ({err.strerror}); choose a writable --out"
+        ) from None
     try:
         with confined(path):
             yield path
@@ -167,7 +175,9 @@ def _param(opt: Option) -> click.Parameter:
     if meta.get("argument"):
         return click.Argument([name], required=False)
     if kind is bool:
-        return click.Option([flag if "/" in flag else f"{flag}/--no-{flag[2:]}", name], default=None, help=help)
+        return click.Option(
+            [flag if "/" in flag else f"{flag}/--no-{flag[2:]}", name], default=None, help=help
+        )
     if meta.get("multiple"):
         return click.Option([flag, name], multiple=True, help=help)
     if meta.get("choices"):
@@ -206,25 +216,42 @@ def parse(opt: Option, raw: Any) -> Any:
 def _common_options(experiment: Experiment | None, options: list[Option]) -> list[click.Parameter]:
     scales = experiment.scales if experiment else SCALES
     params = [
-        click.Option(["--scale"], default="reference", show_default=True,
-                     help=f"Preset: {' | '.join(scales)} (reference: the committed reports' settings)."),
-        click.Option(["--out"], default=None, help="Output folder [default: runs/<command>-<time>]; rerun to resume."),
-        click.Option(["--executor"], type=click.Choice(EXECUTORS), default="local", show_default=True,
-                     help="Run the sweep units in this process, as Ray tasks or as one Slurm job array."),
+        click.Option(
+            ["--scale"],
+            default="reference",
+            show_default=True,
+            help=f"Preset: {' | '.join(scales)} (reference: the committed reports' settings).",
+        ),
+        click.Option(
+            ["--out"], default=None, help="Output folder [default: runs/<command>-<time>]; rerun to resume."
+        ),
+        click.Option(
+            ["--executor"],
+            type=click.Choice(EXECUTORS),
+            default="local",
+            show_default=True,
+            help="Run the sweep units in this process, as Ray tasks or as one Slurm job array.",
+        ),
         click.Option(["--address"], default=None, help="Ray cluster address for --executor ray (e.g. auto)."),
         *slurm_options(),
         click.Option(["--threads"], type=int, default=None, help=THREADS_HELP),
         click.Option(["--plots/--no-plots"], default=True, show_default=True, help="Draw the PNG figures."),
     ]
     if not any(_dest(o) == "seeds" for o in options):
-        params.insert(1, click.Option(["--seeds"], default=None, help=f"{SEEDS_HELP} (this command has none)."))
+        params.insert(
+            1, click.Option(["--seeds"], default=None, help=f"{SEEDS_HELP} (this command has none).")
+        )
     return params
 
 
 def _given(experiment: Experiment, values: dict[str, Any]) -> dict[str, Any]:
     """Parsed values of the options the user gave."""
     options = {_dest(o): o for o in experiment.options()}
-    given = {o.field.name: parse(o, values[dest]) for dest, o in options.items() if values.get(dest) not in (None, ())}
+    given = {
+        o.field.name: parse(o, values[dest])
+        for dest, o in options.items()
+        if values.get(dest) not in (None, ())
+    }
     if values.get("seeds") is not None and "seeds" not in options:
         raise AuditError(f"{experiment.name} has nothing to seed (its settings are fixed); leave out --seeds")
     return given
@@ -246,8 +273,11 @@ def _run(experiments: list[Experiment], name: str, values: dict[str, Any]) -> No
             texts = []
             for e, config in zip(experiments, configs):
                 note = getattr(config, "note", "")
-                texts.append(run_experiment(e, config, folder, executor=executor, address=address, plots=plots,
-                                            slurm=slurm)[1])
+                texts.append(
+                    run_experiment(
+                        e, config, folder, executor=executor, address=address, plots=plots, slurm=slurm
+                    )[1]
+                )
                 # said once the run is done: a refused run prints its one error line and nothing else
                 click.echo(f"{e.name} ({scale}) -> {folder}" + (f"\n{note}" if note else ""), err=True)
             if len(experiments) > 1:
@@ -282,8 +312,10 @@ def command(name: str, *, cls: type[click.Command] = click.Command, **attrs: Any
         given = [p.opts[0] for p in ctx.command.params if p.name and ctx.get_parameter_source(p.name)
                  is not click.core.ParameterSource.DEFAULT]
         if given:
-            raise AuditError(f"{', '.join(given)} before '{ctx.invoked_subcommand}' belong to 'audit {name}' itself; "
-                             f"give the options after it: audit {name} {ctx.invoked_subcommand} [OPTIONS]")
+            raise AuditError(
+                f"{', '.join(given)} before '{ctx.invoked_subcommand}' belong to 'audit {name}' itself; "
+                f"give the options after it: audit {name} {ctx.invoked_subcommand} [OPTIONS]"
+            )
 
     return cls(name.split()[-1], params=params, help=help_text, callback=callback,
                context_settings={"help_option_names": ["-h", "--help"]}, **attrs)
@@ -319,7 +351,9 @@ def room_command(room: Room) -> click.Command:
     if room.name in room.experiments:
         return command(room.name, cls=_Room, room=room, invoke_without_command=True,
                        subcommand_metavar="[COMMAND [ARGS]...]")
-    return _Room(room.name, room=room, help=room.help, context_settings={"help_option_names": ["-h", "--help"]})
+    return _Room(
+        room.name, room=room, help=room.help, context_settings={"help_option_names": ["-h", "--help"]}
+    )
 
 
 def lab_command(name: str) -> click.Command:

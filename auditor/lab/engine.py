@@ -276,7 +276,9 @@ def _load_checkpoint(path: Path, model: Ensemble, config: TrainConfig) -> dict[s
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # any unreadable file is reported the same way
-        raise AuditError(f"checkpoint {str(path)!r} is unreadable ({type(err).__name__}); delete it to restart") from None
+        raise AuditError(
+            f"checkpoint {str(path)!r} is unreadable ({type(err).__name__}); delete it to restart"
+        ) from None
     if payload.get("format") != _CHECKPOINT_FORMAT or payload.get("config") != _trajectory_config(config):
         raise AuditError(
             f"checkpoint {str(path)!r} was written by a different training configuration; "
@@ -371,7 +373,9 @@ def train(
         model.train(was_training)
         if acc.shape != (E,):
             raise AuditError(f"task.accuracy returned shape {tuple(acc.shape)}; expected ({E},)")
-        mean_loss = loss_sum / loss_count if loss_count else torch.full((E,), float("nan"), dtype=torch.float64)
+        mean_loss = (
+            loss_sum / loss_count if loss_count else torch.full((E,), float("nan"), dtype=torch.float64)
+        )
         for member in range(E):
             history.append(
                 {

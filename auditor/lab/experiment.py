@@ -63,7 +63,9 @@ class Experiment:
     report: Callable[[pd.DataFrame, Path, Any], str] | None = None
     presets: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     folder: Callable[[dict[str, Any]], str] | None = None  # subfolder of a unit's sweep (default: out itself)
-    key_defaults: Mapping[str, Any] | type = field(default_factory=dict)  # entries left out of a key at default
+    key_defaults: Mapping[str, Any] | type = field(
+        default_factory=dict
+    )  # entries left out of a key at default
     show: tuple[str, ...] = ()  # columns of the table printed when there is no report
     examples: str = ""
 
@@ -78,7 +80,11 @@ class Experiment:
         out = []
         for f in dataclasses.fields(self.config):
             if f.metadata.get("nested"):
-                out += [Option(f.default.__class__, g, f.name) for g in dataclasses.fields(f.default) if "help" in g.metadata]
+                out += [
+                    Option(f.default.__class__, g, f.name)
+                    for g in dataclasses.fields(f.default)
+                    if "help" in g.metadata
+                ]
             elif "help" in f.metadata:
                 out.append(Option(self.config, f, None))
         return out
@@ -120,10 +126,21 @@ def run_experiment(experiment: Experiment, config: Any, out: str | Path, *, exec
     groups: dict[str, list[dict[str, Any]]] = {}
     for unit in units:
         groups.setdefault(experiment.folder(unit) if experiment.folder else "", []).append(unit)
-    frames = [run_sweep(experiment.run_unit, part, out / folder, executor=executor, address=address, slurm=slurm,
-                        progress=progress, desc=f"{experiment.name} {folder}".strip(), columns=experiment.columns,
-                        key_defaults=experiment.key_defaults)
-              for folder, part in groups.items()]
+    frames = [
+        run_sweep(
+            experiment.run_unit,
+            part,
+            out / folder,
+            executor=executor,
+            address=address,
+            slurm=slurm,
+            progress=progress,
+            desc=f"{experiment.name} {folder}".strip(),
+            columns=experiment.columns,
+            key_defaults=experiment.key_defaults,
+        )
+        for folder, part in groups.items()
+    ]
     frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
     if experiment.report is not None:  # first: it may write tables the plots read
         text = experiment.report(frame, out, config)

@@ -17,8 +17,17 @@ from auditor.core.atomic import save_figure  # noqa: E402
 __all__ = ["heatmap", "plt", "save"]
 
 
-def heatmap(ax: Any, table: pd.DataFrame, *, label: str, vmin: float = 0.0, vmax: float = 1.0, fmt: str = "{:.2f}",
-            cmap: str = "viridis", fontsize: float = 7) -> Any:
+def heatmap(
+    ax: Any,
+    table: pd.DataFrame,
+    *,
+    label: str,
+    vmin: float = 0.0,
+    vmax: float = 1.0,
+    fmt: str = "{:.2f}",
+    cmap: str = "viridis",
+    fontsize: float = 7,
+) -> Any:
     """``table`` (rows drawn bottom-up) with every finite cell written in it (``fmt``), and a colour bar
     (returned); the text is white on the darker 60% of the colour scale."""
     values = table.to_numpy(dtype=float)
@@ -43,6 +52,8 @@ def save(fig: Any, path: str | Path, *, title: str | None = None, ax: Any = None
         fig.suptitle(title)
     try:
         fig.tight_layout()
-        return save_figure(fig, path, dpi=130)  # atomic; a link at ``path`` is replaced, never written through
+        return save_figure(
+            fig, path, dpi=130
+        )  # atomic; a link at ``path`` is replaced, never written through
     finally:
         plt.close(fig)

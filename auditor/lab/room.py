@@ -110,8 +110,10 @@ def rooms() -> dict[str, Room]:
             raise AuditError(f"auditor/lab/{info.name}/__init__.py declares no ROOM = Room(...); every "
                              "subpackage of the lab is a room")
         if room.name != info.name:
-            raise AuditError(f"the room in auditor/lab/{info.name} is named {room.name!r}; a room's name is its "
-                             "folder's (and its command's)")
+            raise AuditError(
+                f"the room in auditor/lab/{info.name} is named {room.name!r}; a room's name is its "
+                "folder's (and its command's)"
+            )
         found[room.name] = room
     return found
 

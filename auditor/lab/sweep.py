@@ -92,13 +92,19 @@ def field_defaults(cls: type) -> dict[str, Any]:
             value = f.default_factory()
         else:
             continue
-        out[f.name] = json.loads(_dumps(dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value))
+        out[f.name] = json.loads(
+            _dumps(dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value)
+        )
     return out
 
 
 def _defaults(declared: Any) -> Mapping[str, Any] | None:
     """The entry defaults a declaration stands for when it describes a dict (a dataclass), else None."""
-    return field_defaults(declared) if isinstance(declared, type) and dataclasses.is_dataclass(declared) else None
+    return (
+        field_defaults(declared)
+        if isinstance(declared, type) and dataclasses.is_dataclass(declared)
+        else None
+    )
 
 
 def key_fields(config: Mapping[str, Any], defaults: KeyDefaults | None = None) -> dict[str, Any]:
@@ -110,7 +116,9 @@ def key_fields(config: Mapping[str, Any], defaults: KeyDefaults | None = None) -
     out = {}
     for name, value in config.items():
         declared = defaults.get(name, dataclasses.MISSING)
-        if name in LOCATION_KEYS or (declared is not dataclasses.MISSING and _dumps(value) == _dumps(declared)):
+        if name in LOCATION_KEYS or (
+            declared is not dataclasses.MISSING and _dumps(value) == _dumps(declared)
+        ):
             continue
         if isinstance(declared, list) and len(declared) == 1 and _defaults(declared[0]) is not None:
             value = [key_fields(v, declared[0]) if isinstance(v, Mapping) else v for v in value]
@@ -148,7 +156,10 @@ def write_table(frame: pd.DataFrame, path: str | Path, *, device: str = "cpu", s
                 unit: str | None = None) -> Path:
     """Write a side table as CSV (atomically), every row stamped like a sweep row (:func:`stamp`), with the
     key of the ``unit`` that wrote it (its configuration is that unit's ``unit_config`` in results.csv)."""
-    rows = [stamp(row, device=device, seed=seed) | ({"unit": unit} if unit else {}) for row in frame.to_dict("records")]
+    rows = [
+        stamp(row, device=device, seed=seed) | ({"unit": unit} if unit else {})
+        for row in frame.to_dict("records")
+    ]
     columns = list(dict.fromkeys([*frame.columns, *PROVENANCE, *(["unit"] if unit else [])]))
     write_csv_atomic(_cells(pd.DataFrame(rows, columns=columns)), Path(path))
     return Path(path)
@@ -165,7 +176,9 @@ def _cells(frame: pd.DataFrame) -> pd.DataFrame:
     out = frame.copy()
     for column in out.columns:
         if out[column].dtype == object:
-            out[column] = out[column].map(lambda v: json.dumps(v, sort_keys=True) if isinstance(v, list | dict) else v)
+            out[column] = out[column].map(
+                lambda v: json.dumps(v, sort_keys=True) if isinstance(v, list | dict) else v
+            )
     return out
 
 
@@ -196,7 +209,11 @@ def _read_unit(path: Path, defaults: KeyDefaults | None = None) -> list[dict[str
         return None
     rows = payload.get("rows") if isinstance(payload, dict) else None
     config = payload.get("config") if isinstance(payload, dict) else None
-    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows) or not isinstance(config, dict):
+    if (
+        not isinstance(rows, list)
+        or not all(isinstance(r, dict) for r in rows)
+        or not isinstance(config, dict)
+    ):
         log.warning("unit file %s is not a complete unit record; its unit will run again", path)
         return None
     if unit_key(config, defaults) != path.stem:
@@ -262,10 +279,21 @@ def _exclusive(units: Path) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
-def run_sweep(fn: UnitFn, configs: Sequence[dict[str, Any]], out: str | Path, *, executor: str = "local",
-              address: str | None = None, progress: bool = True, desc: str = "sweep", num_cpus: float = 1,
-              num_gpus: float = 0, columns: Sequence[str] | None = None, key_defaults: KeyDefaults | None = None,
-              slurm: SlurmOptions | None = None) -> pd.DataFrame:
+def run_sweep(
+    fn: UnitFn,
+    configs: Sequence[dict[str, Any]],
+    out: str | Path,
+    *,
+    executor: str = "local",
+    address: str | None = None,
+    progress: bool = True,
+    desc: str = "sweep",
+    num_cpus: float = 1,
+    num_gpus: float = 0,
+    columns: Sequence[str] | None = None,
+    key_defaults: KeyDefaults | None = None,
+    slurm: SlurmOptions | None = None,
+) -> pd.DataFrame:
     """Run every configuration not yet finished in ``out``; return (and write) all rows.
 
     Args:
@@ -304,7 +332,9 @@ def run_sweep(fn: UnitFn, configs: Sequence[dict[str, Any]], out: str | Path, *,
             out = _check_out(out)
         units = out / "units"
         with confined(root), _exclusive(units):
-            pending = [(k, c) for k, c in zip(keys, configs) if _read_unit(units / f"{k}.json", key_defaults) is None]
+            pending = [
+                (k, c) for k, c in zip(keys, configs) if _read_unit(units / f"{k}.json", key_defaults) is None
+            ]
             # progress on a terminal only: logs and pipes (Slurm, CI) get no carriage-return noise
             with tqdm(total=len(configs), initial=len(configs) - len(pending), desc=desc,
                       disable=None if progress else True) as bar:
@@ -314,8 +344,17 @@ def run_sweep(fn: UnitFn, configs: Sequence[dict[str, Any]], out: str | Path, *,
                     worker = run_and_write
                     calls = [(*call, str(units.absolute()), None if columns is None else tuple(columns), key)
                              for call, (key, _) in zip(calls, pending)]
-                for i, rows in run_each(worker, calls, executor=executor, address=address, num_cpus=num_cpus,
-                                        num_gpus=num_gpus, slurm=slurm, keys=[k for k, _ in pending], name=desc):
+                for i, rows in run_each(
+                    worker,
+                    calls,
+                    executor=executor,
+                    address=address,
+                    num_cpus=num_cpus,
+                    num_gpus=num_gpus,
+                    slurm=slurm,
+                    keys=[k for k, _ in pending],
+                    name=desc,
+                ):
                     if executor != "slurm":
                         write_unit(units, *pending[i], rows, columns)
                     written += 1
@@ -352,8 +391,10 @@ def _check_columns(rows: list[dict[str, Any]], columns: Sequence[str] | None, co
         return
     extra = {c for row in rows for c in row} - set(columns) - set(PROVENANCE)
     if extra:
-        raise TypeError(f"unit {config.get('kind') or config.get('experiment') or ''} returned columns outside its "
-                        f"schema: {sorted(extra)}")
+        raise TypeError(
+            f"unit {config.get('kind') or config.get('experiment') or ''} returned columns outside its "
+            f"schema: {sorted(extra)}"
+        )
 
 
 def collect(out: str | Path, configs: Sequence[dict[str, Any]], *, columns: Sequence[str] | None = None,

@@ -190,7 +190,12 @@ class Adapter(ABC):
         return None
 
     def planned_shape(
-        self, spec: ModelSpec, weights: str, *, context_length: int | None, overrides: Mapping[str, Any] | None
+        self,
+        spec: ModelSpec,
+        weights: str,
+        *,
+        context_length: int | None,
+        overrides: Mapping[str, Any] | None,
     ) -> tuple[int, int] | None:
         """(n, d) from the architecture alone, before any weights are read; None when only loading tells."""
         return None

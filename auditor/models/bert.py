@@ -104,5 +104,13 @@ def _bert_large() -> BertConfig:
 
 
 # BertConfig() defaults are bert-base-uncased: 768 wide, 12 blocks, 12 heads, vocabulary 30522, 512 positions.
-register(ModelSpec("bert-base", BERT, "google-bert/bert-base-uncased", BertConfig, "BERT-base uncased; paper n = 512"))
-register(ModelSpec("bert-large", BERT, "google-bert/bert-large-uncased", _bert_large, "BERT-large; paper A at n = 512"))
+register(
+    ModelSpec(
+        "bert-base", BERT, "google-bert/bert-base-uncased", BertConfig, "BERT-base uncased; paper n = 512"
+    )
+)
+register(
+    ModelSpec(
+        "bert-large", BERT, "google-bert/bert-large-uncased", _bert_large, "BERT-large; paper A at n = 512"
+    )
+)

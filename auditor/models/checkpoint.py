@@ -77,17 +77,23 @@ def check_weight_file(path: Path) -> None:
                 f"{path}: tensor {name!r} is complex ({dtype}); model weights must be real numbers"
             )
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            raise AuditError(f"{path}: tensor {name!r} contains NaN or infinite values; the checkpoint is corrupt")
+            raise AuditError(
+                f"{path}: tensor {name!r} contains NaN or infinite values; the checkpoint is corrupt"
+            )
 
 
 def check_finite_parameters(model: nn.Module, source: str) -> None:
     """Refuse a loaded model whose parameters or buffers hold NaN or infinity (weights from the hub)."""
     for name, tensor in (*model.named_parameters(), *model.named_buffers()):
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            raise AuditError(f"weights of {source}: {name!r} contains NaN or infinite values; the checkpoint is corrupt")
+            raise AuditError(
+                f"weights of {source}: {name!r} contains NaN or infinite values; the checkpoint is corrupt"
+            )
 
 
-def load_pretrained(model_class: Any, source: str, *, model_kwargs: Mapping[str, Any], optional: tuple[str, ...]):
+def load_pretrained(
+    model_class: Any, source: str, *, model_kwargs: Mapping[str, Any], optional: tuple[str, ...]
+):
     """``model_class.from_pretrained(source)`` with safe formats only, or :class:`WeightsUnavailable`.
 
     A local folder is checked file by file first (:func:`check_weight_file`). safetensors first; a
@@ -148,7 +154,9 @@ def load_state_file(folder: Path) -> dict[str, torch.Tensor]:
     if not files:
         raise AuditError(f"{folder}: no {SAFETENSORS} or {TORCH_BIN} to load weights from")
     if len(files) > 1:
-        raise AuditError(f"{folder}: sharded weights ({len(files)} files) are not supported here; save one file")
+        raise AuditError(
+            f"{folder}: sharded weights ({len(files)} files) are not supported here; save one file"
+        )
     check_weight_file(files[0])
     if files[0].suffix == ".safetensors":
         from safetensors.torch import load_file

@@ -98,11 +98,19 @@ class DecoderAdapter(PartialAdapter):
             config._attn_implementation = "eager"
         return super()._instantiate(config)
 
-    def make_loaded_inputs(self, spec: ModelSpec, kind: str, source: str | None, config: Any, options: Mapping[str, Any]):
-        found = saved_tokenizer(source, folder=kind == "folder", label=f"tokenizer of {source}") if source else None
+    def make_loaded_inputs(
+        self, spec: ModelSpec, kind: str, source: str | None, config: Any, options: Mapping[str, Any]
+    ):
+        found = (
+            saved_tokenizer(source, folder=kind == "folder", label=f"tokenizer of {source}")
+            if source
+            else None
+        )
         if found is not None:
             tokenizer, raw = found
-            adds = raw.bos_token_id is not None and raw("a", add_special_tokens=True)["input_ids"][:1] == [raw.bos_token_id]
+            adds = raw.bos_token_id is not None and raw("a", add_special_tokens=True)["input_ids"][:1] == [
+                raw.bos_token_id
+            ]
             bos_id = raw.bos_token_id
         else:
             tokenizer = byte_tokenizer(byte_offset(config))
@@ -114,15 +122,24 @@ class DecoderAdapter(PartialAdapter):
             from auditor.core.errors import AuditError
 
             raise AuditError(f"{spec.name} has no BOS token (bos_token_id is unset); audit it without --bos")
-        state = {"bos_id": int(bos_id) if use else None, "why": "as its tokenizer does" if want is None else "as asked"}
+        state = {
+            "bos_id": int(bos_id) if use else None,
+            "why": "as its tokenizer does" if want is None else "as asked",
+        }
         bos_note = f"BOS id {bos_id} at position 0" if use else "no BOS"
-        return dataclasses.replace(tokenizer, name=f"{tokenizer.name}; {bos_note}"), None, state  # rows say it
+        return (
+            dataclasses.replace(tokenizer, name=f"{tokenizer.name}; {bos_note}"),
+            None,
+            state,
+        )  # rows say it
 
     def notes(self, config: Any, n: int, state: Mapping[str, Any]) -> dict[str, str]:
         bos_id, why = state["bos_id"], state["why"]
         out = {"bos": f"BOS id {bos_id} at position 0 ({why})" if bos_id is not None
                else f"no BOS: position 0 is a text token ({why})"}
-        theta = getattr(config, "rope_theta", None) or (getattr(config, "rope_parameters", None) or {}).get("rope_theta")
+        theta = getattr(config, "rope_theta", None) or (getattr(config, "rope_parameters", None) or {}).get(
+            "rope_theta"
+        )
         out["positions"] = f"rotary in attention (base {theta}); the embedding carries no position"
         window = getattr(config, "sliding_window", None)
         types = getattr(config, "layer_types", None) or []
@@ -149,11 +166,26 @@ DECODER = register_adapter(DecoderAdapter())
 
 def _llama3(hidden: int, inter: int, layers: int, factor: float, tie: bool) -> transformers.LlamaConfig:
     return transformers.LlamaConfig(
-        vocab_size=128256, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
-        num_attention_heads=32, num_key_value_heads=8, head_dim=hidden // 32, max_position_embeddings=131072,
-        rms_norm_eps=1e-5, tie_word_embeddings=tie, bos_token_id=128000, eos_token_id=128001,
-        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": factor, "low_freq_factor": 1.0,
-                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+        vocab_size=128256,
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=hidden // 32,
+        max_position_embeddings=131072,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=tie,
+        bos_token_id=128000,
+        eos_token_id=128001,
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": factor,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
     )
 
 
@@ -167,45 +199,95 @@ def llama_3_1_8b() -> transformers.LlamaConfig:
 
 def qwen2_5_0_5b() -> transformers.Qwen2Config:
     return transformers.Qwen2Config(
-        vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-        num_key_value_heads=2, max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=True,
-        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, use_sliding_window=False,
-        bos_token_id=151643, eos_token_id=151643,
+        vocab_size=151936,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        max_position_embeddings=32768,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        use_sliding_window=False,
+        bos_token_id=151643,
+        eos_token_id=151643,
     )
 
 
 def qwen3_0_6b() -> transformers.Qwen3Config:
     return transformers.Qwen3Config(
-        vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-        num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, rms_norm_eps=1e-6,
-        tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
-        bos_token_id=151643, eos_token_id=151643,
+        vocab_size=151936,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=40960,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        bos_token_id=151643,
+        eos_token_id=151643,
     )
 
 
 def mistral_7b() -> transformers.MistralConfig:
     return transformers.MistralConfig(
-        vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-        num_key_value_heads=8, max_position_embeddings=32768, rms_norm_eps=1e-5, sliding_window=4096,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, bos_token_id=1, eos_token_id=2,
+        vocab_size=32000,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        max_position_embeddings=32768,
+        rms_norm_eps=1e-5,
+        sliding_window=4096,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        bos_token_id=1,
+        eos_token_id=2,
     )
 
 
 def gemma_2_2b() -> transformers.Gemma2Config:
     return transformers.Gemma2Config(
-        vocab_size=256000, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26, num_attention_heads=8,
-        num_key_value_heads=4, head_dim=256, max_position_embeddings=8192, query_pre_attn_scalar=256,
-        sliding_window=4096, final_logit_softcapping=30.0, attn_logit_softcapping=50.0, rms_norm_eps=1e-6,
-        hidden_activation="gelu_pytorch_tanh", pad_token_id=0, eos_token_id=1, bos_token_id=2,
+        vocab_size=256000,
+        hidden_size=2304,
+        intermediate_size=9216,
+        num_hidden_layers=26,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=256,
+        max_position_embeddings=8192,
+        query_pre_attn_scalar=256,
+        sliding_window=4096,
+        final_logit_softcapping=30.0,
+        attn_logit_softcapping=50.0,
+        rms_norm_eps=1e-6,
+        hidden_activation="gelu_pytorch_tanh",
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=2,
     )
 
 
 def phi_3_mini() -> transformers.Phi3Config:
     return transformers.Phi3Config(
-        vocab_size=32064, hidden_size=3072, intermediate_size=8192, num_hidden_layers=32, num_attention_heads=32,
-        num_key_value_heads=32, max_position_embeddings=4096, original_max_position_embeddings=4096,
-        rms_norm_eps=1e-5, sliding_window=2047, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-        bos_token_id=1, eos_token_id=32000, pad_token_id=32000,
+        vocab_size=32064,
+        hidden_size=3072,
+        intermediate_size=8192,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        max_position_embeddings=4096,
+        original_max_position_embeddings=4096,
+        rms_norm_eps=1e-5,
+        sliding_window=2047,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        bos_token_id=1,
+        eos_token_id=32000,
+        pad_token_id=32000,
     )
 
 

@@ -61,7 +61,11 @@ class EncoderAdapter(PartialAdapter):
 
     def make_loaded_inputs(self, spec: ModelSpec, kind: str, source: str | None, config: Any,
                            options: Mapping[str, Any]):
-        found = saved_tokenizer(source, folder=kind == "folder", label=f"tokenizer of {source}") if source else None
+        found = (
+            saved_tokenizer(source, folder=kind == "folder", label=f"tokenizer of {source}")
+            if source
+            else None
+        )
         if found is not None:
             return found[0], None, {}
         cls_id, sep_id = CLS_SEP.get(config.model_type) or (config.cls_token_id, config.sep_token_id)
@@ -70,16 +74,29 @@ class EncoderAdapter(PartialAdapter):
     def notes(self, config: Any, n: int, state: Mapping[str, Any]) -> dict[str, str]:
         kind = config.model_type
         if kind == "roberta":
-            return {"positions": "learned absolute positions in the embedding", "attention": "bidirectional, full"}
+            return {
+                "positions": "learned absolute positions in the embedding",
+                "attention": "bidirectional, full",
+            }
         if kind == "deberta-v2":
             return {"positions": "relative positions inside attention (disentangled); none in the embedding",
                     "attention": "bidirectional, full"}
         window = int(config.local_attention)
-        local = [i for i, kind in enumerate(getattr(config, "layer_types", None) or []) if kind == "sliding_attention"]
+        local = [
+            i
+            for i, kind in enumerate(getattr(config, "layer_types", None) or [])
+            if kind == "sliding_attention"
+        ]
         effect = "no effect at this n" if window >= n else f"shorter than n = {n}: it masks"
-        where = f"blocks {', '.join(map(str, local[:4]))}{', ...' if len(local) > 4 else ''}" if local else "no block"
-        return {"positions": "rotary in attention; the embedding carries no position",
-                "attention": f"bidirectional; a local window of {window} in {where} ({effect}), global elsewhere"}
+        where = (
+            f"blocks {', '.join(map(str, local[:4]))}{', ...' if len(local) > 4 else ''}"
+            if local
+            else "no block"
+        )
+        return {
+            "positions": "rotary in attention; the embedding carries no position",
+            "attention": f"bidirectional; a local window of {window} in {where} ({effect}), global elsewhere",
+        }
 
     def forward(self, model: nn.Module, batch: Mapping[str, torch.Tensor]) -> None:
         model.net(input_ids=batch["input_ids"])

@@ -35,8 +35,10 @@ def _adapter(model: Any) -> HFAdapter:
                          f"{type(model).__name__}")
     adapter = _ADAPTERS.get(model_type)
     if not isinstance(adapter, HFAdapter):
-        raise AuditError(f"{type(model).__name__} is a {model_type!r} model; model objects of these types can be "
-                         f"audited: {', '.join(supported)}")
+        raise AuditError(
+            f"{type(model).__name__} is a {model_type!r} model; model objects of these types can be "
+            f"audited: {', '.join(supported)}"
+        )
     return adapter
 
 
@@ -58,13 +60,17 @@ def image_preprocessor(processor: Any, image_size: int) -> ImagePreprocessor:
         raise AuditError(f"the image processor resizes to {size[0]}x{size[1]} but the model takes "
                          f"{image_size}x{image_size} images; pass the processor that belongs to the model")
     if not getattr(processor, "do_resize", True) or not getattr(processor, "do_rescale", True):
-        raise AuditError("the image processor must resize and rescale (do_resize, do_rescale); the audit feeds "
-                         "the model decoded photos")
+        raise AuditError(
+            "the image processor must resize and rescale (do_resize, do_rescale); the audit feeds "
+            "the model decoded photos"
+        )
     normalize = getattr(processor, "do_normalize", True)
     mean = tuple(float(m) for m in processor.image_mean) if normalize else (0.0, 0.0, 0.0)
     std = tuple(float(s) for s in processor.image_std) if normalize else (1.0, 1.0, 1.0)
     if len(mean) != 3 or len(std) != 3:
-        raise AuditError(f"the image processor's image_mean/image_std must have 3 channels; got {mean}, {std}")
+        raise AuditError(
+            f"the image processor's image_mean/image_std must have 3 channels; got {mean}, {std}"
+        )
     resample = Image.Resampling(getattr(processor, "resample", Image.Resampling.BILINEAR))
 
     def resize(image: Image.Image) -> Image.Image:
@@ -85,7 +91,9 @@ def text_tokenizer(tokenizer: Any) -> TextTokenizer:
     from auditor.models.tokenizers import wrap_hf_tokenizer
 
     if not callable(tokenizer) or not hasattr(tokenizer, "convert_tokens_to_ids"):
-        raise AuditError(f"expected a transformers tokenizer for a text model; got {type(tokenizer).__name__}")
+        raise AuditError(
+            f"expected a transformers tokenizer for a text model; got {type(tokenizer).__name__}"
+        )
     with contextlib.suppress(Exception):  # a tokenizer that cannot be copied is used as it is
         tokenizer = copy.deepcopy(tokenizer)
     name = str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__)
@@ -113,7 +121,9 @@ def from_object(model: Any, processor: Any = None, *, context_length: int | None
                          f"{adapter.model_class.__name__} the {adapter.family} family audits")
     config = base.config
     name = _label(str(getattr(config, "name_or_path", "") or type(model).__name__))
-    spec = ModelSpec(name=name, adapter=adapter, source=IN_MEMORY, description=f"{type(model).__name__} object")
+    spec = ModelSpec(
+        name=name, adapter=adapter, source=IN_MEMORY, description=f"{type(model).__name__} object"
+    )
     n = adapter.context_length(config, context_length)
     if processor is None:
         tokenizer, preprocessor = adapter.make_inputs(spec, "random", None, config)
@@ -122,9 +132,15 @@ def from_object(model: Any, processor: Any = None, *, context_length: int | None
     else:
         tokenizer, preprocessor = text_tokenizer(processor), None
     if tokenizer is not None and tokenizer.vocab_size > int(config.vocab_size):
-        raise AuditError(f"the tokenizer has {tokenizer.vocab_size} ids but the model only {config.vocab_size} "
-                         "embeddings; pass the tokenizer that belongs to the model")
-    if adapter.text_layout == "pairs" and tokenizer is not None and None in (tokenizer.cls_id, tokenizer.sep_id):
+        raise AuditError(
+            f"the tokenizer has {tokenizer.vocab_size} ids but the model only {config.vocab_size} "
+            "embeddings; pass the tokenizer that belongs to the model"
+        )
+    if (
+        adapter.text_layout == "pairs"
+        and tokenizer is not None
+        and None in (tokenizer.cls_id, tokenizer.sep_id)
+    ):
         raise AuditError("a BERT-style model needs a tokenizer with [CLS] and [SEP] tokens")
     parameter = next(base.parameters(), None)
     if parameter is None:

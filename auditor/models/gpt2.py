@@ -107,4 +107,8 @@ def _gpt2_large() -> GPT2Config:
 
 # GPT2Config() defaults are GPT-2 small: 768 wide, 12 blocks, 12 heads, 1024 positions, vocabulary 50257.
 register(ModelSpec("gpt2", GPT2, "openai-community/gpt2", GPT2Config, "GPT-2 small (124M); n = 256"))
-register(ModelSpec("gpt2-large", GPT2, "openai-community/gpt2-large", _gpt2_large, "GPT-2 large; paper A at n = 1024"))
+register(
+    ModelSpec(
+        "gpt2-large", GPT2, "openai-community/gpt2-large", _gpt2_large, "GPT-2 large; paper A at n = 1024"
+    )
+)

@@ -137,7 +137,9 @@ class CheckpointReader:
             try:
                 weight_map = json.loads(index.read_text())["weight_map"]
             except (OSError, ValueError, KeyError, TypeError) as err:
-                raise AuditError(f"{index} is not a safetensors index (no weight_map): {first_line(err)}") from None
+                raise AuditError(
+                    f"{index} is not a safetensors index (no weight_map): {first_line(err)}"
+                ) from None
             self._where = {str(k): str(v) for k, v in weight_map.items()}
             return self._where
         single = self.file(SAFETENSORS_FILE)
@@ -153,7 +155,9 @@ class CheckpointReader:
             return where
         binary = self.file(BIN_FILE)
         if binary is None:
-            raise WeightsUnavailable(f"{self.source}: no {SAFETENSORS_FILE}, {INDEX_FILE} or {BIN_FILE} to read")
+            raise WeightsUnavailable(
+                f"{self.source}: no {SAFETENSORS_FILE}, {INDEX_FILE} or {BIN_FILE} to read"
+            )
         self._bin = _load_bin(binary)
         self._where = {key: BIN_FILE for key in self._bin}
         return self._where
@@ -203,7 +207,9 @@ class CheckpointReader:
                 entry = self._entry_file(name).entries[name]
                 self.dtypes[str(entry.dtype).removeprefix("torch.")] += math.prod(entry.shape)
 
-    def read(self, names: Sequence[str], *, dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
+    def read(
+        self, names: Sequence[str], *, dtype: torch.dtype, device: torch.device
+    ) -> dict[str, torch.Tensor]:
         """The tensors ``names`` (checkpoint names), each checked and cast to ``dtype`` on ``device``."""
         self.require(names)
         return {name: self.load(name, dtype).to(device) for name in names}
@@ -257,8 +263,10 @@ def _load_bin(path: Path) -> dict[str, torch.Tensor]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
-        raise AuditError(f"{path} pickles more than tensors, so it was refused (nothing in it ran); convert it to "
-                         "model.safetensors (save_pretrained)") from None
+        raise AuditError(
+            f"{path} pickles more than tensors, so it was refused (nothing in it ran); convert it to "
+            "model.safetensors (save_pretrained)"
+        ) from None
     except (OSError, RuntimeError, EOFError) as err:
         raise AuditError(f"{path} is not a readable torch checkpoint: {first_line(err)}") from None
     if not isinstance(state, dict):

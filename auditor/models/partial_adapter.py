@@ -171,7 +171,9 @@ class PartialAdapter(HFAdapter):
         if kind == "random":
             config = apply_overrides(self.build_config(spec, None), overrides)
             source = None
-            read_from = f"random init (torch.manual_seed({seed}) outside the blocks, block L from seed ({seed}, L))"
+            read_from = (
+                f"random init (torch.manual_seed({seed}) outside the blocks, block L from seed ({seed}, L))"
+            )
         else:
             source = str(Path(weights).expanduser()) if kind == "folder" else self.pretrained_source(spec)
             reader = CheckpointReader(source)
@@ -182,8 +184,10 @@ class PartialAdapter(HFAdapter):
         tokenizer, preprocessor, state = self.make_loaded_inputs(spec, kind, source, tower, options)
         vocab = getattr(tower, "vocab_size", None)
         if tokenizer is not None and vocab is not None and tokenizer.vocab_size > int(vocab):
-            raise AuditError(f"{spec.name}: the tokenizer has {tokenizer.vocab_size} ids but the model only {vocab} "
-                             f"embeddings; keep vocab_size >= {tokenizer.vocab_size}")
+            raise AuditError(
+                f"{spec.name}: the tokenizer has {tokenizer.vocab_size} ids but the model only {vocab} "
+                f"embeddings; keep vocab_size >= {tokenizer.vocab_size}"
+            )
         rule, row = self.query_for(n, options)
         details: dict[str, str] = {
             "weights_source": read_from,
@@ -217,7 +221,9 @@ class PartialAdapter(HFAdapter):
         with quiet_transformers():
             return self.model_class_for(config)(config, **self.model_kwargs)
 
-    def _random_builder(self, config: Any, seed: int, device: torch.device, dtype: torch.dtype, details: dict):
+    def _random_builder(
+        self, config: Any, seed: int, device: torch.device, dtype: torch.dtype, details: dict
+    ):
         def build(structure: int, weighted: int) -> nn.Module:
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
@@ -233,8 +239,9 @@ class PartialAdapter(HFAdapter):
 
         return build
 
-    def _checkpoint_builder(self, config: Any, reader: CheckpointReader, device: torch.device, dtype: torch.dtype,
-                            details: dict):
+    def _checkpoint_builder(
+        self, config: Any, reader: CheckpointReader, device: torch.device, dtype: torch.dtype, details: dict
+    ):
         def build(structure: int, weighted: int) -> nn.Module:
             with parameters_on_meta():
                 net = self._instantiate(cut_config(config, structure))
@@ -244,7 +251,9 @@ class PartialAdapter(HFAdapter):
                 if not name.startswith(self.after_blocks)
                 and ((block := block_of(name, self.block_path_of(config))) is None or block < weighted)
             ]
-            names_in_file = checkpoint_names(net, reader.keys())  # the model's name of each tensor -> the file's
+            names_in_file = checkpoint_names(
+                net, reader.keys()
+            )  # the model's name of each tensor -> the file's
             prefix = checkpoint_prefix(wanted, list(names_in_file))
             persistent = set(net.state_dict()) - set(names)  # buffers the checkpoint may hold (position ids)
             wanted += [name for name in persistent if prefix + name in names_in_file]

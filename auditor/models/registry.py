@@ -121,7 +121,9 @@ def resolve(name: str, *, trust_remote_code: bool = False) -> ModelSpec:
     if path.is_dir():
         return _spec_from_hub(name, trust_remote_code)
     if path.exists():
-        raise AuditError(f"{name!r} is a file; a model is a registered name, a hub id, timm:<name> or a folder")
+        raise AuditError(
+            f"{name!r} is a file; a model is a registered name, a hub id, timm:<name> or a folder"
+        )
     if looks_like_path(name):
         raise AuditError(f"model folder {name!r} does not exist; {_offline_hint()}")
     if "/" in name:

@@ -37,7 +37,9 @@ DINOV2_CROP = 224  # the DINOv2 image processor's crop (its config's 518 is the 
 SIGLIP_QUERIES = ("mean", "first")
 
 
-def crop_preprocessor(name: str, short_side: int | None, crop: int, norm: tuple[tuple[float, ...], ...]) -> ImagePreprocessor:
+def crop_preprocessor(
+    name: str, short_side: int | None, crop: int, norm: tuple[tuple[float, ...], ...]
+) -> ImagePreprocessor:
     """Bicubic resize of the short side to ``short_side`` then a centre crop of ``crop`` (``short_side``
     None: resize straight to ``crop`` x ``crop``), then standardise with ``norm`` = (mean, std)."""
 
@@ -76,7 +78,9 @@ class VisionAdapter(PartialAdapter):
         config = self.tower(config)
         n = self.extra_tokens(config) + (self.image_size(config) // int(config.patch_size)) ** 2
         if requested is not None and requested != n:
-            raise AuditError(f"context_length is fixed by the image size for {self.family}: n = {n}, not {requested}")
+            raise AuditError(
+                f"context_length is fixed by the image size for {self.family}: n = {n}, not {requested}"
+            )
         return n
 
     def preprocessor(self, config: Any) -> ImagePreprocessor:
@@ -116,7 +120,9 @@ class Dinov2Adapter(VisionAdapter):
         out = {"positions": "learned, interpolated from the config's image size to the crop",
                "query": "CLS (row 0)"}
         if regs:
-            out["registers"] = f"{regs} register tokens at rows 1..{regs}, part of the context (every block attends to them)"
+            out["registers"] = (
+                f"{regs} register tokens at rows 1..{regs}, part of the context (every block attends to them)"
+            )
             out["tokens"] = f"CLS query; {regs} registers in the context"
         return out
 
@@ -175,13 +181,26 @@ SIGLIP = register_adapter(SiglipVisionAdapter())
 
 
 def dinov2_base() -> transformers.Dinov2Config:
-    return transformers.Dinov2Config(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                                     intermediate_size=3072, patch_size=14, image_size=518, layerscale_value=1.0)
+    return transformers.Dinov2Config(
+        hidden_size=768,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        intermediate_size=3072,
+        patch_size=14,
+        image_size=518,
+        layerscale_value=1.0,
+    )
 
 
 def dinov2_reg_base() -> transformers.Dinov2WithRegistersConfig:
-    return transformers.Dinov2WithRegistersConfig(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                                                  patch_size=14, image_size=518, num_register_tokens=4)
+    return transformers.Dinov2WithRegistersConfig(
+        hidden_size=768,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        patch_size=14,
+        image_size=518,
+        num_register_tokens=4,
+    )
 
 
 def clip_vit_b16() -> transformers.CLIPVisionConfig:
@@ -195,7 +214,11 @@ def siglip_base() -> transformers.SiglipVisionConfig:
                                            num_attention_heads=12, image_size=224, patch_size=16)
 
 
-register(ModelSpec("dinov2-base", DINOV2, "facebook/dinov2-base", dinov2_base, "DINOv2 ViT-B/14 at 224 px; n = 257"))
+register(
+    ModelSpec(
+        "dinov2-base", DINOV2, "facebook/dinov2-base", dinov2_base, "DINOv2 ViT-B/14 at 224 px; n = 257"
+    )
+)
 register(ModelSpec("dinov2-reg-base", DINOV2, "facebook/dinov2-with-registers-base", dinov2_reg_base,
                    "DINOv2 ViT-B/14 with 4 registers (in the context); n = 261"))
 register(ModelSpec("clip-vit-b16", CLIP, "openai/clip-vit-base-patch16", clip_vit_b16,

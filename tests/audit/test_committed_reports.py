@@ -38,9 +38,9 @@ COMMANDS = {
     "memorize/fig2c-r8": "memorize --figure c --seeds 0,1,2 --threads 1 --rounds 8",
     "memorize/fig2a-d32": "memorize --heads 1:8 --context 16 --d-h 16 --N 2048 --d 32 --seeds 0,1,2 --threads 1",
     "memorize/certify": "certify --heads 4 --context 8 --d-h 1,2,4,16 --N 4:64:4,96,128,256 --d 16 --seeds 0,1 "
-                        "--steps 500 --threads 1",
+    "--steps 500 --threads 1",
     "memorize/certify-nonshared": "certify --heads 4 --context 8 --d-h 1,2,4,16 --N 4:64:4,96,128,256 --d 16 "
-                                  "--seeds 0,1 --steps 500 --threads 1 --non-shared",
+    "--seeds 0,1 --steps 500 --threads 1 --non-shared",
     "facts/width": "facts width --threads 1",
     "facts/budget": "facts budget --threads 1",
     "facts/tau": "facts tau --threads 1",
@@ -53,7 +53,9 @@ COMMANDS = {
 QUICK = ("memorize/fig2a", "memorize/certify", "facts/tau")  # one per kind of unit; the others are slow
 
 
-@pytest.mark.parametrize("folder", [f if f in QUICK else pytest.param(f, marks=pytest.mark.slow) for f in COMMANDS])
+@pytest.mark.parametrize(
+    "folder", [f if f in QUICK else pytest.param(f, marks=pytest.mark.slow) for f in COMMANDS]
+)
 def test_committed_lab_reports_resume_without_computing(folder, tmp_path, monkeypatch):
     """A copy of each committed sweep folder, its units rebuilt from its CSVs (scripts/migrate_units.py),
     resumes under the command that made it: no unit runs, and the rows are the committed ones."""
@@ -63,7 +65,9 @@ def test_committed_lab_reports_resume_without_computing(folder, tmp_path, monkey
     copy = tmp_path / folder.replace("/", "-")
     shutil.copytree(REPORTS / folder, copy)
     script = REPORTS.parent / "scripts" / "migrate_units.py"
-    subprocess.run([sys.executable, str(script), "--rebuild-units", str(copy)], check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, str(script), "--rebuild-units", str(copy)], check=True, capture_output=True
+    )
 
     def refuse(fn, config, root=None):
         raise AssertionError(f"{folder}: a committed unit would run again: {sweep._dumps(config)[:300]}")

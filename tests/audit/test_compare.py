@@ -24,7 +24,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def _report(folder: Path, seed: int) -> pd.DataFrame:
     gen = torch.Generator().manual_seed(seed)
     contexts = torch.randn(16, 3, 6, generator=gen, dtype=torch.float64)  # (N, n, d)
-    return auditor.audit_tokens(contexts, contexts[:, 0].clone(), subsets=20, seed=seed, out=folder, progress=False)
+    return auditor.audit_tokens(
+        contexts, contexts[:, 0].clone(), subsets=20, seed=seed, out=folder, progress=False
+    )
 
 
 def _expected(rows: pd.DataFrame) -> list[tuple]:
@@ -42,15 +44,21 @@ def test_two_audits_compare_row_for_row(tmp_path):
     first = _report(tmp_path / "reports" / "tensors-a", seed=0)
     second = _report(tmp_path / "reports" / "tensors-b", seed=1)
     notes = []
-    table = compare([tmp_path / "reports" / "tensors-a", "reports/tensors-b"], tmp_path / "cmp", root=tmp_path,
-                    echo=notes.append)
+    table = compare(
+        [tmp_path / "reports" / "tensors-a", "reports/tensors-b"],
+        tmp_path / "cmp",
+        root=tmp_path,
+        echo=notes.append,
+    )
     assert list(table.columns) == list(COMPARE_COLUMNS)
     assert _got(table) == _expected(first) + _expected(second)
     assert set(table["model"]) == {"tensors"}
     written = pd.read_csv(tmp_path / "cmp" / "compare.csv")
     assert list(written["verdict"]) == list(table["verdict"])
     markdown = (tmp_path / "cmp" / "compare.md").read_text()
-    assert "tensors (tensors-a)" in markdown and "tensors (tensors-b)" in markdown  # same model twice: folders
+    assert (
+        "tensors (tensors-a)" in markdown and "tensors (tensors-b)" in markdown
+    )  # same model twice: folders
     with Image.open(tmp_path / "cmp" / "compare_kruskal.png") as image:
         assert image.info["dpi"] == pytest.approx((300, 300), abs=0.5)
     assert notes == [f"wrote {tmp_path / 'cmp'}"]
@@ -67,9 +75,25 @@ def test_a_model_name_picks_its_newest_report(tmp_path):
     assert resolve_report("tensors", tmp_path)[0] == tmp_path / "reports" / "tensors-old"
 
 
-NEW_COLUMNS = ["fraction_low", "fraction_high", "margin_bound", "critical_rtol", "critical_rtol_low",
-               "critical_rtol_high", "verdict_margin", "rtol_grid", "krank_lower", "krank_lower_method", "krank_upper",
-               "duplicates", "near_duplicates", "effective_rank", "stable_rank", "anisotropy", "collapse_residual"]
+NEW_COLUMNS = [
+    "fraction_low",
+    "fraction_high",
+    "margin_bound",
+    "critical_rtol",
+    "critical_rtol_low",
+    "critical_rtol_high",
+    "verdict_margin",
+    "rtol_grid",
+    "krank_lower",
+    "krank_lower_method",
+    "krank_upper",
+    "duplicates",
+    "near_duplicates",
+    "effective_rank",
+    "stable_rank",
+    "anisotropy",
+    "collapse_residual",
+]
 
 
 def test_a_committed_report_compares_with_a_report_written_before_the_new_columns(tmp_path):
@@ -77,7 +101,9 @@ def test_a_committed_report_compares_with_a_report_written_before_the_new_column
     old = tmp_path / "minilm-old"  # the same rows as a release before robustness and bounds wrote them
     old.mkdir()
     frame = pd.read_csv(committed / "results.csv", dtype=str)
-    frame.drop(columns=[c for c in NEW_COLUMNS if c in frame.columns]).to_csv(old / "results.csv", index=False)
+    frame.drop(columns=[c for c in NEW_COLUMNS if c in frame.columns]).to_csv(
+        old / "results.csv", index=False
+    )
     table = compare([str(committed), str(old)], tmp_path / "cmp", root=REPO, plots=False)
     expected = sum((_expected(read_rows(folder / "results.csv")) for folder in (committed, old)), [])
     assert _got(table) == expected
@@ -145,21 +171,29 @@ def _one_line_error(capsys, *argv: str) -> str:
     return err
 
 
-@pytest.mark.parametrize("damage, fragment", [
-    (lambda text: "", "empty file (0 bytes)"),
-    (lambda text: text[: text.index("\n", text.index("\n") + 1) + 40], "cells where the header has"),  # cut mid-row
-    (lambda text: text.rstrip("\n")[:-3], "ends mid-row"),  # the last row cut in its last cell
-    (lambda text: text.split("\n")[0] + "\n", "a header without rows"),
-    (lambda text: text.replace(",True,", ",maybe,", 1), "'maybe' is not True or False"),
-    (lambda text: text.replace(",ok,", ",done,", 1), "'done' is not a status"),
-    (lambda text: b"\xff\xfe\x00garbage".decode("latin-1"), "not a text file"),
-])
+@pytest.mark.parametrize(
+    "damage, fragment",
+    [
+        (lambda text: "", "empty file (0 bytes)"),
+        (
+            lambda text: text[: text.index("\n", text.index("\n") + 1) + 40],
+            "cells where the header has",
+        ),  # cut mid-row
+        (lambda text: text.rstrip("\n")[:-3], "ends mid-row"),  # the last row cut in its last cell
+        (lambda text: text.split("\n")[0] + "\n", "a header without rows"),
+        (lambda text: text.replace(",True,", ",maybe,", 1), "'maybe' is not True or False"),
+        (lambda text: text.replace(",ok,", ",done,", 1), "'done' is not a status"),
+        (lambda text: b"\xff\xfe\x00garbage".decode("latin-1"), "not a text file"),
+    ],
+)
 def test_a_damaged_results_csv_is_refused_naming_the_file(tmp_path, capsys, damage, fragment):
     folder = tmp_path / "damaged"
     folder.mkdir()
     text = (REPO / "reports" / "minilm-wikitext2" / "results.csv").read_text()
     data = damage(text)
-    (folder / "results.csv").write_bytes(data.encode("latin-1") if fragment == "not a text file" else data.encode())
+    (folder / "results.csv").write_bytes(
+        data.encode("latin-1") if fragment == "not a text file" else data.encode()
+    )
     err = _one_line_error(capsys, str(folder), "--out", str(tmp_path / "cmp"))
     assert str(folder / "results.csv") in err and fragment in err
     assert not (tmp_path / "cmp").exists()  # refused before any work
@@ -167,7 +201,9 @@ def test_a_damaged_results_csv_is_refused_naming_the_file(tmp_path, capsys, dama
 
 def test_a_lab_folder_or_a_foreign_csv_is_not_an_audit_report(tmp_path, capsys):
     lab = tmp_path / "lab"
-    assert main(["facts", "width", "--scale", "quick", "--threads", "1", "--no-plots", "--out", str(lab)]) == 0
+    assert (
+        main(["facts", "width", "--scale", "quick", "--threads", "1", "--no-plots", "--out", str(lab)]) == 0
+    )
     capsys.readouterr()
     err = _one_line_error(capsys, str(lab), "--out", str(tmp_path / "cmp"))
     assert str(lab / "results.csv") in err and "results of a lab sweep" in err

@@ -95,12 +95,17 @@ def test_layers_replace_the_default_representations_and_keep_those_asked_for():
     plan = AuditPlan.of(config)
     reps = [r.representation for r in plan.rows]
     assert plan.representations(reps, BLOCKS) == ["embedding", "block.0", "block.2"]
-    asked = AuditPlan.of(AuditConfig(layers="-2:", representations=("random-attention",), weights=("random",)))
+    asked = AuditPlan.of(
+        AuditConfig(layers="-2:", representations=("random-attention",), weights=("random",))
+    )
     reps = [r.representation for r in asked.rows]
     assert asked.representations(reps, BLOCKS) == ["embedding", "block.2", "block.3", "random-attention"]
-    assert AuditPlan.of(AuditConfig()).representations(["block.0"], BLOCKS) == ["block.0"]  # no layers: unchanged
-    assert [representation_depth(r) for r in ("embedding", "random-attention", "block.0", "block.11", "x")] == [
-        0, 0, 1, 12, None]
+    assert AuditPlan.of(AuditConfig()).representations(["block.0"], BLOCKS) == [
+        "block.0"
+    ]  # no layers: unchanged
+    assert [
+        representation_depth(r) for r in ("embedding", "random-attention", "block.0", "block.11", "x")
+    ] == [0, 0, 1, 12, None]
 
 
 def test_an_out_of_range_layer_is_refused_before_the_model_loads(vit, images, tmp_path, capsys, monkeypatch):
@@ -114,7 +119,10 @@ def test_an_out_of_range_layer_is_refused_before_the_model_loads(vit, images, tm
     code = main([vit, "--data", images, "--layers", "0,7", "--out", str(out), "-q", "--device", "cpu"])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1
-    assert err == "error: layer 7 is out of range: the model has 4 blocks; valid: 0 .. 3, or -4 .. -1 from the end\n"
+    assert (
+        err
+        == "error: layer 7 is out of range: the model has 4 blocks; valid: 0 .. 3, or -4 .. -1 from the end\n"
+    )
     assert not out.exists()
 
 
@@ -209,7 +217,9 @@ def test_depth_csv_has_one_row_per_layer_in_the_shared_columns(depth_run):
             assert profile[f"{test}_critical_rtol_low"] == mine.loc[test, "critical_rtol_low"]
             assert profile[f"{test}_critical_rtol_exact"] == mine.loc[test, "critical_rtol_exact"]
         holds = [int(mine.loc[t, "k"]) for t in ("assumption1", "general_position") if mine.loc[t, "holds"]]
-        fails = [int(mine.loc[t, "k"]) for t in ("assumption1", "general_position") if not mine.loc[t, "holds"]]
+        fails = [
+            int(mine.loc[t, "k"]) for t in ("assumption1", "general_position") if not mine.loc[t, "holds"]
+        ]
         if profile["krank_exact"]:  # the bounds meet: K itself, never a bound
             assert profile["krank_estimate"] == profile["krank_lower"] == profile["krank_upper"]
             assert profile["krank_sampled"] == f"= {profile['krank_upper']}"
@@ -233,7 +243,9 @@ def test_kruskal_rows_carry_an_interval_and_bounds_that_bracket_the_estimate(dep
     bounds = pytest.importorskip("probes.bounds")
     result, _ = depth_run
     rows = result.rows[result.rows["test"].isin(["assumption1", "assumption3", "general_position"])]
-    assert (rows["fraction_low"] <= rows["fraction"]).all() and (rows["fraction"] <= rows["fraction_high"]).all()
+    assert (rows["fraction_low"] <= rows["fraction"]).all() and (
+        rows["fraction"] <= rows["fraction_high"]
+    ).all()
     assert rows["krank_lower_method"].isin(bounds.METHODS).all()
     witnessed = rows["witness"].map(lambda w: w is not None)
     assert rows.loc[witnessed, "krank_upper"].notna().all()
@@ -242,7 +254,9 @@ def test_kruskal_rows_carry_an_interval_and_bounds_that_bracket_the_estimate(dep
     depth = result.depth
     certain = depth["krank_upper"].notna()
     assert (depth.loc[certain, "krank_lower"] <= depth.loc[certain, "krank_upper"]).all()
-    embedding = result.rows[(result.rows["representation"] == "embedding") & (result.rows["test"] == "assumption1")]
+    embedding = result.rows[
+        (result.rows["representation"] == "embedding") & (result.rows["test"] == "assumption1")
+    ]
     assert int(embedding["duplicates"].iloc[0]) == 23  # 24 identical CLS tokens: 23 repeat an earlier one
 
 
@@ -251,9 +265,15 @@ def test_a_tiny_memory_budget_gives_the_same_rows_and_depth(depth_run, vit, imag
     streamed = _depth_audit(vit, images, tmp_path / "r", memory_budget=1e-9)  # one layer per pass
     drop = ["seconds", "git_commit"]
     pd.testing.assert_frame_equal(streamed.rows.drop(columns=drop), result.rows.drop(columns=drop))
-    pd.testing.assert_frame_equal(streamed.depth.drop(columns="git_commit"), result.depth.drop(columns="git_commit"))
+    pd.testing.assert_frame_equal(
+        streamed.depth.drop(columns="git_commit"), result.depth.drop(columns="git_commit")
+    )
     stages = set(streamed.stages["stage"])
-    assert {"assumption1 (block.3)", "geometry (embedding)", "extraction @ random"} <= stages  # each layer's tests
+    assert {
+        "assumption1 (block.3)",
+        "geometry (embedding)",
+        "extraction @ random",
+    } <= stages  # each layer's tests
 
 
 def test_a_rerun_into_a_finished_report_reuses_rows_and_writes_the_same_depth_csv(vit, images, tmp_path):
@@ -268,8 +288,17 @@ def test_a_rerun_into_a_finished_report_reuses_rows_and_writes_the_same_depth_cs
 
 
 def test_no_depth_profile_for_an_audit_of_one_block(vit, images, tmp_path):
-    config = AuditConfig(model=vit, data=images, samples=20, first=True, representations=("embedding", "block.0"),
-                         weights=("random",), tests=("assumption1",), subsets=20, device="cpu")
+    config = AuditConfig(
+        model=vit,
+        data=images,
+        samples=20,
+        first=True,
+        representations=("embedding", "block.0"),
+        weights=("random",),
+        tests=("assumption1",),
+        subsets=20,
+        device="cpu",
+    )
     result = run(config, out=tmp_path / "r", progress=False)
     assert result.depth.empty and not (tmp_path / "r" / "depth.csv").exists()
     assert "assumption1" in set(result.stages["stage"])

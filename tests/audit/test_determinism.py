@@ -38,9 +38,17 @@ def vit_folder(tmp_path_factory):
 
 
 def audit_rows(model: str, **overrides) -> pd.DataFrame:
-    options = dict(model=model, data=str(shared_data("imagenet-sample")), samples=36, subsets=200,
-                   representations=("embedding", "random-attention", "block.0", "block.2"), weights=("random",),
-                   device="cpu", seed=0, batch_size=5)
+    options = dict(
+        model=model,
+        data=str(shared_data("imagenet-sample")),
+        samples=36,
+        subsets=200,
+        representations=("embedding", "random-attention", "block.0", "block.2"),
+        weights=("random",),
+        device="cpu",
+        seed=0,
+        batch_size=5,
+    )
     return run(AuditConfig(**{**options, **overrides}), progress=False).rows
 
 
@@ -104,16 +112,32 @@ def test_an_audit_row_is_reproduced_from_its_own_line(audits, vit_folder):
                                 "rtol", "data_source"]:
         assert rows[column].notna().all() and (rows[column].astype(str) != "").all(), column
     row = rows[(rows.representation == "block.0") & (rows.test == "assumption1")].iloc[0]
-    config = AuditConfig(model=row.model, data=row.data_source.split(" (")[0], samples=int(row.N),
-                         subsets=int(row.subsets), representations=(row.representation,), weights=(row.weights,),
-                         tests=(row.test,), threshold=float(row.threshold), rtol=float(row.rtol),
-                         seed=int(row.seed), device=row.device)
+    config = AuditConfig(
+        model=row.model,
+        data=row.data_source.split(" (")[0],
+        samples=int(row.N),
+        subsets=int(row.subsets),
+        representations=(row.representation,),
+        weights=(row.weights,),
+        tests=(row.test,),
+        threshold=float(row.threshold),
+        rtol=float(row.rtol),
+        seed=int(row.seed),
+        device=row.device,
+    )
     again = run(config, progress=False).rows.iloc[0]
     # the row does not record the batch size (it cannot change a verdict), so the tokens are extracted
     # with other kernels: everything is identical but the margin, the critical-tolerance bracket and the
     # geometry, which agree within float32 noise
-    noisy = WALL_CLOCK + ["min_margin", "critical_rtol", "critical_rtol_low", "critical_rtol_high", "verdict_margin",
-                          "margin_bound", *GEOMETRY]
+    noisy = WALL_CLOCK + [
+        "min_margin",
+        "critical_rtol",
+        "critical_rtol_low",
+        "critical_rtol_high",
+        "verdict_margin",
+        "margin_bound",
+        *GEOMETRY,
+    ]
     assert again.drop(noisy).to_dict() == row.drop(noisy).to_dict()
     d, k = int(row["d"]), int(row["k"])
     rel = d * torch.finfo(torch.float32).eps * math.sqrt(k * d)
@@ -139,15 +163,31 @@ def memorize(out, bucket_size: int) -> pd.DataFrame:
     from auditor.lab.memorize.experiment import MemorizeConfig
     from auditor.lab.room import get
 
-    config = MemorizeConfig(heads=(1, 2), context=(4,), d_h=(4,), N=(24,), seeds=(0, 1), d=8, classes=10, steps=40,
-                            lr=1e-2, batch_size=12, eval_every=10, bucket_size=bucket_size)
+    config = MemorizeConfig(
+        heads=(1, 2),
+        context=(4,),
+        d_h=(4,),
+        N=(24,),
+        seeds=(0, 1),
+        d=8,
+        classes=10,
+        steps=40,
+        lr=1e-2,
+        batch_size=12,
+        eval_every=10,
+        bucket_size=bucket_size,
+    )
     return run_experiment(get("memorize"), config, out, plots=False, progress=False)[0]
 
 
 @pytest.fixture(scope="module")
 def sweeps(tmp_path_factory):
     root = tmp_path_factory.mktemp("memorize")
-    return {"first": memorize(root / "a", 1), "second": memorize(root / "b", 1), "bucket-4": memorize(root / "c", 4)}
+    return {
+        "first": memorize(root / "a", 1),
+        "second": memorize(root / "b", 1),
+        "bucket-4": memorize(root / "c", 4),
+    }
 
 
 def test_lab_sweep_is_identical_across_runs(sweeps):
@@ -168,7 +208,9 @@ def test_lab_sweep_across_bucket_sizes_agrees_up_to_float32_reassociation(sweeps
     exact = [c for c in alone.columns if c not in WALL_CLOCK + PLACEMENT + ["rank_margin"]]
     assert {"memorized", "accuracy", "rank", "readout_hits", "rank_init", "steps_trained"} <= set(exact)
     pd.testing.assert_frame_equal(alone[exact], together[exact], check_exact=True)
-    pd.testing.assert_series_equal(alone["rank_margin"], together["rank_margin"], rtol=1e-5, check_exact=False)
+    pd.testing.assert_series_equal(
+        alone["rank_margin"], together["rank_margin"], rtol=1e-5, check_exact=False
+    )
 
 
 def test_a_lab_row_is_reproduced_from_its_own_line(sweeps, tmp_path):

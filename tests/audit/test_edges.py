@@ -80,14 +80,25 @@ def check_row_properties(rows: pd.DataFrame, num: int, subsets: int) -> None:
 def test_the_audit_reports_what_n_examples_allow(vit, tmp_path, num):
     model, processor = vit
     data = image_folder(tmp_path / "images", num)
-    rows = auditor.audit_model(model, processor, data=str(data), samples=num, first=True, representations="block.0",
-                         subsets=SUBSETS, device="cpu", progress=False,
-                         out=tmp_path / "report" if num <= 2 else None)  # the report's plots with one or two examples
+    rows = auditor.audit_model(
+        model,
+        processor,
+        data=str(data),
+        samples=num,
+        first=True,
+        representations="block.0",
+        subsets=SUBSETS,
+        device="cpu",
+        progress=False,
+        out=tmp_path / "report" if num <= 2 else None,
+    )  # the report's plots with one or two examples
     planned = {"assumption1", "assumption2", "assumption3", "general_position"}
     assert set(rows["test"]) == planned and len(rows) == len(planned)
     check_row_properties(rows, num, SUBSETS)
     if num <= 2:
-        assert (tmp_path / "report" / "summary.md").is_file() and (tmp_path / "report" / "results.csv").is_file()
+        assert (tmp_path / "report" / "summary.md").is_file() and (
+            tmp_path / "report" / "results.csv"
+        ).is_file()
 
 
 def test_one_readable_image_among_unreadable_files_is_audited(vit, tmp_path):

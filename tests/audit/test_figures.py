@@ -37,9 +37,20 @@ def depth_report(request, tmp_path_factory):
     torch.manual_seed(0)
     ViTModel(ViTConfig(**tiny_vit(**overrides)), add_pooling_layer=False).save_pretrained(folder)
     out = tmp_path_factory.mktemp("figures")
-    config = AuditConfig(model=str(folder), data=str(shared_data("imagenet-sample")), samples=samples,
-                         first=True, layers="all", weights=("random",), subsets=subsets, sweep=True, sweep_ks=ks,
-                         sweep_subsets=subsets, sweep_refine=0, device="cpu")
+    config = AuditConfig(
+        model=str(folder),
+        data=str(shared_data("imagenet-sample")),
+        samples=samples,
+        first=True,
+        layers="all",
+        weights=("random",),
+        subsets=subsets,
+        sweep=True,
+        sweep_ks=ks,
+        sweep_subsets=subsets,
+        sweep_refine=0,
+        device="cpu",
+    )
     result = run(config, out=out, progress=False)
     assert result.depth["representation"].nunique() > plots.MANY_REPRESENTATIONS  # the panel layouts
     return result, out

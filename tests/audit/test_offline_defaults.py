@@ -54,7 +54,9 @@ def test_default_sample_count_is_k_equal_n_with_room_and_the_paper_n_for_user_da
 def test_bundled_text_is_read_lazily_and_labelled():
     documents, label = bundled_text_documents()
     assert label.startswith("bundled:Python ") and "offline default" in label
-    assert next(documents) == unique_paragraphs(reference_text(), set())  # no standard-library file parsed yet
+    assert next(documents) == unique_paragraphs(
+        reference_text(), set()
+    )  # no standard-library file parsed yet
     assert len(stdlib_modules()) > 100
 
 

@@ -25,7 +25,12 @@ from auditor.audit.report.style import (
 from auditor.core.atomic import Staged
 
 REPS = ("embedding", "random-attention", "block.0", "block.1")
-REPS_IN_ORDER = ("embedding", "random-attention", "block.0", "block.1")  # panels: embedding, random-attention, blocks
+REPS_IN_ORDER = (
+    "embedding",
+    "random-attention",
+    "block.0",
+    "block.1",
+)  # panels: embedding, random-attention, blocks
 WEIGHTS = ("pretrained", "random")
 TESTS = ("assumption2", "assumption1", "assumption3", "general_position")
 N, n, d = 40, 4, 16
@@ -41,8 +46,13 @@ def _rows(new_columns: bool = True) -> pd.DataFrame:
                        "holds": False, "threshold": 1.0 if test == "assumption2" else 0.99, "rtol": 1e-6,
                        "dtype": "float32", "subsets": 100, "exhaustive": False}
                 if new_columns:
-                    row |= {"margin_bound": rep == "block.1", "critical_rtol": 3e-6, "critical_rtol_low": 2e-6,
-                            "critical_rtol_high": 4e-6, "rtol_grid": "0.1:1.0;1:0.5;10:0.0"}
+                    row |= {
+                        "margin_bound": rep == "block.1",
+                        "critical_rtol": 3e-6,
+                        "critical_rtol_low": 2e-6,
+                        "critical_rtol_high": 4e-6,
+                        "rtol_grid": "0.1:1.0;1:0.5;10:0.0",
+                    }
                 records.append(row)
     return rows_frame(records)
 
@@ -62,12 +72,30 @@ def _depth() -> pd.DataFrame:
     records = []
     for w in WEIGHTS:
         for depth, rep in enumerate(("embedding", "block.0", "block.1")):
-            records.append({"model": "tiny", "weights": w, "representation": rep, "depth": depth, "N": N, "n": n,
-                            "d": d, "rtol": 1e-6, "assumption1_fraction": 1.0, "assumption1_holds": True,
-                            "assumption1_critical_rtol": 1e-4, "general_position_fraction": 0.0,
-                            "krank_estimate": 10 - depth, "krank_lower": 2, "krank_lower_method": "babel",
-                            "krank_upper": 10 - depth if depth else None, "effective_rank": 12.0 - depth,
-                            "stable_rank": 3.0, "anisotropy": 0.1 * depth, "collapse_residual": None})
+            records.append(
+                {
+                    "model": "tiny",
+                    "weights": w,
+                    "representation": rep,
+                    "depth": depth,
+                    "N": N,
+                    "n": n,
+                    "d": d,
+                    "rtol": 1e-6,
+                    "assumption1_fraction": 1.0,
+                    "assumption1_holds": True,
+                    "assumption1_critical_rtol": 1e-4,
+                    "general_position_fraction": 0.0,
+                    "krank_estimate": 10 - depth,
+                    "krank_lower": 2,
+                    "krank_lower_method": "babel",
+                    "krank_upper": 10 - depth if depth else None,
+                    "effective_rank": 12.0 - depth,
+                    "stable_rank": 3.0,
+                    "anisotropy": 0.1 * depth,
+                    "collapse_residual": None,
+                }
+            )
     return pd.DataFrame(records)
 
 
@@ -109,7 +137,9 @@ def test_a_report_without_the_new_columns_skips_their_figures(tmp_path):
     with figure_style():
         fig = plots.margin_histogram(result)
     titles = [ax.get_title() for ax in fig.axes if ax.get_visible()]
-    assert titles == list(REPS_IN_ORDER)  # a panel per representation; no "exact" / "lower bound" without margin_bound
+    assert titles == list(
+        REPS_IN_ORDER
+    )  # a panel per representation; no "exact" / "lower bound" without margin_bound
 
 
 def test_one_colour_per_representation_across_weights_and_figures():

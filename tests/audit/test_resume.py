@@ -43,9 +43,28 @@ def images(tmp_path) -> Path:
 
 
 def argv(vit: str, images: Path, out: Path, *extra: str) -> list[str]:
-    return [vit, "--data", str(images), "--samples", "20", "--first", "-w", "random", "-r", "embedding,block.0",
-            "--tests", "assumption2,assumption1", "--subsets", "40", "--device", "cpu", "-q", "--out", str(out),
-            *extra]
+    return [
+        vit,
+        "--data",
+        str(images),
+        "--samples",
+        "20",
+        "--first",
+        "-w",
+        "random",
+        "-r",
+        "embedding,block.0",
+        "--tests",
+        "assumption2,assumption1",
+        "--subsets",
+        "40",
+        "--device",
+        "cpu",
+        "-q",
+        "--out",
+        str(out),
+        *extra,
+    ]
 
 
 def files(folder: Path) -> dict[str, tuple[bytes, int]]:
@@ -85,8 +104,9 @@ BAD_OPTIONS = [
 
 
 @pytest.mark.parametrize("case, change, fragment", BAD_OPTIONS)
-def test_a_mistake_never_touches_an_interrupted_runs_partial_rows(case, change, fragment, vit, images, tmp_path,
-                                                                  capsys):
+def test_a_mistake_never_touches_an_interrupted_runs_partial_rows(
+    case, change, fragment, vit, images, tmp_path, capsys
+):
     out = tmp_path / "report"
     out.mkdir()
     (tmp_path / "empty").mkdir()
@@ -146,7 +166,9 @@ def test_links_in_the_report_folder_are_replaced_not_followed(vit, images, tmp_p
     assert files(victim) == before  # no target written, none removed
     for name in ("results.csv", "summary.md", "config.json", "context_ranks.png", "margins.png"):
         assert (out / name).is_file() and not (out / name).is_symlink(), name
-    assert not (out / "results.partial.csv").exists()  # a stale link of this tool's name: removed, target kept
+    assert not (
+        out / "results.partial.csv"
+    ).exists()  # a stale link of this tool's name: removed, target kept
     assert (out / "tokens").is_dir() and not (out / "tokens").is_symlink()
     assert sorted(p.name for p in (out / "tokens").iterdir()) == ["block.0@random.safetensors",
                                                                  "embedding@random.safetensors"]
@@ -173,9 +195,17 @@ def test_a_full_disk_while_plotting_leaves_no_png_and_keeps_the_rows_for_a_resum
     assert len(count_assumption1) == 2  # both Kruskal rows came from the partial file
     rows = pd.read_csv(out / "results.csv")
     assert rows.loc[rows.test == "assumption1", "note"].str.contains("reused from the interrupted run").all()
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "context_ranks.pdf", "context_ranks.png",
-                                                     "margins.pdf", "margins.png", "results.csv", "rtol_sweep.pdf",
-                                                     "rtol_sweep.png", "summary.md"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "config.json",
+        "context_ranks.pdf",
+        "context_ranks.png",
+        "margins.pdf",
+        "margins.png",
+        "results.csv",
+        "rtol_sweep.pdf",
+        "rtol_sweep.png",
+        "summary.md",
+    ]
 
 
 def test_a_failed_run_leaves_no_folder_it_created(vit, images, tmp_path, monkeypatch):
@@ -205,15 +235,19 @@ def test_a_finished_report_is_reused_only_for_the_same_configuration_and_data(vi
     out = tmp_path / "report"
     assert main(argv(vit, images, out)) == 0 and len(count_assumption1) == 2
     first = pd.read_csv(out / "results.csv")
-    assert first["data_fingerprint"].nunique() == 1 and not first["note"].astype(str).str.contains("reused").any()
+    assert (
+        first["data_fingerprint"].nunique() == 1
+        and not first["note"].astype(str).str.contains("reused").any()
+    )
 
     assert main(argv(vit, images, out)) == 0 and len(count_assumption1) == 2  # nothing recomputed
     again = pd.read_csv(out / "results.csv")
     a1 = again[again.test == "assumption1"]
     assert a1["note"].str.endswith("reused from the finished run's results.csv").all()
-    pd.testing.assert_frame_equal(a1[["fraction", "holds", "rank_counts", "witness", "min_margin"]],
-                                  first[first.test == "assumption1"][["fraction", "holds", "rank_counts", "witness",
-                                                                      "min_margin"]])
+    pd.testing.assert_frame_equal(
+        a1[["fraction", "holds", "rank_counts", "witness", "min_margin"]],
+        first[first.test == "assumption1"][["fraction", "holds", "rank_counts", "witness", "min_margin"]],
+    )
 
     assert main(argv(vit, images, out, "--seed", "1")) == 0 and len(count_assumption1) == 4  # another config
 
@@ -226,7 +260,9 @@ def test_a_finished_report_is_reused_only_for_the_same_configuration_and_data(vi
     assert rows["data_fingerprint"].iloc[0] != first["data_fingerprint"].iloc[0]
 
 
-def test_a_second_interruption_keeps_the_rows_of_the_first(vit, images, tmp_path, monkeypatch, count_assumption1):
+def test_a_second_interruption_keeps_the_rows_of_the_first(
+    vit, images, tmp_path, monkeypatch, count_assumption1
+):
     """Run 1 finishes both representations' tests, then is interrupted in the sweep; run 2 is interrupted
     before it reaches block.0: the partial file must still hold block.0's row from run 1."""
     real_sweep = probes.kruskal_sweep

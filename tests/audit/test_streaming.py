@@ -39,7 +39,9 @@ def folders(tmp_path_factory) -> dict[str, str]:
 
     root = tmp_path_factory.mktemp("stream-models")
     torch.manual_seed(0)
-    ViTModel(ViTConfig(**tiny_vit(num_hidden_layers=2)), add_pooling_layer=False).save_pretrained(root / "vit")
+    ViTModel(ViTConfig(**tiny_vit(num_hidden_layers=2)), add_pooling_layer=False).save_pretrained(
+        root / "vit"
+    )
     GPT2Model(GPT2Config(**tiny_gpt2(n_layer=2))).save_pretrained(root / "gpt2")
     return {"vit": str(root / "vit"), "gpt2": str(root / "gpt2")}
 
@@ -47,9 +49,19 @@ def folders(tmp_path_factory) -> dict[str, str]:
 def _config(folders: dict[str, str], family: str, **options) -> AuditConfig:
     data = {"vit": ("imagenet-sample", {}), "gpt2": ("wikitext-2/valid.txt", {"context_length": 12})}
     path, extra = data[family]
-    return AuditConfig(model=folders[family], data=str(shared_data(path)), samples=20, first=True,
-                       representations=("random-attention", "block.0", "block.1"), weights=("random",), subsets=40,
-                       device="cpu", batch_size=4, **extra, **options)
+    return AuditConfig(
+        model=folders[family],
+        data=str(shared_data(path)),
+        samples=20,
+        first=True,
+        representations=("random-attention", "block.0", "block.1"),
+        weights=("random",),
+        subsets=40,
+        device="cpu",
+        batch_size=4,
+        **extra,
+        **options,
+    )
 
 
 @pytest.fixture(scope="module", params=[pytest.param("vit", marks=pytest.mark.slow), "gpt2"])
@@ -57,8 +69,11 @@ def both(request, folders, tmp_path_factory):
     """The same audit in memory and streamed (both saving their tokens)."""
     root = tmp_path_factory.mktemp(f"stream-{request.param}")
     held = run(_config(folders, request.param, save_tokens=True), out=root / "held", progress=False)
-    flowing = run(_config(folders, request.param, save_tokens=True, memory_budget=TINY), out=root / "streamed",
-                  progress=False)
+    flowing = run(
+        _config(folders, request.param, save_tokens=True, memory_budget=TINY),
+        out=root / "streamed",
+        progress=False,
+    )
     return held, flowing
 
 
@@ -67,7 +82,9 @@ def test_streamed_rows_ranks_and_depth_equal_the_in_memory_audit(both):
     assert set(held.rows["test"]) == {"assumption1", "assumption2", "assumption3", "general_position"}
     assert len(held.rows) == 3 * 4 and len(held.depth) == 3  # a depth profile: random attention, two blocks
     pd.testing.assert_frame_equal(flowing.rows.drop(columns=TIMING), held.rows.drop(columns=TIMING))
-    pd.testing.assert_frame_equal(flowing.depth.drop(columns="git_commit"), held.depth.drop(columns="git_commit"))
+    pd.testing.assert_frame_equal(
+        flowing.depth.drop(columns="git_commit"), held.depth.drop(columns="git_commit")
+    )
     assert held.context_ranks.keys() == flowing.context_ranks.keys()
     for label in held.context_ranks:
         assert torch.equal(flowing.context_ranks[label], held.context_ranks[label])
@@ -98,7 +115,16 @@ def test_a_streamed_token_file_retests_to_the_same_rows(both, tmp_path):
                 out=tmp_path / "again", progress=False)
     want = held.rows[held.rows["representation"] == "block.1"].reset_index(drop=True)
     got = again.rows.reset_index(drop=True)
-    same = ["test", "fraction", "holds", "min_margin", "critical_rtol", "rank_counts", "witness", "collapse_residual"]
+    same = [
+        "test",
+        "fraction",
+        "holds",
+        "min_margin",
+        "critical_rtol",
+        "rank_counts",
+        "witness",
+        "collapse_residual",
+    ]
     pd.testing.assert_frame_equal(got[same], want[same])
 
 
@@ -108,8 +134,11 @@ def test_memory_is_bounded_by_the_chunk_not_by_n(folders):
 
     loaded = load_model(config.model, "random", device="cpu", seed=0)
     plan = AuditPlan.of(config)
-    groups = list(token_groups(loaded, ["embedding", "block.1"], plan.sampling, plan.extraction, plan.testing, None,
-                               False))
+    groups = list(
+        token_groups(
+            loaded, ["embedding", "block.1"], plan.sampling, plan.extraction, plan.testing, None, False
+        )
+    )
     assert len(groups) == 1
     for item in groups[0].items:
         contexts = item.contexts
@@ -124,8 +153,17 @@ def test_memory_is_bounded_by_the_chunk_not_by_n(folders):
         assert item.queries.shape == (20, loaded.d)
         contexts.release()
         assert not contexts.file.path.exists()  # the temporary contexts file is gone after the tests
-    roomy = list(token_groups(loaded, ["embedding", "block.1"], plan.sampling,
-                              dataclasses.replace(plan.extraction, memory_budget=1.0), plan.testing, None, False))
+    roomy = list(
+        token_groups(
+            loaded,
+            ["embedding", "block.1"],
+            plan.sampling,
+            dataclasses.replace(plan.extraction, memory_budget=1.0),
+            plan.testing,
+            None,
+            False,
+        )
+    )
     assert all(isinstance(item.contexts, torch.Tensor) for group in roomy for item in group.items)  # held
 
 
@@ -161,8 +199,17 @@ def _contexts(num: int = 150, n: int = 6, d: int = 10) -> torch.Tensor:
 def test_streamed_reductions_equal_probes_on_all_contexts(chunk):
     e = _contexts()
     q = e[:, 0].clone()
-    reducer = ContextReducer(*e.shape, e.dtype, torch.device("cpu"), tests=("assumption2", "assumption3"), rtol=None,
-                             robustness=True, geometry=True, save=None, chunk=chunk)
+    reducer = ContextReducer(
+        *e.shape,
+        e.dtype,
+        torch.device("cpu"),
+        tests=("assumption2", "assumption3"),
+        rtol=None,
+        robustness=True,
+        geometry=True,
+        save=None,
+        chunk=chunk,
+    )
     for start in range(0, e.shape[0], chunk):
         reducer.add(e[start : start + chunk], q[start : start + chunk], {"n": "6"})
     queries, s = reducer.finish()
@@ -177,10 +224,14 @@ def test_streamed_reductions_equal_probes_on_all_contexts(chunk):
     want2 = probes.assumption2(e, ranks=ranks).to_dict()
     got2 = streamed_assumption2(s).to_dict()
     assert not want2["holds"] and want2["witness"] == [0]
-    assert {k: v for k, v in got2.items() if k != "seconds"} == {k: v for k, v in want2.items() if k != "seconds"}
+    assert {k: v for k, v in got2.items() if k != "seconds"} == {
+        k: v for k, v in want2.items() if k != "seconds"
+    }
     want3 = probes.assumption3(e, q, 6, subsets=200).to_dict()
     got3 = streamed_assumption3(s, q, 6, options).to_dict()
-    assert {k: v for k, v in got3.items() if k != "seconds"} == {k: v for k, v in want3.items() if k != "seconds"}
+    assert {k: v for k, v in got3.items() if k != "seconds"} == {
+        k: v for k, v in want3.items() if k != "seconds"
+    }
     s.release()
 
 

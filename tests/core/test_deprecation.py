@@ -9,7 +9,10 @@ from auditor.core.options import Deprecation
 
 def test_the_notice_names_the_old_and_new_spelling_and_the_release_that_removes_the_old():
     shim = Deprecation("--tol", "--cp-tolerance", removed_in="0.3")
-    assert shim.notice(installed=(0, 2, 1)) == "warning: --tol is deprecated and is removed in 0.3; use --cp-tolerance"
+    assert (
+        shim.notice(installed=(0, 2, 1))
+        == "warning: --tol is deprecated and is removed in 0.3; use --cp-tolerance"
+    )
     assert not shim.expired((0, 2, 9))
 
 

@@ -27,7 +27,12 @@ from auditor.cli import main
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.filterwarnings("ignore")]
 
 GARBAGE = b"written by the user, outside --out\n"
-KEEP_CONTENT = {"results.csv", "config.json", "results.partial.csv", "results.partial.json"}  # an audit's marks
+KEEP_CONTENT = {
+    "results.csv",
+    "config.json",
+    "results.partial.csv",
+    "results.partial.json",
+}  # an audit's marks
 KEEP_SUFFIXES = (".pt",)  # training checkpoints: a run resumes from them (garbage there is refused, rightly)
 
 
@@ -133,8 +138,25 @@ def test_facts_rank_writes_nothing_through_links(tmp_path):
 @pytest.mark.slow
 def test_capacity_writes_nothing_through_links(tmp_path, vit, images):
     """Tokens, checkpoints, histories, units and plots of `audit capacity` on a tiny ViT."""
-    check_confined(tmp_path, lambda out: main(["capacity", vit, "--data", str(images), "--samples", "20", "--scale",
-                                               "quick", "--threads", "1", "--out", str(out)]))
+    check_confined(
+        tmp_path,
+        lambda out: main(
+            [
+                "capacity",
+                vit,
+                "--data",
+                str(images),
+                "--samples",
+                "20",
+                "--scale",
+                "quick",
+                "--threads",
+                "1",
+                "--out",
+                str(out),
+            ]
+        ),
+    )
 
 
 @pytest.mark.slow
@@ -145,7 +167,10 @@ def test_recall_all_writes_nothing_through_links(tmp_path):
 
 def test_bits_writes_nothing_through_links(tmp_path):
     lab = tmp_path / "lab"
-    assert main(["assoc", "--scale", "quick", "--dims", "8", "--threads", "1", "--no-plots", "--out", str(lab)]) == 0
+    assert (
+        main(["assoc", "--scale", "quick", "--dims", "8", "--threads", "1", "--no-plots", "--out", str(lab)])
+        == 0
+    )
     check_confined(tmp_path / "bits", lambda out: main(["bits", str(lab), "--out", str(out)]))
 
 
@@ -156,8 +181,10 @@ def test_compare_writes_nothing_through_links(tmp_path, vit, images):
                 "--tests", "assumption2,assumption1", "--subsets", "20", "--device", "cpu", "-q",
                 "--out", str(reports / name)]
         assert main(argv) == 0
-    check_confined(tmp_path / "compare", lambda out: main(["compare", str(reports / "tiny-a"), str(reports / "tiny-b"),
-                                                           "--out", str(out)]))
+    check_confined(
+        tmp_path / "compare",
+        lambda out: main(["compare", str(reports / "tiny-a"), str(reports / "tiny-b"), "--out", str(out)]),
+    )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -195,7 +222,9 @@ def test_an_audit_into_a_folder_with_only_its_names_but_no_audit_is_refused(tmp_
     assert snapshot(folder) == before
 
 
-@pytest.mark.parametrize("command", [["assoc", "--scale", "quick", "--dims", "8"], ["bits"], ["compare", "minilm"]])
+@pytest.mark.parametrize(
+    "command", [["assoc", "--scale", "quick", "--dims", "8"], ["bits"], ["compare", "minilm"]]
+)
 def test_other_commands_refuse_a_folder_of_the_users_files(tmp_path, command, capsys, monkeypatch):
     monkeypatch.chdir(Path(__file__).resolve().parents[2])  # compare and bits read the committed reports
     folder = tmp_path / "project"

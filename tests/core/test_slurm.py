@@ -57,7 +57,9 @@ def rank_unit(config: dict) -> dict:
         raise AuditError(f"unit {config['index']} cannot run: r must be <= 16; got {config['r']}")
     gen = torch.Generator().manual_seed(config["seed"])
     m, r, n = config["m"], config["r"], config["n"]
-    a = torch.randn(m, r, generator=gen, dtype=torch.float64) @ torch.randn(r, n, generator=gen, dtype=torch.float64)
+    a = torch.randn(m, r, generator=gen, dtype=torch.float64) @ torch.randn(
+        r, n, generator=gen, dtype=torch.float64
+    )
     res = probes.numerical_rank(a)
     if workdir is not None:
         with open(workdir / "runs.log", "a") as log:
@@ -93,7 +95,9 @@ def test_extra_sbatch_flags():
         "account": "abc", "qos": "high", "exclusive": True, "mem": "16G"}
     with pytest.raises(AuditError, match="takes a long sbatch flag as --name=value"):
         parse_sbatch(["-A abc"])
-    with pytest.raises(AuditError, match="--time is set by the executor; use --slurm-partition, --slurm-time"):
+    with pytest.raises(
+        AuditError, match="--time is set by the executor; use --slurm-partition, --slurm-time"
+    ):
         parse_sbatch(["--time=10"])
 
 
@@ -113,8 +117,9 @@ def test_slurm_options_without_executor_slurm_are_one_line(tmp_path, monkeypatch
     code = main(["memorize", "--heads", "1", "--context", "3", "--d-h", "2", "--N", "5", "--d", "4",
                  "--slurm-partition", "gpu", "--out", "m"])
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
-    assert code == 2 and lines == ["error: --slurm-* options go with --executor slurm; add --executor slurm or "
-                                   "leave them out"]
+    assert code == 2 and lines == [
+        "error: --slurm-* options go with --executor slurm; add --executor slurm or leave them out"
+    ]
     assert list(tmp_path.iterdir()) == []
 
 
@@ -135,7 +140,9 @@ def _why_no_slurm() -> str | None:
     if missing:
         return f"Slurm is not installed ({', '.join(missing)} missing): apt-get install -y slurm-wlm munge"
     if os.geteuid() != 0:
-        return "the single-node Slurm of scripts/slurm-local.sh runs its daemons as root; run the tests as root"
+        return (
+            "the single-node Slurm of scripts/slurm-local.sh runs its daemons as root; run the tests as root"
+        )
     try:
         import submitit  # noqa: F401
     except ImportError:
@@ -164,7 +171,9 @@ def cluster():
     os.environ["SLURM_CONF"] = str(SLURM_DIR / "slurm.conf")
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), saved["PYTHONPATH"]) if p)
     every = slurm_module.SQUEUE_EVERY_S
-    slurm_module.SQUEUE_EVERY_S = 1.0  # a one-node cluster of our own: ask squeue more often than a login node would
+    slurm_module.SQUEUE_EVERY_S = (
+        1.0  # a one-node cluster of our own: ask squeue more often than a login node would
+    )
     try:
         yield SLURM_DIR / "slurm.conf"
     finally:
@@ -179,7 +188,10 @@ def cluster():
 
 
 def test_the_cluster_answers(cluster):
-    assert "debug" in subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=30).stdout
+    assert (
+        "debug"
+        in subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=30).stdout
+    )
     assert subprocess.run(["srun", "hostname"], capture_output=True, text=True, timeout=60).stdout.strip()
 
 
@@ -222,7 +234,11 @@ def test_scancel_mid_sweep_then_the_rerun_completes_it_running_nothing_twice(clu
     assert not driver.is_alive()
     assert len(failure) == 1 and isinstance(failure[0], AuditError), failure
     message = str(failure[0])
-    assert "\n" not in message and f"Slurm job {job} ended without a result" in message and "CANCELLED" in message
+    assert (
+        "\n" not in message
+        and f"Slurm job {job} ended without a result" in message
+        and "CANCELLED" in message
+    )
     assert "run the same command again to resume" in message
     finished = {p.stem for p in (out / "units").glob("*.json")}
     assert finished == {unit_key(configs[0]), unit_key(configs[2])}, "the other units finished and were kept"
@@ -273,7 +289,9 @@ def test_unreachable_or_misconfigured_slurm_is_one_line_and_no_hang(cluster, tmp
     code = main(["memorize", "--heads", "1", "--context", "3", "--d-h", "2", "--N", "5", "--d", "4",
                  "--executor", "slurm", "--slurm-partition", "debgu", "--out", "m"])
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
-    assert code == 2 and lines == ["error: unknown Slurm partition 'debgu'; did you mean 'debug'? known: debug"]
+    assert code == 2 and lines == [
+        "error: unknown Slurm partition 'debgu'; did you mean 'debug'? known: debug"
+    ]
     assert not (tmp_path / "m").exists()
 
 
@@ -293,16 +311,38 @@ def test_sharded_extraction_as_a_job_array_equals_one_process(cluster, tmp_path)
     torch.set_num_threads(1)  # the jobs use --slurm-cpus 1 threads: the same kernels as this reference
     try:
         single = extract(loaded, inputs, reps, batch_size=4, seed=5, progress=False)
-        sharded = extract_sharded(recipe, inputs, reps, workers=2, executor="slurm", batch_size=4, seed=5,
-                                  loaded=loaded, progress=False, slurm=SlurmOptions(folder=str(tmp_path / "logs")))
+        sharded = extract_sharded(
+            recipe,
+            inputs,
+            reps,
+            workers=2,
+            executor="slurm",
+            batch_size=4,
+            seed=5,
+            loaded=loaded,
+            progress=False,
+            slurm=SlurmOptions(folder=str(tmp_path / "logs")),
+        )
     finally:
         torch.set_num_threads(threads)
     for name, tok in single.items():
-        assert torch.equal(sharded[name].contexts, tok.contexts) and torch.equal(sharded[name].queries, tok.queries)
+        assert torch.equal(sharded[name].contexts, tok.contexts) and torch.equal(
+            sharded[name].queries, tok.queries
+        )
         assert sharded[name].meta == tok.meta
-    with pytest.raises(AuditError, match=r"^representation 'block.7' is out of range: the model has 3 blocks"):
-        extract_sharded(recipe, inputs, ["block.7"], workers=2, executor="slurm", batch_size=4, progress=False,
-                        slurm=SlurmOptions(folder=str(tmp_path / "logs")))
+    with pytest.raises(
+        AuditError, match=r"^representation 'block.7' is out of range: the model has 3 blocks"
+    ):
+        extract_sharded(
+            recipe,
+            inputs,
+            ["block.7"],
+            workers=2,
+            executor="slurm",
+            batch_size=4,
+            progress=False,
+            slurm=SlurmOptions(folder=str(tmp_path / "logs")),
+        )
 
 
 @pytest.mark.slow  # another job array with a gated unit: about 30 s
@@ -313,19 +353,27 @@ def test_a_killed_driver_leaves_its_jobs_running_and_the_rerun_attaches_to_them(
     workdir.mkdir()
     configs = [{**c, "workdir": str(workdir), GATE: True} for c in CONFIGS]
     out = tmp_path / "sweep"
-    script = ("import json, sys\nimport test_slurm\nfrom auditor.lab.sweep import run_sweep\n"
-              "run_sweep(test_slurm.rank_unit, json.loads(sys.argv[1]), sys.argv[2], executor='slurm', progress=False)\n")
+    script = (
+        "import json, sys\nimport test_slurm\nfrom auditor.lab.sweep import run_sweep\n"
+        "run_sweep(test_slurm.rank_unit, json.loads(sys.argv[1]), sys.argv[2], executor='slurm', progress=False)\n"
+    )
     driver = subprocess.Popen([sys.executable, "-c", script, json.dumps(configs), str(out)])
     try:
         deadline = time.monotonic() + 120
-        while not (workdir / f"started-{GATE_AT}").exists() and time.monotonic() < deadline and driver.poll() is None:
+        while (
+            not (workdir / f"started-{GATE_AT}").exists()
+            and time.monotonic() < deadline
+            and driver.poll() is None
+        ):
             time.sleep(0.2)
         assert (workdir / f"started-{GATE_AT}").exists()
     finally:
         driver.kill()
         driver.wait(timeout=30)
     submitted = json.loads((out / "slurm" / "jobs.json").read_text())
-    live = subprocess.run(["squeue", "-h", "-r", "-o", "%i"], capture_output=True, text=True, timeout=30).stdout.split()
+    live = subprocess.run(
+        ["squeue", "-h", "-r", "-o", "%i"], capture_output=True, text=True, timeout=30
+    ).stdout.split()
     assert submitted[unit_key(configs[GATE_AT])] in live, "the gated job outlived its driver"
 
     (workdir / "release").touch()

@@ -99,7 +99,9 @@ def test_first_takes_the_first_readable_in_sorted_order(messy_folder):
     assert torch.equal(two.tensors["pixel_values"], three.tensors["pixel_values"][:2])
     assert "first 3 of 5 image files" in three.data_source and three.counts["skipped_unreadable"] == 0
     every = load_inputs(loaded, str(messy_folder), samples=5, first=True, progress=False)
-    assert every.N == 3 and "all 5 image files" in every.data_source and every.counts["skipped_unreadable"] == 2
+    assert (
+        every.N == 3 and "all 5 image files" in every.data_source and every.counts["skipped_unreadable"] == 2
+    )
 
 
 def test_samples_are_a_seeded_random_draw_in_source_order(tmp_path, photo):
@@ -113,7 +115,10 @@ def test_samples_are_a_seeded_random_draw_in_source_order(tmp_path, photo):
     for seed in (0, 0, 1):
         inputs = load_inputs(loaded, str(tmp_path), samples=5, seed=seed, progress=False)
         assert f"5 of 12 image files drawn at random (seed {seed})" in inputs.data_source
-        rows = [next(j for j in range(12) if torch.equal(every[j], image)) for image in inputs.tensors["pixel_values"]]
+        rows = [
+            next(j for j in range(12) if torch.equal(every[j], image))
+            for image in inputs.tensors["pixel_values"]
+        ]
         assert rows == sorted(rows) and len(set(rows)) == 5  # distinct images, in source order
         draws.setdefault(seed, []).append(rows)
     assert draws[0][0] == draws[0][1] == sorted(random_order(12, 0)[:5])
@@ -138,7 +143,10 @@ def test_random_order_and_selection_notes_are_fixed():
     assert random_order(10, 0) != random_order(10, 1)
     assert selection_note(5, 5, "crops", samples=9, seed=0, first=False) == "all 5 crops"
     assert selection_note(3, 9, "files", samples=3, seed=2, first=True) == "first 3 of 9 files"
-    assert selection_note(3, 9, "files", samples=3, seed=2, first=False) == "3 of 9 files drawn at random (seed 2)"
+    assert (
+        selection_note(3, 9, "files", samples=3, seed=2, first=False)
+        == "3 of 9 files drawn at random (seed 2)"
+    )
 
 
 def test_report_folders_hidden_folders_and_exclude_are_never_read(tmp_path, photo):
@@ -239,9 +247,9 @@ def test_shared_imagenet_sample_is_drawn_at_random():
     folder = shared_data("imagenet-sample")
     inputs = load_inputs(tiny_model("vit-base"), str(folder), samples=16, progress=False)
     assert inputs.N == 16 and inputs.counts["skipped_unreadable"] == 0
-    assert inputs.data_source.startswith(str(folder)) and "16 of 1000 image files drawn at random (seed 0)" in (
-        inputs.data_source
-    )
+    assert inputs.data_source.startswith(
+        str(folder)
+    ) and "16 of 1000 image files drawn at random (seed 0)" in (inputs.data_source)
 
 
 # --- text ---------------------------------------------------------------------------------------------
@@ -389,8 +397,11 @@ def test_latin1_text_is_counted_and_binary_or_mostly_latin1_text_is_refused(tmp_
     binary.write_bytes(words.encode() + b"\x00\x01\x02" * 10)
     utf16 = tmp_path / "utf16.txt"
     utf16.write_text(words, encoding="utf-16")
-    for path, message in ((mostly, "200 of its 1200 bytes are not valid UTF-8"), (binary, "contains NUL bytes"),
-                          (utf16, "contains NUL bytes")):
+    for path, message in (
+        (mostly, "200 of its 1200 bytes are not valid UTF-8"),
+        (binary, "contains NUL bytes"),
+        (utf16, "contains NUL bytes"),
+    ):
         with pytest.raises(AuditError, match="text must be UTF-8") as err:
             load_inputs(tiny_model("gpt2", context_length=16), str(path), samples=4, progress=False)
         assert message in str(err.value) and str(path) in str(err.value) and "\n" not in str(err.value)

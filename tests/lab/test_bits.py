@@ -27,8 +27,20 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def memorize_run(tmp_path_factory):
     """A real (seconds-long) memorize sweep: its results.csv is what the reader turns into bits."""
     out = tmp_path_factory.mktemp("mem")
-    config = MemorizeConfig(heads=(1, 2), context=(3,), d_h=(4,), N=(12,), seeds=(0,), d=4, classes=3, steps=100,
-                            lr=3e-2, batch_size=16, eval_every=20, rounds=2)
+    config = MemorizeConfig(
+        heads=(1, 2),
+        context=(3,),
+        d_h=(4,),
+        N=(12,),
+        seeds=(0,),
+        d=4,
+        classes=3,
+        steps=100,
+        lr=3e-2,
+        batch_size=16,
+        eval_every=20,
+        rounds=2,
+    )
     run_experiment(get("memorize"), config, out, plots=False, progress=False)
     return out
 
@@ -41,8 +53,12 @@ def test_memorize_bits_follow_the_stated_formula(memorize_run):
     assert table["stored_bits"].to_numpy() == pytest.approx(expected.to_numpy())
     assert table["parameters"].tolist() == frame["parameters"].tolist()
     assert table["parameters"].iloc[0] == MHAConfig(heads=1, d=4, d_h=4, d_v=4, outputs=3).num_parameters
-    assert table["bits_per_parameter"].to_numpy() == pytest.approx((expected / frame["parameters"]).to_numpy())
-    assert (table["converged"] == frame["converged"]).all() and (table["formula"] == "memorized x log2(classes)").all()
+    assert table["bits_per_parameter"].to_numpy() == pytest.approx(
+        (expected / frame["parameters"]).to_numpy()
+    )
+    assert (table["converged"] == frame["converged"]).all() and (
+        table["formula"] == "memorized x log2(classes)"
+    ).all()
     # paper A's bound H(n-1)+1 and Dana et al.'s H d_h + d, in bits of these labels
     assert table["bound_bits_paper_a"].tolist() == pytest.approx([(H * 2 + 1) * math.log2(3) for H in (1, 2)])
     assert table["bound_bits_dana"].tolist() == pytest.approx([(H * 4 + 4) * math.log2(3) for H in (1, 2)])
@@ -60,19 +76,53 @@ def test_regression_counts_bins_of_the_error_tolerance():
 def test_other_rooms_and_the_command(tmp_path):
     facts = tmp_path / "facts" / "width"
     facts.mkdir(parents=True)
-    pd.DataFrame({"db": ["a"], "d_model": [4], "heads": [1], "d_qk": [2], "d_vo": [2], "seed": [0], "values": [8],
-                  "parameters": [30], "facts_stored": [20], "early_stopped": [True]}).to_csv(facts / "results.csv",
-                                                                                             index=False)
+    pd.DataFrame(
+        {
+            "db": ["a"],
+            "d_model": [4],
+            "heads": [1],
+            "d_qk": [2],
+            "d_vo": [2],
+            "seed": [0],
+            "values": [8],
+            "parameters": [30],
+            "facts_stored": [20],
+            "early_stopped": [True],
+        }
+    ).to_csv(facts / "results.csv", index=False)
     recall = tmp_path / "assoc"
     recall.mkdir()
-    pd.DataFrame({"d": [8], "heads": [2], "seed": [0], "facts": [16], "bits": [48.0], "answers_per_relation": [8],
-                  "parameters": [64]}).to_csv(recall / "facts.csv", index=False)
-    pd.DataFrame({"weights": ["random"], "heads": [2], "context": [3], "d_h": [4], "d": [4], "N": [8], "seed": [0],
-                  "classes": [3], "rank": [5], "guaranteed": [5]}).to_csv(tmp_path / "certify.csv", index=False)
+    pd.DataFrame(
+        {
+            "d": [8],
+            "heads": [2],
+            "seed": [0],
+            "facts": [16],
+            "bits": [48.0],
+            "answers_per_relation": [8],
+            "parameters": [64],
+        }
+    ).to_csv(recall / "facts.csv", index=False)
+    pd.DataFrame(
+        {
+            "weights": ["random"],
+            "heads": [2],
+            "context": [3],
+            "d_h": [4],
+            "d": [4],
+            "N": [8],
+            "seed": [0],
+            "classes": [3],
+            "rank": [5],
+            "guaranteed": [5],
+        }
+    ).to_csv(tmp_path / "certify.csv", index=False)
     table = bits_table([tmp_path]).set_index("experiment")
     assert table.loc["facts width", "stored_bits"] == pytest.approx(20 * 3.0)
     assert table.loc["facts width", "bits_per_parameter"] == pytest.approx(2.0)
-    assert table.loc["recall scaling", "stored_bits"] == pytest.approx(48.0)  # the room's own bits column agrees
+    assert table.loc["recall scaling", "stored_bits"] == pytest.approx(
+        48.0
+    )  # the room's own bits column agrees
     assert table.loc["certify", "stored_bits"] == 5 * REAL_BITS
     out = tmp_path / "bits"
     result = CliRunner().invoke(bits_command, [str(tmp_path), "--out", str(out)])
@@ -158,9 +208,18 @@ def _three_states(tmp_path):
     """A recall scaling CSV with two converged rows, one step-limited row and one without a recorded flag."""
     folder = tmp_path / "assoc"
     folder.mkdir()
-    pd.DataFrame({"d": [8] * 4, "heads": [2] * 4, "seed": [0, 1, 2, 3], "facts": [16, 32, 80, 72],
-                  "bits": [48.0, 96.0, 240.0, 216.0], "answers_per_relation": [8] * 4, "parameters": [64, 65, 66, 67],
-                  "converged": [True, True, False, None]}).to_csv(folder / "facts.csv", index=False)
+    pd.DataFrame(
+        {
+            "d": [8] * 4,
+            "heads": [2] * 4,
+            "seed": [0, 1, 2, 3],
+            "facts": [16, 32, 80, 72],
+            "bits": [48.0, 96.0, 240.0, 216.0],
+            "answers_per_relation": [8] * 4,
+            "parameters": [64, 65, 66, 67],
+            "converged": [True, True, False, None],
+        }
+    ).to_csv(folder / "facts.csv", index=False)
     return folder
 
 
@@ -172,7 +231,9 @@ def test_the_plot_and_summary_tell_converged_step_limited_and_unrecorded_rows_ap
 
     folder = _three_states(tmp_path)
     table = bits_table([folder])
-    assert [table["converged"].iloc[i] for i in range(3)] == [True, True, False] and pd.isna(table["converged"].iloc[3])
+    assert [table["converged"].iloc[i] for i in range(3)] == [True, True, False] and pd.isna(
+        table["converged"].iloc[3]
+    )
     drawn = []
 
     def keep(fig, path, *, title=None, ax=None):  # save() without writing: keep the figure to inspect
@@ -208,7 +269,12 @@ def test_the_plot_and_summary_tell_converged_step_limited_and_unrecorded_rows_ap
 
     summary = bits.bits_summary(table).iloc[0]
     bpp = table["bits_per_parameter"]
-    assert (summary["rows"], summary["converged"], summary["step-limited"], summary["not recorded"]) == (4, 2, 1, 1)
+    assert (summary["rows"], summary["converged"], summary["step-limited"], summary["not recorded"]) == (
+        4,
+        2,
+        1,
+        1,
+    )
     assert summary["median (converged)"] == pytest.approx(bpp.iloc[:2].median())
     assert summary["max (converged)"] == pytest.approx(bpp.iloc[:2].max())
     assert summary["max (all rows)"] == pytest.approx(bpp.max())

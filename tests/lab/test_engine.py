@@ -120,7 +120,9 @@ def test_masked_step_freezes_inactive_members_bitwise():
 def test_reaches_full_accuracy_and_stops_early():
     x, y, w, b = make_problem(2, N=12, d=16)
     model = SoftmaxRegression(w, b)
-    res = train(model, RandomLabels(x, y, 12), TrainConfig(steps=2000, lr=0.05, eval_every=10), progress=False)
+    res = train(
+        model, RandomLabels(x, y, 12), TrainConfig(steps=2000, lr=0.05, eval_every=10), progress=False
+    )
     assert res.accuracy.tolist() == [1.0, 1.0]
     assert (res.steps_trained < 2000).all() and bool(res.frozen.all())
     assert set(res.history.columns) >= {"step", "member", "loss", "accuracy"}
@@ -193,7 +195,9 @@ def test_resume_after_interruption_equals_uninterrupted(tmp_path):
 def test_checkpoint_of_other_config_is_refused(tmp_path):
     x, y, w, b = make_problem(1)
     ckpt = str(tmp_path / "c.pt")
-    train(SoftmaxRegression(w, b), RandomLabels(x, y, 4), TrainConfig(steps=5, checkpoint=ckpt), progress=False)
+    train(
+        SoftmaxRegression(w, b), RandomLabels(x, y, 4), TrainConfig(steps=5, checkpoint=ckpt), progress=False
+    )
     with pytest.raises(AuditError, match="different training configuration"):
         train(SoftmaxRegression(w, b), RandomLabels(x, y, 4), TrainConfig(steps=6, checkpoint=ckpt),
               progress=False)

@@ -40,7 +40,9 @@ def declared_defaults() -> dict[str, Any]:
 def _changes(old: Any, new: Any, path: str) -> list[str]:
     """Defaults of ``old`` that ``new`` changes or drops (entries only ``new`` has are additions)."""
     if isinstance(old, dict) and isinstance(new, dict):
-        return [c for k in old for c in (_changes(old[k], new[k], f"{path}.{k}") if k in new else [f"{path}.{k}"])]
+        return [
+            c for k in old for c in (_changes(old[k], new[k], f"{path}.{k}") if k in new else [f"{path}.{k}"])
+        ]
     if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
         return [c for i, (o, n) in enumerate(zip(old, new)) for c in _changes(o, n, f"{path}[{i}]")]
     return [] if old == new else [path]
@@ -49,10 +51,14 @@ def _changes(old: Any, new: Any, path: str) -> list[str]:
 def test_no_declared_default_of_a_unit_changed():
     recorded, now = json.loads(SNAPSHOT.read_text()), declared_defaults()
     changed = _changes(recorded, now, "")
-    assert not changed, (f"declared unit defaults changed: {changed}; finished units keyed with the old defaults "
-                         "would resume as the new ones: migrate them (scripts/migrate_units.py) or change a preset "
-                         "instead, then regenerate the snapshot (python tests/lab/test_key_defaults.py)")
-    assert recorded == now, "defaults were added: regenerate the snapshot (python tests/lab/test_key_defaults.py)"
+    assert not changed, (
+        f"declared unit defaults changed: {changed}; finished units keyed with the old defaults "
+        "would resume as the new ones: migrate them (scripts/migrate_units.py) or change a preset "
+        "instead, then regenerate the snapshot (python tests/lab/test_key_defaults.py)"
+    )
+    assert recorded == now, (
+        "defaults were added: regenerate the snapshot (python tests/lab/test_key_defaults.py)"
+    )
 
 
 if __name__ == "__main__":

@@ -35,9 +35,20 @@ ROOMS = sorted(registry.rooms())
 NAMES = sorted(registry.experiments())
 COMMANDS = sorted([*registry.experiments(), *registry.suites()])
 TOOLS = {room.full(t) for room in registry.rooms().values() for t in room.tools}  # around the experiments
-COMMON = {"--scale": "reference", "--seeds": None, "--out": None, "--executor": "local", "--address": None,
-          "--threads": None, "--plots": True, "--slurm-partition": None, "--slurm-time": "60", "--slurm-cpus": 1,
-          "--slurm-gpus": 0, "--slurm-parallel": None}
+COMMON = {
+    "--scale": "reference",
+    "--seeds": None,
+    "--out": None,
+    "--executor": "local",
+    "--address": None,
+    "--threads": None,
+    "--plots": True,
+    "--slurm-partition": None,
+    "--slurm-time": "60",
+    "--slurm-cpus": 1,
+    "--slurm-gpus": 0,
+    "--slurm-parallel": None,
+}
 SLOW = {"facts measure", "facts scale", "assoc", "recall scaling"}  # their quick runs take 7-25 s
 
 
@@ -58,11 +69,15 @@ def test_the_command_tree_is_the_registry():
     assert set(lab_commands()) == set(COMMANDS) | TOOLS
     listed = cli.list_commands(click.Context(cli))
     assert set(ROOMS) <= set(listed) and "bits" in listed
-    assert len(listed) == len(set(listed)), "a room named like another command of `audit` would be hidden by it"
+    assert len(listed) == len(set(listed)), (
+        "a room named like another command of `audit` would be hidden by it"
+    )
 
 
 def test_the_rooms_are_the_lab_folders():
-    folders = sorted(p.name for p in Path(auditor.lab.__file__).parent.iterdir() if (p / "__init__.py").is_file())
+    folders = sorted(
+        p.name for p in Path(auditor.lab.__file__).parent.iterdir() if (p / "__init__.py").is_file()
+    )
     assert folders == ROOMS
     assert {"memorize", "certify", "capacity", "facts", "assoc", "recall"} <= set(ROOMS)
 
@@ -138,8 +153,9 @@ def test_every_experiment_declares_the_contract(name):
     assert {"quick", "reference"} <= set(experiment.scales)
     for option in experiment.options():
         assert option.field.metadata["help"].strip(), option.field.name
-    assert callable(experiment.run_unit) and experiment.run_unit.__qualname__ == experiment.run_unit.__name__, \
-        "the unit function must be module level (Ray ships it by reference)"
+    assert (
+        callable(experiment.run_unit) and experiment.run_unit.__qualname__ == experiment.run_unit.__name__
+    ), "the unit function must be module level (Ray ships it by reference)"
 
 
 @pytest.mark.parametrize("name", COMMANDS)
@@ -153,7 +169,10 @@ def test_every_lab_command_takes_the_common_options_with_one_meaning(name):
     assert list(options["--executor"].type.choices) == ["local", "ray", "slurm"]
     assert options["--seeds"].type == click.STRING  # a list, read by parse_seeds: commas and ranges
     reference = {opt: p for p in lab_commands()["memorize"].params for opt in p.opts}
-    for flag in set(COMMON) - {"--scale", "--seeds"}:  # --scale lists each command's scales, --seeds its seeds
+    for flag in set(COMMON) - {
+        "--scale",
+        "--seeds",
+    }:  # --scale lists each command's scales, --seeds its seeds
         assert options[flag].help == reference[flag].help, (name, flag)
 
 
@@ -252,8 +271,10 @@ def _imports(path: Path, modules: set[str]) -> set[str]:
             elif isinstance(node, ast.Import):
                 found.update(a.name for a in node.names)
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                found.update(f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
-                             for a in node.names)
+                found.update(
+                    f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                    for a in node.names
+                )
 
     visit(ast.parse(path.read_text()).body)
     return found & modules
@@ -280,5 +301,10 @@ def test_no_module_imports_another_in_a_cycle():
     assert not cycles, [" -> ".join(c) for c in cycles]
     # shared by the audit and the lab, depends on neither (auditor.core.slurm is its Slurm branch)
     assert not graph["auditor.core.execution"] - {"auditor.core.errors", "auditor.core.slurm"}
-    assert not graph["auditor.core.slurm"] - {"auditor.core.errors", "auditor.core.atomic"}  # its job records: the safe writer
-    assert not graph["auditor.core.atomic"] - {"auditor.core.errors"}  # every command's files: shared, depends on nothing
+    assert not graph["auditor.core.slurm"] - {
+        "auditor.core.errors",
+        "auditor.core.atomic",
+    }  # its job records: the safe writer
+    assert not graph["auditor.core.atomic"] - {
+        "auditor.core.errors"
+    }  # every command's files: shared, depends on nothing

@@ -72,7 +72,10 @@ def test_threads_are_set_for_the_run_and_restored(workdir, monkeypatch):
     monkeypatch.setattr(DatabaseSpec, "build", build_and_record)
     torch.set_num_threads(3)
     try:
-        assert main(["facts", "generate", "--keys", "4", "--queries", "2", "-o", "db.csv", "--threads", "1"]) == 0
+        assert (
+            main(["facts", "generate", "--keys", "4", "--queries", "2", "-o", "db.csv", "--threads", "1"])
+            == 0
+        )
         assert seen == [1] and torch.get_num_threads() == 3
         assert main(["facts", "generate", "--keys", "4", "--queries", "2", "-o", "db.csv"]) == 0
         assert seen == [1, 3]  # without --threads torch keeps its setting
@@ -126,8 +129,9 @@ def test_connect_ray_and_run_sweep_without_ray(no_ray, tmp_path):
 # -- error tolerance of audit memorize -------------------------------------------------------------
 @pytest.mark.parametrize("tolerance", ["inf", "nan", "-0.1", "0", "0.5", "1e309"])
 def test_memorize_refuses_a_meaningless_tolerance(tolerance, workdir, capsys):
-    line = one_error_line([*SMALL_MEMORIZE, "--task", "regression", "--error-tolerance", tolerance, "--out", "m"],
-                          capsys)
+    line = one_error_line(
+        [*SMALL_MEMORIZE, "--task", "regression", "--error-tolerance", tolerance, "--out", "m"], capsys
+    )
     assert "tolerance must be in (0, 0.5)" in line
     assert left_behind(workdir) == []
 
@@ -202,20 +206,38 @@ def test_parse_sizes_and_seeds_accept_their_whole_range():
 
 def test_parse_floats():
     assert parse_floats("1e-2, 3e-2,1e-2", "--lr", positive=True) == [1e-2, 3e-2]
-    for text, message in (("inf", "finite"), ("nan", "finite"), ("0", "positive"), ("x", "numbers like"), (",", "no values")):
+    for text, message in (
+        ("inf", "finite"),
+        ("nan", "finite"),
+        ("0", "positive"),
+        ("x", "numbers like"),
+        (",", "no values"),
+    ):
         with pytest.raises(AuditError, match=message):
             parse_floats(text, "--lr", positive=True)
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["memorize", "--heads", "1:1000000000", "--context", "3", "--d-h", "2", "--N", "5"], "--heads takes values in 1.."),
-    (["memorize", "--heads", "1", "--context", "1:20000", "--d-h", "2", "--N", "5"], "--context lists more than 10,000"),
-    (["certify", "--N", "1000000000000"], "--N takes values in 1..1000000"),
-    (["assoc", "--dims", "2:100000"], "--dims lists more than 10,000 values"),
-    (["recall", "scaling", "--dims", "1:1000000000"], "--dims takes values in 1.."),
-    (["capacity", "--tokens", "t.safetensors", "--heads", "1:1000000000"], "--heads takes values in 1.."),
-    (["memorize", "--heads", "1", "--context", "3", "--d-h", "2", "--N", "5", "--d", "1000000000"], "'--d'"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["memorize", "--heads", "1:1000000000", "--context", "3", "--d-h", "2", "--N", "5"],
+            "--heads takes values in 1..",
+        ),
+        (
+            ["memorize", "--heads", "1", "--context", "1:20000", "--d-h", "2", "--N", "5"],
+            "--context lists more than 10,000",
+        ),
+        (["certify", "--N", "1000000000000"], "--N takes values in 1..1000000"),
+        (["assoc", "--dims", "2:100000"], "--dims lists more than 10,000 values"),
+        (["recall", "scaling", "--dims", "1:1000000000"], "--dims takes values in 1.."),
+        (["capacity", "--tokens", "t.safetensors", "--heads", "1:1000000000"], "--heads takes values in 1.."),
+        (
+            ["memorize", "--heads", "1", "--context", "3", "--d-h", "2", "--N", "5", "--d", "1000000000"],
+            "'--d'",
+        ),
+    ],
+)
 def test_huge_lists_and_sizes_are_refused_at_once(args, message, workdir, capsys):
     assert message in one_error_line([*args, "--out", "x"], capsys)
     assert left_behind(workdir) == []
@@ -298,7 +320,10 @@ def test_output_folder_keeps_progress_and_folders_that_existed(tmp_path):
 
 def test_output_folder_that_cannot_be_created_is_one_line(tmp_path):
     (tmp_path / "file").write_text("x")
-    with pytest.raises(AuditError, match="cannot create output folder"), output_folder(tmp_path / "file" / "run"):
+    with (
+        pytest.raises(AuditError, match="cannot create output folder"),
+        output_folder(tmp_path / "file" / "run"),
+    ):
         pass
 
 
@@ -310,8 +335,15 @@ def test_help_texts_cite_no_internal_document(name, capsys):
     assert "--threads" in text and "SPEC" not in text
 
 
-@pytest.mark.parametrize("argv", [["memorize", "--steps", "10000001"], ["facts", "width", "--steps", str(2**40)],
-                                  ["certify", "--steps", TOO_BIG], ["memorize", "--eval-every", "10000001"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["memorize", "--steps", "10000001"],
+        ["facts", "width", "--steps", str(2**40)],
+        ["certify", "--steps", TOO_BIG],
+        ["memorize", "--eval-every", "10000001"],
+    ],
+)
 def test_step_counts_have_a_bound(argv, tmp_path, capsys):
     assert main([*argv, "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()

@@ -31,19 +31,36 @@ def _key_of_0_1(config: dict) -> str:
 def write_as_0_1(folder: Path, name: str) -> dict[str, str]:
     """Turn a folder this release wrote into what 0.1 wrote (unit format /1: old entry and column names,
     old keys; the report's gathered tables left out); returns new key -> old key."""
-    configs = {new: old for entry in migrate.CONFIG_RENAMES.get(name, {}).values() for old, new in entry.items()}
+    configs = {
+        new: old for entry in migrate.CONFIG_RENAMES.get(name, {}).values() for old, new in entry.items()
+    }
     columns = {new: old for old, new in migrate.column_renames(name).items()}
     keys = {}
     for path in sorted((folder / "units").glob("*.json")):
         payload = json.loads(path.read_text())
-        config = {k: ({configs.get(f, f): x for f, x in v.items()} if k in migrate.CONFIG_RENAMES.get(name, {}) else v)
-                  for k, v in payload["config"].items()}
+        config = {
+            k: (
+                {configs.get(f, f): x for f, x in v.items()}
+                if k in migrate.CONFIG_RENAMES.get(name, {})
+                else v
+            )
+            for k, v in payload["config"].items()
+        }
         old = keys[path.stem] = _key_of_0_1(config)
-        rows = [{columns.get(c, c): (old if c == "unit" else sweep._dumps(config) if c == "unit_config" else v)
-                 for c, v in row.items()} for row in payload["rows"]]
+        rows = [
+            {
+                columns.get(c, c): (old if c == "unit" else sweep._dumps(config) if c == "unit_config" else v)
+                for c, v in row.items()
+            }
+            for row in payload["rows"]
+        ]
         path.unlink()
-        (folder / "units" / f"{old}.json").write_text(sweep._dumps(
-            {"format": "attention-auditor-unit/1", "key": old, "config": config, "rows": rows}, sort_keys=False))
+        (folder / "units" / f"{old}.json").write_text(
+            sweep._dumps(
+                {"format": "attention-auditor-unit/1", "key": old, "config": config, "rows": rows},
+                sort_keys=False,
+            )
+        )
     for path in [p for p in folder.rglob("*") if p.is_file() and p.parent.name != "units"]:
         if path.parent == folder:  # results.csv and the report's tables: rebuilt by the run that resumes
             path.unlink()
@@ -103,10 +120,14 @@ def test_a_report_that_kept_only_its_csvs_resumes_once_its_units_are_rebuilt(tmp
     monkeypatch.setattr(sweep, "run_unit", refuse)
     again, _ = run_experiment(experiment, config, kept, plots=False, progress=False)
     assert again["unit"].tolist() == first["unit"].tolist()
-    pd.testing.assert_frame_equal(pd.read_csv(kept / "results.csv"), pd.read_csv(tmp_path / "run" / "results.csv"))
+    pd.testing.assert_frame_equal(
+        pd.read_csv(kept / "results.csv"), pd.read_csv(tmp_path / "run" / "results.csv")
+    )
 
 
-def test_units_of_memorize_shared_queries_under_their_first_keys_resume_after_the_migration(tmp_path, monkeypatch):
+def test_units_of_memorize_shared_queries_under_their_first_keys_resume_after_the_migration(
+    tmp_path, monkeypatch
+):
     """The experiment's first units were keyed with every field and memorize's old names (tolerance,
     rank_rtol): the migration finds its kind and re-keys them."""
     experiment = get("memorize shared-queries")

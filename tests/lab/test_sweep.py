@@ -48,7 +48,9 @@ def rank_unit(config: dict) -> list[dict]:
     ran_units.append(config["index"])
     gen = torch.Generator().manual_seed(config["seed"])
     m, r, n = config["m"], config["r"], config["n"]
-    a = torch.randn(m, r, generator=gen, dtype=torch.float64) @ torch.randn(r, n, generator=gen, dtype=torch.float64)
+    a = torch.randn(m, r, generator=gen, dtype=torch.float64) @ torch.randn(
+        r, n, generator=gen, dtype=torch.float64
+    )
     rows = []
     for rtol in (None, 1e-6):
         res = probes.numerical_rank(a, rtol=rtol)
@@ -95,7 +97,12 @@ class LayerWithBias(Layer):  # the same unit a release later: a field added with
 
 
 def test_key_leaves_out_entries_at_their_declared_default():
-    unit = {"m": 24, "layers": [{"width": 4, "heads": 1}, {"width": 8, "heads": 2}], "tol": 0.1, "workdir": "x"}
+    unit = {
+        "m": 24,
+        "layers": [{"width": 4, "heads": 1}, {"width": 8, "heads": 2}],
+        "tol": 0.1,
+        "workdir": "x",
+    }
     declared = {"layers": [Layer], "tol": 0.1}
     assert key_fields(unit, declared) == {"m": 24, "layers": [{"width": 4}, {"width": 8, "heads": 2}]}
     assert unit_key(unit, declared) == unit_key({"m": 24, "layers": [{"width": 4}, {"width": 8, "heads": 2}]})
@@ -294,7 +301,9 @@ def ray_local():
     started = not ray.is_initialized()
     if started:
         # address="local": a new instance even if a `ray start` cluster (or a stale record of one) exists
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
+        ray.init(
+            address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="WARNING"
+        )
     yield ray
     if started:
         ray.shutdown()
@@ -321,12 +330,37 @@ def test_sweep_on_a_cluster_started_with_ray_start_equals_local(tmp_path):
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}  # a throwaway single-node cluster on this machine
     ray_cli = str(Path(sys.executable).with_name("ray"))
     temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # its own session folder: no trace in /tmp/ray
-    head = subprocess.Popen([ray_cli, "start", "--head", "--block", f"--port={port}", "--num-cpus=2",
-                             "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp}"],
-                            env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    head = subprocess.Popen(
+        [
+            ray_cli,
+            "start",
+            "--head",
+            "--block",
+            f"--port={port}",
+            "--num-cpus=2",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+            f"--temp-dir={temp}",
+        ],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
-        driver = subprocess.run([sys.executable, "-c", _CLUSTER_DRIVER.format(tests=str(TESTS)), str(tmp_path / "ray"),
-                                 f"127.0.0.1:{port}"], env=env, capture_output=True, text=True, timeout=400)
+        driver = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                _CLUSTER_DRIVER.format(tests=str(TESTS)),
+                str(tmp_path / "ray"),
+                f"127.0.0.1:{port}",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=400,
+        )
         assert driver.returncode == 0, driver.stderr[-3000:]
     finally:
         head.terminate()  # `ray start --block` stops its own processes on SIGTERM
@@ -337,7 +371,9 @@ def test_sweep_on_a_cluster_started_with_ray_start_equals_local(tmp_path):
                 os.killpg(head.pid, signal.SIGKILL)  # anything of this cluster still alive
             shutil.rmtree(temp, ignore_errors=True)
     run_sweep(rank_unit, CONFIGS, tmp_path / "local", progress=False)
-    assert (tmp_path / "ray" / "results.csv").read_bytes() == (tmp_path / "local" / "results.csv").read_bytes()
+    assert (tmp_path / "ray" / "results.csv").read_bytes() == (
+        tmp_path / "local" / "results.csv"
+    ).read_bytes()
 
 
 def test_ray_sweep_equals_local_sweep(ray_local, tmp_path):
@@ -345,7 +381,9 @@ def test_ray_sweep_equals_local_sweep(ray_local, tmp_path):
     remote = run_sweep(rank_unit, CONFIGS, tmp_path / "ray", executor="ray", progress=False)
     provenance_only = ["git_commit"]  # changes only if a commit lands while the test runs
     pd.testing.assert_frame_equal(local.drop(columns=provenance_only), remote.drop(columns=provenance_only))
-    assert (tmp_path / "local" / "results.csv").read_bytes() == (tmp_path / "ray" / "results.csv").read_bytes()
+    assert (tmp_path / "local" / "results.csv").read_bytes() == (
+        tmp_path / "ray" / "results.csv"
+    ).read_bytes()
     assert run_sweep(must_not_run, CONFIGS, tmp_path / "ray", executor="ray", progress=False).equals(remote)
 
 
@@ -361,10 +399,24 @@ def test_memorize_room_with_ray_executor_matches_local(ray_local, tmp_path):
     from auditor.lab.memorize.experiment import MemorizeConfig
     from auditor.lab.room import get
 
-    config = MemorizeConfig(heads=(1, 2), context=(4,), d_h=(4,), N=(16,), seeds=(0,), d=8, classes=10, steps=30,
-                            lr=1e-2, batch_size=16, eval_every=10, bucket_size=1)
+    config = MemorizeConfig(
+        heads=(1, 2),
+        context=(4,),
+        d_h=(4,),
+        N=(16,),
+        seeds=(0,),
+        d=8,
+        classes=10,
+        steps=30,
+        lr=1e-2,
+        batch_size=16,
+        eval_every=10,
+        bucket_size=1,
+    )
     local, _ = run_experiment(get("memorize"), config, tmp_path / "local", plots=False, progress=False)
-    remote, _ = run_experiment(get("memorize"), config, tmp_path / "ray", executor="ray", plots=False, progress=False)
+    remote, _ = run_experiment(
+        get("memorize"), config, tmp_path / "ray", executor="ray", plots=False, progress=False
+    )
     assert local["unit"].tolist() == remote["unit"].tolist()  # keys leave the output folder out
     varying = ["seconds", "unit_config", "git_commit"]  # wall time; the folder; a commit made meanwhile
     pd.testing.assert_frame_equal(local.drop(columns=varying), remote.drop(columns=varying))
@@ -427,8 +479,18 @@ def test_sharded_extraction_equals_one_process_and_so_does_the_report(executor, 
     try:
         for recipe, loaded, inputs in tiny_models:
             single = extract(loaded, inputs, reps, batch_size=4, seed=5, progress=False)
-            sharded = extract_sharded(recipe, inputs, reps, workers=3, executor=executor, batch_size=4, seed=5,
-                                      threads=1, loaded=loaded, progress=False)
+            sharded = extract_sharded(
+                recipe,
+                inputs,
+                reps,
+                workers=3,
+                executor=executor,
+                batch_size=4,
+                seed=5,
+                threads=1,
+                loaded=loaded,
+                progress=False,
+            )
             assert list(sharded) == list(single)
             for name, tok in single.items():
                 assert torch.equal(sharded[name].contexts, tok.contexts), (recipe.name, name)
@@ -447,7 +509,9 @@ def test_sharded_extraction_reports_worker_errors_as_one_line(ray_local, tiny_mo
     from auditor.audit.shard import ModelRecipe, extract_sharded
 
     recipe, loaded, inputs = tiny_models[0]
-    with pytest.raises(AuditError, match=r"^representation 'block.7' is out of range: the model has 3 blocks"):
+    with pytest.raises(
+        AuditError, match=r"^representation 'block.7' is out of range: the model has 3 blocks"
+    ):
         extract_sharded(recipe, inputs, ["block.7"], workers=2, executor="ray", batch_size=8, progress=False)
     wrong = ModelRecipe("vit-base", device="cpu", config_overrides=tiny_vit(image_size=64))  # n = 65, not 17
     with pytest.raises(AuditError, match="the inputs hold 17 tokens per example but vit-base uses n = 65"):

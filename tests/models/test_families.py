@@ -23,10 +23,32 @@ from auditor.models.partial_adapter import PartialAdapter
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-NEW_NAMES = ["llama-3.2-1b", "llama-3.1-8b", "qwen2.5-0.5b", "qwen3-0.6b", "mistral-7b", "gemma-2-2b", "phi-3-mini",
-             "dinov2-base", "dinov2-reg-base", "clip-vit-b16", "siglip-base"]
-DECODER_TYPES = ["llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3_text", "phi3", "olmo", "olmo2",
-                 "gpt_neox"]
+NEW_NAMES = [
+    "llama-3.2-1b",
+    "llama-3.1-8b",
+    "qwen2.5-0.5b",
+    "qwen3-0.6b",
+    "mistral-7b",
+    "gemma-2-2b",
+    "phi-3-mini",
+    "dinov2-base",
+    "dinov2-reg-base",
+    "clip-vit-b16",
+    "siglip-base",
+]
+DECODER_TYPES = [
+    "llama",
+    "qwen2",
+    "qwen3",
+    "mistral",
+    "gemma",
+    "gemma2",
+    "gemma3_text",
+    "phi3",
+    "olmo",
+    "olmo2",
+    "gpt_neox",
+]
 ENCODER_TYPES = ["roberta", "deberta-v2", "modernbert"]
 VISION_TYPES = ["dinov2", "dinov2_with_registers", "clip_vision_model", "siglip_vision_model"]
 VOCAB = 512
@@ -34,7 +56,12 @@ VOCAB = 512
 
 def tiny_config(model_type: str, layers: int = 3, **overrides):
     """A 64-wide config of ``model_type`` with ``layers`` blocks (special ids inside a 512-id vocabulary)."""
-    fields = {"hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128, "num_hidden_layers": layers}
+    fields = {
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "intermediate_size": 128,
+        "num_hidden_layers": layers,
+    }
     if model_type in VISION_TYPES:
         fields.update(image_size=32, patch_size=8)
     else:
@@ -105,7 +132,12 @@ def test_every_new_name_builds_at_its_real_width(name):
 
 def test_named_architectures_match_the_published_shapes():
     fields = {
-        "llama-3.1-8b": {"hidden_size": 4096, "num_hidden_layers": 32, "num_key_value_heads": 8, "vocab_size": 128256},
+        "llama-3.1-8b": {
+            "hidden_size": 4096,
+            "num_hidden_layers": 32,
+            "num_key_value_heads": 8,
+            "vocab_size": 128256,
+        },
         "llama-3.2-1b": {"hidden_size": 2048, "num_hidden_layers": 16, "tie_word_embeddings": True},
         "qwen2.5-0.5b": {"hidden_size": 896, "num_hidden_layers": 24, "num_key_value_heads": 2},
         "qwen3-0.6b": {"hidden_size": 1024, "num_hidden_layers": 28, "head_dim": 128},
@@ -124,8 +156,12 @@ def test_named_architectures_match_the_published_shapes():
 def test_random_8b_builds_only_the_audited_blocks(width):
     """llama-3.1-8b with random weights: the model an audit of block 0 holds has the embedding and ONE block
     of its 32 (at the real width, slow; and at a narrow width with the real depth)."""
-    narrow = {} if width == 4096 else {"hidden_size": width, "intermediate_size": 512, "head_dim": width // 32}
-    loaded = load_model("llama-3.1-8b", "random", device="cpu", config_overrides={"vocab_size": 1024, **narrow})
+    narrow = (
+        {} if width == 4096 else {"hidden_size": width, "intermediate_size": 512, "head_dim": width // 32}
+    )
+    loaded = load_model(
+        "llama-3.1-8b", "random", device="cpu", config_overrides={"vocab_size": 1024, **narrow}
+    )
     assert (loaded.num_layers, loaded.d) == (32, width)
     if width == 4096:
         assert (loaded.n, loaded.query_index) == (32, 31)  # the default n of the cost rule
@@ -169,7 +205,9 @@ def test_random_weights_do_not_depend_on_the_depth_built():
     from auditor.models.decoder import DECODER
 
     config = tiny_config("llama", layers=4)
-    register(ModelSpec("test-tiny-llama-depth", DECODER, "none", lambda: cut_config(config, 4), "tiny; n = 32"))
+    register(
+        ModelSpec("test-tiny-llama-depth", DECODER, "none", lambda: cut_config(config, 4), "tiny; n = 32")
+    )
     a = load_model("test-tiny-llama-depth", "random", device="cpu", seed=3)
     b = load_model("test-tiny-llama-depth", "random", device="cpu", seed=3)
     inputs, _ = batch_of(a)
@@ -189,8 +227,11 @@ def test_sharded_checkpoint_reads_only_the_audited_blocks_and_ignores_corrupt_de
     # block 2's tensors become NaN and block 3's disappear: a whole-model load would fail on either
     for shard in sorted(set(index["weight_map"].values())):
         tensors = load_file(folder / shard)
-        kept = {k: (torch.full_like(v, math.nan) if ".layers.2." in f".{k}" else v) for k, v in tensors.items()
-                if ".layers.3." not in f".{k}"}
+        kept = {
+            k: (torch.full_like(v, math.nan) if ".layers.2." in f".{k}" else v)
+            for k, v in tensors.items()
+            if ".layers.3." not in f".{k}"
+        }
         save_file(kept, folder / shard, metadata={"format": "pt"})
     index["weight_map"] = {k: v for k, v in index["weight_map"].items() if ".layers.3." not in f".{k}"}
     (folder / "model.safetensors.index.json").write_text(json.dumps(index))
@@ -302,7 +343,9 @@ def test_bos_as_the_tokenizer_does_or_as_asked(model_type, default_bos, tmp_path
     for bos in (None, True, False):
         loaded = load_model(str(folder), str(folder), device="cpu", bos=bos)
         inputs, _ = batch_of(loaded)
-        rows[bos] = extract(loaded, inputs, ["embedding"], progress=False)["embedding"].contexts[:, 0]  # (N, d)
+        rows[bos] = extract(loaded, inputs, ["embedding"], progress=False)["embedding"].contexts[
+            :, 0
+        ]  # (N, d)
         assert ("BOS id 1 at position 0" in loaded.details["bos"]) == (default_bos if bos is None else bos)
     same = lambda r: bool((r == r[0]).all())  # noqa: E731 - a BOS row is the same vector in every example
     assert same(rows[True]) and not same(rows[False])
@@ -331,12 +374,31 @@ def test_saved_folder_audits_end_to_end(model_type, tmp_path):
     folder = tmp_path / model_type
     save(tiny_config(model_type), folder, max_shard_size="60KB")
     text = model_type in DECODER_TYPES + ENCODER_TYPES
-    config = AuditConfig(model=str(folder), weights=(str(folder),), samples=24, first=True, subsets=20, layers="0,-1",
-                         robustness=False, threads=1, context_length=12 if text else None)
-    result = run(config, out=None, progress=False)  # the rows only: report files and plots are tested elsewhere
+    config = AuditConfig(
+        model=str(folder),
+        weights=(str(folder),),
+        samples=24,
+        first=True,
+        subsets=20,
+        layers="0,-1",
+        robustness=False,
+        threads=1,
+        context_length=12 if text else None,
+    )
+    result = run(
+        config, out=None, progress=False
+    )  # the rows only: report files and plots are tested elsewhere
     rows = result.rows
-    assert set(rows["status"]) == {"ok"} and set(rows["representation"]) == {"embedding", "block.0", "block.2"}
+    assert set(rows["status"]) == {"ok"} and set(rows["representation"]) == {
+        "embedding",
+        "block.0",
+        "block.2",
+    }
     assert set(rows["dtype"]) == {"float32"}
-    note = {"llama": "; BOS id 1 at position 0", "roberta": "", "dinov2_with_registers": "; CLS query; 4 registers in",
-            "siglip_vision_model": "; query = mean of the n patch tokens"}[model_type]
+    note = {
+        "llama": "; BOS id 1 at position 0",
+        "roberta": "",
+        "dinov2_with_registers": "; CLS query; 4 registers in",
+        "siglip_vision_model": "; query = mean of the n patch tokens",
+    }[model_type]
     assert rows["tokenizer"].str.contains(note, regex=False).all()  # the rows say how inputs became tokens

@@ -43,7 +43,9 @@ def test_numerical_rank_known_singular_values():
 
 
 def test_numerical_rank_batched_and_dtype_rule():
-    batch = torch.stack([with_singular_values([1.0, 1.0, 1e-9][:r] + [0.0] * (3 - r), 4, 3, seed=r) for r in (1, 2, 3)])
+    batch = torch.stack(
+        [with_singular_values([1.0, 1.0, 1e-9][:r] + [0.0] * (3 - r), 4, 3, seed=r) for r in (1, 2, 3)]
+    )
     res = probes.numerical_rank(batch)
     assert res.rank.tolist() == [1, 2, 3]
     assert res.rank.shape == (3,)
@@ -251,8 +253,12 @@ def test_a_sweep_whose_first_k_fails_reports_an_upper_bound_never_a_zero():
     assert "sampled < 5, lower_estimate=None, upper_bound=4" in repr(sweep)
     from auditor.audit.report.tables import kruskal_table
 
-    curves = sweep.frame().assign(representation="block.0", weights="random", lower_estimate=sweep.lower_estimate,
-                                  upper_bound=sweep.upper_bound)
+    curves = sweep.frame().assign(
+        representation="block.0",
+        weights="random",
+        lower_estimate=sweep.lower_estimate,
+        upper_bound=sweep.upper_bound,
+    )
     row = kruskal_table(curves).iloc[0]
     assert row["sampled estimate"] == "< 5" and row["certified upper bound"] == 4
     refined = probes.kruskal_sweep(x, [5, 8], subsets=3000, seed=1, refine=6)  # bisects below 5
@@ -270,7 +276,13 @@ def test_sweep_refinement_bisects_to_the_kruskal_rank():
     assert fine.refined == (5, 3, 4)  # stops once the gap is 1, before using all 6
     assert (fine.lower_estimate, fine.upper_bound) == (3, 3)
     frame = fine.frame()
-    assert frame["k"].tolist() == [2, 3, 4, 5, 8] and frame["refined"].tolist() == [False, True, True, True, False]
+    assert frame["k"].tolist() == [2, 3, 4, 5, 8] and frame["refined"].tolist() == [
+        False,
+        True,
+        True,
+        True,
+        False,
+    ]
     with pytest.raises(ValueError, match="refine must be an integer >= 0"):
         probes.kruskal_sweep(x, [2, 8], refine=-1)
 

@@ -31,7 +31,9 @@ def random_sets():
             near = x.clone()
             near[-1] = x[0] - 0.5 * x[1] + 1e-9 * torch.randn(d, generator=g, dtype=torch.float64)
             sets.append((f"near-dependent-{i}-{dtype}", near.to(dtype)))
-            sets.append((f"zero-{i}-{dtype}", torch.cat([x, torch.zeros(1, d, dtype=torch.float64)]).to(dtype)))
+            sets.append(
+                (f"zero-{i}-{dtype}", torch.cat([x, torch.zeros(1, d, dtype=torch.float64)]).to(dtype))
+            )
     for i in range(6):
         n_vec, d = 6 + i % 3, 24 + 8 * i
         x = torch.randn(n_vec, d, generator=g, dtype=torch.float64)
@@ -138,7 +140,11 @@ def test_result_types_and_repr():
     res = kruskal_lower_bound(torch.randn(9, 5, generator=torch.Generator().manual_seed(0)))
     assert isinstance(res, KruskalLowerBound) and "\n" not in repr(res)
     row = res.to_dict()
-    assert isinstance(row["lower"], int) and isinstance(row["coherence"], float) and isinstance(row["exact"], bool)
+    assert (
+        isinstance(row["lower"], int)
+        and isinstance(row["coherence"], float)
+        and isinstance(row["exact"], bool)
+    )
     assert row["witness"] is None or all(isinstance(i, int) for i in row["witness"])
     with pytest.raises(dataclasses.FrozenInstanceError):
         res.lower = 3

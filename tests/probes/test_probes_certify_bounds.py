@@ -47,7 +47,10 @@ def test_every_new_bound_stays_below_the_brute_force_kruskal_rank(seed):
         truth = brute_kruskal_rank(x)
         res = kruskal_lower_bound(x, max_subsets=0)
         assert res.lower <= truth, (name, res)
-        assert max(res.whitened_coherence_k, res.whitened_babel_k, res.nullspace_k) <= max(truth, 1), (name, res)
+        assert max(res.whitened_coherence_k, res.whitened_babel_k, res.nullspace_k) <= max(truth, 1), (
+            name,
+            res,
+        )
         assert res.method in METHODS
         if res.exact:
             assert res.lower == truth, (name, res)
@@ -167,7 +170,9 @@ def test_nullspace_bound_on_a_frame_of_known_coherence():
     Kruskal rank 7 and never below what coherence proves."""
     from scipy.linalg import hadamard
 
-    frame = torch.cat([torch.eye(16, dtype=torch.float64), torch.tensor(hadamard(16), dtype=torch.float64) / 4])
+    frame = torch.cat(
+        [torch.eye(16, dtype=torch.float64), torch.tensor(hadamard(16), dtype=torch.float64) / 4]
+    )
     rtols = [resolve_rtol(None, k, 16, torch.float64) for k in range(1, 17)]
     sp = spectrum(frame, rtols)
     null = nullspace_bound(sp, whiten(sp, 15), start=1, seconds=60.0)

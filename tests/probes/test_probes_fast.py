@@ -73,7 +73,9 @@ def test_float32_certificate_never_accepts_near_dependent_subsets(rtol, floor):
     ok, ref = [], []
     for i, f in enumerate(FACTORS):
         sigma_max = 2.0 ** (i - 6)  # scales from 2^-6 to 2^5
-        x = with_singular_values([sigma_max] + [0.5 * sigma_max] * (k - 2) + [f * rtol * sigma_max], k, d, seed=i)
+        x = with_singular_values(
+            [sigma_max] + [0.5 * sigma_max] * (k - 2) + [f * rtol * sigma_max], k, d, seed=i
+        )
         subsets = torch.arange(k)[None]
         ok.append(bool(pool_of(x, k, rtol).certify32(subsets, floor)))
         ref.append(reference(x, subsets, rtol))
@@ -129,8 +131,14 @@ def single_chunk(x, subsets, rtol, cap, exact_dependent, monkeypatch):
     """The plain float64 pipeline (no float32, no floor, no stage 1b shortcut) on all subsets at once."""
     gram = (x @ x.T)[subsets[:, :, None], subsets[:, None, :]]
     with monkeypatch.context() as m:
-        m.setattr(fast.stages, "quick_dependent",
-                  lambda *args, **kwargs: (torch.zeros_like(args[6]), torch.ones(args[6].shape, dtype=torch.float64)))
+        m.setattr(
+            fast.stages,
+            "quick_dependent",
+            lambda *args, **kwargs: (
+                torch.zeros_like(args[6]),
+                torch.ones(args[6].shape, dtype=torch.float64),
+            ),
+        )
         first = torch.arange(subsets.shape[0]) < (exact_dependent or 0)
         return fast.decide(gram, lambda pos: x[subsets[pos]], rtol, x.shape[1], lam_cap=cap,
                             exact_dependent=exact_dependent, exact_first=first)
@@ -178,7 +186,9 @@ def test_threads_and_chunking_do_not_change_anything(small_chunks):
     rtol = probes.default_rtol(k, d, torch.float32)
     subsets = probes.sample_subsets(n, k, 500, seed=5)
     threads = torch.get_num_threads()
-    runs = [fast.subset_decisions(x, subsets, rtol, x @ x.T, exact_dependent=20, workers=w) for w in (1, 2, 3, 2)]
+    runs = [
+        fast.subset_decisions(x, subsets, rtol, x @ x.T, exact_dependent=20, workers=w) for w in (1, 2, 3, 2)
+    ]
     assert torch.get_num_threads() == threads
     for other in runs[1:]:
         assert torch.equal(runs[0].rank, other.rank)
@@ -251,7 +261,9 @@ def test_without_pool_gram_and_kruskal_test_keep_the_verdicts(small_chunks, monk
 
 @pytest.mark.parametrize("stage_1b", [False, True, "0b"])
 @pytest.mark.parametrize("noise", [0.0, 1e-9, 1e-6, 1e-4])
-def test_ceilings_of_dependent_subsets_are_never_below_the_svd_ratio(noise, stage_1b, small_chunks, monkeypatch):
+def test_ceilings_of_dependent_subsets_are_never_below_the_svd_ratio(
+    noise, stage_1b, small_chunks, monkeypatch
+):
     """Every ceiling is a proven upper bound on sigma_k / sigma_1 (float64 SVD), for subsets dependent
     exactly (float32-rounded subspace) or only near the tolerance; exact dependence gets ceilings far
     below rtol, which is what spares the robustness grid its smallest tolerances. ``stage_1b``: stage
@@ -490,9 +502,13 @@ def test_rows_rayleigh_bound_is_an_upper_bound_far_below_the_gram_floor(noise):
     g = torch.Generator().manual_seed(21)
     base = torch.randn(k - 1, d, generator=g, dtype=torch.float64)
     last = torch.randn(1, k - 1, generator=g, dtype=torch.float64) @ base  # dependent on the others
-    x = torch.cat([base, last + noise * torch.randn(1, d, generator=g, dtype=torch.float64)])[None]  # (1, k, d)
+    x = torch.cat([base, last + noise * torch.randn(1, d, generator=g, dtype=torch.float64)])[
+        None
+    ]  # (1, k, d)
     gram = x @ x.transpose(1, 2)
-    v = torch.cat([-torch.linalg.solve(gram[0, :-1, :-1], gram[0, :-1, -1:]), torch.ones(1, 1, dtype=torch.float64)])
+    v = torch.cat(
+        [-torch.linalg.solve(gram[0, :-1, :-1], gram[0, :-1, -1:]), torch.ones(1, 1, dtype=torch.float64)]
+    )
     v = v[None]  # (1, k, 1)
     norms = x.norm(dim=2) * (1 + 1e-15)
     r_rows = fast.kernels.rows_rayleigh_up(x, v, norms)
@@ -521,4 +537,6 @@ def test_exactly_dependent_subsets_get_ceilings_below_the_grid_at_wide_shapes():
     assert proven.sum() > 5
     sv = torch.linalg.svdvals(x[subsets[proven]])
     assert torch.all(dec.ceiling[proven] >= (sv[:, -1] / sv[:, 0]) * (1 - 1e-9))
-    assert (dec.ceiling[proven] < 0.1 * rtol).double().mean() > 0.9  # (stage 1b proper gives none below k = 384)
+    assert (
+        dec.ceiling[proven] < 0.1 * rtol
+    ).double().mean() > 0.9  # (stage 1b proper gives none below k = 384)

@@ -39,7 +39,9 @@ def test_ranks_known_singular_values_and_batches():
     p = np.array([3, 1, 1]) / 5
     assert float(effective_rank(x)) == pytest.approx(math.exp(-(p * np.log(p)).sum()), rel=1e-12)
     assert float(stable_rank(x)) == pytest.approx(11 / 9, rel=1e-12)
-    batch = torch.stack([x, 2 * x, torch.zeros(6, 4), torch.eye(6, 4, dtype=torch.float64)]).reshape(2, 2, 6, 4)
+    batch = torch.stack([x, 2 * x, torch.zeros(6, 4), torch.eye(6, 4, dtype=torch.float64)]).reshape(
+        2, 2, 6, 4
+    )
     er, sr = effective_rank(batch), stable_rank(batch)
     assert er.shape == sr.shape == (2, 2) and er.dtype == torch.float64
     assert er.flatten().tolist() == pytest.approx([float(effective_rank(x))] * 2 + [0.0, 4.0], rel=1e-12)
@@ -51,11 +53,16 @@ def test_scale_invariance_and_input_kinds():
     for scale in (1e-170, 1e160):
         for f in (effective_rank, stable_rank, anisotropy):
             assert float(f(x * scale)) == pytest.approx(float(f(x)), rel=1e-12, abs=1e-14)
-        assert torch.allclose(collapse_residual((x * scale).reshape(5, 6, 12)), collapse_residual(x.reshape(5, 6, 12)),
-                              rtol=1e-12)
+        assert torch.allclose(
+            collapse_residual((x * scale).reshape(5, 6, 12)),
+            collapse_residual(x.reshape(5, 6, 12)),
+            rtol=1e-12,
+        )
     assert float(effective_rank(x.numpy())) == float(effective_rank(x))
     # float32 input: the same numbers up to float32 rounding of the data
-    assert float(stable_rank(x.float())) == pytest.approx(float(stable_rank(x)), rel=64 * float(np.finfo(np.float32).eps))
+    assert float(stable_rank(x.float())) == pytest.approx(
+        float(stable_rank(x)), rel=64 * float(np.finfo(np.float32).eps)
+    )
 
 
 def test_anisotropy_closed_forms():
@@ -107,11 +114,18 @@ def test_token_geometry_bundles_the_measures_raw_and_centred():
                                    "effective_rank_centred", "stable_rank_centred", "anisotropy_centred"]
     q64 = q.double()
     centred = q64 - q64.mean(0)
-    assert geo.to_dict() == pytest.approx(dict(
-        effective_rank=float(effective_rank(q)), stable_rank=float(stable_rank(q)),
-        anisotropy=float(anisotropy(q)), collapse_residual=float(collapse_residual(ctx).mean()),
-        effective_rank_centred=float(effective_rank(centred)), stable_rank_centred=float(stable_rank(centred)),
-        anisotropy_centred=float(anisotropy(centred))), rel=1e-12)
+    assert geo.to_dict() == pytest.approx(
+        dict(
+            effective_rank=float(effective_rank(q)),
+            stable_rank=float(stable_rank(q)),
+            anisotropy=float(anisotropy(q)),
+            collapse_residual=float(collapse_residual(ctx).mean()),
+            effective_rank_centred=float(effective_rank(centred)),
+            stable_rank_centred=float(stable_rank(centred)),
+            anisotropy_centred=float(anisotropy(centred)),
+        ),
+        rel=1e-12,
+    )
     streamed = token_geometry((ctx[i:i + 7] for i in range(0, 60, 7)), q)  # chunks, as from an extractor
     assert streamed.collapse_residual == pytest.approx(geo.collapse_residual, rel=1e-12)
     assert token_geometry(None, q).collapse_residual is None

@@ -174,13 +174,17 @@ def test_results_have_a_readable_one_line_repr():
     x = planted()
     a1 = probes.assumption1(x, 3, subsets=500)
     kind = "exact" if a1.robustness.exact(a1.rtol) else "bound"
-    assert repr(a1) == (f"AssumptionResult(assumption1: holds, fraction=1.0000 over 500 sampled subsets at k=3, "
-                        f"N=30, d=10, min_margin={a1.min_margin:.2f} decades, critical_rtol={a1.robustness.critical_rtol:.3g} in "
-                        f"[{a1.robustness.critical_rtol_low:.3g}, {a1.robustness.critical_rtol_high:.3g}] ({kind}; rtol={a1.rtol:.3g}))")
+    assert repr(a1) == (
+        f"AssumptionResult(assumption1: holds, fraction=1.0000 over 500 sampled subsets at k=3, "
+        f"N=30, d=10, min_margin={a1.min_margin:.2f} decades, critical_rtol={a1.robustness.critical_rtol:.3g} in "
+        f"[{a1.robustness.critical_rtol_low:.3g}, {a1.robustness.critical_rtol_high:.3g}] ({kind}; rtol={a1.rtol:.3g}))"
+    )
     bad = probes.assumption1(x, 5, subsets=500)
     assert "assumption1: fails" in repr(bad) and f"witness={list(bad.witness)}" in repr(bad)
     a2 = probes.assumption2(generic(30 * 5, 10).reshape(30, 5, 10))
-    assert repr(a2).startswith("AssumptionResult(assumption2: holds, fraction=1.0000 of 30 contexts with rank n=5")
+    assert repr(a2).startswith(
+        "AssumptionResult(assumption2: holds, fraction=1.0000 of 30 contexts with rank n=5"
+    )
     gp = probes.general_position(generic(40, 20) @ generic(20, 30, seed=1), subsets=100)  # rank 20 < 30
     assert "\n" not in repr(gp) and "general_position: fails" in repr(gp)
     assert re.search(r"witness=\[(\d+, ){8}\.\.\. \(30 indices\)\]\)$", repr(gp))
@@ -213,12 +217,19 @@ def test_kruskal_verdicts_do_not_depend_on_the_scale(scale):
         elif ref.fraction == 1.0:
             assert res.min_margin == pytest.approx(ref.min_margin, abs=1e-9)
     ref, res = probes.kruskal_sweep(x, [2, 8], refine=4), probes.kruskal_sweep(x * scale, [2, 8], refine=4)
-    assert (res.lower_estimate, res.upper_bound, res.refined) == (ref.lower_estimate, ref.upper_bound, ref.refined)
+    assert (res.lower_estimate, res.upper_bound, res.refined) == (
+        ref.lower_estimate,
+        ref.upper_bound,
+        ref.refined,
+    )
     assert [verdict(r) for r in res.results] == [verdict(r) for r in ref.results]
     assert probes.kruskal_rank_exact(x[15:27] * scale) == probes.kruskal_rank_exact(x[15:27]) == 3
     witness = probes.kruskal_test(x * scale, 5, subsets=400).witness
     assert probes.check_witness(x * scale, witness) and not probes.check_witness(x * scale, witness[:3])
-    assert probes.general_position(x * scale, subsets=200).fraction == probes.general_position(x, subsets=200).fraction
+    assert (
+        probes.general_position(x * scale, subsets=200).fraction
+        == probes.general_position(x, subsets=200).fraction
+    )
 
 
 @pytest.mark.parametrize("scale", SCALES)
@@ -230,7 +241,11 @@ def test_rank_and_assumption_verdicts_do_not_depend_on_the_scale(scale):
     assert ranks.rank.tolist() == ref.rank.tolist() == [4, 4, 4, 3, 4, 4, 4, 4]
     full = ref.rank == 4  # margins of the exactly dependent context sit at rounding noise (see above)
     exact_pow2 = math.frexp(scale)[0] == 0.5
-    assert torch.equal(ranks.margin, ref.margin) if exact_pow2 else torch.allclose(ranks.margin[full], ref.margin[full])
+    assert (
+        torch.equal(ranks.margin, ref.margin)
+        if exact_pow2
+        else torch.allclose(ranks.margin[full], ref.margin[full])
+    )
     a2 = probes.assumption2(contexts * scale)
     assert (a2.fraction, a2.witness, a2.rank_counts) == (7 / 8, (3,), {3: 1, 4: 7})
     nr, nr_ref = probes.numerical_rank(contexts * scale), probes.numerical_rank(contexts)
@@ -300,8 +315,12 @@ def test_numpy_integers_are_accepted_everywhere():
     ref = probes.kruskal_test(x, 5, subsets=300, seed=2)
     res = probes.kruskal_test(x, np.int64(5), subsets=np.int32(300), seed=np.uint8(2))
     assert res.to_dict() | {"seconds": 0} == ref.to_dict() | {"seconds": 0}
-    assert probes.assumption1(x, np.int64(5), subsets=np.int64(300), seed=np.int64(2)).fraction == ref.fraction
-    sweep = probes.kruskal_sweep(x, np.arange(2, 6), subsets=np.int64(200), refine=np.int64(2), seed=np.int16(1))
+    assert (
+        probes.assumption1(x, np.int64(5), subsets=np.int64(300), seed=np.int64(2)).fraction == ref.fraction
+    )
+    sweep = probes.kruskal_sweep(
+        x, np.arange(2, 6), subsets=np.int64(200), refine=np.int64(2), seed=np.int16(1)
+    )
     assert [r.k for r in sweep.results] == [2, 3, 4, 5] and all(type(r.k) is int for r in sweep.results)
     assert torch.equal(probes.sample_subsets(np.int64(30), np.int64(5), np.int64(50), np.int64(7)),
                        probes.sample_subsets(30, 5, 50, 7))

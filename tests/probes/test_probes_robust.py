@@ -50,7 +50,9 @@ def test_exact_min_margin_of_constructed_contexts_equals_the_svd_margin():
     expected = math.log10(2e-3 / rtol)  # the smallest sigma_3 / sigma_1 sets it
     assert res.min_margin == pytest.approx(expected, abs=ratio_tol(3, 7) / 2e-3)
     sv = np.linalg.svd(contexts.numpy(), compute_uv=False)
-    assert res.robustness.critical_rtol_low <= (sv[:, -1] / sv[:, 0]).min() <= res.robustness.critical_rtol_high
+    assert (
+        res.robustness.critical_rtol_low <= (sv[:, -1] / sv[:, 0]).min() <= res.robustness.critical_rtol_high
+    )
     assert res.robustness.critical_rtol == pytest.approx(2e-3, rel=1e-9)
     assert res.robustness.verdict_margin == pytest.approx(expected, abs=1e-9)
 
@@ -62,7 +64,9 @@ def test_exact_min_margin_of_a_kruskal_test_equals_the_svd_margin():
     assert res.fraction == 1.0 and res.robustness.margin_bound is False
     assert res.min_margin == pytest.approx(math.log10(r.min() / res.rtol), abs=ratio_tol(6, 10) / r.min())
     # verdict "every subset full rank": the critical tolerance is the smallest ratio
-    assert res.robustness.critical_rtol_low <= r.min() * (1 + 1e-9) and r.min() <= res.robustness.critical_rtol_high * (1 + 1e-9)
+    assert res.robustness.critical_rtol_low <= r.min() * (
+        1 + 1e-9
+    ) and r.min() <= res.robustness.critical_rtol_high * (1 + 1e-9)
 
 
 @pytest.mark.parametrize("threshold", [0.99, 0.9, 0.5])
@@ -76,9 +80,13 @@ def test_critical_bracket_contains_the_svd_quantile(threshold):
     truth = r[need - 1]  # the verdict holds below the need-th largest ratio and fails at it
     slack = ratio_tol(k, 12)
     assert res.robustness.critical_rtol_low - slack <= truth <= res.robustness.critical_rtol_high + slack
-    assert res.robustness.critical_rtol_high <= res.robustness.critical_rtol_low * 1.03 + slack  # closed on this small test
+    assert (
+        res.robustness.critical_rtol_high <= res.robustness.critical_rtol_low * 1.03 + slack
+    )  # closed on this small test
     assert res.holds == (rtol < res.robustness.critical_rtol)
-    assert res.robustness.verdict_margin == pytest.approx(abs(math.log10(res.robustness.critical_rtol / rtol)))
+    assert res.robustness.verdict_margin == pytest.approx(
+        abs(math.log10(res.robustness.critical_rtol / rtol))
+    )
 
 
 @pytest.mark.parametrize("chunks", ["one", "many", "large-k"])
@@ -109,7 +117,9 @@ def test_grid_fractions_equal_numpy_matrix_rank_at_every_grid_tolerance(chunks, 
     for m, fraction in res.robustness.rtol_grid.items():
         ranks = np.linalg.matrix_rank(mats, rtol=m * rtol)  # NumPy: sigma > rtol * sigma_max
         assert fraction == np.mean(ranks == k), m
-    assert 1 > res.robustness.rtol_grid[0.1] > res.robustness.rtol_grid[1.0] > res.robustness.rtol_grid[5.0] > 0  # spread across the grid
+    assert (
+        1 > res.robustness.rtol_grid[0.1] > res.robustness.rtol_grid[1.0] > res.robustness.rtol_grid[5.0] > 0
+    )  # spread across the grid
 
 
 def test_grid_is_optional_and_custom():
@@ -146,7 +156,9 @@ def test_assumption2_critical_rtol_is_the_smallest_context_ratio():
     sv = np.linalg.svd(contexts.numpy(), compute_uv=False)
     truth = (sv[:, -1] / sv[:, 0]).min()
     assert res.robustness.critical_rtol == pytest.approx(truth, rel=1e-6)
-    assert res.robustness.critical_rtol_low <= truth * (1 + 1e-9) and truth <= res.robustness.critical_rtol_high * (1 + 1e-9)
+    assert res.robustness.critical_rtol_low <= truth * (
+        1 + 1e-9
+    ) and truth <= res.robustness.critical_rtol_high * (1 + 1e-9)
 
 
 def test_duplicates_and_impossible_verdicts_fail_at_every_tolerance():

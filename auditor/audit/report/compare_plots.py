@@ -52,15 +52,25 @@ def kruskal_by_test(table: pd.DataFrame, labels: Mapping[str, str]) -> Figure:
     """
     kruskal = table[table["test"].isin(KRUSKAL_TESTS) & table["fraction"].notna()]
     tests = [t for t in KRUSKAL_TESTS if t in set(kruskal["test"])]
-    keys = list(dict.fromkeys(zip(kruskal["report"], kruskal["representation"], kruskal["weights"], strict=True)))
+    keys = list(
+        dict.fromkeys(zip(kruskal["report"], kruskal["representation"], kruskal["weights"], strict=True))
+    )
     keys.sort(key=lambda k: (list(labels).index(k[0]) if k[0] in labels else 0, representation_order(k[1])))
     palette = Palette.of(kruskal["representation"])
-    fig, axes = plt.subplots(1, len(tests), figsize=(COLUMN_WIDTH, 2.2 + 0.16 * len(keys)), layout="constrained",
-                             sharey=True, squeeze=False)
+    fig, axes = plt.subplots(
+        1,
+        len(tests),
+        figsize=(COLUMN_WIDTH, 2.2 + 0.16 * len(keys)),
+        layout="constrained",
+        sharey=True,
+        squeeze=False,
+    )
     for ax, test in zip(axes[0], tests, strict=True):
         rows = kruskal[kruskal["test"] == test]
         for y, key in enumerate(keys):
-            found = rows[(rows["report"] == key[0]) & (rows["representation"] == key[1]) & (rows["weights"] == key[2])]
+            found = rows[
+                (rows["report"] == key[0]) & (rows["representation"] == key[1]) & (rows["weights"] == key[2])
+            ]
             if found.empty:
                 continue
             row = found.iloc[0]
@@ -102,16 +112,25 @@ def depth_overlay(depths: Mapping[str, pd.DataFrame]) -> Figure:
                 continue
             for weights, part in frame.groupby("weights", sort=False):
                 part = part.sort_values("depth")
-                part = part[part["representation"] != "random-attention"] if "representation" in part else part
+                part = (
+                    part[part["representation"] != "random-attention"] if "representation" in part else part
+                )
                 style = weights_style(str(weights))
                 weights_seen[str(weights)] = None
                 y = pd.to_numeric(part[column], errors="coerce")
                 if column == "krank_lower":
                     _krank_interval(ax, part, colors[label])
                     y = _krank_estimate(part)
-                ax.plot(part["depth"], y, color=colors[label],
-                        linestyle=style.linestyle, marker=style.marker, ms=3,
-                        markerfacecolor=colors[label] if style.filled else "none", label=f"{label} @ {weights}")
+                ax.plot(
+                    part["depth"],
+                    y,
+                    color=colors[label],
+                    linestyle=style.linestyle,
+                    marker=style.marker,
+                    ms=3,
+                    markerfacecolor=colors[label] if style.filled else "none",
+                    label=f"{label} @ {weights}",
+                )
         ax.set_ylabel(DEPTH_PANELS[column])
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     finish_panels(axes, len(columns), "depth")

@@ -31,10 +31,29 @@ import pandas as pd
 from auditor.audit.report.catalogue import QUERY_TESTS, representation_depth
 
 DEPTH_TESTS = ("assumption1", "assumption2", "assumption3", "general_position")  # their column order
-GEOMETRY_COLUMNS = ("effective_rank", "stable_rank", "anisotropy", "collapse_residual", "effective_rank_centred",
-                    "stable_rank_centred", "anisotropy_centred")
-CRITICAL_COLUMNS = ("critical_rtol", "critical_rtol_low", "critical_rtol_high", "critical_rtol_exact")  # per test
-KRANK_COLUMNS = ("krank_lower", "krank_lower_method", "krank_estimate", "krank_sampled", "krank_upper", "krank_exact")
+GEOMETRY_COLUMNS = (
+    "effective_rank",
+    "stable_rank",
+    "anisotropy",
+    "collapse_residual",
+    "effective_rank_centred",
+    "stable_rank_centred",
+    "anisotropy_centred",
+)
+CRITICAL_COLUMNS = (
+    "critical_rtol",
+    "critical_rtol_low",
+    "critical_rtol_high",
+    "critical_rtol_exact",
+)  # per test
+KRANK_COLUMNS = (
+    "krank_lower",
+    "krank_lower_method",
+    "krank_estimate",
+    "krank_sampled",
+    "krank_upper",
+    "krank_exact",
+)
 PROVENANCE_COLUMNS = ("threshold", "subsets", "dtype", "device", "data_source", "data_counts", "first",
                       "data_fingerprint", "tokenizer", "seed", "git_commit", "versions")
 _INT = ("depth", "N", "n", "d", "krank_estimate", "krank_lower", "krank_upper", "subsets", "seed")
@@ -80,8 +99,14 @@ def _profile_row(group: pd.DataFrame, tests: list[str], curve: pd.DataFrame | No
         sampled = f">= {estimate}"
     else:
         sampled = f"< {min(failed)}" if failed else None
-    out.update(krank_lower=lower, krank_lower_method=_value(a1, "krank_lower_method"), krank_estimate=estimate,
-               krank_sampled=sampled, krank_upper=upper, krank_exact=exact if lower is not None else None)
+    out.update(
+        krank_lower=lower,
+        krank_lower_method=_value(a1, "krank_lower_method"),
+        krank_estimate=estimate,
+        krank_sampled=sampled,
+        krank_upper=upper,
+        krank_exact=exact if lower is not None else None,
+    )
     out.update({key: _value(first, key) for key in (*GEOMETRY_COLUMNS, *PROVENANCE_COLUMNS)})
     return out
 
@@ -97,7 +122,10 @@ def depth_frame(rows: pd.DataFrame, curves: pd.DataFrame | None = None) -> pd.Da
     """
     if rows.empty:
         return pd.DataFrame()
-    ok = rows[(rows["status"] == "ok") & rows["representation"].map(lambda r: representation_depth(str(r)) is not None)]
+    ok = rows[
+        (rows["status"] == "ok")
+        & rows["representation"].map(lambda r: representation_depth(str(r)) is not None)
+    ]
     tests = [t for t in DEPTH_TESTS if t in set(ok["test"])]
     records = []
     for (weights, rep), group in ok.groupby(["weights", "representation"], sort=False):
@@ -109,9 +137,13 @@ def depth_frame(rows: pd.DataFrame, curves: pd.DataFrame | None = None) -> pd.Da
         return pd.DataFrame()
     frame = pd.DataFrame(records)
     for key in _INT:
-        frame[key] = pd.array([None if v is None or pd.isna(v) else int(v) for v in frame[key]], dtype="Int64")
+        frame[key] = pd.array(
+            [None if v is None or pd.isna(v) else int(v) for v in frame[key]], dtype="Int64"
+        )
     for key in [c for c in frame.columns if c.endswith(("_holds", "_exact"))] + ["first"]:
-        frame[key] = pd.array([None if v is None or pd.isna(v) else bool(v) for v in frame[key]], dtype="boolean")
+        frame[key] = pd.array(
+            [None if v is None or pd.isna(v) else bool(v) for v in frame[key]], dtype="boolean"
+        )
     floats = ["rtol", "threshold", *GEOMETRY_COLUMNS, *(c for c in frame.columns if c.endswith((
         "_fraction", "_critical_rtol", "_critical_rtol_low", "_critical_rtol_high")))]
     for key in floats:

@@ -37,9 +37,22 @@ PARTIAL_CSV = "results.partial.csv"  # rows of a run in progress (or interrupted
 PARTIAL_CONFIG = "results.partial.json"  # the configuration those rows belong to (resume only if equal)
 LOCK = ".lock"
 TOKENS = "tokens"
-OWNED_FILES = ("results.csv", "sweep.csv", "depth.csv", "config.json", "summary.md", "kruskal_curve.png",
-               "context_ranks.png", "margins.png", "rtol_sweep.png", "depth_kruskal.png", "depth_geometry.png",
-               "depth_fractions.png", PARTIAL_CSV, PARTIAL_CONFIG)
+OWNED_FILES = (
+    "results.csv",
+    "sweep.csv",
+    "depth.csv",
+    "config.json",
+    "summary.md",
+    "kruskal_curve.png",
+    "context_ranks.png",
+    "margins.png",
+    "rtol_sweep.png",
+    "depth_kruskal.png",
+    "depth_geometry.png",
+    "depth_fractions.png",
+    PARTIAL_CSV,
+    PARTIAL_CONFIG,
+)
 # ... and the PDF written beside each figure
 OWNED_NAMES = OWNED_FILES + tuple(n.removesuffix(".png") + ".pdf" for n in OWNED_FILES if n.endswith(".png"))
 
@@ -83,9 +96,11 @@ def check_report_folder(path: Path) -> None:
     others = [n for n in foreign if not _owned_name(n)]
     refuse_foreign(path, others, "an audit", ", or the folder of an earlier audit to resume or redo it")
     if clashing:
-        raise AuditError(f"--out {str(path)!r} holds {', '.join(clashing)} but no audit's results (results.csv "
-                         f"or {PARTIAL_CSV} with an audit's columns); an audit would replace them: give a new or "
-                         "empty folder")
+        raise AuditError(
+            f"--out {str(path)!r} holds {', '.join(clashing)} but no audit's results (results.csv "
+            f"or {PARTIAL_CSV} with an audit's columns); an audit would replace them: give a new or "
+            "empty folder"
+        )
 
 
 def _missing_folders(path: Path) -> list[Path]:
@@ -159,16 +174,20 @@ class ReportFolder:
                     path.unlink()
                     continue
                 if err.errno == errno.EISDIR:
-                    raise AuditError(f"{str(path)!r} is a folder where the audit keeps its lock file; remove it or "
-                                     "choose another --out") from None
+                    raise AuditError(
+                        f"{str(path)!r} is a folder where the audit keeps its lock file; remove it or "
+                        "choose another --out"
+                    ) from None
                 raise AuditError(f"cannot create the lock file {str(path)!r} ({err.strerror}); "
                                  "choose another --out") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 os.close(fd)
-                raise AuditError(f"another audit is writing into {str(self.path)!r} (it holds {LOCK}); wait for "
-                                 "it to finish or choose another --out") from None
+                raise AuditError(
+                    f"another audit is writing into {str(self.path)!r} (it holds {LOCK}); wait for "
+                    "it to finish or choose another --out"
+                ) from None
             except OSError:  # a file system without flock: proceed unlocked
                 log.warning("cannot lock %s; make sure no other audit writes into %s", path, self.path)
             try:  # the previous holder removes the file when it is done: hold the file that is there now
@@ -271,10 +290,14 @@ class RowStore:
             frame = self._read_if_same(self.out / rows_name, self.out / config_name)
             if frame is None:
                 continue
-            for row in frame[(frame["status"] == "ok") & frame["test"].isin(KRUSKAL_TESTS)].to_dict("records"):
+            for row in frame[(frame["status"] == "ok") & frame["test"].isin(KRUSKAL_TESTS)].to_dict(
+                "records"
+            ):
                 row = {k: v for k, v in row.items() if not _empty(v)}
                 if row.get("data_fingerprint"):
-                    self.previous[(row["representation"], row["weights"], row["test"])] = Previous(row, origin)
+                    self.previous[(row["representation"], row["weights"], row["test"])] = Previous(
+                        row, origin
+                    )
         return len(self.previous)
 
     def _read_if_same(self, rows: Path, config: Path) -> pd.DataFrame | None:
@@ -282,7 +305,9 @@ class RowStore:
             return None
         try:
             stored = json.loads(config.read_text())
-            if not isinstance(stored, dict) or any(stored.get(k, _ABSENT) != v for k, v in self.config.items()):
+            if not isinstance(stored, dict) or any(
+                stored.get(k, _ABSENT) != v for k, v in self.config.items()
+            ):
                 return None
             frame = read_rows(rows)
         except (OSError, ValueError, KeyError, TypeError):  # unreadable or from another version: start afresh

@@ -98,9 +98,13 @@ def write_plots(result: AuditResult, out: Path, staged: Staged, *, pdf: bool = T
         with figure_style():
             fig = draw(result, palette)
         try:
-            paths.append(staged.write(out / name, lambda tmp, fig=fig: fig.savefig(tmp, dpi=DPI, format="png")))
+            paths.append(
+                staged.write(out / name, lambda tmp, fig=fig: fig.savefig(tmp, dpi=DPI, format="png"))
+            )
             if pdf:
-                staged.write((out / name).with_suffix(".pdf"), lambda tmp, fig=fig: fig.savefig(tmp, format="pdf"))
+                staged.write(
+                    (out / name).with_suffix(".pdf"), lambda tmp, fig=fig: fig.savefig(tmp, format="pdf")
+                )
         finally:
             plt.close(fig)
     return paths
@@ -192,8 +196,18 @@ def kruskal_curve(result: AuditResult, palette: Palette | None = None) -> Figure
         if value is not None and value <= top * 1.05:
             handles.append(Line2D([], [], color=REFERENCE_COLOR, ls=ls, lw=0.9, label=label))
     if exhaustive_shown:
-        handles.append(Line2D([], [], ls="", marker="o", ms=6, markerfacecolor="none", markeredgecolor="black",
-                              label="all k-subsets decided"))
+        handles.append(
+            Line2D(
+                [],
+                [],
+                ls="",
+                marker="o",
+                ms=6,
+                markerfacecolor="none",
+                markeredgecolor="black",
+                label="all k-subsets decided",
+            )
+        )
     sampled = _sampled_subsets(curves)
     if sampled:
         handles.append(Line2D([], [], ls="", label=f"others: {sampled} random k-subsets"))
@@ -214,7 +228,13 @@ def context_rank_histogram(result: AuditResult, palette: Palette | None = None) 
     for i, label in enumerate(labels):
         rep, weights = _split(label)
         heights = [int(counts[label].get(r, 0)) for r in ranks]
-        ax.bar(positions - 0.4 + width * (i + 0.5), heights, width=width, label=label, **palette.bar(rep, weights))
+        ax.bar(
+            positions - 0.4 + width * (i + 0.5),
+            heights,
+            width=width,
+            label=label,
+            **palette.bar(rep, weights),
+        )
     num, n, d = _dims(result.rows)
     ax.set_xticks(positions, [f"{int(r)} = n" if r == n else str(int(r)) for r in ranks],
                   rotation=90 if len(ranks) > 12 else 0)
@@ -227,7 +247,9 @@ def context_rank_histogram(result: AuditResult, palette: Palette | None = None) 
     reps = [_split(label)[0] for label in labels]
     handles = _bar_handles(palette, reps, [_split(label)[1] for label in labels])
     if n is not None:
-        handles.append(Line2D([], [], ls="", label=f"full rank n = {n}" + ("" if n in ranks else ": no context")))
+        handles.append(
+            Line2D([], [], ls="", label=f"full rank n = {n}" + ("" if n in ranks else ": no context"))
+        )
     legend_below(fig, handles)
     return fig
 
@@ -252,8 +274,15 @@ def margin_histogram(result: AuditResult, palette: Palette | None = None) -> Fig
             weights = _split(label)[1]
             weights_seen[weights] = None
             style = palette.line(rep, weights)
-            ax.hist(values[label], bins=bins, histtype="step", color=style["color"], linestyle=style["linestyle"],
-                    linewidth=1.2, label=label)
+            ax.hist(
+                values[label],
+                bins=bins,
+                histtype="step",
+                color=style["color"],
+                linestyle=style["linestyle"],
+                linewidth=1.2,
+                label=label,
+            )
             if kinds.get((rep, weights)):
                 notes.append((weights, kinds[(rep, weights)]))
         kinds_here = {k for _, k in notes}
@@ -266,8 +295,17 @@ def margin_histogram(result: AuditResult, palette: Palette | None = None) -> Fig
     finish_panels(axes, len(reps), "margin (decades)")
     fig.supylabel("contexts (examples)")
     num, n, d = _dims(result.rows)
-    fig.suptitle(_title(result.config.model, "context-rank margins (Assumption 2):\ndecades between the deciding "
-                        "singular value and rtol x sigma_max", num, n, d, _rtol(result)))
+    fig.suptitle(
+        _title(
+            result.config.model,
+            "context-rank margins (Assumption 2):\ndecades between the deciding "
+            "singular value and rtol x sigma_max",
+            num,
+            n,
+            d,
+            _rtol(result),
+        )
+    )
     legend_below(fig, palette.handles([], weights_seen))
     return fig
 
@@ -296,22 +334,36 @@ def rtol_sweep(result: AuditResult, palette: Palette | None = None) -> Figure:
     brackets = False
     for ax, panel in zip(axes.flat, panels, strict=False):
         thresholds = set()
-        lines = sorted(((key, grid) for key, grid in grids.items() if (key[0] if per_rep else key[2]) == panel),
-                       key=lambda kv: (representation_order(kv[0][0]), list(TEST_LABELS).index(kv[0][2]), kv[0][1]))
+        lines = sorted(
+            ((key, grid) for key, grid in grids.items() if (key[0] if per_rep else key[2]) == panel),
+            key=lambda kv: (representation_order(kv[0][0]), list(TEST_LABELS).index(kv[0][2]), kv[0][1]),
+        )
         for j, ((rep, weights, test), grid) in enumerate(lines):
-            nudge = NUDGE * (j - (len(lines) - 1) / 2) / max(1, len(lines) - 1)  # coincident lines stay visible
+            nudge = (
+                NUDGE * (j - (len(lines) - 1) / 2) / max(1, len(lines) - 1)
+            )  # coincident lines stay visible
             style = palette.line(rep, weights)
             if per_rep:
-                style = {**style, "color": TEST_COLORS[test], "markerfacecolor": TEST_COLORS[test]
-                         if style["markerfacecolor"] != "none" else "none", "markeredgecolor": TEST_COLORS[test]}
+                style = {
+                    **style,
+                    "color": TEST_COLORS[test],
+                    "markerfacecolor": TEST_COLORS[test] if style["markerfacecolor"] != "none" else "none",
+                    "markeredgecolor": TEST_COLORS[test],
+                }
                 shown["tests"][test] = None
             shown["reps"][rep] = shown["weights"][weights] = None
-            ax.plot(list(grid), [f + nudge for f in grid.values()], label=f"{test if per_rep else rep} @ {weights}",
-                    **style)
+            ax.plot(
+                list(grid),
+                [f + nudge for f in grid.values()],
+                label=f"{test if per_rep else rep} @ {weights}",
+                **style,
+            )
             row = by_key.get((rep, weights, test), {})
             threshold = _float(row.get("threshold"))
             thresholds.add(threshold)
-            brackets |= _draw_critical(ax, row, style["color"], (0.5 if threshold is None else threshold) + nudge, xlim)
+            brackets |= _draw_critical(
+                ax, row, style["color"], (0.5 if threshold is None else threshold) + nudge, xlim
+            )
         for threshold in thresholds - {None}:
             ax.axhline(threshold, color=REFERENCE_COLOR, ls="--", lw=0.8)
         ax.axvline(1.0, color=REFERENCE_COLOR, ls=":", lw=0.8)
@@ -368,7 +420,9 @@ def _draw_critical(ax, row: Mapping, color: str, y: float, xlim: tuple[float, fl
                 ax.plot(right, y, marker=">", ms=4, color=color, ls="", zorder=3)
     x = critical / rtol
     if xlim[0] <= x <= xlim[1]:
-        ax.plot(x, y, marker="D", ms=4, ls="", markeredgecolor="black", markeredgewidth=0.5, color=color, zorder=4)
+        ax.plot(
+            x, y, marker="D", ms=4, ls="", markeredgecolor="black", markeredgewidth=0.5, color=color, zorder=4
+        )
     elif not drawn and x > 0:  # beyond the panel, no bracket drawn: an arrow at the edge says which way
         ax.plot(xlim[1] if x > xlim[1] else xlim[0], y, marker=">" if x > xlim[1] else "<", ms=4, color=color,
                 ls="", zorder=3)
@@ -430,7 +484,9 @@ def depth_kruskal(result: AuditResult, palette: Palette | None = None) -> Figure
             handles.append(Line2D([], [], color=REFERENCE_COLOR, ls=ls, lw=0.9, label=label))
     handles += [Line2D([], [], color="0.5", lw=2.4, alpha=0.45, label="proven: certified to witnessed")]
     if shown["open"]:
-        handles.append(Line2D([], [], ls="", marker="^", ms=4, color="0.5", label="none witnessed (to min(N, d))"))
+        handles.append(
+            Line2D([], [], ls="", marker="^", ms=4, color="0.5", label="none witnessed (to min(N, d))")
+        )
     if shown["estimate"]:
         handles.append(Line2D([], [], ls="", marker="o", ms=4.5, color="0.5", label="sampled: K >= k"))
     if shown["exact"]:
@@ -438,8 +494,11 @@ def depth_kruskal(result: AuditResult, palette: Palette | None = None) -> Figure
                               markeredgewidth=0.6, label="bounds meet: K known"))
     _depth_axis(ax)
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set(ylabel="Kruskal rank K of the queries (vectors)", ylim=(0, None),
-           title=_title(_model(result, depth), "Kruskal rank of the queries by depth", num, n, d, _rtol(result)))
+    ax.set(
+        ylabel="Kruskal rank K of the queries (vectors)",
+        ylim=(0, None),
+        title=_title(_model(result, depth), "Kruskal rank of the queries by depth", num, n, d, _rtol(result)),
+    )
     legend_below(fig, handles)
     return fig
 
@@ -471,13 +530,25 @@ def depth_geometry(result: AuditResult, palette: Palette | None = None) -> Figur
             _depth_line(ax, palette, frame, _dodge(frame, weights_list), _num(frame[column]), weights)
         ax.set_title(GEOMETRY[column])
         values = _num(depth[column]).dropna()
-        if column.startswith("effective_rank") and len(values) and values.min() > 0 and values.max() > 20 * values.min():
+        if (
+            column.startswith("effective_rank")
+            and len(values)
+            and values.min() > 0
+            and values.max() > 20 * values.min()
+        ):
             ax.set_yscale("log")  # effective ranks spanning decades: the small ones stay readable
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     finish_panels(axes, len(columns), "depth")
     num, n, d = _dims(depth)
-    fig.suptitle(_title(_model(result, depth), "geometry of the tokens by depth (0 = embedding)\nraw and mean-centred "
-                        "queries", num, n, d))
+    fig.suptitle(
+        _title(
+            _model(result, depth),
+            "geometry of the tokens by depth (0 = embedding)\nraw and mean-centred queries",
+            num,
+            n,
+            d,
+        )
+    )
     legend_below(fig, palette.handles(depth["representation"], depth["weights"], compact=True))
     return fig
 
@@ -493,7 +564,9 @@ def depth_fractions(result: AuditResult, palette: Palette | None = None) -> Figu
         threshold = _threshold(result, test)
         for weights, frame in depth.groupby("weights", sort=False):
             frame = frame.sort_values("depth")
-            _depth_line(ax, palette, frame, _dodge(frame, weights_list), _num(frame[f"{test}_fraction"]), weights)
+            _depth_line(
+                ax, palette, frame, _dodge(frame, weights_list), _num(frame[f"{test}_fraction"]), weights
+            )
         if threshold is not None:
             ax.axhline(threshold, color=REFERENCE_COLOR, ls="--", lw=0.8)
         ax.set_title(TEST_LABELS[test])
@@ -605,8 +678,14 @@ def _bar_handles(palette: Palette, reps: list[str], weights: list[str]) -> list[
            for r in sorted(dict.fromkeys(reps), key=representation_order)]
     for w in dict.fromkeys(weights):
         bar = palette.bar("embedding", w)
-        out.append(Patch(label=f"{w} weights", facecolor="white" if "hatch" in bar else "0.3", edgecolor="0.3",
-                         hatch=bar.get("hatch")))
+        out.append(
+            Patch(
+                label=f"{w} weights",
+                facecolor="white" if "hatch" in bar else "0.3",
+                edgecolor="0.3",
+                hatch=bar.get("hatch"),
+            )
+        )
     return out
 
 

@@ -56,7 +56,9 @@ class AuditResult:
     def __repr__(self) -> str:
         status = self.rows["status"] if "status" in self.rows else pd.Series(dtype=str)
         where = f"; report in {self.out}" if self.out is not None else ""
-        head = (f"AuditResult({self.config.model}: {len(self.rows)} rows, {int((status == 'ok').sum())} tested, "
-                f"{int((status == 'skipped').sum())} skipped{where})")
+        head = (
+            f"AuditResult({self.config.model}: {len(self.rows)} rows, {int((status == 'ok').sum())} tested, "
+            f"{int((status == 'skipped').sum())} skipped{where})"
+        )
         table = summary_table(self.rows)
         return head if table.empty else f"{head}\n{table.to_string()}"

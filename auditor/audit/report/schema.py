@@ -27,17 +27,72 @@ from typing import Any
 import pandas as pd
 
 COLUMNS = [
-    "model", "representation", "layer", "weights", "test", "status", "k", "N", "n", "d",
-    "fraction", "fraction_low", "fraction_high", "holds", "threshold",
-    "min_margin", "margin_bound", "critical_rtol", "critical_rtol_low", "critical_rtol_high", "critical_rtol_exact",
-    "verdict_margin", "rtol_grid", "subsets", "exhaustive", "spectrum_proof", "rank_counts", "witness",
-    "krank_lower", "krank_lower_method", "krank_upper", "duplicates", "near_duplicates",
-    "effective_rank", "stable_rank", "anisotropy", "collapse_residual",
-    "effective_rank_centred", "stable_rank_centred", "anisotropy_centred",
-    "rtol", "dtype", "device", "data_source", "data_counts", "first", "data_fingerprint", "tokenizer", "seed",
-    "seconds", "note", "git_commit", "versions",
+    "model",
+    "representation",
+    "layer",
+    "weights",
+    "test",
+    "status",
+    "k",
+    "N",
+    "n",
+    "d",
+    "fraction",
+    "fraction_low",
+    "fraction_high",
+    "holds",
+    "threshold",
+    "min_margin",
+    "margin_bound",
+    "critical_rtol",
+    "critical_rtol_low",
+    "critical_rtol_high",
+    "critical_rtol_exact",
+    "verdict_margin",
+    "rtol_grid",
+    "subsets",
+    "exhaustive",
+    "spectrum_proof",
+    "rank_counts",
+    "witness",
+    "krank_lower",
+    "krank_lower_method",
+    "krank_upper",
+    "duplicates",
+    "near_duplicates",
+    "effective_rank",
+    "stable_rank",
+    "anisotropy",
+    "collapse_residual",
+    "effective_rank_centred",
+    "stable_rank_centred",
+    "anisotropy_centred",
+    "rtol",
+    "dtype",
+    "device",
+    "data_source",
+    "data_counts",
+    "first",
+    "data_fingerprint",
+    "tokenizer",
+    "seed",
+    "seconds",
+    "note",
+    "git_commit",
+    "versions",
 ]
-INT_COLUMNS = ("k", "N", "n", "d", "subsets", "seed", "krank_lower", "krank_upper", "duplicates", "near_duplicates")
+INT_COLUMNS = (
+    "k",
+    "N",
+    "n",
+    "d",
+    "subsets",
+    "seed",
+    "krank_lower",
+    "krank_upper",
+    "duplicates",
+    "near_duplicates",
+)
 BOOL_COLUMNS = ("holds", "exhaustive", "spectrum_proof", "first", "margin_bound", "critical_rtol_exact")
 FLOAT_COLUMNS = ("fraction", "fraction_low", "fraction_high", "threshold", "min_margin", "critical_rtol",
                  "critical_rtol_low", "critical_rtol_high", "verdict_margin", "effective_rank", "stable_rank",
@@ -139,8 +194,9 @@ def critical_exact(row: Mapping[str, Any]) -> bool | None:
         value = row.get(key)
         return math.nan if _missing(value) else float(value)
 
-    return critical_is_exact(number("critical_rtol"), number("critical_rtol_low"), number("critical_rtol_high"),
-                             number("rtol"))
+    return critical_is_exact(
+        number("critical_rtol"), number("critical_rtol_low"), number("critical_rtol_high"), number("rtol")
+    )
 
 
 def rows_frame(records: Iterable[Mapping[str, Any]], stamp: Mapping[str, Any] | None = None) -> pd.DataFrame:
@@ -166,7 +222,9 @@ def rows_frame(records: Iterable[Mapping[str, Any]], stamp: Mapping[str, Any] | 
     for key in FLOAT_COLUMNS:
         frame[key] = pd.to_numeric(frame[key], errors="coerce").astype("float64")
     for key in ("rank_counts", "witness", "rtol_grid"):  # Python objects; None where nothing was measured
-        frame[key] = pd.Series([None if _missing(v) else v for v in frame[key]], index=frame.index, dtype=object)
+        frame[key] = pd.Series(
+            [None if _missing(v) else v for v in frame[key]], index=frame.index, dtype=object
+        )
     return frame
 
 

@@ -39,10 +39,24 @@ OTHER_COLORS = ("#1f77b4", "#ff7f0e", "#8c564b", "#e377c2", "#7f7f7f", "#17becf"
 REFERENCE_COLOR = "0.35"  # n, d, thresholds and other reference lines
 
 RC = {  # points: >= 7 pt everywhere, so text stays legible when the figure is printed 3.5 inches wide
-    "font.size": 8, "axes.titlesize": 8, "axes.labelsize": 8, "xtick.labelsize": 7, "ytick.labelsize": 7,
-    "legend.fontsize": 7, "legend.title_fontsize": 7, "figure.titlesize": 8, "figure.labelsize": 8, "lines.linewidth": 1.2,
-    "lines.markersize": 3.5, "axes.linewidth": 0.6, "grid.linewidth": 0.4, "grid.alpha": 0.4,
-    "savefig.dpi": DPI, "figure.dpi": 100, "axes.grid": True, "legend.frameon": False,
+    "font.size": 8,
+    "axes.titlesize": 8,
+    "axes.labelsize": 8,
+    "xtick.labelsize": 7,
+    "ytick.labelsize": 7,
+    "legend.fontsize": 7,
+    "legend.title_fontsize": 7,
+    "figure.titlesize": 8,
+    "figure.labelsize": 8,
+    "lines.linewidth": 1.2,
+    "lines.markersize": 3.5,
+    "axes.linewidth": 0.6,
+    "grid.linewidth": 0.4,
+    "grid.alpha": 0.4,
+    "savefig.dpi": DPI,
+    "figure.dpi": 100,
+    "axes.grid": True,
+    "legend.frameon": False,
 }
 
 _BLOCK = re.compile(r"block\.(\d+)$")
@@ -102,7 +116,9 @@ class Palette:
         depth = depth_of(representation)
         if depth is not None:
             lo, hi = DEPTH_SPAN
-            return to_hex(plt.get_cmap(DEPTH_COLORMAP)(lo + (hi - lo) * min(depth, self.max_depth) / self.max_depth))
+            return to_hex(
+                plt.get_cmap(DEPTH_COLORMAP)(lo + (hi - lo) * min(depth, self.max_depth) / self.max_depth)
+            )
         index = self.others.index(representation) if representation in self.others else len(self.others)
         return OTHER_COLORS[index % len(OTHER_COLORS)]
 
@@ -135,7 +151,9 @@ class Palette:
             out.insert(out.index(next(h for h in out if h.get_label() == reps[blocks[-1]])),
                        Line2D([], [], ls="", label="... (colour: depth)"))
         known = list(WEIGHTS_STYLES)
-        for w in sorted(dict.fromkeys(weights), key=lambda w: (known.index(w) if w in known else len(known), w)):
+        for w in sorted(
+            dict.fromkeys(weights), key=lambda w: (known.index(w) if w in known else len(known), w)
+        ):
             style = weights_style(w)
             out.append(Line2D([], [], color="black", linestyle=style.linestyle, marker=style.marker,
                               markerfacecolor="black" if style.filled else "none", label=f"{w} weights"))
@@ -162,8 +180,15 @@ def figure_style() -> Iterator[None]:
 def legend_below(fig, handles: list, ncol: int = 2, **kwargs: Any) -> None:
     """A legend under the axes, outside them, so it never covers a curve (needs ``layout="constrained"``)."""
     if handles:
-        fig.legend(handles=handles, loc="outside lower center", ncol=ncol, handlelength=2.0, columnspacing=1.0,
-                   handletextpad=0.5, **kwargs)
+        fig.legend(
+            handles=handles,
+            loc="outside lower center",
+            ncol=ncol,
+            handlelength=2.0,
+            columnspacing=1.0,
+            handletextpad=0.5,
+            **kwargs,
+        )
 
 
 def panel_grid(count: int, *, sharey: bool = False, top: float = 1.3, per_row: float = 1.5):

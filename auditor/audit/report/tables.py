@@ -49,7 +49,9 @@ def summary_table(rows: pd.DataFrame) -> pd.DataFrame:
     """Representation x test table (the layout of paper A's Table 1)."""
     if rows.empty:
         return pd.DataFrame()
-    frame = rows.assign(row=rows["representation"] + " @ " + rows["weights"].astype(str), cell=rows.apply(cell, axis=1))
+    frame = rows.assign(
+        row=rows["representation"] + " @ " + rows["weights"].astype(str), cell=rows.apply(cell, axis=1)
+    )
     table = frame.pivot_table(index="row", columns="test", values="cell", aggfunc="first", sort=False)
     cols = [t for t in TEST_TITLES if t in table.columns]
     return table[cols].rename(columns=TEST_TITLES).rename_axis(index="representation @ weights", columns=None)
@@ -154,7 +156,11 @@ def _bracket_cell(row: pd.Series) -> str:
     if high == float("inf") or _trivial_cap(high, rtol):
         return f">= {_times(low)}"
     if low <= 0:
-        return "0 (no rtol resolves it)" if float(row["critical_rtol"]) == 0 and _is_exact(row) else f"<= {_times(high)}"
+        return (
+            "0 (no rtol resolves it)"
+            if float(row["critical_rtol"]) == 0 and _is_exact(row)
+            else f"<= {_times(high)}"
+        )
     return _span(low, high) + ("" if _is_exact(row) is not False else " (bound)")
 
 
@@ -190,11 +196,18 @@ def kruskal_table(curves: pd.DataFrame) -> pd.DataFrame:
         refined = frame.loc[frame.get("refined", pd.Series(False, index=frame.index)).astype(bool), "k"]
         lower = frame["lower_estimate"].iloc[0]  # empty (NaN) where the smallest tested k failed
         failed = frame.loc[pd.to_numeric(frame["fraction"], errors="coerce") < 1.0, "k"]
-        estimate = f">= {int(lower)}" if pd.notna(lower) else (f"< {int(failed.min())}" if len(failed) else "")
-        rows.append({"representation @ weights": f"{rep} @ {weights}",
-                     "sampled estimate": estimate,
-                     "certified upper bound": "none found" if pd.isna(upper) else int(upper),
-                     "k tested": len(frame), "refined k": " ".join(str(int(k)) for k in sorted(refined)) or "-"})
+        estimate = (
+            f">= {int(lower)}" if pd.notna(lower) else (f"< {int(failed.min())}" if len(failed) else "")
+        )
+        rows.append(
+            {
+                "representation @ weights": f"{rep} @ {weights}",
+                "sampled estimate": estimate,
+                "certified upper bound": "none found" if pd.isna(upper) else int(upper),
+                "k tested": len(frame),
+                "refined k": " ".join(str(int(k)) for k in sorted(refined)) or "-",
+            }
+        )
     return pd.DataFrame(rows).set_index("representation @ weights")
 
 

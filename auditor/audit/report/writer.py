@@ -42,7 +42,9 @@ def write_report(result: AuditResult, out: Path, extra_config: dict[str, Any] | 
             staged.text(out / "sweep.csv", csv_text(result.curves))
         if not result.depth.empty:
             staged.text(out / "depth.csv", csv_text(result.depth))
-        staged.text(out / "config.json", json.dumps({**config, **(extra_config or {})}, indent=2, default=str) + "\n")
+        staged.text(
+            out / "config.json", json.dumps({**config, **(extra_config or {})}, indent=2, default=str) + "\n"
+        )
         staged.text(out / "summary.md", summary_text(result, plots))
         staged.text(out / "results.csv", csv_text(result.rows))
         return staged.commit()
@@ -86,8 +88,10 @@ def depth_table(depth: pd.DataFrame) -> pd.DataFrame:
     def text(value: object) -> str:
         return "" if value is None or pd.isna(value) else str(value)
 
-    table["Kruskal rank >= (certified)"] = [f"{text(v)} ({text(m)})" if text(v) else "" for v, m in
-                                            zip(depth["krank_lower"], depth["krank_lower_method"], strict=True)]
+    table["Kruskal rank >= (certified)"] = [
+        f"{text(v)} ({text(m)})" if text(v) else ""
+        for v, m in zip(depth["krank_lower"], depth["krank_lower_method"], strict=True)
+    ]
     table["sampled"] = _sampled_cells(depth)
     table["<= (witnessed)"] = [text(v) or "none found" for v in depth["krank_upper"]]
     return table
@@ -99,7 +103,9 @@ def _sampled_cells(depth: pd.DataFrame) -> list[str]:
     nothing, never as 0."""
     if "krank_sampled" in depth.columns:
         return ["" if v is None or pd.isna(v) else str(v) for v in depth["krank_sampled"]]
-    values = pd.to_numeric(depth.get("krank_estimate", pd.Series(index=depth.index, dtype=float)), errors="coerce")
+    values = pd.to_numeric(
+        depth.get("krank_estimate", pd.Series(index=depth.index, dtype=float)), errors="coerce"
+    )
     return [f">= {int(v)}" if pd.notna(v) and v > 0 else "" for v in values]
 
 
@@ -124,45 +130,74 @@ def summary_text(result: AuditResult, plots: list[Path]) -> str:
     ]
     robust = robustness_table(result.rows)
     if not robust.empty:
-        lines += ["## How much each verdict depends on the rank tolerance", "", robust.to_markdown(), "",
-                  "Each fraction is monotone in the tolerance, so every verdict flips at one critical tolerance "
-                  "(`critical_rtol` in results.csv, with a proven bracket `critical_rtol_low` - `critical_rtol_high` "
-                  "and `critical_rtol_exact`; `rtol_grid` holds the fraction from 0.1x to 10x rtol). A bracket is "
-                  "quoted as it was proven: one number where it is narrow (3% near rtol, 10% beyond 10x), a range "
-                  "marked (bound) where the work caps left it wider, 'at least' where no tolerance below 1 was "
-                  f"proven to flip it. Robust: the verdict survives a change of rtol by {ROBUST_FACTOR:g}x either "
-                  "way; otherwise it hinges on the tolerance convention and should be quoted with it.", ""]
+        lines += [
+            "## How much each verdict depends on the rank tolerance",
+            "",
+            robust.to_markdown(),
+            "",
+            "Each fraction is monotone in the tolerance, so every verdict flips at one critical tolerance "
+            "(`critical_rtol` in results.csv, with a proven bracket `critical_rtol_low` - `critical_rtol_high` "
+            "and `critical_rtol_exact`; `rtol_grid` holds the fraction from 0.1x to 10x rtol). A bracket is "
+            "quoted as it was proven: one number where it is narrow (3% near rtol, 10% beyond 10x), a range "
+            "marked (bound) where the work caps left it wider, 'at least' where no tolerance below 1 was "
+            f"proven to flip it. Robust: the verdict survives a change of rtol by {ROBUST_FACTOR:g}x either "
+            "way; otherwise it hinges on the tolerance convention and should be quoted with it.",
+            "",
+        ]
     bounds = bounds_table(result.rows)
     if not bounds.empty:
-        lines += ["## Kruskal rank: interval and two-sided bounds", "", bounds.to_markdown(), "",
-                  "Fraction: share of the sampled k-subsets that are full rank, with its Clopper-Pearson 95% "
-                  "interval. Lower bound: certified for every subset at this tolerance, by the method named (exhaustive "
-                  "search on small sets; else the coherence or Babel function of the normalised vectors, raw or "
-                  "whitened, or a null-space bound from linear programs); it can be small on real tokens and is "
-                  "shown as proven. Upper bound: a dependent subset was found "
-                  "(witness in results.csv). Duplicates: vectors equal to an earlier one / pairs with cosine "
-                  ">= 0.9999.", ""]
+        lines += [
+            "## Kruskal rank: interval and two-sided bounds",
+            "",
+            bounds.to_markdown(),
+            "",
+            "Fraction: share of the sampled k-subsets that are full rank, with its Clopper-Pearson 95% "
+            "interval. Lower bound: certified for every subset at this tolerance, by the method named (exhaustive "
+            "search on small sets; else the coherence or Babel function of the normalised vectors, raw or "
+            "whitened, or a null-space bound from linear programs); it can be small on real tokens and is "
+            "shown as proven. Upper bound: a dependent subset was found "
+            "(witness in results.csv). Duplicates: vectors equal to an earlier one / pairs with cosine "
+            ">= 0.9999.",
+            "",
+        ]
     if not result.stages.empty:
-        lines += ["## Time per stage", "", stage_table(result.stages).to_markdown(disable_numparse=True), "",
-                  "Setup: first imports and the checks of the options against the model. Extraction (per "
-                  "weights source): loading the model and the inputs, and the forward passes. Each test sums "
-                  "its runs over the representations (an audit across depth names each layer's tests, and the "
-                  "token geometry of each layer). Other: the rest of the run up to this report (the report "
-                  "folder, rows saved as they finish, tokens moved to the test device, and the token geometry "
-                  "outside an audit across depth).", ""]
+        lines += [
+            "## Time per stage",
+            "",
+            stage_table(result.stages).to_markdown(disable_numparse=True),
+            "",
+            "Setup: first imports and the checks of the options against the model. Extraction (per "
+            "weights source): loading the model and the inputs, and the forward passes. Each test sums "
+            "its runs over the representations (an audit across depth names each layer's tests, and the "
+            "token geometry of each layer). Other: the rest of the run up to this report (the report "
+            "folder, rows saved as they finish, tokens moved to the test device, and the token geometry "
+            "outside an audit across depth).",
+            "",
+        ]
     if not result.curves.empty:
-        lines += ["## Kruskal rank of the queries (from the sweep)", "", kruskal_table(result.curves).to_markdown(),
-                  "", "Sampled estimate: >= the largest k whose sampled subsets (and those of every smaller "
-                  "tested k) were all full rank (sampling cannot prove it), or < the smallest tested k when that "
-                  "one already failed. Upper bound: certified by a dependent subset (witness) at the next k. "
-                  "Bisection added the refined k between the two.", ""]
+        lines += [
+            "## Kruskal rank of the queries (from the sweep)",
+            "",
+            kruskal_table(result.curves).to_markdown(),
+            "",
+            "Sampled estimate: >= the largest k whose sampled subsets (and those of every smaller "
+            "tested k) were all full rank (sampling cannot prove it), or < the smallest tested k when that "
+            "one already failed. Upper bound: certified by a dependent subset (witness) at the next k. "
+            "Bisection added the refined k between the two.",
+            "",
+        ]
     if not result.depth.empty:
-        lines += ["## Across depth (depth.csv)", "", depth_table(result.depth).to_markdown(index=False,
-                                                                                           disable_numparse=True), "",
-                  "Depth 0 is the embedding, depth L + 1 the output of block L. Kruskal rank K of the queries, "
-                  "as bounds: certified K >= lower (and how it was proven); sampled: >= k where the sampled "
-                  "k-subsets reached the threshold (sampling cannot prove it), < k where the smallest tested k "
-                  "failed, = K where the bounds meet; witnessed K <= upper (a dependent subset).", ""]
+        lines += [
+            "## Across depth (depth.csv)",
+            "",
+            depth_table(result.depth).to_markdown(index=False, disable_numparse=True),
+            "",
+            "Depth 0 is the embedding, depth L + 1 the output of block L. Kruskal rank K of the queries, "
+            "as bounds: certified K >= lower (and how it was proven); sampled: >= k where the sampled "
+            "k-subsets reached the threshold (sampling cannot prove it), < k where the smallest tested k "
+            "failed, = K where the bounds meet; witnessed K <= upper (a dependent subset).",
+            "",
+        ]
     if plots:
         lines += ["## Plots", *[f"![{p.stem}]({p.name})" for p in plots], ""]
     return "\n".join(lines)

@@ -15,10 +15,19 @@ def assoc_bits(frame: pd.DataFrame) -> pd.DataFrame:
     config = frame.apply(lambda r: f"kind={r['kind']}, d={r['d']}, width={r['width']}, seed={r['seed']}",
                          axis=1)
     converged = convergence_flags(frame["converged"]) if "converged" in frame else unknown_convergence(frame)
-    return pd.DataFrame({"room": "assoc", "experiment": "assoc", "config": config,
-                         "stored_bits": frame["capacity"] * np.log2(frame["capacity"].clip(lower=1).astype(float)),
-                         "parameters": frame["parameters"], "formula": "capacity x log2(capacity)",
-                         "converged": converged})
+    return pd.DataFrame(
+        {
+            "room": "assoc",
+            "experiment": "assoc",
+            "config": config,
+            "stored_bits": frame["capacity"] * np.log2(frame["capacity"].clip(lower=1).astype(float)),
+            "parameters": frame["parameters"],
+            "formula": "capacity x log2(capacity)",
+            "converged": converged,
+        }
+    )
 
 
-READER = BitsReader(claims=lambda columns: {"capacity", "kind"} <= columns, read=lambda frame, file: assoc_bits(frame))
+READER = BitsReader(
+    claims=lambda columns: {"capacity", "kind"} <= columns, read=lambda frame, file: assoc_bits(frame)
+)

@@ -41,7 +41,9 @@ class Bisection:
 
     def __init__(self, guess_lo: int, guess_hi: int, *, max_size: int, rel_tol: float = 0.0) -> None:
         if not 1 <= guess_lo < guess_hi <= max_size:
-            raise AuditError(f"need 1 <= guess_lo < guess_hi <= max_size, got {guess_lo}, {guess_hi}, {max_size}")
+            raise AuditError(
+                f"need 1 <= guess_lo < guess_hi <= max_size, got {guess_lo}, {guess_hi}, {max_size}"
+            )
         if not 0 <= rel_tol < 1:
             raise AuditError(f"rel_tol must be in [0, 1), got {rel_tol}")
         self.lo = 0  # largest size known to pass (0: none yet)

@@ -111,7 +111,9 @@ def probe_converged(history: pd.DataFrame, budget: int, passed: bool) -> bool:
     return bool(passed) or plateau_gain(history, budget) < PLATEAU_GAIN
 
 
-def _probe_bucket(unit: dict[str, Any], tcfg: TrainConfig, pending: list[tuple[int, int]], log_rows: list) -> list[bool]:
+def _probe_bucket(
+    unit: dict[str, Any], tcfg: TrainConfig, pending: list[tuple[int, int]], log_rows: list
+) -> list[bool]:
     """Train one ensemble holding every pending (seed index, N) probe; return pass/fail per probe.
     Each probe is logged with its accuracy, steps, pass, ``plateau_gain`` and ``converged``."""
     seeds = unit["seeds"]
@@ -120,11 +122,21 @@ def _probe_bucket(unit: dict[str, Any], tcfg: TrainConfig, pending: list[tuple[i
     result = train(model, task, tcfg, progress=False)
     passed = (result.accuracy >= unit["threshold"] - 1e-9).tolist()
     runs = dict(tuple(result.history.groupby("member")))
-    for j, ((i, n), acc, steps, ok) in enumerate(zip(pending, result.accuracy.tolist(), result.steps_trained.tolist(),
-                                                      passed)):
+    for j, ((i, n), acc, steps, ok) in enumerate(
+        zip(pending, result.accuracy.tolist(), result.steps_trained.tolist(), passed)
+    ):
         gain = plateau_gain(runs[j], tcfg.steps)
-        log_rows.append({"seed": seeds[i], "n_items": n, "accuracy": acc, "steps_trained": steps, "passed": ok,
-                         "plateau_gain": round(gain, 6), "converged": bool(ok) or gain < PLATEAU_GAIN})
+        log_rows.append(
+            {
+                "seed": seeds[i],
+                "n_items": n,
+                "accuracy": acc,
+                "steps_trained": steps,
+                "passed": ok,
+                "plateau_gain": round(gain, 6),
+                "converged": bool(ok) or gain < PLATEAU_GAIN,
+            }
+        )
     return passed
 
 
@@ -156,38 +168,112 @@ def run_bucket(unit: dict[str, Any]) -> list[dict[str, Any]]:
         cap = search.capacity
         first_fail = search.hi if search.hi <= max_size else None
         mine = [p for p in probes if p["seed"] == seed]
-        rows.append({
-            "kind": kind, "d": d, "width": m, "parameters": params, "seed": seed, "capacity": cap,
-            "first_fail": first_fail, "converged": capacity_converged(mine, first_fail),
-            "n_log_n": cap * math.log(cap) if cap > 1 else 0.0, "guide_capacity": round(guess, 2), "rounds": rounds,
-            "probes": mine, "steps": unit["steps"], "lr": unit["lr"],
-            **{k: unit[k] for k in ("optimizer", "schedule", "warmup_frac", "eval_every", "threshold", "rel_tol")},
-            "dtype": "float32", "seconds": round(seconds, 3),
-        })
+        rows.append(
+            {
+                "kind": kind,
+                "d": d,
+                "width": m,
+                "parameters": params,
+                "seed": seed,
+                "capacity": cap,
+                "first_fail": first_fail,
+                "converged": capacity_converged(mine, first_fail),
+                "n_log_n": cap * math.log(cap) if cap > 1 else 0.0,
+                "guide_capacity": round(guess, 2),
+                "rounds": rounds,
+                "probes": mine,
+                "steps": unit["steps"],
+                "lr": unit["lr"],
+                **{
+                    k: unit[k]
+                    for k in ("optimizer", "schedule", "warmup_frac", "eval_every", "threshold", "rel_tol")
+                },
+                "dtype": "float32",
+                "seconds": round(seconds, 3),
+            }
+        )
     return rows
 
 
-COLUMNS = ("kind", "d", "width", "parameters", "seed", "capacity", "first_fail", "converged", "n_log_n",
-           "guide_capacity", "rounds", "probes", "steps", "lr", "optimizer", "schedule", "warmup_frac", "eval_every",
-           "threshold", "rel_tol", "dtype", "seconds")
+COLUMNS = (
+    "kind",
+    "d",
+    "width",
+    "parameters",
+    "seed",
+    "capacity",
+    "first_fail",
+    "converged",
+    "n_log_n",
+    "guide_capacity",
+    "rounds",
+    "probes",
+    "steps",
+    "lr",
+    "optimizer",
+    "schedule",
+    "warmup_frac",
+    "eval_every",
+    "threshold",
+    "rel_tol",
+    "dtype",
+    "seconds",
+)
 
 
 # Named scales per memory kind. The paper: linear AdamW lr 1000 (sic), 4096 full-batch steps, 5 seeds (lr 1
 # stored more items here); MLP AdamW lr 3e-2, up to 2^15 full-batch steps, m/d in {1, 2, 4, 8}, d up to 2^6.5.
 # reports/assoc/README.md states what the reference scale cut.
-PAPER_DIMS = (8, 11, 16, 22, 32, 45, 64, 90, 128, 181, 256)  # 2^{3, 3.5, ..., 8}, rounded down as the authors did
+PAPER_DIMS = (
+    8,
+    11,
+    16,
+    22,
+    32,
+    45,
+    64,
+    90,
+    128,
+    181,
+    256,
+)  # 2^{3, 3.5, ..., 8}, rounded down as the authors did
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "linear": {
         "quick": {"dims": (6, 8), "seeds": (0,), "steps": 150, "lr": 1.0, "rel_tol": 0.1},
-        "reference": {"dims": (8, 11, 16, 23, 32), "seeds": (0, 1, 2), "steps": 1024, "lr": 1.0, "rel_tol": 0.02},
+        "reference": {
+            "dims": (8, 11, 16, 23, 32),
+            "seeds": (0, 1, 2),
+            "steps": 1024,
+            "lr": 1.0,
+            "rel_tol": 0.02,
+        },
         "paper": {"dims": PAPER_DIMS, "seeds": (0, 1, 2, 3, 4), "steps": 4096, "lr": 1.0, "rel_tol": 0.01},
     },
     "mlp": {
-        "quick": {"dims": (8,), "width_ratios": (1,), "seeds": (0,), "steps": 150, "lr": 3e-2, "rel_tol": 0.2},
-        "reference": {"dims": (8, 16), "width_ratios": (1, 2, 4), "seeds": (0, 1, 2), "steps": 1024, "lr": 3e-2,
-                      "rel_tol": 0.03},
-        "paper": {"dims": PAPER_DIMS[:8], "width_ratios": (1, 2, 4, 8), "seeds": (0, 1, 2, 3, 4), "steps": 2**15,
-                  "lr": 3e-2, "rel_tol": 0.01},
+        "quick": {
+            "dims": (8,),
+            "width_ratios": (1,),
+            "seeds": (0,),
+            "steps": 150,
+            "lr": 3e-2,
+            "rel_tol": 0.2,
+        },
+        "reference": {
+            "dims": (8, 16),
+            "width_ratios": (1, 2, 4),
+            "seeds": (0, 1, 2),
+            "steps": 1024,
+            "lr": 3e-2,
+            "rel_tol": 0.03,
+        },
+        "paper": {
+            "dims": PAPER_DIMS[:8],
+            "width_ratios": (1, 2, 4, 8),
+            "seeds": (0, 1, 2, 3, 4),
+            "steps": 2**15,
+            "lr": 3e-2,
+            "rel_tol": 0.01,
+        },
     },
 }
 
@@ -198,7 +284,9 @@ class AssocSweep:
 
     memory: str = option("both", "Which associative memory to measure.", choices=("linear", "mlp", "both"))
     dims: tuple[int, ...] | None = option(None, "Embedding dimensions d.", default_help="per scale")
-    width_ratios: tuple[int, ...] | None = option(None, "MLP widths m/d (MLP only).", default_help="per scale")
+    width_ratios: tuple[int, ...] | None = option(
+        None, "MLP widths m/d (MLP only).", default_help="per scale"
+    )
     seeds: tuple[int, ...] | None = option(None, "Seeds of the searches.", default_help="per scale")
     steps: int | None = option(None, "Max training steps per probe.", default_help="per scale")
     lr: float | None = option(None, "Learning rate.", parse="floats", default_help="per scale")
@@ -234,10 +322,10 @@ def _plots(frame: pd.DataFrame, out: Path, config: AssocSweep) -> list[Path]:
 EXPERIMENT = Experiment(
     name="assoc",
     help="Capacity of linear and MLP associative memories: the largest N stored at 99% accuracy over all N items "
-         "(bisection), swept over d (and m/d), with scaling-law fits against d^2 = 1.3 N ln N and m d = 0.35 N ln N.",
+    "(bisection), swept over d (and m/d), with scaling-law fits against d^2 = 1.3 N ln N and m d = 0.35 N ln N.",
     examples="audit assoc --out runs/assoc                 # reference scale, both memories (~3 CPU minutes)\n"
-             "audit assoc --memory linear --dims 8,16,32   # a custom sweep\n"
-             "audit assoc --scale paper                    # the paper's sizes, steps and seeds",
+    "audit assoc --memory linear --dims 8,16,32   # a custom sweep\n"
+    "audit assoc --scale paper                    # the paper's sizes, steps and seeds",
     config=AssocSweep,
     units=lambda config, out: [unit for c in config.configs() for unit in c.buckets()],
     run_unit=run_bucket,

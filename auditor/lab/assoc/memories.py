@@ -114,7 +114,9 @@ class MemoryTask:
         num_members, n_max = inputs.shape[:2]
         self.valid = torch.arange(n_max)[None, :] < n_items[:, None]  # (E, N_max)
         # padded outputs can never be predicted: additive -inf on their logits
-        self.output_bias = torch.zeros(num_members, 1, n_max).masked_fill(~self.valid[:, None, :], float("-inf"))
+        self.output_bias = torch.zeros(num_members, 1, n_max).masked_fill(
+            ~self.valid[:, None, :], float("-inf")
+        )
         # f(x) = x; padded inputs point at output 0 (finite loss) and carry weight 0
         self.targets = torch.where(self.valid, torch.arange(n_max)[None, :], 0)  # (E, N_max)
         self.weights = self.valid.float() / n_items[:, None].float()  # (E, N_max): mean over own items

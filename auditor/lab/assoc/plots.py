@@ -34,16 +34,28 @@ def _seeds_and_means(ax, rows: pd.DataFrame, value: str, fail: str, color: str, 
     done = converged_mask(rows)
     bracketed = rows[fail].notna()
     classes = [
-        (done & bracketed, dict(color=color), "seed, converged (fitted)" if recorded else "seed (convergence not recorded)"),
-        (~done & bracketed, dict(facecolors="none", edgecolors=color),
-         "seed, step-limited: first failing size still improving (not fitted)"),
-        (~bracketed, dict(facecolors="none", edgecolors=color, marker="^"),
-         "seed, search never failed: lower bound (not fitted)"),
+        (
+            done & bracketed,
+            dict(color=color),
+            "seed, converged (fitted)" if recorded else "seed (convergence not recorded)",
+        ),
+        (
+            ~done & bracketed,
+            dict(facecolors="none", edgecolors=color),
+            "seed, step-limited: first failing size still improving (not fitted)",
+        ),
+        (
+            ~bracketed,
+            dict(facecolors="none", edgecolors=color, marker="^"),
+            "seed, search never failed: lower bound (not fitted)",
+        ),
     ]
     for mask, style, label in classes:
         part = rows[mask & (rows[value] > 0)]
         if len(part):
-            ax.scatter(part["parameters"], part[value], s=16, alpha=0.6, lw=0.9, label=prefix + label, **style)
+            ax.scatter(
+                part["parameters"], part[value], s=16, alpha=0.6, lw=0.9, label=prefix + label, **style
+            )
     ok = rows[done & bracketed & (rows[value] > 0)]
     keys = [k for k in ("d", "width", "parameters") if k in ok]  # one size (two sizes may share P)
     stats_ = [(part["parameters"].iloc[0], part[value].mean(), *seed_interval(part[value]), len(part))
@@ -51,8 +63,18 @@ def _seeds_and_means(ax, rows: pd.DataFrame, value: str, fail: str, color: str, 
     if stats_:
         p, mean, lo, hi, n = (np.array(v, dtype=float) for v in zip(*stats_))
         err = np.vstack([mean - np.where(np.isnan(lo), mean, lo), np.where(np.isnan(hi), mean, hi) - mean])
-        ax.errorbar(p, mean, yerr=err, fmt="o", color=color, ms=5, capsize=3, lw=1.2,
-                    label=prefix + f"mean of converged seeds, 95% interval (n = {int(n.min())}-{int(n.max())} per size)")
+        ax.errorbar(
+            p,
+            mean,
+            yerr=err,
+            fmt="o",
+            color=color,
+            ms=5,
+            capsize=3,
+            lw=1.2,
+            label=prefix
+            + f"mean of converged seeds, 95% interval (n = {int(n.min())}-{int(n.max())} per size)",
+        )
 
 
 def plot_capacity(rows: pd.DataFrame, path: str | Path) -> Path:
@@ -83,8 +105,14 @@ def plot_capacity(rows: pd.DataFrame, path: str | Path) -> Path:
             lo, hi = c.ci95()
             ax.plot(c.constant * n_grid * np.log(n_grid), n_grid, ":", color="black",
                     label=f"ours: P = {c.constant:.2f} N ln N (95% {lo:.2f}-{hi:.2f})")
-            ax.fill_betweenx(n_grid, lo * n_grid * np.log(n_grid), hi * n_grid * np.log(n_grid), color="black",
-                             alpha=0.08, lw=0)
+            ax.fill_betweenx(
+                n_grid,
+                lo * n_grid * np.log(n_grid),
+                hi * n_grid * np.log(n_grid),
+                color="black",
+                alpha=0.08,
+                lw=0,
+            )
         seeds = ",".join(map(str, fit["seeds"]))
         ax.set_xscale("log")
         ax.set_yscale("log")
@@ -104,7 +132,9 @@ def plot_facts(rows: pd.DataFrame, path: str | Path) -> Path:
     rows = final_budget(rows)
     fig, ax = plt.subplots(figsize=(6.4, 4.8))
     fits = facts_fits(rows)
-    for (architecture, sub), color in zip(rows[rows["facts"] > 0].groupby("architecture"), ("tab:blue", "tab:orange", "tab:green")):
+    for (architecture, sub), color in zip(
+        rows[rows["facts"] > 0].groupby("architecture"), ("tab:blue", "tab:orange", "tab:green")
+    ):
         _seeds_and_means(ax, sub, "facts", "first_fail_facts", color, architecture)
     ok = rows[rows["facts"] > 0]
     if len(ok):
@@ -119,14 +149,23 @@ def plot_facts(rows: pd.DataFrame, path: str | Path) -> Path:
     ax.set_xscale("log")
     ax.set_yscale("log")
     if len(ok):
-        ticks = [2**k for k in range(int(np.floor(np.log2(ok["parameters"].min()))), int(np.ceil(np.log2(ok["parameters"].max()))) + 1)]
+        ticks = [
+            2**k
+            for k in range(
+                int(np.floor(np.log2(ok["parameters"].min()))),
+                int(np.ceil(np.log2(ok["parameters"].max()))) + 1,
+            )
+        ]
         ax.set_xticks(ticks, [str(t) for t in ticks])
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("trainable parameters P = 4 H d_h d + 2 m d")
     ax.set_ylabel("facts stored (S R at 99%)")
     seeds = ",".join(map(str, fits["seeds"]))
-    ax.set_title(f"factual recall: facts against parameters, seeds {seeds}\n{fits['points']} rows fitted, left out: "
-                 f"{fits['step_limited']} step-limited, {fits['censored']} never failed", fontsize=9)
+    ax.set_title(
+        f"factual recall: facts against parameters, seeds {seeds}\n{fits['points']} rows fitted, left out: "
+        f"{fits['step_limited']} step-limited, {fits['censored']} never failed",
+        fontsize=9,
+    )
     ax.legend(fontsize=6)
     ax.grid(alpha=0.3, which="both")
     return save(fig, path)
@@ -179,10 +218,14 @@ def plot_tradeoff(rows: pd.DataFrame, path: str | Path) -> Path:
                        dict(label="half-width of the 95% interval", vmax=top, cmap="magma", fmt="{:.3f}"),
                        f"(b) half-width of the 95% t interval\nof (a) over the {n} seeds", False))
     if convergence_recorded(rows):
-        panels.append((cell_grid(cells, "step_limited"),
-                       dict(label="step-limited seeds", vmax=max(n, 1), cmap="cividis", fmt="{:.0f}"),
-                       f"({'abc'[len(panels)]}) seeds still improving at the\nstep limit ({first['steps']} steps), of {n}",
-                       True))
+        panels.append(
+            (
+                cell_grid(cells, "step_limited"),
+                dict(label="step-limited seeds", vmax=max(n, 1), cmap="cividis", fmt="{:.0f}"),
+                f"({'abc'[len(panels)]}) seeds still improving at the\nstep limit ({first['steps']} steps), of {n}",
+                True,
+            )
+        )
     width = max(0.5 * cells["width"].nunique() + 1.8, 4.5)
     height = max(0.42 * cells["heads"].nunique() + 1.8, 3.5)
     fig, axes = plt.subplots(1, len(panels), figsize=(len(panels) * width, height), squeeze=False)
@@ -193,12 +236,17 @@ def plot_tradeoff(rows: pd.DataFrame, path: str | Path) -> Path:
         ax.set_xlabel("MLP width m")
         ax.set_ylabel("heads H")
         ax.set_title(title, fontsize=9)
-    fig.suptitle(f"attention versus MLP: S={first['subjects']}, R={first['relations']} ({first['facts']} facts), "
-                 f"d={first['d']}, d_h={first['head_dim']}, <= {first['steps']} steps", fontsize=10)
+    fig.suptitle(
+        f"attention versus MLP: S={first['subjects']}, R={first['relations']} ({first['facts']} facts), "
+        f"d={first['d']}, d_h={first['head_dim']}, <= {first['steps']} steps",
+        fontsize=10,
+    )
     return save(fig, path)
 
 
-def plot_dynamics(curves: pd.DataFrame, stages: pd.DataFrame, path: str | Path, *, seed: int | None = None) -> Path:
+def plot_dynamics(
+    curves: pd.DataFrame, stages: pd.DataFrame, path: str | Path, *, seed: int | None = None
+) -> Path:
     """Total, relation-only and subject-only losses of one seed, stages shaded, ln(R D) and ln D marked."""
     seed = int(stages["seed"].iloc[0]) if seed is None else seed
     c = curves[curves["seed"] == seed].sort_values("step")

@@ -82,7 +82,9 @@ def capacity_fits(rows: pd.DataFrame) -> dict[str, dict[str, Any]]:
             "censored": censored,
             "step_limited": step_limited,
             "left_out": censored + step_limited,
-            "seeds": sorted(int(s) for s in rows.loc[rows["kind"] == kind, "seed"].unique()) if "seed" in rows else [],
+            "seeds": sorted(int(s) for s in rows.loc[rows["kind"] == kind, "seed"].unique())
+            if "seed" in rows
+            else [],
         }
     return out
 
@@ -148,9 +150,11 @@ def _criterion(rows: pd.DataFrame) -> str:
     if not convergence_recorded(rows):
         return ("- convergence not recorded in these rows (written before the `converged` column): every "
                 "uncensored row is fitted")
-    return ("- `converged`: the capacity's first failing probe had plateaued (accuracy rose by less than "
-            f"{PLATEAU_GAIN:g} over the last {PLATEAU_WINDOW:.0%} of its step budget); probes that pass reached "
-            "the threshold. Means, intervals, min and max are over converged seeds; fits use converged rows only.")
+    return (
+        "- `converged`: the capacity's first failing probe had plateaued (accuracy rose by less than "
+        f"{PLATEAU_GAIN:g} over the last {PLATEAU_WINDOW:.0%} of its step budget); probes that pass reached "
+        "the threshold. Means, intervals, min and max are over converged seeds; fits use converged rows only."
+    )
 
 
 def capacity_markdown(rows: pd.DataFrame) -> str:
@@ -163,9 +167,11 @@ def capacity_markdown(rows: pd.DataFrame) -> str:
               "exponent in N ∝ P^b | rows fitted | left out: never failed / step-limited |",
               "|---|---|---|---|---|---|---|---|"]
     for kind, fit in capacity_fits(rows).items():
-        lines.append(f"| {kind} | {','.join(map(str, fit['seeds']))} | {fit['guide']} | {_fmt_const(fit['constant'])} "
-                     f"| {_fmt_power(fit['law'])} | {_fmt_power(fit['power'])} | {fit['points']} | "
-                     f"{fit['censored']} / {fit['step_limited']} |")
+        lines.append(
+            f"| {kind} | {','.join(map(str, fit['seeds']))} | {fit['guide']} | {_fmt_const(fit['constant'])} "
+            f"| {_fmt_power(fit['law'])} | {_fmt_power(fit['power'])} | {fit['points']} | "
+            f"{fit['censored']} / {fit['step_limited']} |"
+        )
     return "\n".join(lines)
 
 
@@ -175,22 +181,39 @@ def facts_markdown(rows: pd.DataFrame) -> str:
     rows = final_budget(rows)
     keys = ["architecture", "d", "heads", "head_dim", "width", "parameters"]
     table = _per_size(rows, keys, "facts_per_parameter").rename(columns={"min": "fpp min", "max": "fpp max"})
-    facts = rows[converged_mask(rows)].groupby(keys)["facts"].mean().rename("facts mean (converged)").reset_index()
+    facts = (
+        rows[converged_mask(rows)]
+        .groupby(keys)["facts"]
+        .mean()
+        .rename("facts mean (converged)")
+        .reset_index()
+    )
     table = table.merge(facts, on=keys, how="left")
     fit = facts_fits(rows)
     slope = fit["slope"]
-    lines = [table.to_markdown(index=False, floatfmt=".4g"), "", _criterion(rows).replace("probe", "table"), ""]
-    lines.append(f"- fitted facts per parameter: {_fmt_const(slope)}; paper's guide {FACTS_PER_PARAMETER_GUIDE}; "
-                 f"seeds {','.join(map(str, fit['seeds']))}")
+    lines = [
+        table.to_markdown(index=False, floatfmt=".4g"),
+        "",
+        _criterion(rows).replace("probe", "table"),
+        "",
+    ]
+    lines.append(
+        f"- fitted facts per parameter: {_fmt_const(slope)}; paper's guide {FACTS_PER_PARAMETER_GUIDE}; "
+        f"seeds {','.join(map(str, fit['seeds']))}"
+    )
     if fit["bits_per_parameter"] is not None:
         lo, hi = slope.ci95()
-        lines.append(f"- bits per parameter: {fit['bits_per_parameter']:.3f} (95% {lo * fit['bits_per_fact']:.3f} to "
-                     f"{hi * fit['bits_per_fact']:.3f}; log2 D = {fit['bits_per_fact']:.0f} bits per fact); "
-                     f"paper's guide {FACTS_PER_PARAMETER_GUIDE * fit['bits_per_fact']:.2f}; real language models "
-                     f"~{LM_BITS_PER_PARAMETER:g}")
+        lines.append(
+            f"- bits per parameter: {fit['bits_per_parameter']:.3f} (95% {lo * fit['bits_per_fact']:.3f} to "
+            f"{hi * fit['bits_per_fact']:.3f}; log2 D = {fit['bits_per_fact']:.0f} bits per fact); "
+            f"paper's guide {FACTS_PER_PARAMETER_GUIDE * fit['bits_per_fact']:.2f}; real language models "
+            f"~{LM_BITS_PER_PARAMETER:g}"
+        )
     lines.append(f"- exponent of facts ∝ P^b: {_fmt_power(fit['power'])} (1 = linear)")
-    lines.append(f"- rows fitted: {fit['points']} of {len(rows)}; left out: {fit['censored']} whose search never "
-                 f"failed, {fit['step_limited']} step-limited")
+    lines.append(
+        f"- rows fitted: {fit['points']} of {len(rows)}; left out: {fit['censored']} whose search never "
+        f"failed, {fit['step_limited']} step-limited"
+    )
     return "\n".join(lines)
 
 
@@ -240,10 +263,17 @@ def budget_markdown(rows: pd.DataFrame) -> str:
         lo, hi = seed_interval(x)
         return f"{lo:.3f} to {hi:.3f}"
 
-    table = (rows.groupby(["architecture", "parameters", "budget"])
-             .agg(facts=("facts", "mean"), facts_per_parameter=("facts_per_parameter", "mean"),
-                  interval=("facts_per_parameter", ci), converged=("converged", lambda c: f"{int(c.sum())}/{len(c)}"))
-             .reset_index().rename(columns={"interval": "95% over seeds"}))
+    table = (
+        rows.groupby(["architecture", "parameters", "budget"])
+        .agg(
+            facts=("facts", "mean"),
+            facts_per_parameter=("facts_per_parameter", "mean"),
+            interval=("facts_per_parameter", ci),
+            converged=("converged", lambda c: f"{int(c.sum())}/{len(c)}"),
+        )
+        .reset_index()
+        .rename(columns={"interval": "95% over seeds"})
+    )
     lines = [table.to_markdown(index=False, floatfmt=".4g"), ""]
     for architecture, sub in rows.groupby("architecture"):
         fit = budget_fit(sub)
@@ -252,9 +282,12 @@ def budget_markdown(rows: pd.DataFrame) -> str:
             continue
         lo, hi = fit.ci95()
         need = fit.budget_for(FACTS_PER_PARAMETER_GUIDE)
-        lines.append(f"- {architecture}: facts/P = f_inf B / (B + B_half) with f_inf = {fit.ceiling:.3f} (95% {lo:.3f} "
-                     f"to {hi:.3f}), B_half = {fit.half_budget:.0f} steps, n = {fit.n}; reaches "
-                     f"{FACTS_PER_PARAMETER_GUIDE} at " + (f"~{need:.0f} steps" if math.isfinite(need) else "no budget"))
+        lines.append(
+            f"- {architecture}: facts/P = f_inf B / (B + B_half) with f_inf = {fit.ceiling:.3f} (95% {lo:.3f} "
+            f"to {hi:.3f}), B_half = {fit.half_budget:.0f} steps, n = {fit.n}; reaches "
+            f"{FACTS_PER_PARAMETER_GUIDE} at "
+            + (f"~{need:.0f} steps" if math.isfinite(need) else "no budget")
+        )
     return "\n".join(lines)
 
 
@@ -267,10 +300,20 @@ def tradeoff_cells(rows: pd.DataFrame) -> pd.DataFrame:
     out = []
     for (heads, width), part in rows.groupby(["heads", "width"]):
         mean, low, high = mean_ci(part["accuracy"])
-        out.append({"heads": heads, "width": width, "parameters": int(part["parameters"].iloc[0]),
-                    "seeds": len(part), "accuracy_mean": mean, "accuracy_low": low, "accuracy_high": high,
-                    "accuracy_half_width": (high - low) / 2,
-                    "stored": int(part["stored"].map(is_true).sum()), "step_limited": int((~done[part.index]).sum())})
+        out.append(
+            {
+                "heads": heads,
+                "width": width,
+                "parameters": int(part["parameters"].iloc[0]),
+                "seeds": len(part),
+                "accuracy_mean": mean,
+                "accuracy_low": low,
+                "accuracy_high": high,
+                "accuracy_half_width": (high - low) / 2,
+                "stored": int(part["stored"].map(is_true).sum()),
+                "step_limited": int((~done[part.index]).sum()),
+            }
+        )
     return pd.DataFrame(out)
 
 
@@ -300,16 +343,22 @@ def tradeoff_markdown(rows: pd.DataFrame) -> str:
                   "degrees of freedom; 0: every seed the same)", "",
                   cell_grid(cells, "accuracy_half_width").to_markdown(floatfmt=".3f"), ""]
     if convergence_recorded(rows):
-        lines += [f"seeds still improving at the step limit (accuracy rose by >= {PLATEAU_GAIN} over the last "
-                  f"{PLATEAU_WINDOW:.0%} of the steps; `converged` False) of {n}", "",
-                  cell_grid(cells, "step_limited").to_markdown(), ""]
+        lines += [
+            f"seeds still improving at the step limit (accuracy rose by >= {PLATEAU_GAIN} over the last "
+            f"{PLATEAU_WINDOW:.0%} of the steps; `converged` False) of {n}",
+            "",
+            cell_grid(cells, "step_limited").to_markdown(),
+            "",
+        ]
     widths = smallest_storing_width(rows)
     every = cells[cells["stored"] == cells["seeds"]].groupby("heads")["width"].min()
     for heads, per_seed in widths.iterrows():
         head = f"- H = {heads}: smallest width storing all facts at the threshold"
         if n == 1:
             found = per_seed.dropna()
-            lines.append(f"{head}: " + (f"m = {int(found.iloc[0])}" if len(found) else "none of the widths tried"))
+            lines.append(
+                f"{head}: " + (f"m = {int(found.iloc[0])}" if len(found) else "none of the widths tried")
+            )
             continue
         text = ", ".join("none" if pd.isna(w) else f"{int(w)}" for w in per_seed)
         if per_seed.notna().all():
@@ -319,10 +368,14 @@ def tradeoff_markdown(rows: pd.DataFrame) -> str:
         lines.append(f"{head}, per seed ({', '.join(map(str, seeds))}): {text}; in all {n} seeds: {both}")
     if convergence_recorded(rows):
         done = converged_mask(rows)
-        per_seed = "; ".join(f"seed {s}: {int((~done[rows['seed'] == s]).sum())} of {int((rows['seed'] == s).sum())}"
-                             for s in seeds)
-        lines.append(f"- cells still improving at the step limit (`converged` False): {int((~done).sum())} of "
-                     f"{len(rows)} runs ({per_seed})")
+        per_seed = "; ".join(
+            f"seed {s}: {int((~done[rows['seed'] == s]).sum())} of {int((rows['seed'] == s).sum())}"
+            for s in seeds
+        )
+        lines.append(
+            f"- cells still improving at the step limit (`converged` False): {int((~done).sum())} of "
+            f"{len(rows)} runs ({per_seed})"
+        )
     return "\n".join(lines)
 
 
@@ -331,6 +384,8 @@ def dynamics_markdown(stages: pd.DataFrame) -> str:
     cols = ["seed", "uniform_end", "hallucination_start", "hallucination_end", "converged_at",
             "uniform_mean", "hallucination_mean", "relation_loss_mid", "hallucination_confirmed"]
     first = stages.iloc[0]
-    head = (f"plateau levels: ln(R D) = {first['uniform_level']:.3f}, ln D = {first['hallucination_level']:.3f} "
-            f"(= ln {round(math.exp(first['hallucination_level']))})")
+    head = (
+        f"plateau levels: ln(R D) = {first['uniform_level']:.3f}, ln D = {first['hallucination_level']:.3f} "
+        f"(= ln {round(math.exp(first['hallucination_level']))})"
+    )
     return head + "\n\n" + stages[cols].to_markdown(index=False, floatfmt=".4g")

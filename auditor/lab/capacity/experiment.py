@@ -58,7 +58,9 @@ class CapacitySettings:
     dim: int = option(64, "Projected token width (d of the layer); ignored by --projection none.")
     projection: str = option("svd", "How the width is reduced.", choices=PROJECTIONS)
     heads: tuple[int, ...] = option((1, 2, 4, 8), "H values.")
-    seeds: tuple[int, ...] = option((0, 1, 2), "Seeds of the labels and initialisation; means carry 95% t intervals.")
+    seeds: tuple[int, ...] = option(
+        (0, 1, 2), "Seeds of the labels and initialisation; means carry 95% t intervals."
+    )
     classes: int = option(10, "Random label classes.")
     subsets: int = option(500, "Kruskal subsets per assumption test.")
     seed: int = option(0, "Model init, row selection, random projection, assumption sampling.")
@@ -93,7 +95,9 @@ def select_rows(n: int, rows: int, query_index: int | None, seed: int) -> torch.
     return torch.cat([torch.tensor([q]), picked]).sort().values
 
 
-def reduce_tokens(tokens: Tokens, settings: CapacitySettings) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+def reduce_tokens(
+    tokens: Tokens, settings: CapacitySettings
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
     """Kept and projected tokens: contexts (N, rows, dim'), queries (N, dim'), and a description."""
     keep = select_rows(tokens.n, settings.rows, tokens.query_index, settings.seed)
     contexts = tokens.contexts[:, keep].double()  # (N, rows, d)
@@ -122,8 +126,10 @@ def assumption_columns(contexts: torch.Tensor, queries: torch.Tensor, n: int, su
     """Assumption 1 (Kruskal rank of the queries >= n) and 2 (every context has rank n) as the audit's
     verdict columns: ``holds``, ``fraction`` and ``critical_rtol`` (None where the probes do not give one)."""
     out: dict[str, Any] = {}
-    results = {1: probes.assumption1(queries, n, subsets=subsets, seed=seed) if n <= queries.shape[0] else None,
-               2: probes.assumption2(contexts)}
+    results = {
+        1: probes.assumption1(queries, n, subsets=subsets, seed=seed) if n <= queries.shape[0] else None,
+        2: probes.assumption2(contexts),
+    }
     for a, result in results.items():
         row = {} if result is None else result.to_dict()
         for verdict in VERDICTS:
@@ -136,18 +142,28 @@ def capacity_unit(unit: dict[str, Any], progress: bool = False) -> list[dict[str
     tokens = Tokens.load(unit["tokens"])
     if unit.get("samples") is not None:  # --samples with --tokens: the first N examples of the file
         tokens = Tokens(tokens.contexts[: unit["samples"]], tokens.queries[: unit["samples"]], tokens.meta)
-    settings = CapacitySettings(**{k: tuple(v) if isinstance(v, list) else v for k, v in unit["capacity"].items()})
+    settings = CapacitySettings(
+        **{k: tuple(v) if isinstance(v, list) else v for k, v in unit["capacity"].items()}
+    )
     train_settings = MemorizeSettings(**unit["train"])
     contexts, queries, info = reduce_tokens(tokens, settings)
     N, n, w = contexts.shape
     verdicts = {
-        **assumption_columns(tokens.contexts, tokens.queries, tokens.n, settings.subsets, settings.seed, "original_"),
+        **assumption_columns(
+            tokens.contexts, tokens.queries, tokens.n, settings.subsets, settings.seed, "original_"
+        ),
         **assumption_columns(contexts, queries, n, settings.subsets, settings.seed, ""),
     }
     members = [(H, seed) for H in settings.heads for seed in settings.seeds]
-    datasets = {seed: MemorizeData(contexts, queries, random_labels(N, settings.classes, seed), "classification",
-                                   settings.classes) for seed in settings.seeds}
-    configs = [MHAConfig(heads=H, d=w, d_h=w, d_v=w, outputs=settings.classes, seed=seed) for H, seed in members]
+    datasets = {
+        seed: MemorizeData(
+            contexts, queries, random_labels(N, settings.classes, seed), "classification", settings.classes
+        )
+        for seed in settings.seeds
+    }
+    configs = [
+        MHAConfig(heads=H, d=w, d_h=w, d_v=w, outputs=settings.classes, seed=seed) for H, seed in members
+    ]
     key = unit_key(unit, KEY_DEFAULTS)
     workdir = Path(unit["workdir"])
     measured = fit_bucket(configs, [datasets[seed] for _, seed in members], train_settings,
@@ -157,21 +173,61 @@ def capacity_unit(unit: dict[str, Any], progress: bool = False) -> list[dict[str
     meta = {k: tokens.meta.get(k, "") for k in ("model", "representation", "weights", "data_source")}
     meta["tokens_dtype"] = tokens.meta.get("dtype", str(tokens.contexts.dtype).removeprefix("torch."))
     return [
-        {**meta, "N": N, "context": n, "d": w, "heads": H, "d_h": w, "seed": seed,
-         "classes": settings.classes, "lower_bound": lower_bound(H, n, w, w)[0],
-         "lower_bound_note": lower_bound(H, n, w, w)[1], **m, **info, **verdicts,
-         "tokens_file": unit["tokens"], "history": f"history/{key}.csv", "saturation": f"saturation/{key}.csv",
-         "member": i}
+        {
+            **meta,
+            "N": N,
+            "context": n,
+            "d": w,
+            "heads": H,
+            "d_h": w,
+            "seed": seed,
+            "classes": settings.classes,
+            "lower_bound": lower_bound(H, n, w, w)[0],
+            "lower_bound_note": lower_bound(H, n, w, w)[1],
+            **m,
+            **info,
+            **verdicts,
+            "tokens_file": unit["tokens"],
+            "history": f"history/{key}.csv",
+            "saturation": f"saturation/{key}.csv",
+            "member": i,
+        }
         for i, ((H, seed), m) in enumerate(zip(members, measured))
     ]
 
 
 _ASSUMPTIONS = tuple(f"{p}assumption{a}_{c}" for p in ("original_", "") for a in (1, 2) for c in VERDICTS)
-COLUMNS = ("model", "representation", "weights", "data_source", "tokens_dtype", "N", "context", "d", "heads", "d_h",
-           "seed", "classes", "lower_bound", "lower_bound_note", "memorized", "accuracy", *_CONVERGENCE, *_CERTIFICATE,
-           *_TRAINING[:-2], "n_original",
-           "d_original", "rows_kept", "projection", "token_rms", *_ASSUMPTIONS, "tokens_file", "history", "saturation",
-           "member")
+COLUMNS = (
+    "model",
+    "representation",
+    "weights",
+    "data_source",
+    "tokens_dtype",
+    "N",
+    "context",
+    "d",
+    "heads",
+    "d_h",
+    "seed",
+    "classes",
+    "lower_bound",
+    "lower_bound_note",
+    "memorized",
+    "accuracy",
+    *_CONVERGENCE,
+    *_CERTIFICATE,
+    *_TRAINING[:-2],
+    "n_original",
+    "d_original",
+    "rows_kept",
+    "projection",
+    "token_rms",
+    *_ASSUMPTIONS,
+    "tokens_file",
+    "history",
+    "saturation",
+    "member",
+)
 
 
 def _units(token_files: dict[str, str | Path], settings: CapacitySettings, train_settings: MemorizeSettings,
@@ -185,9 +241,20 @@ def _units(token_files: dict[str, str | Path], settings: CapacitySettings, train
             for name, path in token_files.items()]
 
 
-def extract_tokens(model: str, weights: str, data: str | None, samples: int, representations: list[str],
-                   out: str | Path, *, device: str = "auto", seed: int = 0, batch_size: int = 16, progress: bool = True,
-                   config_overrides: dict[str, Any] | None = None) -> dict[str, Path]:
+def extract_tokens(
+    model: str,
+    weights: str,
+    data: str | None,
+    samples: int,
+    representations: list[str],
+    out: str | Path,
+    *,
+    device: str = "auto",
+    seed: int = 0,
+    batch_size: int = 16,
+    progress: bool = True,
+    config_overrides: dict[str, Any] | None = None,
+) -> dict[str, Path]:
     """Extract the representations once, as the audit does, and save each as
     ``out/tokens/<representation>.safetensors``. ``config_overrides`` change a random model's
     architecture (tests build tiny ViTs with it)."""
@@ -197,9 +264,13 @@ def extract_tokens(model: str, weights: str, data: str | None, samples: int, rep
     from auditor.models import load_model
 
     loaded = load_model(model, weights, device=device, seed=seed, config_overrides=config_overrides)
-    plan = AuditPlan.of(AuditConfig(model=model, data=data, samples=samples, seed=seed, batch_size=batch_size))
+    plan = AuditPlan.of(
+        AuditConfig(model=model, data=data, samples=samples, seed=seed, batch_size=batch_size)
+    )
     paths = {}
-    for item in extracted(loaded, list(representations), plan.sampling, plan.extraction, None, progress).items:
+    for item in extracted(
+        loaded, list(representations), plan.sampling, plan.extraction, None, progress
+    ).items:
         paths[item.representation] = Path(out) / "tokens" / f"{item.representation}.safetensors"
         item.tokens.save(paths[item.representation])
     return paths
@@ -211,9 +282,14 @@ class CapacityConfig:
 
     model: str | None = option(None, "Model to extract from (see `audit models`).", argument=True)
     weights: str = option("random", "random | pretrained | a local folder.")
-    data: str | None = option(None, "Image folder / text file / hf:<name>.", default_help="the bundled sample")
-    samples: int | None = option(None, "Examples N: extracted, or the first N of each --tokens file.",
-                                 default_help=f"{EXTRACTED_SAMPLES} extracted; every example of a --tokens file")
+    data: str | None = option(
+        None, "Image folder / text file / hf:<name>.", default_help="the bundled sample"
+    )
+    samples: int | None = option(
+        None,
+        "Examples N: extracted, or the first N of each --tokens file.",
+        default_help=f"{EXTRACTED_SAMPLES} extracted; every example of a --tokens file",
+    )
     representations: tuple[str, ...] = option(("embedding", "random-attention", "block.0"),
                                                "Comma-separated representations.")
     tokens: tuple[str, ...] = option((), "Use a --save-tokens file instead of extracting (repeatable).",
@@ -227,7 +303,9 @@ class CapacityConfig:
             raise AuditError(f"--samples must be a positive number of examples, got {self.samples!r}")
         missing = [p for p in self.tokens if not Path(p).is_file()]
         if missing:
-            raise AuditError(f"--tokens file {missing[0]!r} does not exist; give a file written by --save-tokens")
+            raise AuditError(
+                f"--tokens file {missing[0]!r} does not exist; give a file written by --save-tokens"
+            )
         if not self.tokens and not self.model:
             raise AuditError("give a MODEL to extract from (e.g. vit-base) or --tokens FILE")
 
@@ -239,11 +317,21 @@ def _experiment_units(config: CapacityConfig, out: Path) -> list[dict[str, Any]]
             for path in files.values():
                 have = Tokens.load(path).N
                 if have < config.samples:
-                    raise AuditError(f"--samples {config.samples} exceeds the {have} examples of token file "
-                                     f"{str(path)!r}; valid: 1 <= --samples <= {have} (or leave it out to use all)")
+                    raise AuditError(
+                        f"--samples {config.samples} exceeds the {have} examples of token file "
+                        f"{str(path)!r}; valid: 1 <= --samples <= {have} (or leave it out to use all)"
+                    )
         return _units(files, config.settings, config.training, out, samples=config.samples)
-    files = extract_tokens(config.model, config.weights, config.data, config.samples or EXTRACTED_SAMPLES,
-                           list(config.representations), out, device=config.training.device, seed=config.settings.seed)
+    files = extract_tokens(
+        config.model,
+        config.weights,
+        config.data,
+        config.samples or EXTRACTED_SAMPLES,
+        list(config.representations),
+        out,
+        device=config.training.device,
+        seed=config.settings.seed,
+    )
     return _units(files, config.settings, config.training, out)
 
 
@@ -254,8 +342,15 @@ def summarize(frame: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for (name, H), part in frame.groupby(["representation", "heads"], sort=False):
         done = converged_rows(part)
-        row = {"representation": name, "heads": H, "N": int(part["N"].iloc[0]), "context": int(part["context"].iloc[0]),
-               "d": int(part["d"].iloc[0]), "seeds": len(done), "runs": len(part)}
+        row = {
+            "representation": name,
+            "heads": H,
+            "N": int(part["N"].iloc[0]),
+            "context": int(part["context"].iloc[0]),
+            "d": int(part["d"].iloc[0]),
+            "seeds": len(done),
+            "runs": len(part),
+        }
         for quantity in ("memorized", "guaranteed"):
             row[f"{quantity}_mean"], row[f"{quantity}_low"], row[f"{quantity}_high"] = mean_ci(done[quantity])
         row["lower_bound"] = part["lower_bound"].iloc[0]
@@ -280,13 +375,18 @@ def _report(frame: pd.DataFrame, out: Path, config: CapacityConfig) -> str:
                *[f"assumption{a}_{v}" for a in (1, 2) for v in VERDICTS],
                "original_assumption1_holds", "original_assumption2_holds"]
     stopped = frame[~frame["converged"].astype(bool)]
-    return ("Examples memorized by gradient descent (memorized) and proven for arbitrary labels (guaranteed = "
-            "min(rank Z, N)), mean [95% t interval] over the converged seeds, at the same training for every "
-            "representation; seeds = converged of runs; verdicts of the reduced tokens the layer trains on:\n\n"
-            + table(shown, columns)
-            + (f"\n\n{len(stopped)} run(s) stopped at the step limit and are left out (raise --steps or --rounds)."
-               if len(stopped) else "\n\nEvery run converged.")
-            + f"\n\nresults: {out / 'results.csv'}; summary: {out / 'summary.csv'}")
+    return (
+        "Examples memorized by gradient descent (memorized) and proven for arbitrary labels (guaranteed = "
+        "min(rank Z, N)), mean [95% t interval] over the converged seeds, at the same training for every "
+        "representation; seeds = converged of runs; verdicts of the reduced tokens the layer trains on:\n\n"
+        + table(shown, columns)
+        + (
+            f"\n\n{len(stopped)} run(s) stopped at the step limit and are left out (raise --steps or --rounds)."
+            if len(stopped)
+            else "\n\nEvery run converged."
+        )
+        + f"\n\nresults: {out / 'results.csv'}; summary: {out / 'summary.csv'}"
+    )
 
 
 def _plots(frame: pd.DataFrame, out: Path, config: CapacityConfig) -> list[Path]:
@@ -302,18 +402,23 @@ def _plots(frame: pd.DataFrame, out: Path, config: CapacityConfig) -> list[Path]
 EXPERIMENT = Experiment(
     name="capacity",
     help="Memorization on real representations, trained to convergence over several seeds, beside the lower bound "
-         "H(min(n, d_h)-1)+1 and the Assumption 1/2 verdicts of the same tokens.",
+    "H(min(n, d_h)-1)+1 and the Assumption 1/2 verdicts of the same tokens.",
     examples="audit capacity vit-base --data /path/to/images --samples 256\n"
-             "audit capacity --tokens run/tokens/block.0.safetensors",
+    "audit capacity --tokens run/tokens/block.0.safetensors",
     config=CapacityConfig,
     units=_experiment_units,
     run_unit=capacity_unit,
     columns=COLUMNS,
     plots=_plots,
     report=_report,
-    presets={"quick": {"samples": 16, "representations": ("embedding", "block.0"),
-                       "settings": {"rows": 4, "dim": 8, "heads": (1, 2), "classes": 3, "subsets": 50, "seeds": (0,)},
-                       "training": {"steps": 100, "lr": 1e-2, "batch_size": 512, "eval_every": 20}},
-             "reference": {"training": {"steps": 3000, "lr": 1e-2, "batch_size": 512, "eval_every": 50}}},
+    presets={
+        "quick": {
+            "samples": 16,
+            "representations": ("embedding", "block.0"),
+            "settings": {"rows": 4, "dim": 8, "heads": (1, 2), "classes": 3, "subsets": 50, "seeds": (0,)},
+            "training": {"steps": 100, "lr": 1e-2, "batch_size": 512, "eval_every": 20},
+        },
+        "reference": {"training": {"steps": 3000, "lr": 1e-2, "batch_size": 512, "eval_every": 50}},
+    },
     key_defaults=KEY_DEFAULTS,
 )

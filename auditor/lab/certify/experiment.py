@@ -55,11 +55,17 @@ class CertifyRequest:
     d: int = option(8, "Token width d.")
     seeds: tuple[int, ...] = option((0,), "Seeds (data and initialisation).")
     classes: int = option(10, "Random label classes.")
-    shared_context: bool = option(True, "One context for all examples or one each.", flag="--shared/--non-shared")
+    shared_context: bool = option(
+        True, "One context for all examples or one each.", flag="--shared/--non-shared"
+    )
     steps: int = option(0, "Also certify after training this many steps (0: certify the given weights only).")
     lr: float = 1e-2
-    rtol: float | None = option(None, "Relative rank tolerance in (0, 1).", default_help="max(N, H d) * eps(float32)")
-    weights: str = option("random", "'random' (seeded) or a .safetensors/.pt file with W_Q and W_K of shape (H, d, d_h).")
+    rtol: float | None = option(
+        None, "Relative rank tolerance in (0, 1).", default_help="max(N, H d) * eps(float32)"
+    )
+    weights: str = option(
+        "random", "'random' (seeded) or a .safetensors/.pt file with W_Q and W_K of shape (H, d, d_h)."
+    )
 
     def __post_init__(self) -> None:
         if self.weights != "random":
@@ -96,7 +102,9 @@ def load_attention_weights(path: str | Path) -> tuple[torch.Tensor, torch.Tensor
     """W_Q, W_K of shape (H, d, d_h) from a .safetensors file or a tensor-only .pt file."""
     path = Path(path)
     if not path.exists():
-        raise AuditError(f"weights file {str(path)!r} does not exist; give a .safetensors or .pt file or 'random'")
+        raise AuditError(
+            f"weights file {str(path)!r} does not exist; give a .safetensors or .pt file or 'random'"
+        )
     if not path.is_file():
         raise AuditError(f"weights {str(path)!r} is not a file; give a .safetensors or .pt file or 'random'")
     try:
@@ -120,10 +128,14 @@ def load_attention_weights(path: str | Path) -> tuple[torch.Tensor, torch.Tensor
                              "W_Q and W_K must be real numbers")
     W_Q, W_K = tensors["W_Q"].float(), tensors["W_K"].float()
     if W_Q.dim() != 3 or W_Q.shape != W_K.shape or W_Q.numel() == 0:
-        raise AuditError(f"{path}: W_Q {tuple(W_Q.shape)} and W_K {tuple(W_K.shape)} must both be (H, d, d_h), "
-                         "none of them 0")
+        raise AuditError(
+            f"{path}: W_Q {tuple(W_Q.shape)} and W_K {tuple(W_K.shape)} must both be (H, d, d_h), "
+            "none of them 0"
+        )
     if not (torch.isfinite(W_Q).all() and torch.isfinite(W_K).all()):
-        raise AuditError(f"{path}: W_Q and W_K must be finite (found NaN or infinity, also after casting to float32)")
+        raise AuditError(
+            f"{path}: W_Q and W_K must be finite (found NaN or infinity, also after casting to float32)"
+        )
     return W_Q, W_K
 
 
@@ -137,15 +149,32 @@ def _rows(model: MHAEnsemble, i: int, data: MemorizeData, run: MemorizeRun, size
         Z, labels = Z_all[:N], data.labels[:N]
         cert = certify(Z, labels, task="classification", classes=run.classes, rtol=rtol)
         exact = probes.numerical_rank(Z, source_dtype=torch.float64)
-        out.append({
-            "weights": label, "heads": run.heads, "context": run.context, "d_h": run.d_h, "d": run.d, "N": N,
-            "seed": run.seed, "shared_context": run.shared_context, "classes": run.classes,
-            "rank": cert.rank, "guaranteed": cert.guaranteed, "readout_hits": cert.readout_hits,
-            "rtol": cert.rtol, "rank_margin": cert.margin, "rank_f64": int(exact.rank),
-            "rank_f64_margin": float(exact.margin), "features": cert.features,
-            "shared_bound": proposition2_bound(run.heads, run.context) if run.shared_context else None,
-            "lower_bound": bound, "lower_bound_note": note, "readout_residual": cert.residual, "seconds": time.perf_counter() - start,
-        })
+        out.append(
+            {
+                "weights": label,
+                "heads": run.heads,
+                "context": run.context,
+                "d_h": run.d_h,
+                "d": run.d,
+                "N": N,
+                "seed": run.seed,
+                "shared_context": run.shared_context,
+                "classes": run.classes,
+                "rank": cert.rank,
+                "guaranteed": cert.guaranteed,
+                "readout_hits": cert.readout_hits,
+                "rtol": cert.rtol,
+                "rank_margin": cert.margin,
+                "rank_f64": int(exact.rank),
+                "rank_f64_margin": float(exact.margin),
+                "features": cert.features,
+                "shared_bound": proposition2_bound(run.heads, run.context) if run.shared_context else None,
+                "lower_bound": bound,
+                "lower_bound_note": note,
+                "readout_residual": cert.residual,
+                "seconds": time.perf_counter() - start,
+            }
+        )
     return out
 
 
@@ -174,12 +203,19 @@ def certify_unit(unit: dict[str, Any]) -> list[dict[str, Any]]:
         for i, (run, ds) in enumerate(zip(runs, datasets)):
             trained = _rows(model, i, ds, run, sizes, "trained", request.rtol)
             for row in trained:
-                row.update(steps_trained=int(result.steps_trained[i]), train_accuracy=float(result.accuracy[i]))
+                row.update(
+                    steps_trained=int(result.steps_trained[i]), train_accuracy=float(result.accuracy[i])
+                )
             rows += trained
-            curves.append(tolerance_curve(attention_features(model, ds, i)).assign(weights="trained", **_ids(run)))
+            curves.append(
+                tolerance_curve(attention_features(model, ds, i)).assign(weights="trained", **_ids(run))
+            )
     key = unit_key(unit, KEY_DEFAULTS)
-    write_table(pd.concat(curves).assign(d=request.d, shared_context=request.shared_context, dtype="float64 (Z)"),
-                Path(unit["workdir"]) / "tolerance" / f"{key}.csv", unit=key)
+    write_table(
+        pd.concat(curves).assign(d=request.d, shared_context=request.shared_context, dtype="float64 (Z)"),
+        Path(unit["workdir"]) / "tolerance" / f"{key}.csv",
+        unit=key,
+    )
     return [{**row, "dtype": "float32"} for row in rows]
 
 
@@ -200,8 +236,21 @@ def _report(frame: pd.DataFrame, out: Path, request: CertifyRequest) -> str:
     keys = frame["unit"].drop_duplicates()
     curves = pd.concat([pd.read_csv(out / "tolerance" / f"{key}.csv") for key in keys], ignore_index=True)
     write_csv(curves, out / "tolerance.csv")
-    shown = ["weights", "heads", "context", "d_h", "N", "seed", "rank", "guaranteed", "lower_bound", "shared_bound",
-             "readout_hits", "rank_margin", "rank_f64"]
+    shown = [
+        "weights",
+        "heads",
+        "context",
+        "d_h",
+        "N",
+        "seed",
+        "rank",
+        "guaranteed",
+        "lower_bound",
+        "shared_bound",
+        "readout_hits",
+        "rank_margin",
+        "rank_f64",
+    ]
     return (table(frame, shown) + "\n\n" + explain(frame)
             + f"\n\nresults: {out / 'results.csv'}; rank-against-rtol curves: {out / 'tolerance.csv'}")
 
@@ -218,10 +267,14 @@ def explain(frame: pd.DataFrame) -> str:
     ]
     shared = frame[frame["shared_bound"].notna()] if "shared_bound" in frame else frame.iloc[:0]
     if len(shared):
-        lines.append("shared_bound = H(n-1)+1: no weights give rank(Z) above it when all examples share one context.")
+        lines.append(
+            "shared_bound = H(n-1)+1: no weights give rank(Z) above it when all examples share one context."
+        )
         over = shared[shared["guaranteed"] > shared["shared_bound"]]
-        lines.append(f"check: guaranteed <= shared_bound on {len(shared) - len(over)} of {len(shared)} shared-context "
-                     "rows" + ("" if over.empty else " (VIOLATED: see rows with guaranteed > shared_bound)"))
+        lines.append(
+            f"check: guaranteed <= shared_bound on {len(shared) - len(over)} of {len(shared)} shared-context "
+            "rows" + ("" if over.empty else " (VIOLATED: see rows with guaranteed > shared_bound)")
+        )
     notes = frame["lower_bound_note"].dropna() if "lower_bound_note" in frame else pd.Series(dtype=str)
     notes = notes[notes != ""].unique()
     lines += [f"lower_bound blank: {note}" for note in notes]
@@ -246,10 +299,12 @@ def _plots(frame: pd.DataFrame, out: Path, request: CertifyRequest) -> list[Path
     shared = bool(frame["shared_context"].iloc[0])
     curves = curves[curves["seed"] == curves["seed"].min()]
     bound = curves["heads"] * (curves["context"] - 1) + 1 if shared else None
-    plot_tolerance(curves.assign(label=_label(curves), default_rtol=default_rtols(curves, frame), bound=bound),
-                   out / "tolerance.png",
-                   title=f"rank of Z against rtol (N = {curves['N'].max()}, seed {curves['seed'].min()}"
-                         f"{'; dotted: H(n-1)+1' if shared else ''}; dashed: default rtol at that N)")
+    plot_tolerance(
+        curves.assign(label=_label(curves), default_rtol=default_rtols(curves, frame), bound=bound),
+        out / "tolerance.png",
+        title=f"rank of Z against rtol (N = {curves['N'].max()}, seed {curves['seed'].min()}"
+        f"{'; dotted: H(n-1)+1' if shared else ''}; dashed: default rtol at that N)",
+    )
     first_seed = frame[frame["seed"] == frame["seed"].min()]
     plot_rank_vs_examples(first_seed.assign(label=_label(first_seed), bound=first_seed["shared_bound"]),
                           out / "rank_vs_N.png", title=f"rank of Z against N (seed {first_seed['seed'].min()}"
@@ -260,17 +315,40 @@ def _plots(frame: pd.DataFrame, out: Path, request: CertifyRequest) -> list[Path
 EXPERIMENT = Experiment(
     name="certify",
     help="Capacity certificate without gradient descent: the numerical rank of Z, the matrix whose row for "
-         "example t stacks every head's attention-weighted context rows, and the examples a least-squares "
-         "readout on Z provably memorizes.",
+    "example t stacks every head's attention-weighted context rows, and the examples a least-squares "
+    "readout on Z provably memorizes.",
     examples="audit certify --heads 4 --context 8 --d-h 1,2,16 --N 50:300:50 --d 16\n"
-             "audit certify --weights layer.safetensors --context 8 --N 200",
+    "audit certify --weights layer.safetensors --context 8 --N 200",
     config=CertifyRequest,
     units=_units,
     run_unit=certify_unit,
-    columns=("weights", "heads", "context", "d_h", "d", "N", "seed", "shared_context", "classes", "rank", "guaranteed",
-             "readout_hits", "rtol", "rank_margin", "rank_f64", "rank_f64_margin", "features", "shared_bound",
-             "lower_bound", "lower_bound_note", "readout_residual", "seconds", "steps_trained", "train_accuracy",
-             "dtype"),
+    columns=(
+        "weights",
+        "heads",
+        "context",
+        "d_h",
+        "d",
+        "N",
+        "seed",
+        "shared_context",
+        "classes",
+        "rank",
+        "guaranteed",
+        "readout_hits",
+        "rtol",
+        "rank_margin",
+        "rank_f64",
+        "rank_f64_margin",
+        "features",
+        "shared_bound",
+        "lower_bound",
+        "lower_bound_note",
+        "readout_residual",
+        "seconds",
+        "steps_trained",
+        "train_accuracy",
+        "dtype",
+    ),
     plots=_plots,
     report=_report,
     presets={"quick": {"heads": (2,), "context": (3,), "d_h": (3,), "N": (4, 8), "d": 4, "steps": 20}},

@@ -23,6 +23,9 @@ ROOM = Room(
         "measure": "auditor.lab.facts.experiments:MEASURE",
         "scale": "auditor.lab.facts.experiments:SCALE",
     },
-    tools={"generate": "auditor.lab.facts.tools:generate_command", "plot": "auditor.lab.facts.tools:plot_command"},
+    tools={
+        "generate": "auditor.lab.facts.tools:generate_command",
+        "plot": "auditor.lab.facts.tools:plot_command",
+    },
     bits="auditor.lab.facts.bits:READER",
 )

@@ -20,8 +20,10 @@ from auditor.core.errors import AuditError
 def _need(frame: pd.DataFrame, columns: tuple[str, ...], what: str) -> None:
     missing = [c for c in columns if c not in frame]
     if missing:
-        raise AuditError(f"{what} needs the columns {', '.join(missing)}; "
-                         f"run `audit facts {'train --layer-rank' if 'layer_bound' in missing else 'tau'}` first")
+        raise AuditError(
+            f"{what} needs the columns {', '.join(missing)}; "
+            f"run `audit facts {'train --layer-rank' if 'layer_bound' in missing else 'tau'}` first"
+        )
 
 
 def argmax_inflation(frame: pd.DataFrame, rank: int) -> pd.DataFrame:
@@ -29,8 +31,11 @@ def argmax_inflation(frame: pd.DataFrame, rank: int) -> pd.DataFrame:
     mean argmax accuracy over seeds, how many seeds stored every fact, and the most facts stored, next
     to ``rank`` = rank(D). ``frame``: rows of ``audit facts train --layer-rank`` (several runs may be
     concatenated; ``lr`` is read from ``train_config``)."""
-    _need(frame, ("d_model", "heads", "d_qk", "d_vo", "accuracy", "layer_bound", "facts_stored", "train_config"),
-          "argmax_inflation")
+    _need(
+        frame,
+        ("d_model", "heads", "d_qk", "d_vo", "accuracy", "layer_bound", "facts_stored", "train_config"),
+        "argmax_inflation",
+    )
     lr = frame["train_config"].map(lambda c: (c if isinstance(c, dict) else json.loads(c))["lr"])
     table = (frame.assign(lr=lr).groupby(["d_model", "heads", "d_qk", "d_vo", "lr"])
              .agg(layer_bound=("layer_bound", "max"), accuracy_mean=("accuracy", "mean"),
@@ -49,9 +54,19 @@ def tau_tracking(frame: pd.DataFrame, rank: int | None = None) -> pd.DataFrame:
     _need(frame, ("tau", "s_cp_rank", "layer_bound", "acc_tau", "cp_rank"), "tau_tracking")
     rank = int(frame["cp_rank"].iloc[0]) if rank is None else rank
     holdable = frame["layer_bound"].clip(upper=rank)
-    rows = frame.assign(gap=(frame["s_cp_rank"] - holdable).abs() / rank, inflated=frame["s_cp_rank"] > frame["layer_bound"])
-    table = rows.groupby("tau").agg(gap=("gap", "mean"), inflated=("inflated", "mean"), accuracy=("acc_tau", "mean"),
-                                    layers=("gap", "size")).reset_index()
+    rows = frame.assign(
+        gap=(frame["s_cp_rank"] - holdable).abs() / rank, inflated=frame["s_cp_rank"] > frame["layer_bound"]
+    )
+    table = (
+        rows.groupby("tau")
+        .agg(
+            gap=("gap", "mean"),
+            inflated=("inflated", "mean"),
+            accuracy=("acc_tau", "mean"),
+            layers=("gap", "size"),
+        )
+        .reset_index()
+    )
     table["best"] = table["gap"] == table["gap"].min()
     return table
 

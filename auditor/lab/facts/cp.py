@@ -77,7 +77,9 @@ class CPRankEstimate:
     floor: int  # Eckart-Young: no rank below this can reach tolerance
     ceiling: int  # largest rank considered (certified for databases)
     ceiling_certified: bool  # an exact decomposition with `ceiling` terms is known
-    reached_by: str  # "fit" (a restart reached tolerance), "bounds" (floor = certified ceiling), "ceiling", "none"
+    reached_by: (
+        str  # "fit" (a restart reached tolerance), "bounds" (floor = certified ceiling), "ceiling", "none"
+    )
     tolerance: float
     backend: str
     shape: tuple[int, int, int]  # the tensor that was fitted (the compressed core for databases)

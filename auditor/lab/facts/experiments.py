@@ -112,7 +112,9 @@ def tau_unit(config: dict[str, Any]) -> list[dict[str, Any]]:
                 row.update(s_rank_lower=b.lower, s_rank_upper=b.upper, s_cp_rank=est.rank,
                            s_cp_reached_by=est.reached_by, s_cp_seconds=est.seconds)
             else:
-                row.update(s_rank_lower=0, s_rank_upper=0, s_cp_rank=0, s_cp_reached_by="empty", s_cp_seconds=0.0)
+                row.update(
+                    s_rank_lower=0, s_rank_upper=0, s_cp_rank=0, s_cp_reached_by="empty", s_cp_seconds=0.0
+                )
             rows.append({**row, "cp_tolerance": cp.tolerance})
     return _stamp(rows, config)
 
@@ -135,7 +137,9 @@ def bound_unit(config: dict[str, Any]) -> list[dict[str, Any]]:
     db = DatabaseSpec(**config["db"]).build()
     members = _members(config)
     trained = config["state"] == "trained"
-    model = train_layers(db, members, _train_config(config)).model if trained else FactLayer(members, *db.shape)
+    model = (
+        train_layers(db, members, _train_config(config)).model if trained else FactLayer(members, *db.shape)
+    )
     cp = CPConfig(**config.get("cp", {}))
     rows = []
     for e, cfg in enumerate(members):
@@ -161,13 +165,17 @@ def measure_unit(config: dict[str, Any]) -> list[dict[str, Any]]:
     row: dict[str, Any] = {**db.summary(), "seed": spec.seed, "build_seconds": time.perf_counter() - t0}
     t0 = time.perf_counter()
     bounds = rank_bounds(db)
-    row.update({f"bounds_{k}": v for k, v in bounds.to_row().items()}, bounds_seconds=time.perf_counter() - t0)
+    row.update(
+        {f"bounds_{k}": v for k, v in bounds.to_row().items()}, bounds_seconds=time.perf_counter() - t0
+    )
     exact, method = bounds.exact, "bounds meet" if bounds.exact is not None else "open"
     if exact is None and np.prod(bounds.core_shape) <= EXACT_CORE_LIMIT:
         result = exact_rank(db)
         exact, method = result.rank, result.method
     row.update(exact_rank=exact, exact_method=method)
-    row.update({f"cp_{k}": v for k, v in estimate_cp_rank(db, CPConfig(**config.get("cp", {}))).to_row().items()})
+    row.update(
+        {f"cp_{k}": v for k, v in estimate_cp_rank(db, CPConfig(**config.get("cp", {}))).to_row().items()}
+    )
     if config.get("effective", True):
         row.update(effective_rank(db, restarts=config.get("effective_restarts", 2),
                                   max_rank=config.get("effective_max")).to_row())
@@ -201,11 +209,19 @@ def rank_unit(config: dict[str, Any]) -> list[dict[str, Any]]:
 
 def train_csv_unit(config: dict[str, Any]) -> list[dict[str, Any]]:
     """Every layer config trained on a database CSV as one ensemble; with ``layer_rank`` also L's bound."""
-    trained = train_layers(_csv(config), _members(config), _train_config(config), batch_size=config["batch_size"],
-                           progress=True)
+    trained = train_layers(
+        _csv(config), _members(config), _train_config(config), batch_size=config["batch_size"], progress=True
+    )
     cp = CPConfig(restarts=2, max_iter=500)
-    return [{**row, **(layer_columns(trained.model, e, cp) if config["layer_rank"] else {}),
-             "train_config": _train_config(config).to_dict(), "dtype": "float32"} for e, row in enumerate(trained.rows)]
+    return [
+        {
+            **row,
+            **(layer_columns(trained.model, e, cp) if config["layer_rank"] else {}),
+            "train_config": _train_config(config).to_dict(),
+            "dtype": "float32",
+        }
+        for e, row in enumerate(trained.rows)
+    ]
 
 
 def scale_unit(config: dict[str, Any]) -> list[dict[str, Any]]:
@@ -227,7 +243,9 @@ class Training:
     """Training options of the facts sweeps; only the ones set enter a unit (None: the experiment's own)."""
 
     steps: int | None = option(None, "Training steps.", default_help="2000")
-    lr: float | None = option(None, "Peak Adam learning rate.", parse="floats", default_help="3e-3; scale 1e-2")
+    lr: float | None = option(
+        None, "Peak Adam learning rate.", parse="floats", default_help="3e-3; scale 1e-2"
+    )
     eval_every: int | None = None
 
     def __post_init__(self) -> None:
@@ -242,7 +260,9 @@ class Seeded(Training):
     db_seeds: tuple[int, ...] = option((0, 1), "Database seeds.")
     seeds: tuple[int, ...] = option((0, 1, 2), "Initialisation seeds of the layers.")
 
-    def _units(self, name: str, db: DatabaseSpec, members: list[LayerConfig], **extra: Any) -> list[dict[str, Any]]:
+    def _units(
+        self, name: str, db: DatabaseSpec, members: list[LayerConfig], **extra: Any
+    ) -> list[dict[str, Any]]:
         layers = [m.to_dict() for m in members]
         return [{"experiment": name, "db": {**db.to_dict(), "seed": s}, "members": layers, **extra,
                  "train": self.train()} for s in self.db_seeds]
@@ -257,8 +277,17 @@ class WidthConfig(Seeded):
     d_vos: tuple[int, ...] = (1, 2, 4, 8, 16)
 
     def units(self) -> list[dict[str, Any]]:
-        return self._units("width", self.db, [LayerConfig(d_model=d, heads=1, d_qk=d, d_vo=v, seed=i)
-                                              for d in self.d_models for v in self.d_vos if v <= d for i in self.seeds])
+        return self._units(
+            "width",
+            self.db,
+            [
+                LayerConfig(d_model=d, heads=1, d_qk=d, d_vo=v, seed=i)
+                for d in self.d_models
+                for v in self.d_vos
+                if v <= d
+                for i in self.seeds
+            ],
+        )
 
 
 @dataclass(frozen=True)
@@ -270,8 +299,16 @@ class BudgetConfig(Seeded):
 
     def units(self) -> list[dict[str, Any]]:
         grid = range(1, self.d_model + 1)
-        return self._units("budget", self.db, [LayerConfig(d_model=self.d_model, heads=1, d_qk=qk, d_vo=vo, seed=i)
-                                               for qk in grid for vo in grid for i in self.seeds])
+        return self._units(
+            "budget",
+            self.db,
+            [
+                LayerConfig(d_model=self.d_model, heads=1, d_qk=qk, d_vo=vo, seed=i)
+                for qk in grid
+                for vo in grid
+                for i in self.seeds
+            ],
+        )
 
 
 @dataclass(frozen=True)
@@ -284,11 +321,17 @@ class GeneratedDatabase:
     queries: int | None = option(None, "|Q| (relations) of the generated database.", default_help="8")
     values_per_query: int | None = option(None, "Values each relation owns (or the shared vocabulary size).",
                                           default_help="8")
-    shared_values: bool | None = option(None, "One value vocabulary shared by every relation.", default_help="on")
-    density: float | None = option(None, "Fraction of (key, query) pairs present, in (0, 1].", default_help="1.0")
+    shared_values: bool | None = option(
+        None, "One value vocabulary shared by every relation.", default_help="on"
+    )
+    density: float | None = option(
+        None, "Fraction of (key, query) pairs present, in (0, 1].", default_help="1.0"
+    )
     key_groups: int | None = option(None, "planted: key groups.", default_help="4")
     query_groups: int | None = option(None, "planted: query groups.", default_help="2")
-    noise: float | None = option(None, "planted: fraction of facts relabelled, in [0, 1].", default_help="0.0")
+    noise: float | None = option(
+        None, "planted: fraction of facts relabelled, in [0, 1].", default_help="0.0"
+    )
 
     def changes(self) -> dict[str, Any]:
         """The fields that were set."""
@@ -308,8 +351,12 @@ class TauConfig(Seeded):
     (by default 8 values shared by all relations, so that rank(D), certified in [32, 63], is not simply
     the number of values; one unit per database seed) or on a database CSV (one unit)."""
 
-    database: str | None = option(None, "Database CSV with a header row (e.g. written by `audit facts generate`).",
-                                  argument=True, default_help="a generated database")
+    database: str | None = option(
+        None,
+        "Database CSV with a header row (e.g. written by `audit facts generate`).",
+        argument=True,
+        default_help="a generated database",
+    )
     key_col: str = option("key", "CSV column of the key.")
     query_col: str = option("query", "CSV column of the query.")
     value_col: str = option("value", "CSV column of the value.")
@@ -317,7 +364,9 @@ class TauConfig(Seeded):
     db: DatabaseSpec = DatabaseSpec(kind="random", keys=32, queries=8, values_per_query=8, shared_values=True)
     db_seeds: tuple[int, ...] | None = option(None, "Seeds of the generated database (one unit each).",
                                               default_help="0")
-    d_models: tuple[int, ...] = option((2, 4, 8, 16), "Widths d_model (= d_qk), list or range.", flag="--d-model")
+    d_models: tuple[int, ...] = option(
+        (2, 4, 8, 16), "Widths d_model (= d_qk), list or range.", flag="--d-model"
+    )
     d_vos: tuple[int, ...] | None = option(None, "d_head,vo values (d_qk stays d_model).",
                                            flag="--d-vo", default_help="d_model")
     taus: tuple[float, ...] = option(TAU_GRID, "Thresholds tau, each in (0, 1).", flag="--tau")
@@ -348,8 +397,16 @@ class TauConfig(Seeded):
         extra = {"taus": list(self.taus), "cp": {"tolerance": 1e-3, "restarts": 2, "max_iter": 500}}
         layers = [m.to_dict() for m in members]
         if self.database is None:
-            return [{"experiment": "tau", "db": {**self.spec().to_dict(), "seed": s}, "members": layers, **extra,
-                     "train": self.train()} for s in self.db_seeds or (0,)]
+            return [
+                {
+                    "experiment": "tau",
+                    "db": {**self.spec().to_dict(), "seed": s},
+                    "members": layers,
+                    **extra,
+                    "train": self.train(),
+                }
+                for s in self.db_seeds or (0,)
+            ]
         return [{"experiment": "tau", "database": str(Path(self.database).resolve()),
                  "fingerprint": file_fingerprint(self.database), "columns": self.columns(), "members": layers,
                  **extra, "train": self.train()}]
@@ -361,13 +418,25 @@ class BoundConfig(Training):
 
     db: DatabaseSpec = DatabaseSpec(kind="random", keys=6, queries=4, values_per_query=3)
     members: tuple[LayerConfig, ...] = tuple(
-        LayerConfig(d_model=d, heads=h, d_qk=qk, d_vo=vo, seed=i) for i, (d, h, qk, vo) in enumerate(
-            [(2, 1, 2, 1), (4, 1, 4, 1), (4, 1, 1, 4), (4, 2, 2, 2), (8, 1, 8, 1), (8, 1, 2, 4), (8, 2, 4, 2)]))
+        LayerConfig(d_model=d, heads=h, d_qk=qk, d_vo=vo, seed=i)
+        for i, (d, h, qk, vo) in enumerate(
+            [(2, 1, 2, 1), (4, 1, 4, 1), (4, 1, 1, 4), (4, 2, 2, 2), (8, 1, 8, 1), (8, 1, 2, 4), (8, 2, 4, 2)]
+        )
+    )
     cp: tuple[tuple[str, Any], ...] = (("tolerance", 1e-4), ("restarts", 2), ("max_iter", 500))
 
     def units(self) -> list[dict[str, Any]]:
-        return [{"experiment": "bound", "db": self.db.to_dict(), "members": [m.to_dict() for m in self.members],
-                 "state": s, "train": self.train(), "cp": dict(self.cp)} for s in ("random", "trained")]
+        return [
+            {
+                "experiment": "bound",
+                "db": self.db.to_dict(),
+                "members": [m.to_dict() for m in self.members],
+                "state": s,
+                "train": self.train(),
+                "cp": dict(self.cp),
+            }
+            for s in ("random", "trained")
+        ]
 
 
 @dataclass(frozen=True)
@@ -395,23 +464,47 @@ class ScaleConfig(Training):
     0.2% of the facts relabelled (open rank intervals that the CP search settles on the compressed core);
     training on the first and the last."""
 
-    dbs: tuple[DatabaseSpec, ...] = (DatabaseSpec(kind="random", keys=2000, queries=10, values_per_query=10),
-                                     DatabaseSpec(**_BIG), DatabaseSpec(**_BIG, shared_values=True, values_per_query=10),
-                                     DatabaseSpec(**_BIG, noise=0.002))
+    dbs: tuple[DatabaseSpec, ...] = (
+        DatabaseSpec(kind="random", keys=2000, queries=10, values_per_query=10),
+        DatabaseSpec(**_BIG),
+        DatabaseSpec(**_BIG, shared_values=True, values_per_query=10),
+        DatabaseSpec(**_BIG, noise=0.002),
+    )
     train_dbs: tuple[int, ...] = (0, -1)  # indices into dbs
-    members: tuple[LayerConfig, ...] = tuple(LayerConfig(d_model=d, heads=2, d_qk=d, d_vo=d) for d in (16, 32, 64))
+    members: tuple[LayerConfig, ...] = tuple(
+        LayerConfig(d_model=d, heads=2, d_qk=d, d_vo=d) for d in (16, 32, 64)
+    )
     batch_size: int = 2048
     effective: bool = True  # effective-rank search on the planted databases
 
     def units(self) -> list[dict[str, Any]]:
-        rank = [{"experiment": "scale-rank", "db": db.to_dict(),  # the first two fitted on the full tensor
-                 "cp": {"tolerance": 1e-4, "restarts": 4 if db.kind == "random" else 2, "max_iter": 1000, "backend": "als",
-                        "compress": i >= 2, "verify_ceiling": i < 2},
-                 "effective": self.effective and db.kind == "planted", "effective_max": 16}
-                for i, db in enumerate(self.dbs)]
-        train = [{"experiment": "scale-train", "db": self.dbs[i].to_dict(), "members": [m.to_dict() for m in self.members],
-                  "train": {"steps": 2000, "lr": 1e-2, "eval_every": 100, **self.train()}, "batch_size": self.batch_size}
-                 for i in dict.fromkeys(j % len(self.dbs) for j in self.train_dbs)]
+        rank = [
+            {
+                "experiment": "scale-rank",
+                "db": db.to_dict(),  # the first two fitted on the full tensor
+                "cp": {
+                    "tolerance": 1e-4,
+                    "restarts": 4 if db.kind == "random" else 2,
+                    "max_iter": 1000,
+                    "backend": "als",
+                    "compress": i >= 2,
+                    "verify_ceiling": i < 2,
+                },
+                "effective": self.effective and db.kind == "planted",
+                "effective_max": 16,
+            }
+            for i, db in enumerate(self.dbs)
+        ]
+        train = [
+            {
+                "experiment": "scale-train",
+                "db": self.dbs[i].to_dict(),
+                "members": [m.to_dict() for m in self.members],
+                "train": {"steps": 2000, "lr": 1e-2, "eval_every": 100, **self.train()},
+                "batch_size": self.batch_size,
+            }
+            for i in dict.fromkeys(j % len(self.dbs) for j in self.train_dbs)
+        ]
         return rank + train
 
 
@@ -427,7 +520,9 @@ class CSVDatabase:
     def __post_init__(self) -> None:
         if self.database is None:
             raise AuditError("give a DATABASE csv (e.g. written by `audit facts generate`)")
-        load_csv(self.database, **self.columns())  # a missing file, an unknown column or a clash: here, not later
+        load_csv(
+            self.database, **self.columns()
+        )  # a missing file, an unknown column or a clash: here, not later
 
     def columns(self) -> dict[str, str]:
         return {"key": self.key_col, "query": self.query_col, "value": self.value_col}
@@ -482,8 +577,13 @@ class TrainLayersConfig(CSVDatabase):
         members = [LayerConfig(d_model=d, heads=h, d_qk=qk, d_vo=vo, seed=s)
                    for d in self.d_model for h in self.heads for vo in self.d_vo or [d]
                    for qk in ([d - vo + 1] if self.budget else (self.d_qk or [d])) for s in self.seeds]
-        return self.unit("train", members=[m.to_dict() for m in members], batch_size=self.batch_size,
-                         train={"steps": self.steps, "lr": self.lr, "eval_every": 50}, layer_rank=self.layer_rank)
+        return self.unit(
+            "train",
+            members=[m.to_dict() for m in members],
+            batch_size=self.batch_size,
+            train={"steps": self.steps, "lr": self.lr, "eval_every": 50},
+            layer_rank=self.layer_rank,
+        )
 
 
 # ---------------------------------------------------------------- the experiments
@@ -499,14 +599,43 @@ _LAYER_BOUND = (*(f"layer_{k}" for k in _BOUND_PARTS), "construction_residual", 
                 "layer_cp_rank", "layer_cp_reached_by", "layer_cp_seconds")
 _BOUNDS = tuple(f"bounds_{k}" for k in ("lower", "upper", "paper_bound", "value_slice_bound", "flattening",
                                         "core_shape", "exact"))
-_CP = tuple(f"cp_{k}" for k in ("rank", "floor", "ceiling", "ceiling_certified", "reached_by", "tolerance", "backend",
-                                "shape", "seconds", "tried"))
+_CP = tuple(
+    f"cp_{k}"
+    for k in (
+        "rank",
+        "floor",
+        "ceiling",
+        "ceiling_certified",
+        "reached_by",
+        "tolerance",
+        "backend",
+        "shape",
+        "seconds",
+        "tried",
+    )
+)
 _EFFECTIVE = ("effective_rank", "effective_lower", "effective_exact", "effective_seconds", "effective_tried")
 _MEASURED = (*_IDS, "seed", "build_seconds", *_BOUNDS, "bounds_seconds", "exact_rank", "exact_method", *_CP,
              *_EFFECTIVE)
-KEY_DEFAULTS = {"db": DatabaseSpec, "members": [LayerConfig], "cp": CPConfig}  # a unit's key leaves these defaults out
-_SHOW_TRAINED = ("d_model", "heads", "d_qk", "d_vo", "seed", "parameters", "accuracy", "acc_tau0.95", "steps_trained",
-                 "layer_bound", "layer_cp_rank", "layer_flattening_lower")
+KEY_DEFAULTS = {
+    "db": DatabaseSpec,
+    "members": [LayerConfig],
+    "cp": CPConfig,
+}  # a unit's key leaves these defaults out
+_SHOW_TRAINED = (
+    "d_model",
+    "heads",
+    "d_qk",
+    "d_vo",
+    "seed",
+    "parameters",
+    "accuracy",
+    "acc_tau0.95",
+    "steps_trained",
+    "layer_bound",
+    "layer_cp_rank",
+    "layer_flattening_lower",
+)
 
 
 def _facts(name: str, help: str, config: type, run_unit: Callable[[dict[str, Any]], list[dict[str, Any]]],
@@ -520,58 +649,185 @@ def _facts(name: str, help: str, config: type, run_unit: Callable[[dict[str, Any
 
 
 _SEEDED = {"show": _SHOW_TRAINED}
-WIDTH = _facts("width", "Accuracy against d_model and d_vo (d_qk = d_model, one head), per database seed.",
-               WidthConfig, train_unit, (*_IDS, *_LAYER, *_TRAINED, "bounds_lower", "bounds_upper", "bounds_exact", "on_budget",
-                             *_STAMP),
-               presets={"quick": {"db": QUICK_DB, "d_models": (2, 4), "d_vos": (1, 2), "db_seeds": (0,),
-                                  "seeds": (0,), **QUICK}}, **_SEEDED)
-BUDGET = _facts("budget", "The full d_qk x d_vo grid at a fixed d_model; its anti-diagonal is Paper B's fixed "
-                "parameter budget.", BudgetConfig, train_unit, WIDTH.columns,
-                presets={"quick": {"db": QUICK_DB, "d_model": 3, "db_seeds": (0,), "seeds": (0,), **QUICK}}, **_SEEDED)
-TAU = _facts("tau", "Trained layers: rank of softmax>=tau(L) and the softmax>=tau accuracy for tau in 0.5..0.99, "
-             "beside rank(D); on a generated database (change it with --keys, --queries, ...) or a DATABASE csv.",
-             TauConfig, tau_unit,
-             (*_IDS, *_LAYER, *[c for c in _TRAINED if not c.startswith("acc_tau")], "tau", "acc_tau",
-              "thresholded_triples", "bounds_lower", "bounds_upper", "cp_rank", "layer_bound", "layer_flattening_lower",
-              "s_rank_lower", "s_rank_upper", "s_cp_rank", "s_cp_reached_by", "s_cp_seconds", "cp_tolerance", *_STAMP),
-             presets={"quick": {"db": QUICK_DB, "d_models": (2, 4), "taus": (0.5, 0.9), "seeds": (0,), **QUICK}},
-             show=("d_model", "seed", "tau", "acc_tau", "s_cp_rank", "layer_bound", "cp_rank"),
-             examples="audit facts tau --keys 32 --queries 8 --values-per-query 4 --no-shared-values --d-model 2:6,8,16\n"
-                      "audit facts tau db.csv --d-model 4,8 --tau 0.5,0.95 --steps 500 --lr 1e-2")
-BOUND = _facts("bound", "The bound on rank(L) against L's CP-rank estimate and flattening lower bound, random and "
-               "trained layers.", BoundConfig, bound_unit,
-               (*_IDS, *_LAYER, "state", *_LAYER_BOUND, "architecture_bound", "cp_tolerance", "bound_holds",
-                "tight_certified", "loose", "slack", *_STAMP),
-               presets={"quick": {"db": DatabaseSpec(keys=4, queries=3, values_per_query=2), **QUICK,
-                                  "members": (LayerConfig(d_model=2, d_qk=1, d_vo=1),
-                                              LayerConfig(d_model=3, heads=2, d_qk=2, d_vo=1)),
-                                  "cp": (("tolerance", 1e-3), ("restarts", 1), ("max_iter", 200))}},
-               show=("d_model", "heads", "d_qk", "d_vo", "state", "layer_bound", "layer_cp_rank",
-                     "layer_flattening_lower", "architecture_bound", "bound_holds"))
-MEASURE = _facts("measure", "Databases through every measure: triples, the paper's bound, certified bounds, exact "
-                 "rank, CP estimate, effective rank.", MeasureConfig, measure_unit, (*_MEASURED, *_STAMP),
-                 presets={"quick": {"dbs": (QUICK_DB, DatabaseSpec(keys=5, queries=3, values_per_query=2,
-                                                                   shared_values=True, seed=1))}},
-                 show=("db", "triples", "bounds_lower", "bounds_upper", "exact_rank", "cp_rank", "effective_rank"))
-SCALE = _facts("scale", "Databases of >= 20,000 triples through the measures (batched sparse ALS) and through "
-               "training, with the time of each stage (rank/ and train/).", ScaleConfig, scale_unit,
-               (*_MEASURED, *_LAYER, *_TRAINED, "seconds", "batch_size", *_STAMP),
-               presets={"quick": {"dbs": (DatabaseSpec(keys=200, queries=10, values_per_query=10),), "batch_size": 512,
-                                  "members": (LayerConfig(d_model=16, heads=2, d_qk=16, d_vo=16),), "effective": False,
-                                  **QUICK}},
-               folder=lambda unit: unit["experiment"].removeprefix("scale-"),
-               show=("db", "triples", "bounds_exact", "cp_rank", "cp_seconds", "d_model", "accuracy", "train_seconds"))
-RANK = _facts("rank", "Measure a database CSV: triples, the paper's bound, certified bounds, exact rank, CP estimate.",
-              RankConfig, rank_unit, (*_IDS, *_BOUNDS, "exact_rank", "exact_lower", "exact_upper", "exact_method",
-                           "exact_core_shape", *_CP, *_EFFECTIVE),
-              presets={"quick": {"restarts": 1, "max_iter": 500}},
-              show=("db", "triples", "keys", "queries", "values", "bounds_paper_bound", "bounds_value_slice_bound",
-                    "bounds_lower", "bounds_upper", "exact_rank", "exact_method", "cp_rank", "cp_reached_by",
-                    "cp_tolerance", "effective_rank"))
-TRAIN_LAYERS = _facts("train", "Train one attention-only layer per configuration on a database CSV (all batched); "
-                      "report the accuracies.", TrainLayersConfig, train_csv_unit, (*_IDS, *_LAYER, *_TRAINED, *_LAYER_BOUND,
-                                                                    "train_config", "dtype"),
-                      presets={"quick": {"steps": 100}}, show=_SHOW_TRAINED)
+WIDTH = _facts(
+    "width",
+    "Accuracy against d_model and d_vo (d_qk = d_model, one head), per database seed.",
+    WidthConfig,
+    train_unit,
+    (*_IDS, *_LAYER, *_TRAINED, "bounds_lower", "bounds_upper", "bounds_exact", "on_budget", *_STAMP),
+    presets={
+        "quick": {
+            "db": QUICK_DB,
+            "d_models": (2, 4),
+            "d_vos": (1, 2),
+            "db_seeds": (0,),
+            "seeds": (0,),
+            **QUICK,
+        }
+    },
+    **_SEEDED,
+)
+BUDGET = _facts(
+    "budget",
+    "The full d_qk x d_vo grid at a fixed d_model; its anti-diagonal is Paper B's fixed parameter budget.",
+    BudgetConfig,
+    train_unit,
+    WIDTH.columns,
+    presets={"quick": {"db": QUICK_DB, "d_model": 3, "db_seeds": (0,), "seeds": (0,), **QUICK}},
+    **_SEEDED,
+)
+TAU = _facts(
+    "tau",
+    "Trained layers: rank of softmax>=tau(L) and the softmax>=tau accuracy for tau in 0.5..0.99, "
+    "beside rank(D); on a generated database (change it with --keys, --queries, ...) or a DATABASE csv.",
+    TauConfig,
+    tau_unit,
+    (
+        *_IDS,
+        *_LAYER,
+        *[c for c in _TRAINED if not c.startswith("acc_tau")],
+        "tau",
+        "acc_tau",
+        "thresholded_triples",
+        "bounds_lower",
+        "bounds_upper",
+        "cp_rank",
+        "layer_bound",
+        "layer_flattening_lower",
+        "s_rank_lower",
+        "s_rank_upper",
+        "s_cp_rank",
+        "s_cp_reached_by",
+        "s_cp_seconds",
+        "cp_tolerance",
+        *_STAMP,
+    ),
+    presets={"quick": {"db": QUICK_DB, "d_models": (2, 4), "taus": (0.5, 0.9), "seeds": (0,), **QUICK}},
+    show=("d_model", "seed", "tau", "acc_tau", "s_cp_rank", "layer_bound", "cp_rank"),
+    examples="audit facts tau --keys 32 --queries 8 --values-per-query 4 --no-shared-values --d-model 2:6,8,16\n"
+    "audit facts tau db.csv --d-model 4,8 --tau 0.5,0.95 --steps 500 --lr 1e-2",
+)
+BOUND = _facts(
+    "bound",
+    "The bound on rank(L) against L's CP-rank estimate and flattening lower bound, random and "
+    "trained layers.",
+    BoundConfig,
+    bound_unit,
+    (
+        *_IDS,
+        *_LAYER,
+        "state",
+        *_LAYER_BOUND,
+        "architecture_bound",
+        "cp_tolerance",
+        "bound_holds",
+        "tight_certified",
+        "loose",
+        "slack",
+        *_STAMP,
+    ),
+    presets={
+        "quick": {
+            "db": DatabaseSpec(keys=4, queries=3, values_per_query=2),
+            **QUICK,
+            "members": (
+                LayerConfig(d_model=2, d_qk=1, d_vo=1),
+                LayerConfig(d_model=3, heads=2, d_qk=2, d_vo=1),
+            ),
+            "cp": (("tolerance", 1e-3), ("restarts", 1), ("max_iter", 200)),
+        }
+    },
+    show=(
+        "d_model",
+        "heads",
+        "d_qk",
+        "d_vo",
+        "state",
+        "layer_bound",
+        "layer_cp_rank",
+        "layer_flattening_lower",
+        "architecture_bound",
+        "bound_holds",
+    ),
+)
+MEASURE = _facts(
+    "measure",
+    "Databases through every measure: triples, the paper's bound, certified bounds, exact "
+    "rank, CP estimate, effective rank.",
+    MeasureConfig,
+    measure_unit,
+    (*_MEASURED, *_STAMP),
+    presets={
+        "quick": {
+            "dbs": (QUICK_DB, DatabaseSpec(keys=5, queries=3, values_per_query=2, shared_values=True, seed=1))
+        }
+    },
+    show=("db", "triples", "bounds_lower", "bounds_upper", "exact_rank", "cp_rank", "effective_rank"),
+)
+SCALE = _facts(
+    "scale",
+    "Databases of >= 20,000 triples through the measures (batched sparse ALS) and through "
+    "training, with the time of each stage (rank/ and train/).",
+    ScaleConfig,
+    scale_unit,
+    (*_MEASURED, *_LAYER, *_TRAINED, "seconds", "batch_size", *_STAMP),
+    presets={
+        "quick": {
+            "dbs": (DatabaseSpec(keys=200, queries=10, values_per_query=10),),
+            "batch_size": 512,
+            "members": (LayerConfig(d_model=16, heads=2, d_qk=16, d_vo=16),),
+            "effective": False,
+            **QUICK,
+        }
+    },
+    folder=lambda unit: unit["experiment"].removeprefix("scale-"),
+    show=("db", "triples", "bounds_exact", "cp_rank", "cp_seconds", "d_model", "accuracy", "train_seconds"),
+)
+RANK = _facts(
+    "rank",
+    "Measure a database CSV: triples, the paper's bound, certified bounds, exact rank, CP estimate.",
+    RankConfig,
+    rank_unit,
+    (
+        *_IDS,
+        *_BOUNDS,
+        "exact_rank",
+        "exact_lower",
+        "exact_upper",
+        "exact_method",
+        "exact_core_shape",
+        *_CP,
+        *_EFFECTIVE,
+    ),
+    presets={"quick": {"restarts": 1, "max_iter": 500}},
+    show=(
+        "db",
+        "triples",
+        "keys",
+        "queries",
+        "values",
+        "bounds_paper_bound",
+        "bounds_value_slice_bound",
+        "bounds_lower",
+        "bounds_upper",
+        "exact_rank",
+        "exact_method",
+        "cp_rank",
+        "cp_reached_by",
+        "cp_tolerance",
+        "effective_rank",
+    ),
+)
+TRAIN_LAYERS = _facts(
+    "train",
+    "Train one attention-only layer per configuration on a database CSV (all batched); "
+    "report the accuracies.",
+    TrainLayersConfig,
+    train_csv_unit,
+    (*_IDS, *_LAYER, *_TRAINED, *_LAYER_BOUND, "train_config", "dtype"),
+    presets={"quick": {"steps": 100}},
+    show=_SHOW_TRAINED,
+)
 
 
 def plot_results(results: str | Path, out: str | Path | None = None) -> list[Path]:

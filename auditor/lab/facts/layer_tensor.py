@@ -121,7 +121,9 @@ class LayerBound:
         return row
 
 
-def _key_side(lt: LayerTensor, rtol: float | None) -> tuple[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
+def _key_side(
+    lt: LayerTensor, rtol: float | None
+) -> tuple[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
     """Fewest key-side terms among the constructions, and those terms as (a, b, c) triples."""
     A, KV = lt.attention, lt.key_values
     K, Q, V = lt.shape
@@ -142,7 +144,9 @@ def _key_side(lt: LayerTensor, rtol: float | None) -> tuple[int, list[tuple[np.n
     return len(best), best
 
 
-def _query_side(lt: LayerTensor, rtol: float | None) -> tuple[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
+def _query_side(
+    lt: LayerTensor, rtol: float | None
+) -> tuple[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
     """Fewest terms for the direct path plus the query-side terms, and the terms."""
     A, QV, E = lt.attention, lt.query_values, lt.direct
     K, Q, V = lt.shape
@@ -202,7 +206,9 @@ def _slice_terms(L: np.ndarray, rtol: float | None) -> list[tuple[np.ndarray, np
     return best or []
 
 
-def bound_decomposition(lt: LayerTensor, rtol: float | None = None) -> tuple[LayerBound, tuple[np.ndarray, ...]]:
+def bound_decomposition(
+    lt: LayerTensor, rtol: float | None = None
+) -> tuple[LayerBound, tuple[np.ndarray, ...]]:
     """The bound and an explicit CP decomposition of L with exactly ``bound`` terms (factors (n, bound))."""
     L = lt.full()
     n_key, key_terms = _key_side(lt, rtol)

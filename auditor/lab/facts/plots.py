@@ -16,7 +16,9 @@ from auditor.lab.figures import heatmap, plt, save
 def _title(frame: pd.DataFrame) -> str:
     first = frame.iloc[0]
     seeds = frame["db"].nunique() if "db" in frame else 1
-    return f"{first['keys']} keys x {first['queries']} queries, {first['triples']} triples ({seeds} database(s))"
+    return (
+        f"{first['keys']} keys x {first['queries']} queries, {first['triples']} triples ({seeds} database(s))"
+    )
 
 
 def plot_width(frame: pd.DataFrame, out: Path) -> list[Path]:
@@ -76,7 +78,9 @@ def plot_tau(frame: pd.DataFrame, out: Path) -> list[Path]:
         right.plot(mean.index, mean["acc_tau"], marker="o", label=f"d_model = {d_model}")
     lo, hi = frame["bounds_lower"].iloc[0], frame["bounds_upper"].iloc[0]
     left.axhspan(lo, hi, color="k", alpha=0.08, label=f"rank(D) in [{lo}, {hi}] (certified)")
-    left.axhline(frame["cp_rank"].iloc[0], color="k", ls="--", label=f"rank(D) estimate {frame['cp_rank'].iloc[0]}")
+    left.axhline(
+        frame["cp_rank"].iloc[0], color="k", ls="--", label=f"rank(D) estimate {frame['cp_rank'].iloc[0]}"
+    )
     left.set_xlabel("tau")
     left.set_ylabel(f"CP rank of softmax>=tau(L) (cp_tolerance {frame['cp_tolerance'].iloc[0]:g})")
     left.set_title("dotted: bound on rank(L) of that layer")
@@ -98,7 +102,9 @@ def plot_bound(frame: pd.DataFrame, out: Path) -> list[Path]:
     for state, marker in (("random", "o"), ("trained", "s")):
         part = frame[frame["state"] == state]
         if len(part):
-            ax.scatter(part["layer_bound"], part["layer_cp_rank"], marker=marker, label=f"{state}: CP estimate")
+            ax.scatter(
+                part["layer_bound"], part["layer_cp_rank"], marker=marker, label=f"{state}: CP estimate"
+            )
             ax.scatter(
                 part["layer_bound"],
                 part["layer_flattening_lower"],

@@ -27,7 +27,9 @@ from auditor.lab.cli import SEED, SIZE, threads_option
 @click.option("--query-groups", default=2, type=SIZE, show_default=True, help="planted: query groups.")
 @click.option("--noise", default=0.0, show_default=True, help="planted: fraction of facts relabelled.")
 @click.option("--seed", default=0, type=SEED, show_default=True)
-@click.option("-o", "--output", required=True, help="CSV file to write (columns key, query, value, provenance).")
+@click.option(
+    "-o", "--output", required=True, help="CSV file to write (columns key, query, value, provenance)."
+)
 @threads_option
 def generate_command(output: str, **spec: Any) -> None:
     """Write a seeded random database as CSV."""

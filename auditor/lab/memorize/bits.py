@@ -42,20 +42,42 @@ def memorize_bits(frame: pd.DataFrame, experiment: str = "memorize") -> pd.DataF
     if experiment == "memorize" and "shared_queries" in frame:
         experiment = "memorize shared-queries"
     regression = frame["task"].eq("regression") if "task" in frame else pd.Series(False, index=frame.index)
-    tolerance = frame["error_tolerance"].astype(float) if "error_tolerance" in frame else pd.Series(np.nan, index=frame.index)
+    tolerance = (
+        frame["error_tolerance"].astype(float)
+        if "error_tolerance" in frame
+        else pd.Series(np.nan, index=frame.index)
+    )
     outputs = frame["outputs"] if "outputs" in frame else pd.Series(1, index=frame.index)
     label_bits = np.where(regression, outputs * np.log2(1.0 / (2.0 * tolerance.where(regression, 0.25))),
                           np.log2(frame["classes"].astype(float)))
     label_bits = pd.Series(label_bits, index=frame.index)
     parameters = frame["parameters"] if "parameters" in frame else frame.apply(
         lambda r: layer_parameters(r, d_v=int(r["d"]) if "d_v" not in r else None), axis=1)
-    formula = np.where(regression, "memorized x outputs x log2(1 / (2 error_tolerance))", "memorized x log2(classes)")
-    config = frame.apply(lambda r: ", ".join(f"{k}={r[k]}" for k in ("representation", "heads", "context", "d_h", "d", "N",
-                                                                     "seed") if k in r and pd.notna(r[k])), axis=1)
+    formula = np.where(
+        regression, "memorized x outputs x log2(1 / (2 error_tolerance))", "memorized x log2(classes)"
+    )
+    config = frame.apply(
+        lambda r: ", ".join(
+            f"{k}={r[k]}"
+            for k in ("representation", "heads", "context", "d_h", "d", "N", "seed")
+            if k in r and pd.notna(r[k])
+        ),
+        axis=1,
+    )
     paper_a, dana = paper_a_bounds(frame, label_bits)
-    return pd.DataFrame({"room": "memorize", "experiment": experiment, "config": config,
-                         "stored_bits": frame["memorized"] * label_bits, "parameters": parameters, "formula": formula,
-                         "converged": attention_converged(frame), "bound_bits_paper_a": paper_a, "bound_bits_dana": dana})
+    return pd.DataFrame(
+        {
+            "room": "memorize",
+            "experiment": experiment,
+            "config": config,
+            "stored_bits": frame["memorized"] * label_bits,
+            "parameters": parameters,
+            "formula": formula,
+            "converged": attention_converged(frame),
+            "bound_bits_paper_a": paper_a,
+            "bound_bits_dana": dana,
+        }
+    )
 
 
 def _claims(columns: set[str]) -> bool:

@@ -62,7 +62,9 @@ def capacity_bound(heads: int, context: int, d_h: int) -> int:
     return heads * (min(context, d_h) - 1) + 1
 
 
-LOWER_BOUND_NOTE = "n > d: contexts of n rows in width d cannot have rank n (Assumption 2), so the theorem says nothing"
+LOWER_BOUND_NOTE = (
+    "n > d: contexts of n rows in width d cannot have rank n (Assumption 2), so the theorem says nothing"
+)
 
 
 def lower_bound(heads: int, context: int, d_h: int, d: int) -> tuple[int | None, str]:
@@ -75,7 +77,9 @@ def lower_bound(heads: int, context: int, d_h: int, d: int) -> tuple[int | None,
 
 
 @torch.no_grad()
-def attention_features(model: MHAEnsemble, data: MemorizeData, member: int = 0, chunk: int = 1024) -> torch.Tensor:
+def attention_features(
+    model: MHAEnsemble, data: MemorizeData, member: int = 0, chunk: int = 1024
+) -> torch.Tensor:
     """Z of member ``member`` on ``data`` in float64: (N, H w), head-major blocks of width w.
 
     data: contexts (N, n, d) or shared (1, n, d), queries (N, d).
@@ -144,7 +148,9 @@ def certify(
         source_dtype: the dtype the layer runs in (sets the default tolerance).
     """
     if Z.dim() != 2 or Z.shape[0] != labels.shape[0]:
-        raise AuditError(f"Z must be (N, F) with one label per row; got Z {tuple(Z.shape)}, labels {tuple(labels.shape)}")
+        raise AuditError(
+            f"Z must be (N, F) with one label per row; got Z {tuple(Z.shape)}, labels {tuple(labels.shape)}"
+        )
     if task == "classification" and classes < 2:
         raise AuditError("classification certificates need classes >= 2")
     Z = Z.double().cpu()
@@ -156,12 +162,18 @@ def certify(
         chosen = np.array([], dtype=np.int64)
         W = torch.zeros(F, targets.shape[1], dtype=torch.float64)
     else:
-        _, _, pivots = scipy.linalg.qr(Z.T.numpy(), mode="economic", pivoting=True)  # columns of Z^T = rows of Z
+        _, _, pivots = scipy.linalg.qr(
+            Z.T.numpy(), mode="economic", pivoting=True
+        )  # columns of Z^T = rows of Z
         chosen = np.sort(pivots[:r])
         Zs = Z[torch.from_numpy(chosen)]  # (r, F) independent rows
-        W = torch.linalg.pinv(Zs, rtol=1e-13) @ targets[torch.from_numpy(chosen)]  # (F, k) minimum-norm exact fit
+        W = (
+            torch.linalg.pinv(Zs, rtol=1e-13) @ targets[torch.from_numpy(chosen)]
+        )  # (F, k) minimum-norm exact fit
     fit = Z @ W  # (N, k)
-    residual = float((fit[torch.from_numpy(chosen)] - targets[torch.from_numpy(chosen)]).abs().max()) if r else 0.0
+    residual = (
+        float((fit[torch.from_numpy(chosen)] - targets[torch.from_numpy(chosen)]).abs().max()) if r else 0.0
+    )
     if code is not None:
         ok = (fit @ code.T).argmax(1) == labels.cpu().long()
     else:

@@ -70,7 +70,9 @@ class MemorizeData:
     def __post_init__(self) -> None:
         N = self.queries.shape[0]
         if self.contexts.dim() != 3 or self.contexts.shape[0] not in (1, N):
-            raise AuditError(f"contexts must be (N, n, d) or (1, n, d) for N={N}, got {tuple(self.contexts.shape)}")
+            raise AuditError(
+                f"contexts must be (N, n, d) or (1, n, d) for N={N}, got {tuple(self.contexts.shape)}"
+            )
         if self.contexts.shape[2] != self.queries.shape[1]:
             raise AuditError("contexts and queries must have the same width d")
         if self.labels.shape[0] != N:

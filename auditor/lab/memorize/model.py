@@ -80,7 +80,9 @@ class MHAConfig:
 def sinusoidal_positions(length: int, width: int) -> torch.Tensor:
     """(length, width) sin/cos positional table (sin in even, cos in odd columns)."""
     position = torch.arange(length, dtype=torch.float64)[:, None]  # (L, 1)
-    freq = torch.exp(torch.arange(0, width, 2, dtype=torch.float64) * (-math.log(10000.0) / width))  # (ceil(w/2),)
+    freq = torch.exp(
+        torch.arange(0, width, 2, dtype=torch.float64) * (-math.log(10000.0) / width)
+    )  # (ceil(w/2),)
     table = torch.zeros(length, width, dtype=torch.float64)
     table[:, 0::2] = torch.sin(position * freq)
     table[:, 1::2] = torch.cos(position * freq[: width // 2])
@@ -107,8 +109,15 @@ class MHAEnsemble(Ensemble):
         super().__init__(len(configs))
         first = configs[0]
         for cfg in configs:
-            if (cfg.d, cfg.outputs, cfg.variant, cfg.width) != (first.d, first.outputs, first.variant, first.width):
-                raise AuditError("members of one ensemble must share d, outputs, variant and d_model; bucket them")
+            if (cfg.d, cfg.outputs, cfg.variant, cfg.width) != (
+                first.d,
+                first.outputs,
+                first.variant,
+                first.width,
+            ):
+                raise AuditError(
+                    "members of one ensemble must share d, outputs, variant and d_model; bucket them"
+                )
         self.configs = tuple(configs)
         self.variant = first.variant
         self.max_context = max_context
@@ -139,7 +148,9 @@ class MHAEnsemble(Ensemble):
         self.W_Q[i, :H, :, :dh] = _xavier(g, w, dh, H, w, dh)
         self.W_K[i, :H, :, :dh] = _xavier(g, w, dh, H, w, dh)
         self.W_V[i, :H, :, :dv] = _xavier(g, w, dv, H, w, dv)
-        self.W_O[i, :H, :dv, :] = _xavier(g, H * dv, w, H * dv, w).reshape(H, dv, w)  # (H d_v, w) -> (H, d_v, w)
+        self.W_O[i, :H, :dv, :] = _xavier(g, H * dv, w, H * dv, w).reshape(
+            H, dv, w
+        )  # (H d_v, w) -> (H, d_v, w)
         self.W_D[i] = _linear_default(g, w, w, o)
         if self.variant == "authors":
             self.W_in[i] = _linear_default(g, cfg.d, cfg.d, w)
@@ -195,14 +206,20 @@ class MHAEnsemble(Ensemble):
         n = contexts.shape[-2]
         if n + 1 > self.positions.shape[0]:
             raise AuditError(f"context n={n} exceeds max_context={self.positions.shape[0] - 1} of this model")
-        q = torch.einsum("ebd,edw->ebw", queries, self.W_in) + self.b_in[:, None] + self.positions[0]  # (E, B, w)
+        q = (
+            torch.einsum("ebd,edw->ebw", queries, self.W_in) + self.b_in[:, None] + self.positions[0]
+        )  # (E, B, w)
         if contexts.dim() == 3:
             ctx = torch.einsum("end,edw->enw", contexts, self.W_in) + self.b_in[:, None]  # (E, n, w)
         else:
-            ctx = torch.einsum("ebnd,edw->ebnw", contexts, self.W_in) + self.b_in[:, None, None]  # (E, B, n, w)
+            ctx = (
+                torch.einsum("ebnd,edw->ebnw", contexts, self.W_in) + self.b_in[:, None, None]
+            )  # (E, B, n, w)
         return q, ctx + self.positions[1 : n + 1]
 
-    def _attention(self, q: torch.Tensor, ctx: torch.Tensor, context_mask: torch.Tensor | None) -> torch.Tensor:
+    def _attention(
+        self, q: torch.Tensor, ctx: torch.Tensor, context_mask: torch.Tensor | None
+    ) -> torch.Tensor:
         """(E, H, n, B) attention weights, softmax over n (dim -2)."""
         W_Q = self.W_Q * self.dh_mask[:, None, None, :]  # (E, H, w, d_h), padded key/query columns zeroed
         Q = torch.einsum("ebw,ehwk->ehkb", q, W_Q)  # (E, H, d_h, B)
@@ -241,7 +258,9 @@ class MHAEnsemble(Ensemble):
         q, ctx = self.embed(queries, contexts)
         return self._readout(self._attention(q, ctx, context_mask), ctx).transpose(1, 2)
 
-    def attention(self, q: torch.Tensor, ctx: torch.Tensor, context_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def attention(
+        self, q: torch.Tensor, ctx: torch.Tensor, context_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Attention weights s_h(t): (E, B, H, n), each row in the simplex over the unmasked context rows.
 
         q: (E, B, w) embedded queries; ctx: (E, B, n, w) or shared (E, n, w); context_mask: (E, n) bool,

@@ -13,7 +13,9 @@ from auditor.lab.figures import plt, save
 from auditor.lab.stats import is_true, mean_ci
 
 X_LABELS = {"heads": "heads H", "context": "context length n", "d_h": "key/query width d_h"}
-UNSATURATED = 0.95  # points with mean accuracy below this enter the linear fit (our reading of "non-saturated")
+UNSATURATED = (
+    0.95  # points with mean accuracy below this enter the linear fit (our reading of "non-saturated")
+)
 
 
 @dataclass(frozen=True)
@@ -76,12 +78,23 @@ def sweep_fits(frame: pd.DataFrame, x: str) -> pd.DataFrame:
     fits = []
     for N, part in converged_rows(frame).groupby("N"):
         chosen = summary[(summary["N"] == N) & (summary["accuracy"] < UNSATURATED)][x]
-        per_seed = [linear_fit(runs[x], runs["memorized"]) for _, runs in part[part[x].isin(chosen)].groupby("seed")]
+        per_seed = [
+            linear_fit(runs[x], runs["memorized"]) for _, runs in part[part[x].isin(chosen)].groupby("seed")
+        ]
         per_seed = [f for f in per_seed if f.points >= 2]
         slope, low, high = mean_ci([f.slope for f in per_seed])
-        fits.append({"N": N, "slope": slope, "slope_low": low, "slope_high": high,
-                     "intercept": mean_ci([f.intercept for f in per_seed])[0], "r2": mean_ci([f.r2 for f in per_seed])[0],
-                     "points": len(chosen), "seeds": len(per_seed)})
+        fits.append(
+            {
+                "N": N,
+                "slope": slope,
+                "slope_low": low,
+                "slope_high": high,
+                "intercept": mean_ci([f.intercept for f in per_seed])[0],
+                "r2": mean_ci([f.r2 for f in per_seed])[0],
+                "points": len(chosen),
+                "seeds": len(per_seed),
+            }
+        )
     return pd.DataFrame(fits)
 
 
@@ -102,16 +115,28 @@ def plot_sweep(frame: pd.DataFrame, x: str, path: str | Path, title: str = "") -
             xs = part.loc[part["accuracy"] < UNSATURATED, x].to_numpy()
             ax.plot(xs, fit["slope"] * xs + fit["intercept"], ":", color=color, lw=1)
             label += f" (slope {fit['slope']:.0f} [{fit['slope_low']:.0f}, {fit['slope_high']:.0f}], R$^2$ = {fit['r2']:.3f})"
-        errors = np.vstack([part["memorized_mean"] - part["memorized_low"], part["memorized_high"] - part["memorized_mean"]])
-        ax.errorbar(part[x], part["memorized_mean"], yerr=np.nan_to_num(errors), marker="o", ms=4, color=color,
-                    capsize=2, label=label)
+        errors = np.vstack(
+            [part["memorized_mean"] - part["memorized_low"], part["memorized_high"] - part["memorized_mean"]]
+        )
+        ax.errorbar(
+            part[x],
+            part["memorized_mean"],
+            yerr=np.nan_to_num(errors),
+            marker="o",
+            ms=4,
+            color=color,
+            capsize=2,
+            label=label,
+        )
         if "readout_hits_mean" in part:
             ax.plot(part[x], part["readout_hits_mean"], "x--", color=color, alpha=0.6, lw=0.8)
         if "guaranteed_mean" in part:
             ax.plot(part[x], part["guaranteed_mean"], "s:", color=color, alpha=0.6, lw=0.8, ms=3)
         ax.axhline(N, color=color, lw=0.5, alpha=0.4)
     bound = summary.groupby(x)["lower_bound"].mean().sort_index()
-    ax.plot(bound.index, bound.to_numpy(), "k-", lw=1.5, label="lower bound H(min(n, d_h)-1)+1 (best weights)")
+    ax.plot(
+        bound.index, bound.to_numpy(), "k-", lw=1.5, label="lower bound H(min(n, d_h)-1)+1 (best weights)"
+    )
     if "readout_hits_mean" in summary:
         ax.plot([], [], "kx--", alpha=0.6, lw=0.8, label="readout hits (argmax of the LS readout)")
     if "guaranteed_mean" in summary:
@@ -168,8 +193,12 @@ def plot_saturation(records: pd.DataFrame, path: str | Path, title: str = "") ->
 
     Left: examples by number of saturated heads; right: saturated share per head.
     """
-    hist = records[records["kind"] == "histogram"].rename(columns={"index": "saturated_heads", "value": "examples"})
-    per_head = records[records["kind"] == "head"].rename(columns={"index": "head", "value": "saturated_fraction"})
+    hist = records[records["kind"] == "histogram"].rename(
+        columns={"index": "saturated_heads", "value": "examples"}
+    )
+    per_head = records[records["kind"] == "head"].rename(
+        columns={"index": "head", "value": "saturated_fraction"}
+    )
     fig, (left, right) = plt.subplots(1, 2, figsize=(9.6, 3.8))
     left.bar(hist["saturated_heads"], hist["examples"], color="tab:blue")
     left.set_xlabel("saturated heads (max attention > threshold)")

@@ -50,19 +50,28 @@ class SharedQueriesConfig:
     context: tuple[int, ...] = option((8,), "n values (context rows of every example).")
     d_h: tuple[int, ...] = option((16,), "Key/query widths d_h.")
     N: tuple[int, ...] = option((512,), "Dataset sizes N.", flag="--N")
-    queries: tuple[int, ...] = option((1, 8), "Sizes Q of the shared query set (example t asks query t mod Q); "
-                                              "each in 1..N.")
-    seeds: tuple[int, ...] = option((0, 1, 2), "Seeds (data and initialisation); means carry 95% t intervals.")
+    queries: tuple[int, ...] = option(
+        (1, 8), "Sizes Q of the shared query set (example t asks query t mod Q); each in 1..N."
+    )
+    seeds: tuple[int, ...] = option(
+        (0, 1, 2), "Seeds (data and initialisation); means carry 95% t intervals."
+    )
     d: int = option(16, "Token width d.")
     classes: int = option(100, "Random label classes.")
     steps: int = option(2000, "Optimisation steps per round (one warm-up + cosine cycle).")
     lr: float = option(1e-2, "Peak Adam learning rate.", parse="floats")
     batch_size: int = option(512, "Minibatch size; N <= batch trains full-batch.")
     eval_every: int = option(50, "Full-set accuracy (early stop) every k steps.")
-    rounds: int = option(4, "Max training rounds; a run that has not memorized every example trains another cycle "
-                            "from its weights until a round gains at most --plateau x N examples.")
-    plateau: float = option(0.01, "Convergence: a round adding at most this share of N memorized examples is a "
-                                  "plateau; in (0, 1).", parse="floats")
+    rounds: int = option(
+        4,
+        "Max training rounds; a run that has not memorized every example trains another cycle "
+        "from its weights until a round gains at most --plateau x N examples.",
+    )
+    plateau: float = option(
+        0.01,
+        "Convergence: a round adding at most this share of N memorized examples is a plateau; in (0, 1).",
+        parse="floats",
+    )
     bucket_size: int = option(16, "Max configurations trained together.")
     certify: bool = option(True, "Rank certificates of the initial and trained attention.")
     device: str = option("cpu", "cpu | cuda | cuda:<i>.")
@@ -75,9 +84,17 @@ class SharedQueriesConfig:
         self.runs()  # H, n, d_h, N, d, classes
 
     def settings(self) -> MemorizeSettings:
-        return MemorizeSettings(steps=self.steps, lr=self.lr, batch_size=self.batch_size, eval_every=self.eval_every,
-                                rounds=self.rounds, plateau=self.plateau, bucket_size=self.bucket_size,
-                                certify=self.certify, device=self.device)
+        return MemorizeSettings(
+            steps=self.steps,
+            lr=self.lr,
+            batch_size=self.batch_size,
+            eval_every=self.eval_every,
+            rounds=self.rounds,
+            plateau=self.plateau,
+            bucket_size=self.bucket_size,
+            certify=self.certify,
+            device=self.device,
+        )
 
     def runs(self) -> list[MemorizeRun]:
         return grid(self.heads, self.context, self.d_h, self.N, self.seeds, d=self.d, classes=self.classes,
@@ -108,9 +125,18 @@ def summarize(frame: pd.DataFrame) -> pd.DataFrame:
     for key, part in frame.groupby(_GROUP):
         done = plots.converged_rows(part)
         mean, low, high = mean_ci(done["memorized"])
-        rows.append({**dict(zip(_GROUP, key)), "memorized_mean": mean, "memorized_low": low, "memorized_high": high,
-                     "memorized_fraction": float(done["accuracy"].mean()) if len(done) else float("nan"),
-                     "lower_bound": part["lower_bound"].iloc[0], "seeds": len(done), "runs": len(part)})
+        rows.append(
+            {
+                **dict(zip(_GROUP, key)),
+                "memorized_mean": mean,
+                "memorized_low": low,
+                "memorized_high": high,
+                "memorized_fraction": float(done["accuracy"].mean()) if len(done) else float("nan"),
+                "lower_bound": part["lower_bound"].iloc[0],
+                "seeds": len(done),
+                "runs": len(part),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -122,12 +148,19 @@ def _interval(mean: float, low: float, high: float) -> str:
 
 def _report(frame: pd.DataFrame, out: Path, config: SharedQueriesConfig) -> str:
     summary = summarize(frame)
-    write_table(summary, out / "summary.csv", device=str(frame["device"].iloc[0]), seed=",".join(map(str, config.seeds)))
+    write_table(
+        summary,
+        out / "summary.csv",
+        device=str(frame["device"].iloc[0]),
+        seed=",".join(map(str, config.seeds)),
+    )
     shown = summary.assign(memorized=[_interval(*v) for v in summary[["memorized_mean", "memorized_low",
                                                                        "memorized_high"]].itertuples(index=False)])
-    text = ("Memorized examples with Q shared queries, mean [95% t interval] over the converged seeds, and the "
-            "memorized fraction; seeds = converged of runs:\n\n"
-            + table(shown, [*_GROUP, "memorized", "memorized_fraction", "lower_bound", "seeds", "runs"]))
+    text = (
+        "Memorized examples with Q shared queries, mean [95% t interval] over the converged seeds, and the "
+        "memorized fraction; seeds = converged of runs:\n\n"
+        + table(shown, [*_GROUP, "memorized", "memorized_fraction", "lower_bound", "seeds", "runs"])
+    )
     stopped = frame[~frame["converged"].astype(bool)]
     if len(stopped):
         text += "\n\nStopped at the step limit (raise --steps or --rounds):\n\n" + table(
@@ -148,16 +181,29 @@ def _plots(frame: pd.DataFrame, out: Path, config: SharedQueriesConfig) -> list[
 EXPERIMENT = Experiment(
     name="memorize shared-queries",
     help="Memorization when all examples share one query set and differ in their contexts and labels; sweep H, "
-         "n, d_h, N, the query-set size Q and seeds.",
+    "n, d_h, N, the query-set size Q and seeds.",
     examples="audit memorize shared-queries --scale quick\n"
-             "audit memorize shared-queries --heads 1:8 --queries 1,4,16 --N 256 --seeds 0,1",
+    "audit memorize shared-queries --heads 1:8 --queries 1,4,16 --N 256 --seeds 0,1",
     config=SharedQueriesConfig,
     units=_units,
     run_unit=run_unit,
     columns=(*train.COLUMNS, "queries", "shared_queries"),
     plots=_plots,
     report=_report,
-    presets={"quick": {"heads": (1, 2), "context": (4,), "d_h": (8,), "N": (64,), "queries": (1, 4), "d": 8,
-                       "seeds": (0,), "steps": 100, "batch_size": 64, "eval_every": 20, "rounds": 2}},
+    presets={
+        "quick": {
+            "heads": (1, 2),
+            "context": (4,),
+            "d_h": (8,),
+            "N": (64,),
+            "queries": (1, 4),
+            "d": 8,
+            "seeds": (0,),
+            "steps": 100,
+            "batch_size": 64,
+            "eval_every": 20,
+            "rounds": 2,
+        }
+    },
     key_defaults=train.KEY_DEFAULTS,  # memorize's units plus Q: their key leaves the same defaults out
 )

@@ -91,7 +91,9 @@ class MemorizeTask:
             self.context_mask[j, : ds.n] = True
             self.labels[j, : ds.N] = ds.labels
 
-        self._masks = None if bool(self.context_mask.all()) else self.context_mask[self.member_data]  # (E, n_max)
+        self._masks = (
+            None if bool(self.context_mask.all()) else self.context_mask[self.member_data]
+        )  # (E, n_max)
         self._full_batch = self._make_full_batch()
 
     @property
@@ -108,7 +110,9 @@ class MemorizeTask:
         width = int(N.clamp(max=self.batch_size).max())
         full = self.batch_size >= N  # (E,)
         ar = torch.arange(width)
-        sampled = (u[None, :width] * N[:, None].double()).floor().long().clamp(max=(N - 1)[:, None])  # (E, B')
+        sampled = (
+            (u[None, :width] * N[:, None].double()).floor().long().clamp(max=(N - 1)[:, None])
+        )  # (E, B')
         index = torch.where(full[:, None], ar[None].clamp(max=(N - 1)[:, None]), sampled)  # (E, B')
         valid = torch.where(full[:, None], ar[None] < N[:, None], torch.ones_like(sampled, dtype=torch.bool))
         device = self.queries.device

@@ -101,7 +101,9 @@ class MemorizeSettings:
     """Training and measurement settings shared by every run of a sweep (its options are those of
     ``audit capacity``, whose presets set the defaults shown)."""
 
-    steps: int = option(5000, "Optimisation steps per round (one warm-up + cosine cycle).", default_help="3000")
+    steps: int = option(
+        5000, "Optimisation steps per round (one warm-up + cosine cycle).", default_help="3000"
+    )
     lr: float = option(1e-3, "Peak Adam learning rate.", parse="floats", default_help="1e-2")
     batch_size: int = option(256, "Minibatch size; N <= batch trains full-batch.", default_help="512")
     eval_every: int = option(100, "Full-set accuracy (early stop) every k steps.", default_help="50")
@@ -116,10 +118,16 @@ class MemorizeSettings:
     order_seed: int = 0  # data order (shared by a bucket)
     device: str = option("cpu", "cpu | cuda | cuda:<i>.")
     checkpoint_every: int = 1000
-    rounds: int = option(4, "Max training rounds; a member that has not memorized every example trains another "
-                            "cycle of --steps from its weights until a round gains at most --plateau x N examples.")
-    plateau: float = option(0.01, "Convergence: a round adding at most this share of N memorized examples is a "
-                                  "plateau; in (0, 1).", parse="floats")
+    rounds: int = option(
+        4,
+        "Max training rounds; a member that has not memorized every example trains another "
+        "cycle of --steps from its weights until a round gains at most --plateau x N examples.",
+    )
+    plateau: float = option(
+        0.01,
+        "Convergence: a round adding at most this share of N memorized examples is a plateau; in (0, 1).",
+        parse="floats",
+    )
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.bucket_size < 1:
@@ -127,11 +135,15 @@ class MemorizeSettings:
         if not 1 <= self.rounds <= 100:
             raise AuditError(f"rounds must be in 1..100, got {self.rounds}")
         if not 0 < self.plateau < 1:
-            raise AuditError(f"plateau (share of N a round may add and still count as converged) must be in (0, 1), "
-                             f"got {self.plateau}")
+            raise AuditError(
+                f"plateau (share of N a round may add and still count as converged) must be in (0, 1), "
+                f"got {self.plateau}"
+            )
         if not 0 < self.error_tolerance < 0.5:  # also refuses NaN and infinity
-            raise AuditError(f"error_tolerance must be in (0, 0.5), got {self.error_tolerance}: regression labels are "
-                             "uniform in [0, 1), so at 0.5 or more the constant prediction 0.5 memorizes every example")
+            raise AuditError(
+                f"error_tolerance must be in (0, 0.5), got {self.error_tolerance}: regression labels are "
+                "uniform in [0, 1), so at 0.5 or more the constant prediction 0.5 memorizes every example"
+            )
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise AuditError(f"device must be cpu, cuda or cuda:<index>, got {self.device!r}")
         self.train_config(None)  # validates steps, lr, schedule, warm-up
@@ -162,7 +174,9 @@ def grid(
     return list(dict.fromkeys(runs))
 
 
-_STEP_OVERHEAD = 5e6  # a training step's fixed cost (dispatch, small ops) in forward multiply-adds (~2 ms, one core)
+_STEP_OVERHEAD = (
+    5e6  # a training step's fixed cost (dispatch, small ops) in forward multiply-adds (~2 ms, one core)
+)
 _MAX_WASTE = 1.5  # a bucket's padded step may cost at most this factor more than its members' own compute
 
 
@@ -186,7 +200,9 @@ def buckets(runs: Sequence[MemorizeRun], settings: MemorizeSettings) -> list[lis
         groups.setdefault(run.bucket_key(), []).append(run)
     out: list[list[MemorizeRun]] = []
     for members in groups.values():
-        members = sorted(members, key=lambda r: (_cost(_shape(r, settings.batch_size)), r.context, r.N, r.seed))
+        members = sorted(
+            members, key=lambda r: (_cost(_shape(r, settings.batch_size)), r.context, r.N, r.seed)
+        )
         current: list[MemorizeRun] = []
         for run in members:
             trial = [*current, run]
@@ -201,7 +217,9 @@ def buckets(runs: Sequence[MemorizeRun], settings: MemorizeSettings) -> list[lis
     return out
 
 
-def make_units(runs: Sequence[MemorizeRun], settings: MemorizeSettings, workdir: str | Path) -> list[dict[str, Any]]:
+def make_units(
+    runs: Sequence[MemorizeRun], settings: MemorizeSettings, workdir: str | Path
+) -> list[dict[str, Any]]:
     """One sweep unit per bucket of :func:`buckets`."""
     if not runs:
         raise AuditError("the sweep has no runs; give at least one value for every swept option")
@@ -219,11 +237,18 @@ def _device(name: str) -> torch.device:
 STOP_REASONS = ("all_memorized", "plateau", "step_limit")  # the first two are converged
 
 
-def _certify_member(model: MHAEnsemble, i: int, data: MemorizeData, settings: MemorizeSettings) -> dict[str, Any]:
+def _certify_member(
+    model: MHAEnsemble, i: int, data: MemorizeData, settings: MemorizeSettings
+) -> dict[str, Any]:
     cert = certify(attention_features(model, data, i), data.labels, task=data.task, classes=data.classes,
                    error_tolerance=settings.error_tolerance, rtol=settings.rtol)
-    return {"rank": cert.rank, "guaranteed": cert.guaranteed, "readout_hits": cert.readout_hits, "rtol": cert.rtol,
-            "rank_margin": cert.margin}
+    return {
+        "rank": cert.rank,
+        "guaranteed": cert.guaranteed,
+        "readout_hits": cert.readout_hits,
+        "rtol": cert.rtol,
+        "rank_margin": cert.margin,
+    }
 
 
 @dataclass
@@ -235,7 +260,9 @@ class Rounds:
     rounds_trained: list[int]
     steps_trained: list[int]
     seconds: float
-    history: pd.DataFrame  # the engine's history of every round: member (full index), round, step (cumulative)
+    history: (
+        pd.DataFrame
+    )  # the engine's history of every round: member (full index), round, step (cumulative)
 
     @property
     def converged(self) -> list[bool]:
@@ -262,7 +289,9 @@ def train_rounds(model: MHAEnsemble, datasets: Sequence[MemorizeData], settings:
         part = model if len(going) == E else model.subset(going)
         task = MemorizeTask([datasets[i] for i in going], settings.batch_size,
                             error_tolerance=settings.error_tolerance, device=device)
-        path = checkpoint if checkpoint is None or r == 1 else str(Path(checkpoint).with_suffix(f".round{r}.pt"))
+        path = (
+            checkpoint if checkpoint is None or r == 1 else str(Path(checkpoint).with_suffix(f".round{r}.pt"))
+        )
         result = train(part, task, settings.train_config(path, r), progress=progress)
         if part is not model:
             model.load_members(part, going)
@@ -301,8 +330,12 @@ def fit_bucket(configs: Sequence[MHAConfig], datasets: Sequence[MemorizeData], s
     """
     device = _device(settings.device)
     model = MHAEnsemble(configs, max_context=max(ds.n for ds in datasets)).to(device)
-    task = MemorizeTask(datasets, settings.batch_size, error_tolerance=settings.error_tolerance, device=device)
-    initial = [_certify_member(model, i, ds, settings) if settings.certify else {} for i, ds in enumerate(datasets)]
+    task = MemorizeTask(
+        datasets, settings.batch_size, error_tolerance=settings.error_tolerance, device=device
+    )
+    initial = [
+        _certify_member(model, i, ds, settings) if settings.certify else {} for i, ds in enumerate(datasets)
+    ]
     result = train_rounds(model, datasets, settings, checkpoint=checkpoint, progress=progress)
     seeds = [cfg.seed for cfg in configs]
     if history is not None:
@@ -368,8 +401,19 @@ def run_unit(unit: dict[str, Any], progress: bool = False,
 
 
 _CONVERGENCE = ("converged", "stop_reason", "rounds_trained")
-_CERTIFICATE = ("guaranteed", "readout_hits", "rank", "rtol", "rank_margin", "guaranteed_init", "readout_hits_init",
-                "rank_init", "rank_margin_init", "rank_ceiling", "readout_realizable")
+_CERTIFICATE = (
+    "guaranteed",
+    "readout_hits",
+    "rank",
+    "rtol",
+    "rank_margin",
+    "guaranteed_init",
+    "readout_hits_init",
+    "rank_init",
+    "rank_margin_init",
+    "rank_ceiling",
+    "readout_realizable",
+)
 _TRAINING = ("saturated_fraction", "with_free_head", "steps_trained", "steps", "rounds", "plateau", "seconds",
              "bucket_members", "lr", "batch_size", "order_seed", "dtype", "device", "history", "saturation")
 COLUMNS = ("heads", "context", "d_h", "N", "seed", "d", "d_v", "task", "classes", "outputs", "shared_context",

@@ -11,7 +11,7 @@ from auditor.lab.room import Room
 ROOM = Room(
     name="recall",
     help="Factual recall with one-layer transformers: facts stored per parameter (scaling), the attention-versus-MLP "
-         "heat map (tradeoff), the learning stages (dynamics), or all three.",
+    "heat map (tradeoff), the learning stages (dynamics), or all three.",
     experiments={
         "scaling": "auditor.lab.recall.experiments:SCALING",
         "tradeoff": "auditor.lab.recall.experiments:TRADEOFF",

@@ -28,11 +28,17 @@ def recall_bits(frame: pd.DataFrame) -> pd.DataFrame:
         converged = (frame["steps_trained"] < frame["steps"]).astype(object)
     else:
         converged = unknown_convergence(frame)
-    return pd.DataFrame({"room": "recall", "experiment": "recall tradeoff" if tradeoff else "recall scaling",
-                         "config": config, "stored_bits": facts * np.log2(frame["answers_per_relation"].astype(float)),
-                         "parameters": frame["parameters"],
-                         "formula": "fact_recall x facts x log2(D)" if tradeoff else "facts x log2(D)",
-                         "converged": converged})
+    return pd.DataFrame(
+        {
+            "room": "recall",
+            "experiment": "recall tradeoff" if tradeoff else "recall scaling",
+            "config": config,
+            "stored_bits": facts * np.log2(frame["answers_per_relation"].astype(float)),
+            "parameters": frame["parameters"],
+            "formula": "fact_recall x facts x log2(D)" if tradeoff else "facts x log2(D)",
+            "converged": converged,
+        }
+    )
 
 
 def _claims(columns: set[str]) -> bool:  # D or answers_per_relation: checked on reading

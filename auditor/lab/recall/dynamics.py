@@ -47,7 +47,9 @@ _TRAIN_STREAM, _EVAL_STREAM = 3, 4
 class LinearAttentionOneHot(Ensemble):
     """E linear-attention models on one-hot embeddings: A (E, d, d), V (E, d, A), d = vocabulary."""
 
-    def __init__(self, num_members: int, vocab_size: int, num_answers: int, eos_token: int, init: float) -> None:
+    def __init__(
+        self, num_members: int, vocab_size: int, num_answers: int, eos_token: int, init: float
+    ) -> None:
         super().__init__(num_members)
         self.vocab_size, self.eos_token = vocab_size, eos_token
         self.attention = nn.Parameter(torch.full((num_members, vocab_size, vocab_size), float(init)))
@@ -62,7 +64,9 @@ class LinearAttentionOneHot(Ensemble):
         E, B, _ = tokens.shape
         query = self.attention[:, self.eos_token, :]  # (E, d): e_EOS^T A
         scores = torch.gather(query[:, None, :].expand(E, B, -1), 2, tokens)  # (E, B, T), no softmax
-        mixed = torch.zeros(E, B, self.vocab_size, dtype=scores.dtype).scatter_add(2, tokens, scores)  # (E, B, d)
+        mixed = torch.zeros(E, B, self.vocab_size, dtype=scores.dtype).scatter_add(
+            2, tokens, scores
+        )  # (E, B, d)
         return torch.bmm(mixed, self.readout)  # (E, B, A)
 
     def forward_reference(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -88,13 +92,19 @@ class DynamicsConfig:
     batch_size: int = 1024
     eval_every: int = 64
     eval_contexts: int = 16
-    seeds: tuple[int, ...] = option((0, 1, 2), "Data seeds (members of one ensemble).", default_help="per scale")
+    seeds: tuple[int, ...] = option(
+        (0, 1, 2), "Data seeds (members of one ensemble).", default_help="per scale"
+    )
     SUITE_FIXED: ClassVar[tuple[str, ...]] = ("steps", "lr")  # `recall all` keeps the paper's GD settings
 
     def __post_init__(self) -> None:
-        FactTable(self.subjects, self.relations, self.answers_per_relation, structured=True)  # validates S, R, D
+        FactTable(
+            self.subjects, self.relations, self.answers_per_relation, structured=True
+        )  # validates S, R, D
         if self.answers_per_relation < 2 or self.relations < 2:
-            raise AuditError("the stages need D >= 2 and R >= 2 (else ln D or ln R D coincide with 0 or each other)")
+            raise AuditError(
+                "the stages need D >= 2 and R >= 2 (else ln D or ln R D coincide with 0 or each other)"
+            )
         if self.steps < 1 or self.batch_size < 1 or self.eval_every < 1 or self.eval_contexts < 1:
             raise AuditError("steps, batch_size, eval_every and eval_contexts must be >= 1")
         if not self.init > 0 or not self.lr > 0:
@@ -114,7 +124,9 @@ class DynamicsTask:
         table = config.table()
         self.bank = FactBank([table] * len(config.seeds), config.prompt_length)
         self.seeds = list(config.seeds)
-        self.eval_set = self.bank.all_facts(config.eval_contexts, [member_generator(s, _EVAL_STREAM) for s in self.seeds])
+        self.eval_set = self.bank.all_facts(
+            config.eval_contexts, [member_generator(s, _EVAL_STREAM) for s in self.seeds]
+        )
         D, A = config.answers_per_relation, table.num_answers
         answer = torch.arange(A)
         ans = self.eval_set.answers  # (E, P)
@@ -125,7 +137,9 @@ class DynamicsTask:
 
     def batch(self, step: int, generator: torch.Generator) -> PromptBatch:
         self._next_step = step + 1
-        return self.bank.sample(self.config.batch_size, [member_generator(s, _TRAIN_STREAM, step) for s in self.seeds])
+        return self.bank.sample(
+            self.config.batch_size, [member_generator(s, _TRAIN_STREAM, step) for s in self.seeds]
+        )
 
     def loss(self, model: Ensemble, batch: PromptBatch) -> torch.Tensor:
         logits = model(batch.tokens)  # (E, B, A)
@@ -153,7 +167,9 @@ class DynamicsTask:
         """(E,) accuracy over all facts; also records every metric at the current step."""
         values = self.metrics(model)
         for i, seed in enumerate(self.seeds):
-            self.records.append({"step": self._next_step, "seed": seed, **{k: float(v[i]) for k, v in values.items()}})
+            self.records.append(
+                {"step": self._next_step, "seed": seed, **{k: float(v[i]) for k, v in values.items()}}
+            )
         return values["accuracy"]
 
 
@@ -166,10 +182,19 @@ def run_dynamics(config: DynamicsConfig, *, progress: bool = True) -> tuple[pd.D
         ``hallucination_start``, ``hallucination_end``, ``converged_at``) and the plateau levels.
     """
     table = config.table()
-    model = LinearAttentionOneHot(len(config.seeds), table.vocab_size, table.num_answers, table.eos_token, config.init)
+    model = LinearAttentionOneHot(
+        len(config.seeds), table.vocab_size, table.num_answers, table.eos_token, config.init
+    )
     task = DynamicsTask(config)
-    tcfg = TrainConfig(steps=config.steps, lr=config.lr, optimizer="sgd", warmup_frac=0.0, schedule="constant",
-                       early_stop=False, eval_every=config.eval_every)
+    tcfg = TrainConfig(
+        steps=config.steps,
+        lr=config.lr,
+        optimizer="sgd",
+        warmup_frac=0.0,
+        schedule="constant",
+        early_stop=False,
+        eval_every=config.eval_every,
+    )
     result = train(model, task, tcfg, progress=progress)
     settings = {k: v for k, v in asdict(config).items() if k != "seeds"}
     curves = pd.DataFrame(task.records).drop_duplicates(["step", "seed"], keep="last")
@@ -177,8 +202,13 @@ def run_dynamics(config: DynamicsConfig, *, progress: bool = True) -> tuple[pd.D
     rows = []
     for seed in config.seeds:
         mine = curves[curves["seed"] == seed].sort_values("step")
-        stages = detect_stages(mine["step"], mine["loss"], num_answers=table.num_answers,
-                               answers_per_relation=config.answers_per_relation, relation_loss=mine["relation_loss"])
+        stages = detect_stages(
+            mine["step"],
+            mine["loss"],
+            num_answers=table.num_answers,
+            answers_per_relation=config.answers_per_relation,
+            relation_loss=mine["relation_loss"],
+        )
         rows.append(stamp(_stage_row(seed, stages, table, result.seconds) | settings))
     curves = pd.DataFrame([stamp(row) for row in curves.to_dict("records")])
     return curves, pd.DataFrame(rows)
@@ -213,7 +243,9 @@ def dynamics_unit(unit: dict[str, Any]) -> list[dict[str, Any]]:
 def _report(frame: pd.DataFrame, out: Path, config: DynamicsConfig) -> str:
     from auditor.lab.assoc.summary import dynamics_markdown
 
-    curves = pd.concat([pd.read_csv(out / "dynamics" / "curves" / f"{key}.csv") for key in frame["unit"].unique()])
+    curves = pd.concat(
+        [pd.read_csv(out / "dynamics" / "curves" / f"{key}.csv") for key in frame["unit"].unique()]
+    )
     write_csv(curves, out / "dynamics_curves.csv")
     write_csv(frame, out / "dynamics_stages.csv")
     text = "## Learning stages\n\n" + dynamics_markdown(frame)
@@ -227,10 +259,30 @@ def _plots(frame: pd.DataFrame, out: Path, config: DynamicsConfig) -> list[Path]
     return [plot_dynamics(pd.read_csv(out / "dynamics_curves.csv"), frame, out / "dynamics.png")]
 
 
-STAGE_COLUMNS = ("seed", "uniform_end", "hallucination_start", "hallucination_end", "converged_at", "uniform_level",
-                 "uniform_mean", "hallucination_level", "hallucination_mean", "hallucination_confirmed",
-                 "relation_loss_mid", "seconds", "subjects", "relations", "answers_per_relation", "prompt_length",
-                 "init", "lr", "steps", "batch_size", "eval_every", "eval_contexts")
+STAGE_COLUMNS = (
+    "seed",
+    "uniform_end",
+    "hallucination_start",
+    "hallucination_end",
+    "converged_at",
+    "uniform_level",
+    "uniform_mean",
+    "hallucination_level",
+    "hallucination_mean",
+    "hallucination_confirmed",
+    "relation_loss_mid",
+    "seconds",
+    "subjects",
+    "relations",
+    "answers_per_relation",
+    "prompt_length",
+    "init",
+    "lr",
+    "steps",
+    "batch_size",
+    "eval_every",
+    "eval_contexts",
+)
 EXPERIMENT = Experiment(
     name="recall dynamics",
     help="Linear attention on one-hot embeddings: loss curves and the detected stages (step numbers).",
@@ -240,9 +292,18 @@ EXPERIMENT = Experiment(
     columns=STAGE_COLUMNS,
     plots=_plots,
     report=_report,
-    presets={"quick": {"steps": 400, "batch_size": 128, "eval_every": 20, "eval_contexts": 4, "lr": 0.5, "seeds": (0,)},
-             "reference": {"steps": 8192, "batch_size": 1024, "seeds": (0, 1, 2)},  # the paper's own setting
-             "paper": {"steps": 8192, "batch_size": 1024, "seeds": (0, 1, 2, 3, 4)}},
+    presets={
+        "quick": {
+            "steps": 400,
+            "batch_size": 128,
+            "eval_every": 20,
+            "eval_contexts": 4,
+            "lr": 0.5,
+            "seeds": (0,),
+        },
+        "reference": {"steps": 8192, "batch_size": 1024, "seeds": (0, 1, 2)},  # the paper's own setting
+        "paper": {"steps": 8192, "batch_size": 1024, "seeds": (0, 1, 2, 3, 4)},
+    },
     folder=lambda unit: "dynamics",
     key_defaults=KEY_DEFAULTS,
 )

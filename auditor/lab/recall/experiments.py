@@ -52,8 +52,12 @@ class RecallTraining:
     weights (a learning-rate choice, never a best-of-checkpoints)."""
 
     steps: int = option(1000, "Max training steps per model.", default_help="per scale")
-    lrs: tuple[float, ...] = option((1e-2,), "Learning rates; each model trains at every one and keeps its best run.",
-                                    flag="--lr", default_help="per scale")
+    lrs: tuple[float, ...] = option(
+        (1e-2,),
+        "Learning rates; each model trains at every one and keeps its best run.",
+        flag="--lr",
+        default_help="per scale",
+    )
     batch_size: int = 256
     warmup_frac: float = 0.0
     threshold: float = 0.99
@@ -96,8 +100,12 @@ def outcome_at(history: pd.DataFrame, budget: int, threshold: float) -> dict[str
     hits = seen.loc[seen["accuracy"] >= threshold - 1e-12, "step"]
     accuracy = accuracy_at(history, budget)
     gain = plateau_gain(history, budget)
-    return {"accuracy": accuracy, "passed": not hits.empty, "converged": not hits.empty or gain < PLATEAU_GAIN,
-            "steps_trained": int(hits.iloc[0] if not hits.empty else seen["step"].iloc[-1])}
+    return {
+        "accuracy": accuracy,
+        "passed": not hits.empty,
+        "converged": not hits.empty or gain < PLATEAU_GAIN,
+        "steps_trained": int(hits.iloc[0] if not hits.empty else seen["step"].iloc[-1]),
+    }
 
 
 def train_models(models: list[RecallMember], tr: RecallTraining,
@@ -156,11 +164,18 @@ class ScalingConfig:
     seeds: tuple[int, ...] = option((0, 1), "Seeds of the fact tables and models.", default_help="per scale")
     min_size: int = 4  # smallest k = S + R tried
     rel_tol: float = 0.0
-    budgets: tuple[int, ...] = option((), "Step budgets at which to read the capacity, e.g. 1000,2000,4096 (each a "
-                                      "multiple of --eval-every, at most --steps). Given, every table size of the "
-                                      "--grid trains once for --steps and no bisection runs.", default_help="none")
-    grid: tuple[float, ...] = option((0.05, 0.2), "With --budgets: the table sizes tried, as a span of facts per "
-                                     "parameter (every S + R from the lower to the upper end).")
+    budgets: tuple[int, ...] = option(
+        (),
+        "Step budgets at which to read the capacity, e.g. 1000,2000,4096 (each a "
+        "multiple of --eval-every, at most --steps). Given, every table size of the "
+        "--grid trains once for --steps and no bisection runs.",
+        default_help="none",
+    )
+    grid: tuple[float, ...] = option(
+        (0.05, 0.2),
+        "With --budgets: the table sizes tried, as a span of facts per "
+        "parameter (every S + R from the lower to the upper end).",
+    )
     training: RecallTraining = field(default=RecallTraining(), metadata={"nested": True})
 
     def __post_init__(self) -> None:
@@ -171,10 +186,14 @@ class ScalingConfig:
         steps, every = self.training.steps, self.training.eval_every
         bad = [b for b in self.budgets if not 1 <= b <= steps or b % every]
         if bad or len(set(self.budgets)) != len(self.budgets):
-            raise AuditError(f"--budgets must be distinct multiples of --eval-every ({every}) no larger than --steps "
-                             f"({steps}); got {','.join(map(str, self.budgets))}")
+            raise AuditError(
+                f"--budgets must be distinct multiples of --eval-every ({every}) no larger than --steps "
+                f"({steps}); got {','.join(map(str, self.budgets))}"
+            )
         if len(self.grid) != 2 or not 0 < self.grid[0] < self.grid[1]:
-            raise AuditError(f"--grid takes two facts-per-parameter values, low < high (e.g. 0.05,0.2); got {self.grid}")
+            raise AuditError(
+                f"--grid takes two facts-per-parameter values, low < high (e.g. 0.05,0.2); got {self.grid}"
+            )
         if self.head_dim < 1:
             raise AuditError(f"head_dim must be >= 1, got {self.head_dim}")
         if not self.width_ratios or min(self.width_ratios) < 0:
@@ -221,7 +240,9 @@ def run_scaling_unit(unit: dict[str, Any]) -> list[dict[str, Any]]:
     specs = _scaling_members(unit)
     searches = []
     for width, _, _ in specs:
-        guess = 2 * math.sqrt(FACTS_PER_PARAMETER_GUIDE * recall_parameters(d, heads, dh, width))  # k at the guide
+        guess = 2 * math.sqrt(
+            FACTS_PER_PARAMETER_GUIDE * recall_parameters(d, heads, dh, width)
+        )  # k at the guide
         max_size = max(unit["min_size"] + 2, math.ceil(3 * guess))
         lo = max(unit["min_size"], min(max_size - 1, math.floor(0.6 * guess)))
         hi = max(lo + 1, min(max_size, math.ceil(1.0 * guess)))
@@ -237,9 +258,25 @@ def run_scaling_unit(unit: dict[str, Any]) -> list[dict[str, Any]]:
         outcomes = train_models(models, tr)
         for (j, k), outcome in zip(pending, outcomes):
             subjects, relations = table_shape(k)
-            probes.append({"search": j, "subjects": subjects, "relations": relations, "facts": subjects * relations,
-                           **{key: outcome[key] for key in ("accuracy", "fact_recall", "steps_trained", "best_lr",
-                                                            "passed", "converged")}})
+            probes.append(
+                {
+                    "search": j,
+                    "subjects": subjects,
+                    "relations": relations,
+                    "facts": subjects * relations,
+                    **{
+                        key: outcome[key]
+                        for key in (
+                            "accuracy",
+                            "fact_recall",
+                            "steps_trained",
+                            "best_lr",
+                            "passed",
+                            "converged",
+                        )
+                    },
+                }
+            )
         return [o["passed"] for o in outcomes]
 
     t0 = time.perf_counter()
@@ -252,16 +289,33 @@ def run_scaling_unit(unit: dict[str, Any]) -> list[dict[str, Any]]:
         params = recall_parameters(d, heads, dh, width)
         facts = subjects * relations
         first_fail = [p for p in probes if p["search"] == j and p["subjects"] + p["relations"] == search.hi]
-        rows.append({
-            "d": d, "heads": heads, "head_dim": dh, "width": width,
-            "architecture": "attention-only" if width == 0 else "attention+mlp", "parameters": params,
-            "parameters_with_bias": params + width, "seed": seed, "subjects": subjects, "relations": relations,
-            "facts": facts, "first_fail_facts": math.prod(table_shape(search.hi)) if search.hi <= search.max_size else None,
-            "bits": facts * bits_per_fact, "facts_per_parameter": facts / params,
-            "bits_per_parameter": facts * bits_per_fact / params, "budget": tr.steps,
-            "converged": bool(first_fail and first_fail[0]["converged"]), "rounds": rounds,
-            "probes": [p for p in probes if p["search"] == j], **_training_columns(tr), "seconds": round(seconds, 3),
-        })
+        rows.append(
+            {
+                "d": d,
+                "heads": heads,
+                "head_dim": dh,
+                "width": width,
+                "architecture": "attention-only" if width == 0 else "attention+mlp",
+                "parameters": params,
+                "parameters_with_bias": params + width,
+                "seed": seed,
+                "subjects": subjects,
+                "relations": relations,
+                "facts": facts,
+                "first_fail_facts": math.prod(table_shape(search.hi))
+                if search.hi <= search.max_size
+                else None,
+                "bits": facts * bits_per_fact,
+                "facts_per_parameter": facts / params,
+                "bits_per_parameter": facts * bits_per_fact / params,
+                "budget": tr.steps,
+                "converged": bool(first_fail and first_fail[0]["converged"]),
+                "rounds": rounds,
+                "probes": [p for p in probes if p["search"] == j],
+                **_training_columns(tr),
+                "seconds": round(seconds, 3),
+            }
+        )
     return rows
 
 
@@ -295,20 +349,42 @@ def _run_budget_unit(unit: dict[str, Any]) -> list[dict[str, Any]]:
             k = mine[first - 1][0] if first else (mine[-1][0] if first is None else 0)
             subjects, relations = table_shape(k) if k else (0, 0)
             facts = subjects * relations
-            rows.append({
-                "d": d, "heads": heads, "head_dim": dh, "width": width,
-                "architecture": "attention-only" if width == 0 else "attention+mlp", "parameters": params,
-                "parameters_with_bias": params + width, "seed": seed, "subjects": subjects, "relations": relations,
-                "facts": facts, "first_fail_facts": math.prod(table_shape(mine[first][0])) if first is not None else None,
-                "bits": facts * bits_per_fact, "facts_per_parameter": facts / params,
-                "bits_per_parameter": facts * bits_per_fact / params, "budget": budget,
-                "converged": bool(first and mine[first][1][budget]["converged"]), "rounds": 1,
-                "probes": [{"subjects": table_shape(kk)[0], "relations": table_shape(kk)[1],
+            rows.append(
+                {
+                    "d": d,
+                    "heads": heads,
+                    "head_dim": dh,
+                    "width": width,
+                    "architecture": "attention-only" if width == 0 else "attention+mlp",
+                    "parameters": params,
+                    "parameters_with_bias": params + width,
+                    "seed": seed,
+                    "subjects": subjects,
+                    "relations": relations,
+                    "facts": facts,
+                    "first_fail_facts": math.prod(table_shape(mine[first][0])) if first is not None else None,
+                    "bits": facts * bits_per_fact,
+                    "facts_per_parameter": facts / params,
+                    "bits_per_parameter": facts * bits_per_fact / params,
+                    "budget": budget,
+                    "converged": bool(first and mine[first][1][budget]["converged"]),
+                    "rounds": 1,
+                    "probes": [
+                        {
+                            "subjects": table_shape(kk)[0],
+                            "relations": table_shape(kk)[1],
                             "facts": math.prod(table_shape(kk)),
-                            **{key: o[budget][key] for key in ("accuracy", "steps_trained", "best_lr", "passed",
-                                                               "converged")}} for kk, o in mine],
-                **_training_columns(tr), "seconds": round(seconds, 3),
-            })
+                            **{
+                                key: o[budget][key]
+                                for key in ("accuracy", "steps_trained", "best_lr", "passed", "converged")
+                            },
+                        }
+                        for kk, o in mine
+                    ],
+                    **_training_columns(tr),
+                    "seconds": round(seconds, 3),
+                }
+            )
     return rows
 
 
@@ -356,17 +432,33 @@ def run_tradeoff_unit(unit: dict[str, Any]) -> list[dict[str, Any]]:
     d, dh, heads = int(unit["d"]), int(unit["head_dim"]), int(unit["H"])
     cells = [(m, s) for m in unit["widths"] for s in unit["seeds"]]
     models = [
-        RecallMember(d, heads, dh, m, FactTable(unit["subjects"], unit["relations"], tr.answers_per_relation, seed=s), seed=s)
+        RecallMember(
+            d,
+            heads,
+            dh,
+            m,
+            FactTable(unit["subjects"], unit["relations"], tr.answers_per_relation, seed=s),
+            seed=s,
+        )
         for m, s in cells
     ]
     outcomes = train_models(models, tr)
     facts = unit["subjects"] * unit["relations"]
     return [
         {
-            "subjects": unit["subjects"], "relations": unit["relations"], "facts": facts, "d": d, "heads": heads,
-            "head_dim": dh, "width": m, "seed": s, "parameters": recall_parameters(d, heads, dh, m),
-            "attention_parameters": recall_parameters(d, heads, dh, 0), "mlp_parameters": 2 * m * d,
-            **{k: v for k, v in outcome.items() if k not in ("passed", "converged")}, "stored": outcome["passed"],
+            "subjects": unit["subjects"],
+            "relations": unit["relations"],
+            "facts": facts,
+            "d": d,
+            "heads": heads,
+            "head_dim": dh,
+            "width": m,
+            "seed": s,
+            "parameters": recall_parameters(d, heads, dh, m),
+            "attention_parameters": recall_parameters(d, heads, dh, 0),
+            "mlp_parameters": 2 * m * d,
+            **{k: v for k, v in outcome.items() if k not in ("passed", "converged")},
+            "stored": outcome["passed"],
             "converged": outcome["converged"],
             **_training_columns(tr),
         }
@@ -376,12 +468,51 @@ def run_tradeoff_unit(unit: dict[str, Any]) -> list[dict[str, Any]]:
 
 _TRAINING = ("steps", "lrs", "optimizer", "schedule", "warmup_frac", "eval_every", "batch_size", "threshold",
              "eval_contexts", "prompt_length", "answers_per_relation", "dtype")
-SCALING_COLUMNS = ("d", "heads", "head_dim", "width", "architecture", "parameters", "parameters_with_bias", "seed", "subjects",
-                   "relations", "facts", "first_fail_facts", "bits", "facts_per_parameter", "bits_per_parameter",
-                   "budget", "converged", "rounds", "probes", *_TRAINING, "seconds")
-TRADEOFF_COLUMNS = ("subjects", "relations", "facts", "d", "heads", "head_dim", "width", "seed", "parameters",
-                    "attention_parameters", "mlp_parameters", "accuracy", "fact_recall", "steps_trained", "best_lr",
-                    "accuracy_by_lr", "train_seconds", "stored", "converged", *_TRAINING)
+SCALING_COLUMNS = (
+    "d",
+    "heads",
+    "head_dim",
+    "width",
+    "architecture",
+    "parameters",
+    "parameters_with_bias",
+    "seed",
+    "subjects",
+    "relations",
+    "facts",
+    "first_fail_facts",
+    "bits",
+    "facts_per_parameter",
+    "bits_per_parameter",
+    "budget",
+    "converged",
+    "rounds",
+    "probes",
+    *_TRAINING,
+    "seconds",
+)
+TRADEOFF_COLUMNS = (
+    "subjects",
+    "relations",
+    "facts",
+    "d",
+    "heads",
+    "head_dim",
+    "width",
+    "seed",
+    "parameters",
+    "attention_parameters",
+    "mlp_parameters",
+    "accuracy",
+    "fact_recall",
+    "steps_trained",
+    "best_lr",
+    "accuracy_by_lr",
+    "train_seconds",
+    "stored",
+    "converged",
+    *_TRAINING,
+)
 # a unit holds its config's fields (the training nested): its key leaves their defaults out
 SCALING_KEYS = {**field_defaults(ScalingConfig), "training": RecallTraining}
 TRADEOFF_KEYS = {**field_defaults(TradeoffConfig), "training": RecallTraining}
@@ -393,11 +524,24 @@ TRADEOFF_KEYS = {**field_defaults(TradeoffConfig), "training": RecallTraining}
 _PAPER_DIMS = (8, 11, 16, 22, 32, 45, 64, 90, 128, 181)
 _SCALING = {"head_dim": 2, "attn_ratio": 1.0, "width_ratios": (0.0, 1.0)}
 SCALING_PRESETS = {
-    "quick": {**_SCALING, "dims": (8,), "seeds": (0,), "training": {"steps": 100, "batch_size": 256, "lrs": (1e-2, 3e-2)}},
-    "reference": {**_SCALING, "dims": (8, 11, 16, 23), "seeds": (0, 1, 2),
-                  "training": {"steps": 1000, "batch_size": 256, "lrs": (1e-2, 3e-2)}},
-    "paper": {**_SCALING, "dims": _PAPER_DIMS, "seeds": (0, 1, 2),
-              "training": {"steps": 16384, "batch_size": 1024, "lrs": (1e-3, 3e-3, 1e-2)}},
+    "quick": {
+        **_SCALING,
+        "dims": (8,),
+        "seeds": (0,),
+        "training": {"steps": 100, "batch_size": 256, "lrs": (1e-2, 3e-2)},
+    },
+    "reference": {
+        **_SCALING,
+        "dims": (8, 11, 16, 23),
+        "seeds": (0, 1, 2),
+        "training": {"steps": 1000, "batch_size": 256, "lrs": (1e-2, 3e-2)},
+    },
+    "paper": {
+        **_SCALING,
+        "dims": _PAPER_DIMS,
+        "seeds": (0, 1, 2),
+        "training": {"steps": 16384, "batch_size": 1024, "lrs": (1e-3, 3e-3, 1e-2)},
+    },
 }
 TRADEOFF_PRESETS = {
     "quick": {"heads": (1, 2), "widths": (0, 16), "seeds": (0,), "training": {"steps": 50, "batch_size": 256,
@@ -451,10 +595,16 @@ def _scaling_plots(frame: pd.DataFrame, out: Path, config: ScalingConfig) -> lis
 SCALING = Experiment(
     name="recall scaling",
     help="Facts stored (the largest S x R table at 99% over all facts; bisection on S + R) against parameters, "
-         "with the fitted facts per parameter and bits per parameter.",
-    config=ScalingConfig, units=lambda config, out: config.units(), run_unit=run_scaling_unit,
-    columns=SCALING_COLUMNS, plots=_scaling_plots, report=_scaling_report,
-    presets=SCALING_PRESETS, folder=lambda unit: "scaling", key_defaults=SCALING_KEYS,
+    "with the fitted facts per parameter and bits per parameter.",
+    config=ScalingConfig,
+    units=lambda config, out: config.units(),
+    run_unit=run_scaling_unit,
+    columns=SCALING_COLUMNS,
+    plots=_scaling_plots,
+    report=_scaling_report,
+    presets=SCALING_PRESETS,
+    folder=lambda unit: "scaling",
+    key_defaults=SCALING_KEYS,
 )
 TRADEOFF = Experiment(
     name="recall tradeoff",

@@ -116,7 +116,9 @@ class RecallTransformer(Ensemble):
         E, B, T = tokens.shape
         x = self.embed_tokens(tokens)  # (E, B, T, d)
         e_eos = self.embed[torch.arange(E), self.eos]  # (E, d)
-        kq = torch.einsum("ehdk,ehfk,ef->edh", self.w_k, self.w_q, e_eos) / math.sqrt(self.head_dim)  # (E, d, H)
+        kq = torch.einsum("ehdk,ehfk,ef->edh", self.w_k, self.w_q, e_eos) / math.sqrt(
+            self.head_dim
+        )  # (E, d, H)
         scores = torch.bmm(x.view(E, B * T, self.d), kq).view(E, B, T, self.heads)  # (E, B, T, H)
         attn = torch.softmax(scores.transpose(2, 3).contiguous(), dim=-1)  # (E, B, H, T)
         pooled = torch.matmul(attn, x)  # (E, B, H, d)
@@ -130,7 +132,9 @@ class RecallTransformer(Ensemble):
     def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         """Each member's own embeddings of its tokens: (E, B, T) -> (E, B, T, d)."""
         E, V = self.embed.shape[:2]
-        flat = tokens + (torch.arange(E, device=tokens.device) * V)[:, None, None]  # row in the stacked tables
+        flat = (
+            tokens + (torch.arange(E, device=tokens.device) * V)[:, None, None]
+        )  # row in the stacked tables
         return nn.functional.embedding(flat, self.embed.view(E * V, self.d))  # (E, B, T, d)
 
     def features_reference(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -145,7 +149,10 @@ class RecallTransformer(Ensemble):
         heads = torch.einsum("ebht,ebhtk->ebhk", attn, values)  # (E, B, H, d_h)
         z = torch.einsum("ebhk,ehkd->ebd", heads, self.w_o)  # (E, B, d)
         if self.width:
-            hidden = torch.relu(torch.einsum("ebd,edm->ebm", z, self.w_1) + self.b_1[:, None, :]) * self.hidden_mask[:, None, :]
+            hidden = (
+                torch.relu(torch.einsum("ebd,edm->ebm", z, self.w_1) + self.b_1[:, None, :])
+                * self.hidden_mask[:, None, :]
+            )
             z = z + torch.einsum("ebm,emd->ebd", hidden, self.w_2)  # (E, B, d)
         return z
 
@@ -181,7 +188,9 @@ class RecallTask:
 
     def batch(self, step: int, generator: torch.Generator) -> PromptBatch:
         """Fresh prompts (E, B, T) for update ``step``."""
-        return self.bank.sample(self.batch_size, [member_generator(s, _TRAIN_STREAM, step) for s in self.seeds])
+        return self.bank.sample(
+            self.batch_size, [member_generator(s, _TRAIN_STREAM, step) for s in self.seeds]
+        )
 
     def loss(self, model: Ensemble, batch: PromptBatch) -> torch.Tensor:
         """(E,) mean cross-entropy of the answers over the batch."""
@@ -191,7 +200,10 @@ class RecallTask:
 
     def _eval_logits(self, model: Ensemble, batch: PromptBatch) -> torch.Tensor:
         with torch.no_grad():
-            chunks = [model(batch.tokens[:, i : i + self.eval_chunk]) for i in range(0, batch.tokens.shape[1], self.eval_chunk)]
+            chunks = [
+                model(batch.tokens[:, i : i + self.eval_chunk])
+                for i in range(0, batch.tokens.shape[1], self.eval_chunk)
+            ]
         return torch.cat(chunks, dim=1) + self.answer_bias  # (E, P, A)
 
     def correct(self, model: Ensemble) -> torch.Tensor:

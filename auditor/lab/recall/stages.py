@@ -98,7 +98,9 @@ def find_plateau(steps: Sequence[int], loss: Sequence[float], level: float, *, b
                    mean=float(_smooth(loss_arr, window)[i : j + 1].mean()))
 
 
-def convergence_step(steps: Sequence[int], loss: Sequence[float], *, below: float, window: int = 5) -> int | None:
+def convergence_step(
+    steps: Sequence[int], loss: Sequence[float], *, below: float, window: int = 5
+) -> int | None:
     """First step after which the smoothed loss stays below ``below`` until the end (None if never)."""
     steps_arr, loss_arr = _check(steps, loss)
     ok = _smooth(loss_arr, window) < below
@@ -134,13 +136,19 @@ def detect_stages(
         relation_below: relation-only loss (nats) under which the relation counts as known.
     """
     if num_answers <= answers_per_relation or answers_per_relation < 2:
-        raise AuditError(f"need R D > D >= 2 to tell the stages apart, got R D={num_answers}, D={answers_per_relation}")
+        raise AuditError(
+            f"need R D > D >= 2 to tell the stages apart, got R D={num_answers}, D={answers_per_relation}"
+        )
     uniform_level, halluc_level = math.log(num_answers), math.log(answers_per_relation)
     if (1 + band) * halluc_level >= (1 - band) * uniform_level:
-        raise AuditError(f"band={band} makes the plateau levels ln {num_answers} and ln {answers_per_relation} overlap")
+        raise AuditError(
+            f"band={band} makes the plateau levels ln {num_answers} and ln {answers_per_relation} overlap"
+        )
     uniform = find_plateau(steps, total_loss, uniform_level, band=band, window=window, min_points=min_points)
     halluc = find_plateau(steps, total_loss, halluc_level, band=band, window=window, min_points=min_points)
-    if uniform and halluc and halluc.start <= uniform.end:  # a hallucination plateau must come after the uniform one
+    if (
+        uniform and halluc and halluc.start <= uniform.end
+    ):  # a hallucination plateau must come after the uniform one
         halluc = None
     converged = convergence_step(steps, total_loss, below=converged_below, window=window)
     confirmed, rel_mid = False, None

@@ -42,7 +42,9 @@ class FactTable:
 
     def __post_init__(self) -> None:
         if self.subjects < 1 or self.relations < 1:
-            raise AuditError(f"need S >= 1 subjects and R >= 1 relations, got S={self.subjects}, R={self.relations}")
+            raise AuditError(
+                f"need S >= 1 subjects and R >= 1 relations, got S={self.subjects}, R={self.relations}"
+            )
         if self.answers_per_relation < 1:
             raise AuditError(f"need D >= 1 answers per relation, got D={self.answers_per_relation}")
 
@@ -135,7 +137,9 @@ class FactBank:
         tokens[..., T - 1] = (2 * (self.S + self.R))[:, None]  # EOS
         member = torch.arange(E)[:, None]  # (E, 1)
         answers = self.answers[member, subjects, relations]  # (E, B)
-        return PromptBatch(tokens=tokens, answers=answers, subjects=subjects, relations=relations, valid=valid)
+        return PromptBatch(
+            tokens=tokens, answers=answers, subjects=subjects, relations=relations, valid=valid
+        )
 
     def _check(self, generators: Sequence[torch.Generator]) -> None:
         if len(generators) != self.num_members:
@@ -145,8 +149,12 @@ class FactBank:
         """Fresh training prompts: member i draws B facts uniformly from its own S * R with
         ``generators[i]`` (so its prompts do not depend on the other members)."""
         self._check(generators)
-        subjects = torch.stack([torch.randint(int(s), (batch_size,), generator=g) for s, g in zip(self.S, generators)])
-        relations = torch.stack([torch.randint(int(r), (batch_size,), generator=g) for r, g in zip(self.R, generators)])
+        subjects = torch.stack(
+            [torch.randint(int(s), (batch_size,), generator=g) for s, g in zip(self.S, generators)]
+        )
+        relations = torch.stack(
+            [torch.randint(int(r), (batch_size,), generator=g) for r, g in zip(self.R, generators)]
+        )
         valid = torch.ones(self.num_members, batch_size, dtype=torch.bool)
         return self._fill(subjects, relations, valid, generators)  # (E, B, T)
 

@@ -135,7 +135,9 @@ def test_memory_parameters_and_errors():
 # ---------------------------------------------------------------- bisection
 
 
-@pytest.mark.parametrize(("threshold", "lo", "hi"), [(37, 10, 20), (37, 40, 60), (37, 30, 45), (1, 5, 9), (250, 3, 4)])
+@pytest.mark.parametrize(
+    ("threshold", "lo", "hi"), [(37, 10, 20), (37, 40, 60), (37, 30, 45), (1, 5, 9), (250, 3, 4)]
+)
 def test_bisection_finds_a_planted_threshold_exactly(threshold, lo, hi):
     search = Bisection(lo, hi, max_size=1000)
     rounds = search_all([search], lambda pending: [n <= threshold for _, n in pending])
@@ -247,12 +249,22 @@ def test_a_probe_still_rising_at_the_step_limit_is_not_converged_and_a_plateaued
 
 def test_capacity_and_facts_fits_leave_out_step_limited_rows():
     n = np.array([20, 60, 190, 400])
-    rows = pd.DataFrame({"kind": ["linear"] * 5, "d": [8, 16, 32, 45, 45], "width": 0, "seed": [0, 0, 0, 0, 1],
-                         "parameters": [64, 256, 1024, 2048, 2048],
-                         "capacity": [*n, 100], "first_fail": [*(n + 1), 101],
-                         "converged": [True, True, True, True, False]})  # the last row: budget-limited
+    rows = pd.DataFrame(
+        {
+            "kind": ["linear"] * 5,
+            "d": [8, 16, 32, 45, 45],
+            "width": 0,
+            "seed": [0, 0, 0, 0, 1],
+            "parameters": [64, 256, 1024, 2048, 2048],
+            "capacity": [*n, 100],
+            "first_fail": [*(n + 1), 101],
+            "converged": [True, True, True, True, False],
+        }
+    )  # the last row: budget-limited
     fits = capacity_fits(rows)["linear"]
-    assert fits["points"] == 4 and fits["step_limited"] == 1 and fits["censored"] == 0 and fits["left_out"] == 1
+    assert (
+        fits["points"] == 4 and fits["step_limited"] == 1 and fits["censored"] == 0 and fits["left_out"] == 1
+    )
     expected = fit_guide_constant(rows["parameters"][:4], n_log_n(n))
     assert fits["constant"].constant == pytest.approx(expected.constant, rel=1e-12)
     assert fits["seeds"] == [0, 1]
@@ -276,7 +288,9 @@ def test_reference_scales_run_three_seeds():
 
 
 def test_sweep_unit_reports_a_bracketed_capacity_with_provenance():
-    unit = AssocConfig(kind="linear", dims=(8,), seeds=(0, 1), steps=200, rel_tol=0.1, eval_every=10).buckets()[0]
+    unit = AssocConfig(
+        kind="linear", dims=(8,), seeds=(0, 1), steps=200, rel_tol=0.1, eval_every=10
+    ).buckets()[0]
     rows = run_unit(run_bucket, unit)  # as the sweep runner runs it: rows stamped
     assert [r["seed"] for r in rows] == [0, 1]
     for row in rows:

@@ -70,7 +70,9 @@ def test_two_row_identity_context_known_rank():
 
 def test_full_rank_z_memorizes_every_label_exactly():
     """rank(Z) = N: the least-squares readout reproduces arbitrary real labels on all N examples."""
-    data = make_data(DataConfig(N=20, context=6, d=8, task="regression", outputs=3, shared_context=False, seed=4))
+    data = make_data(
+        DataConfig(N=20, context=6, d=8, task="regression", outputs=3, shared_context=False, seed=4)
+    )
     Z = attention_features(layer(4, 8, 8, outputs=3), data)  # (20, 32)
     cert = certify(Z, data.labels, task="regression", error_tolerance=1e-8)
     assert cert.rank == 20 and cert.readout_hits == 20
@@ -193,8 +195,29 @@ def test_certify_of_n_beyond_d_leaves_the_bound_blank_with_its_reason(tmp_path, 
     from auditor.cli import main
 
     out = tmp_path / "wide"
-    assert main(["certify", "--heads", "1", "--context", "6", "--d-h", "4", "--N", "8", "--d", "4", "--no-plots",
-                 "--threads", "1", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "certify",
+                "--heads",
+                "1",
+                "--context",
+                "6",
+                "--d-h",
+                "4",
+                "--N",
+                "8",
+                "--d",
+                "4",
+                "--no-plots",
+                "--threads",
+                "1",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     frame = pd.read_csv(out / "results.csv")
     assert frame["lower_bound"].isna().all() and frame["lower_bound_note"].str.contains("n > d").all()
     assert "lower_bound blank: n > d" in capsys.readouterr().out

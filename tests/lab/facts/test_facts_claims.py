@@ -17,7 +17,9 @@ def _tau_rows():
     rows = []
     for tau, ranks in ((0.5, (30, 35)), (0.9, (12, 20)), (0.99, (3, 5))):
         for bound, s_rank in zip((10, 40), ranks):
-            rows.append({"tau": tau, "s_cp_rank": s_rank, "layer_bound": bound, "acc_tau": 1 - tau / 2, "cp_rank": 20})
+            rows.append(
+                {"tau": tau, "s_cp_rank": s_rank, "layer_bound": bound, "acc_tau": 1 - tau / 2, "cp_rank": 20}
+            )
     return pd.DataFrame(rows)
 
 
@@ -25,20 +27,38 @@ def test_tau_tracking_finds_the_threshold_closest_to_the_holdable_rank(tmp_path)
     table = tau_tracking(_tau_rows()).set_index("tau")
     assert table.loc[0.5, "gap"] == pytest.approx(((30 - 10) + (35 - 20)) / 2 / 20)
     assert table.loc[0.9, "gap"] == pytest.approx((2 + 0) / 2 / 20)
-    assert table.loc[0.5, "inflated"] == 0.5 and table.loc[0.9, "inflated"] == 0.5 and table.loc[0.99, "inflated"] == 0
+    assert (
+        table.loc[0.5, "inflated"] == 0.5
+        and table.loc[0.9, "inflated"] == 0.5
+        and table.loc[0.99, "inflated"] == 0
+    )
     assert list(table.index[table["best"]]) == [0.9]
-    assert tau_tracking(_tau_rows(), rank=40).set_index("tau").loc[0.9, "gap"] == pytest.approx((2 + 20) / 2 / 40)
+    assert tau_tracking(_tau_rows(), rank=40).set_index("tau").loc[0.9, "gap"] == pytest.approx(
+        (2 + 20) / 2 / 40
+    )
     assert (tmp_path / "tau_tracking.png") in plot_tau_tracking(tau_tracking(_tau_rows()), tmp_path)
 
 
 def test_argmax_inflation_counts_seeds_that_store_everything(tmp_path):
     config = json.dumps({"lr": 0.01, "steps": 2000})
-    frame = pd.DataFrame({"d_model": [5, 5, 5, 8], "heads": 1, "d_qk": [5, 5, 5, 8], "d_vo": [4, 4, 4, 4],
-                          "seed": [0, 1, 2, 0], "accuracy": [1.0, 0.9, 1.0, 0.5], "facts_stored": [200, 180, 200, 100],
-                          "layer_bound": [10, 10, 10, 10], "train_config": config})
+    frame = pd.DataFrame(
+        {
+            "d_model": [5, 5, 5, 8],
+            "heads": 1,
+            "d_qk": [5, 5, 5, 8],
+            "d_vo": [4, 4, 4, 4],
+            "seed": [0, 1, 2, 0],
+            "accuracy": [1.0, 0.9, 1.0, 0.5],
+            "facts_stored": [200, 180, 200, 100],
+            "layer_bound": [10, 10, 10, 10],
+            "train_config": config,
+        }
+    )
     table = argmax_inflation(frame, rank=83).set_index("d_model")
     assert table.loc[5, "all_facts"] == "2/3" and table.loc[5, "accuracy_best"] == 1.0
-    assert table.loc[5, "accuracy_mean"] == pytest.approx(2.9 / 3) and table.loc[8, "facts_stored_best"] == 100
+    assert (
+        table.loc[5, "accuracy_mean"] == pytest.approx(2.9 / 3) and table.loc[8, "facts_stored_best"] == 100
+    )
     assert (table["lr"] == 0.01).all() and (table["rank_D"] == 83).all()
     assert (tmp_path / "argmax.png") in plot_argmax(table.reset_index(), tmp_path)
     with pytest.raises(AuditError, match="--layer-rank"):

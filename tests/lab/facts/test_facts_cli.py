@@ -157,9 +157,24 @@ def test_unknown_experiment_is_a_usage_error(capsys):
 
 def test_tau_command_takes_its_database_widths_taus_and_steps(tmp_path, capsys):
     db = tmp_path / "db.csv"
-    assert main(["facts", "generate", "--keys", "6", "--queries", "3", "--values-per-query", "2", "-o", str(db)]) == 0
+    assert (
+        main(["facts", "generate", "--keys", "6", "--queries", "3", "--values-per-query", "2", "-o", str(db)])
+        == 0
+    )
     out = tmp_path / "csv"
-    args = ["--d-model", "2,3", "--tau", "0.5,0.9", "--steps", "30", "--lr", "1e-2", "--seeds", "0", "--no-plots"]
+    args = [
+        "--d-model",
+        "2,3",
+        "--tau",
+        "0.5,0.9",
+        "--steps",
+        "30",
+        "--lr",
+        "1e-2",
+        "--seeds",
+        "0",
+        "--no-plots",
+    ]
     assert main(["facts", "tau", str(db), *args, "--threads", "1", "--out", str(out)]) == 0
     frame = pd.read_csv(out / "results.csv")
     assert sorted(set(frame["d_model"])) == [2, 3] and (frame["d_vo"] == frame["d_model"]).all()
@@ -169,8 +184,29 @@ def test_tau_command_takes_its_database_widths_taus_and_steps(tmp_path, capsys):
     assert json.loads(frame["db_spec"].iloc[0]) == {"csv": str(db.resolve())}
 
     out = tmp_path / "generated"
-    generated = ["--kind", "random", "--keys", "5", "--queries", "3", "--values-per-query", "2", "--no-shared-values",
-                 "--db-seeds", "1", "--d-model", "2", "--d-vo", "1,2", "--tau", "0.9", "--steps", "20", "--seeds", "0"]
+    generated = [
+        "--kind",
+        "random",
+        "--keys",
+        "5",
+        "--queries",
+        "3",
+        "--values-per-query",
+        "2",
+        "--no-shared-values",
+        "--db-seeds",
+        "1",
+        "--d-model",
+        "2",
+        "--d-vo",
+        "1,2",
+        "--tau",
+        "0.9",
+        "--steps",
+        "20",
+        "--seeds",
+        "0",
+    ]
     assert main(["facts", "tau", *generated, "--no-plots", "--threads", "1", "--out", str(out)]) == 0
     frame = pd.read_csv(out / "results.csv")
     assert list(frame["d_vo"]) == [1, 2] and set(frame["d_qk"]) == {2}

@@ -112,7 +112,9 @@ def test_batched_padded_layer_matches_the_formula(variant):
         MHAConfig(heads=2, d=d, d_h=4, d_v=2 if variant == "spec" else 1, outputs=4, variant=variant, seed=3),
     ]
     model = MHAEnsemble(configs, max_context=5)
-    datasets = [make_data(DataConfig(N=9, context=n, d=d, classes=4, shared_context=False, seed=n)) for n in (5, 3, 4)]
+    datasets = [
+        make_data(DataConfig(N=9, context=n, d=d, classes=4, shared_context=False, seed=n)) for n in (5, 3, 4)
+    ]
     task = MemorizeTask(datasets, batch_size=9)
     queries, contexts, _ = task.inputs(torch.arange(9).expand(3, -1))
     with torch.no_grad():
@@ -133,7 +135,10 @@ def test_shared_and_per_example_contexts_agree():
 
 
 def test_padding_stays_zero_and_member_extraction_roundtrips():
-    configs = [MHAConfig(heads=1, d=4, d_h=2, d_v=2, outputs=3, seed=0), MHAConfig(heads=3, d=4, d_h=4, d_v=4, outputs=3)]
+    configs = [
+        MHAConfig(heads=1, d=4, d_h=2, d_v=2, outputs=3, seed=0),
+        MHAConfig(heads=3, d=4, d_h=4, d_v=4, outputs=3),
+    ]
     model = MHAEnsemble(configs)
     data = [make_data(DataConfig(N=12, context=3, d=4, classes=3, seed=s)) for s in (0, 1)]
     train(model, MemorizeTask(data, 12), TrainConfig(steps=20, lr=0.05, early_stop=False), progress=False)
@@ -163,7 +168,9 @@ def test_trainer_reaches_full_accuracy_on_an_easy_case():
     """N = 12 <= H(n-1)+1 = 13 with a shared context: within the guarantee, every seed gets 100%."""
     data = make_data(DataConfig(N=12, context=4, d=8, classes=3, seed=0))
     model = MHAEnsemble([MHAConfig(heads=4, d=8, d_h=8, d_v=8, outputs=3, seed=s) for s in range(4)])
-    res = train(model, MemorizeTask([data] * 4, 32), TrainConfig(steps=400, lr=2e-2, eval_every=10), progress=False)
+    res = train(
+        model, MemorizeTask([data] * 4, 32), TrainConfig(steps=400, lr=2e-2, eval_every=10), progress=False
+    )
     assert res.accuracy.tolist() == [1.0] * 4 and bool((res.steps_trained < 400).all())
 
 
@@ -212,9 +219,13 @@ class StopAt(MemorizeTask):
 def test_memorize_training_resumes_to_the_same_result(tmp_path):
     data = [make_data(DataConfig(N=30, context=4, d=6, classes=5, seed=s)) for s in (0, 1)]
     configs = [MHAConfig(heads=h, d=6, d_h=6, d_v=6, outputs=5, seed=h) for h in (1, 2)]
-    cfg = TrainConfig(steps=90, lr=2e-2, eval_every=10, checkpoint=str(tmp_path / "c.pt"), checkpoint_every=20)
+    cfg = TrainConfig(
+        steps=90, lr=2e-2, eval_every=10, checkpoint=str(tmp_path / "c.pt"), checkpoint_every=20
+    )
     reference = MHAEnsemble(configs)
-    ref = train(reference, MemorizeTask(data, 8), TrainConfig(**{**cfg.__dict__, "checkpoint": None}), progress=False)
+    ref = train(
+        reference, MemorizeTask(data, 8), TrainConfig(**{**cfg.__dict__, "checkpoint": None}), progress=False
+    )
     with pytest.raises(KeyboardInterrupt):
         train(MHAEnsemble(configs), StopAt(data, 8, at=47), cfg, progress=False)
     resumed = MHAEnsemble(configs)
@@ -237,19 +248,52 @@ def test_buckets_cover_every_run_once_and_respect_compatibility():
 
 
 def test_sweep_rows_resume_and_plots(tmp_path):
-    config = MemorizeConfig(heads=(1, 3), context=(3,), d_h=(4,), N=(12,), seeds=(0,), d=4, classes=3, steps=200,
-                            lr=3e-2, batch_size=16, eval_every=20)
+    config = MemorizeConfig(
+        heads=(1, 3),
+        context=(3,),
+        d_h=(4,),
+        N=(12,),
+        seeds=(0,),
+        d=4,
+        classes=3,
+        steps=200,
+        lr=3e-2,
+        batch_size=16,
+        eval_every=20,
+    )
     frame, _ = run_experiment(get("memorize"), config, tmp_path, plots=False, progress=False)
-    needed = {"heads", "context", "d_h", "N", "seed", "memorized", "accuracy", "lower_bound", "readout_hits",
-              "steps_trained", "seconds", "git_commit", "versions", "dtype", "device", "rank", "readout_hits_init",
-              "guaranteed", "converged", "stop_reason", "rounds_trained"}
+    needed = {
+        "heads",
+        "context",
+        "d_h",
+        "N",
+        "seed",
+        "memorized",
+        "accuracy",
+        "lower_bound",
+        "readout_hits",
+        "steps_trained",
+        "seconds",
+        "git_commit",
+        "versions",
+        "dtype",
+        "device",
+        "rank",
+        "readout_hits_init",
+        "guaranteed",
+        "converged",
+        "stop_reason",
+        "rounds_trained",
+    }
     assert needed <= set(frame.columns) and len(frame) == 2
     assert frame["lower_bound"].tolist() == [1 * 2 + 1, 3 * 2 + 1]
     assert (frame["guaranteed"] == frame[["rank", "N"]].min(axis=1)).all()
     assert set(frame["stop_reason"]) <= {"all_memorized", "plateau", "step_limit"}
     assert (frame["memorized"] == (frame["accuracy"] * frame["N"]).round()).all()
     assert (frame["rank"] <= frame["rank_ceiling"]).all()
-    again, _ = run_experiment(get("memorize"), config, tmp_path, plots=False, progress=False)  # read back, not retrained
+    again, _ = run_experiment(
+        get("memorize"), config, tmp_path, plots=False, progress=False
+    )  # read back, not retrained
     pd.testing.assert_frame_equal(frame, again)
     from auditor.lab.memorize.plots import plot_sweep
 
@@ -285,9 +329,18 @@ def test_cli_memorize_and_certify(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["memorize", "--heads", "0", "--context", "3", "--d-h", "2", "--N", "5"], "--heads takes values in 1..1000000"),
-        (["memorize", "--heads", "2", "--context", "3", "--d-h", "32", "--N", "5", "--d", "8"], "exceeds d=8"),
-        (["memorize", "--heads", "2", "--context", "3", "--d-h", "2", "--N", "0"], "--N takes values in 1..1000000"),
+        (
+            ["memorize", "--heads", "0", "--context", "3", "--d-h", "2", "--N", "5"],
+            "--heads takes values in 1..1000000",
+        ),
+        (
+            ["memorize", "--heads", "2", "--context", "3", "--d-h", "32", "--N", "5", "--d", "8"],
+            "exceeds d=8",
+        ),
+        (
+            ["memorize", "--heads", "2", "--context", "3", "--d-h", "2", "--N", "0"],
+            "--N takes values in 1..1000000",
+        ),
         (["memorize", "--heads", "x", "--context", "3", "--d-h", "2", "--N", "5"], "--heads takes integers"),
         (["memorize", "--heads", "2"], "give --context, --d-h, --N"),
         (["certify", "--weights", "missing.safetensors"], "does not exist"),
@@ -314,7 +367,9 @@ def _tokens(tmp_path, name: str, same_queries: bool):
     if same_queries:  # like ViT's embedding layer: every CLS row is the same vector
         contexts[:, 0] = contexts[0, 0]
     path = tmp_path / f"{name}.safetensors"
-    Tokens(contexts, contexts[:, 0].clone(), {"model": "synthetic", "representation": name, "query_index": "0"}).save(path)
+    Tokens(
+        contexts, contexts[:, 0].clone(), {"model": "synthetic", "representation": name, "query_index": "0"}
+    ).save(path)
     return path
 
 
@@ -340,12 +395,20 @@ def test_capacity_pipeline_reports_memorization_beside_the_assumptions(tmp_path)
     frame, _ = run_experiment(get("capacity"), config, tmp_path / "out", plots=False, progress=False)
     assert len(frame) == 12 and set(frame["representation"]) == {"mixed", "embedding"}
     for verdict in ("holds", "fraction", "critical_rtol"):  # the audit's verdict columns, beside every row
-        assert {f"assumption1_{verdict}", f"assumption2_{verdict}", f"original_assumption1_{verdict}"} <= set(frame)
+        assert {f"assumption1_{verdict}", f"assumption2_{verdict}", f"original_assumption1_{verdict}"} <= set(
+            frame
+        )
     summary = summarize(frame)
     assert len(summary) == 4 and (summary["runs"] == 3).all()
-    assert (summary["seeds"] == frame.groupby(["representation", "heads"], sort=False)["converged"].sum().to_numpy()).all()
+    assert (
+        summary["seeds"]
+        == frame.groupby(["representation", "heads"], sort=False)["converged"].sum().to_numpy()
+    ).all()
     has_ci = summary[summary["seeds"] >= 2]
-    assert ((has_ci["memorized_low"] <= has_ci["memorized_mean"]) & (has_ci["memorized_mean"] <= has_ci["memorized_high"])).all()
+    assert (
+        (has_ci["memorized_low"] <= has_ci["memorized_mean"])
+        & (has_ci["memorized_mean"] <= has_ci["memorized_high"])
+    ).all()
     frame = frame[frame["seed"] == 0]
     by_rep = frame.groupby("representation").first()
     assert not by_rep.loc["embedding", "assumption1_holds"]  # identical queries: Kruskal rank 1 < n
@@ -370,15 +433,40 @@ def test_capacity_end_to_end_on_a_tiny_random_vit(tmp_path):
     assert set(frame["representation"]) == {"embedding", "block.0"}
     assert (frame["n_original"] == 197).all() and (frame["model"] == "vit-base").all()
     emb = frame[frame["representation"] == "embedding"].iloc[0]
-    assert not emb["original_assumption1_holds"]  # the paper's finding: embedding-layer CLS queries are identical
+    assert not emb[
+        "original_assumption1_holds"
+    ]  # the paper's finding: embedding-layer CLS queries are identical
 
 
 def test_cli_capacity_on_a_token_file(tmp_path, capsys):
     path = _tokens(tmp_path, "block.0", False)
-    code = main(["capacity", "--tokens", str(path), "--rows", "4", "--dim", "8", "--heads", "1,2", "--classes", "3",
-                 "--subsets", "20", "--steps", "40", "--threads", "1", "--out", str(tmp_path / "cap")])
+    code = main(
+        [
+            "capacity",
+            "--tokens",
+            str(path),
+            "--rows",
+            "4",
+            "--dim",
+            "8",
+            "--heads",
+            "1,2",
+            "--classes",
+            "3",
+            "--subsets",
+            "20",
+            "--steps",
+            "40",
+            "--threads",
+            "1",
+            "--out",
+            str(tmp_path / "cap"),
+        ]
+    )
     assert code == 0
-    assert (tmp_path / "cap" / "results.csv").exists() and (tmp_path / "cap" / "memorized_vs_heads_block.0.png").exists()
+    assert (tmp_path / "cap" / "results.csv").exists() and (
+        tmp_path / "cap" / "memorized_vs_heads_block.0.png"
+    ).exists()
     assert "assumption1_holds" in capsys.readouterr().out
 
 
@@ -386,8 +474,27 @@ def test_capacity_samples_with_a_token_file_takes_its_first_examples_or_is_refus
     """--samples is honoured with --tokens (the first N examples of the file train), and refused with one
     line when the file holds fewer; without it every example trains."""
     path = _tokens(tmp_path, "block.0", False)  # 40 examples
-    common = ["capacity", "--tokens", str(path), "--rows", "4", "--dim", "8", "--heads", "1", "--classes", "3",
-              "--subsets", "20", "--steps", "20", "--seeds", "0", "--threads", "1"]
+    common = [
+        "capacity",
+        "--tokens",
+        str(path),
+        "--rows",
+        "4",
+        "--dim",
+        "8",
+        "--heads",
+        "1",
+        "--classes",
+        "3",
+        "--subsets",
+        "20",
+        "--steps",
+        "20",
+        "--seeds",
+        "0",
+        "--threads",
+        "1",
+    ]
     assert main([*common, "--samples", "12", "--out", str(tmp_path / "twelve")]) == 0
     assert (pd.read_csv(tmp_path / "twelve" / "results.csv")["N"] == 12).all()
     capsys.readouterr()
@@ -398,7 +505,9 @@ def test_capacity_samples_with_a_token_file_takes_its_first_examples_or_is_refus
 
 # -- convergence, not budgets ---------------------------------------------------------------------
 def test_subset_copies_members_exactly_and_loads_them_back():
-    configs = [MHAConfig(heads=h, d=6, d_h=dh, d_v=dh, outputs=5, seed=h) for h, dh in ((1, 2), (3, 6), (2, 4))]
+    configs = [
+        MHAConfig(heads=h, d=6, d_h=dh, d_v=dh, outputs=5, seed=h) for h, dh in ((1, 2), (3, 6), (2, 4))
+    ]
     full = MHAEnsemble(configs)
     sub = full.subset([2, 0])  # padded to its own largest member (H 2, d_h 4), not the ensemble's
     assert sub.W_Q.shape[1:] == (2, 6, 4)
@@ -417,7 +526,9 @@ def test_subset_copies_members_exactly_and_loads_them_back():
 
 def test_rounds_stop_at_full_memorization_at_a_plateau_or_at_the_step_limit(tmp_path):
     easy = make_data(DataConfig(N=6, context=4, d=6, classes=3, seed=0))
-    stuck = make_data(DataConfig(N=40, context=1, d=6, classes=5, seed=1))  # one shared row: a constant output
+    stuck = make_data(
+        DataConfig(N=40, context=1, d=6, classes=5, seed=1)
+    )  # one shared row: a constant output
     configs = [MHAConfig(heads=4, d=6, d_h=6, d_v=6, outputs=5, seed=0), MHAConfig(heads=1, d=6, d_h=6, d_v=6,
                                                                                    outputs=5, seed=1)]
     settings = MemorizeSettings(steps=150, lr=3e-2, eval_every=10, rounds=3, plateau=0.01)
@@ -431,7 +542,9 @@ def test_rounds_stop_at_full_memorization_at_a_plateau_or_at_the_step_limit(tmp_
     assert (tmp_path / "c.round2.pt").exists()
     again = train_rounds(MHAEnsemble(configs), [easy, stuck], settings, checkpoint=str(tmp_path / "c.pt"))
     assert again.memorized == result.memorized and again.steps_trained == result.steps_trained  # resumed
-    one = train_rounds(MHAEnsemble(configs[1:]), [stuck], MemorizeSettings(steps=50, lr=3e-2, eval_every=10, rounds=1))
+    one = train_rounds(
+        MHAEnsemble(configs[1:]), [stuck], MemorizeSettings(steps=50, lr=3e-2, eval_every=10, rounds=1)
+    )
     assert one.stop_reason == ["step_limit"] and one.converged == [False]  # no second round to compare with
 
 
@@ -454,8 +567,17 @@ def test_summaries_and_fits_leave_out_runs_stopped_at_the_step_limit():
     rows = []
     for seed, slope in zip((0, 1, 2), (10.0, 12.0, 14.0)):
         for H in (1, 2, 3):
-            rows.append({"N": 100, "heads": H, "seed": seed, "memorized": slope * H, "accuracy": slope * H / 100,
-                         "lower_bound": H * 3 + 1, "converged": True})
+            rows.append(
+                {
+                    "N": 100,
+                    "heads": H,
+                    "seed": seed,
+                    "memorized": slope * H,
+                    "accuracy": slope * H / 100,
+                    "lower_bound": H * 3 + 1,
+                    "converged": True,
+                }
+            )
     rows.append({"N": 100, "heads": 3, "seed": 3, "memorized": 99.0, "accuracy": 0.99, "lower_bound": 10,
                  "converged": False})  # stopped at the step limit: it must not move the mean or the fit
     frame = pd.DataFrame(rows)

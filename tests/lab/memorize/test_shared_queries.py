@@ -35,14 +35,44 @@ def test_every_example_asks_one_of_the_shared_queries_with_a_context_of_its_own(
 
 def test_a_quick_run_trains_reports_the_memorized_fraction_and_resumes(tmp_path, capsys):
     out = tmp_path / "run"
-    args = ["memorize", "shared-queries", "--heads", "1,2", "--context", "4", "--d-h", "8", "--N", "32", "--queries",
-            "1,4", "--d", "8", "--seeds", "0", "--steps", "100", "--lr", "3e-2", "--batch-size", "32", "--eval-every",
-            "20", "--rounds", "2", "--no-plots", "--out", str(out)]
+    args = [
+        "memorize",
+        "shared-queries",
+        "--heads",
+        "1,2",
+        "--context",
+        "4",
+        "--d-h",
+        "8",
+        "--N",
+        "32",
+        "--queries",
+        "1,4",
+        "--d",
+        "8",
+        "--seeds",
+        "0",
+        "--steps",
+        "100",
+        "--lr",
+        "3e-2",
+        "--batch-size",
+        "32",
+        "--eval-every",
+        "20",
+        "--rounds",
+        "2",
+        "--no-plots",
+        "--out",
+        str(out),
+    ]
     assert main(args) == 0
     printed = capsys.readouterr().out
     assert "memorized_fraction" in printed
     frame = pd.read_csv(out / "results.csv")
-    assert len(frame) == 4 and sorted(set(frame["queries"])) == [1, 4] and sorted(set(frame["heads"])) == [1, 2]
+    assert (
+        len(frame) == 4 and sorted(set(frame["queries"])) == [1, 4] and sorted(set(frame["heads"])) == [1, 2]
+    )
     assert frame["shared_queries"].all() and not frame["shared_context"].any()
     assert frame["memorized"].between(0, 32).all()
     assert (frame["accuracy"] == frame["memorized"] / 32).all()
@@ -60,12 +90,16 @@ def test_a_quick_run_trains_reports_the_memorized_fraction_and_resumes(tmp_path,
 
 def test_the_experiment_is_registered_in_its_room_and_refuses_bad_queries(tmp_path, capsys):
     experiment = get("memorize shared-queries")
-    assert experiment.name == "memorize shared-queries" and {"queries", "shared_queries"} <= set(experiment.columns)
+    assert experiment.name == "memorize shared-queries" and {"queries", "shared_queries"} <= set(
+        experiment.columns
+    )
     assert main(["memorize", "shared-queries", "--queries", "0", "--out", str(tmp_path / "bad")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "--queries" in err and err.count("\n") == 1
     assert not (tmp_path / "bad").exists()
-    assert main(["memorize", "--heads", "2", "shared-queries", "--out", str(tmp_path / "bad")]) == 2  # misplaced
+    assert (
+        main(["memorize", "--heads", "2", "shared-queries", "--out", str(tmp_path / "bad")]) == 2
+    )  # misplaced
     err = capsys.readouterr().err
     assert "--heads before 'shared-queries'" in err and err.count("\n") == 1
     assert not (tmp_path / "bad").exists()

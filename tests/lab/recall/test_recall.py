@@ -93,7 +93,9 @@ def test_all_facts_covers_every_fact_k_times():
 
 def test_a_members_prompts_do_not_depend_on_its_ensemble():
     alone = FactBank([FactTable(7, 4, 8, seed=3)]).sample(64, _gens(5, step=9))
-    together = FactBank([FactTable(30, 2, 8, seed=0), FactTable(7, 4, 8, seed=3)]).sample(64, _gens(1, 5, step=9))
+    together = FactBank([FactTable(30, 2, 8, seed=0), FactTable(7, 4, 8, seed=3)]).sample(
+        64, _gens(1, 5, step=9)
+    )
     assert torch.equal(alone.tokens[0], together.tokens[1])
     assert torch.equal(alone.answers[0], together.answers[1])
 
@@ -153,8 +155,20 @@ def test_padded_members_match_the_same_member_alone():
 def test_training_stores_a_small_fact_table_and_accuracy_is_over_all_facts():
     member = _members(d=24, heads=4, head_dim=4, width=24, facts=FactTable(6, 6, 4, seed=1))
     model, task = build_recall([member], batch_size=256, eval_contexts=3)
-    result = train(model, task, TrainConfig(steps=800, lr=1e-2, optimizer="adamw", warmup_frac=0.0,
-                                            schedule="constant", target_accuracy=1.0, eval_every=25), progress=False)
+    result = train(
+        model,
+        task,
+        TrainConfig(
+            steps=800,
+            lr=1e-2,
+            optimizer="adamw",
+            warmup_frac=0.0,
+            schedule="constant",
+            target_accuracy=1.0,
+            eval_every=25,
+        ),
+        progress=False,
+    )
     assert result.accuracy.item() == 1.0 and result.steps_trained.item() < 800
     assert task.fact_recall(model).item() == 1.0
     # the evaluation set is every fact in 3 contexts, and accuracy is their mean
@@ -181,8 +195,17 @@ def test_tradeoff_unit_rows_describe_every_cell():
     assert len(rows) == 4 and set(rows["width"]) == {0, 8} and set(rows["seed"]) == {0, 1}
     assert (rows["parameters"] == rows["attention_parameters"] + rows["mlp_parameters"]).all()
     assert rows["accuracy"].between(0, 1).all() and (rows["stored"] == (rows["accuracy"] >= 0.99)).all()
-    assert {"git_commit", "versions", "lrs", "best_lr", "batch_size", "prompt_length", "answers_per_relation", "dtype",
-            "device"} <= set(rows.columns)
+    assert {
+        "git_commit",
+        "versions",
+        "lrs",
+        "best_lr",
+        "batch_size",
+        "prompt_length",
+        "answers_per_relation",
+        "dtype",
+        "device",
+    } <= set(rows.columns)
 
 
 def test_each_model_keeps_its_best_learning_rate():
@@ -310,7 +333,9 @@ def test_plateau_needs_enough_points_and_valid_input():
 
 def test_cli_recall_dynamics_and_errors(tmp_path, capsys):
     out = tmp_path / "recall"
-    assert main(["recall", "dynamics", "--steps", "200", "--seeds", "0", "--lr", "0.5", "--out", str(out)]) == 0
+    assert (
+        main(["recall", "dynamics", "--steps", "200", "--seeds", "0", "--lr", "0.5", "--out", str(out)]) == 0
+    )
     stages = pd.read_csv(out / "dynamics_stages.csv")
     assert list(stages["seed"]) == [0]
     assert (out / "dynamics.png").stat().st_size > 0 and (out / "dynamics_curves.csv").exists()
@@ -329,7 +354,12 @@ def _history(accuracies, every=10):
 def test_outcome_at_a_budget_reads_the_run_up_to_that_budget():
     run = _history([0.1, 0.5, 0.8, 0.9, 0.95, 0.995, 0.995])  # passes at step 50
     at40, at60 = outcome_at(run, 40, 0.99), outcome_at(run, 60, 0.99)
-    assert at40 == {"accuracy": 0.95, "passed": False, "converged": False, "steps_trained": 40}  # +0.15 over 30..40
+    assert at40 == {
+        "accuracy": 0.95,
+        "passed": False,
+        "converged": False,
+        "steps_trained": 40,
+    }  # +0.15 over 30..40
     assert at60 == {"accuracy": 0.995, "passed": True, "converged": True, "steps_trained": 50}
     flat = _history([0.1, 0.6, 0.7, 0.7, 0.7, 0.705, 0.705, 0.705, 0.705])  # gain < PLATEAU_GAIN over 60..80
     assert outcome_at(flat, 80, 0.99)["converged"] and not outcome_at(flat, 80, 0.99)["passed"]
@@ -352,9 +382,16 @@ def test_a_budget_reports_what_a_run_stopped_there_reports():
 
 
 def test_budget_mode_rows_one_per_budget_capacity_never_falls():
-    unit = ScalingConfig(dims=(8,), head_dim=2, attn_ratio=1.0, width_ratios=(0.0,), seeds=(0,), budgets=(24, 48),
-                         grid=(0.02, 0.08), training=RecallTraining(steps=48, batch_size=64, eval_every=8,
-                                                                    eval_contexts=2, lrs=(3e-2,))).units()[0]
+    unit = ScalingConfig(
+        dims=(8,),
+        head_dim=2,
+        attn_ratio=1.0,
+        width_ratios=(0.0,),
+        seeds=(0,),
+        budgets=(24, 48),
+        grid=(0.02, 0.08),
+        training=RecallTraining(steps=48, batch_size=64, eval_every=8, eval_contexts=2, lrs=(3e-2,)),
+    ).units()[0]
     rows = pd.DataFrame(run_unit(run_scaling_unit, unit))
     assert list(rows["budget"]) == [24, 48] and rows["converged"].dtype == bool
     assert rows["facts"].is_monotonic_increasing
@@ -382,7 +419,9 @@ def test_grid_and_budget_options_are_checked():
 
 def test_budget_fit_recovers_a_known_saturating_curve():
     budgets = np.array([1000, 2000, 4096, 8192, 16384] * 2)
-    rows = pd.DataFrame({"budget": budgets, "facts": 1, "facts_per_parameter": 0.2 * budgets / (budgets + 3000.0)})
+    rows = pd.DataFrame(
+        {"budget": budgets, "facts": 1, "facts_per_parameter": 0.2 * budgets / (budgets + 3000.0)}
+    )
     fit = budget_fit(rows)
     assert fit.ceiling == pytest.approx(0.2, rel=1e-6) and fit.half_budget == pytest.approx(3000, rel=1e-6)
     assert fit.budget_for(0.15) == pytest.approx(9000, rel=1e-6) and fit.budget_for(0.3) == math.inf
@@ -391,8 +430,28 @@ def test_budget_fit_recovers_a_known_saturating_curve():
 
 def test_cli_tradeoff_grid_options_and_converged_column(tmp_path):
     out = tmp_path / "tradeoff"
-    assert main(["recall", "tradeoff", "--scale", "quick", "--heads", "1:2", "--widths", "0,4", "--steps", "20",
-                 "--eval-every", "10", "--no-plots", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "recall",
+                "tradeoff",
+                "--scale",
+                "quick",
+                "--heads",
+                "1:2",
+                "--widths",
+                "0,4",
+                "--steps",
+                "20",
+                "--eval-every",
+                "10",
+                "--no-plots",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     rows = pd.read_csv(out / "tradeoff.csv")
     assert sorted(set(rows["heads"])) == [1, 2] and sorted(set(rows["width"])) == [0, 4]
     assert rows["converged"].dtype == bool and (rows["eval_every"] == 10).all()
@@ -407,9 +466,23 @@ def _tradeoff_rows(seeds=(0, 1, 2)) -> pd.DataFrame:
             for seed in seeds:
                 stored = heads == 2 and (width == 16 or seed != 2)
                 accuracy = 1.0 if stored else 0.3 + 0.1 * heads + 0.01 * seed
-                rows.append({"subjects": 4, "relations": 4, "facts": 16, "d": 8, "heads": heads, "head_dim": 2,
-                             "width": width, "seed": seed, "parameters": 100 * heads + width, "accuracy": accuracy,
-                             "stored": str(stored), "converged": str(stored or width == 8), "steps": 50})
+                rows.append(
+                    {
+                        "subjects": 4,
+                        "relations": 4,
+                        "facts": 16,
+                        "d": 8,
+                        "heads": heads,
+                        "head_dim": 2,
+                        "width": width,
+                        "seed": seed,
+                        "parameters": 100 * heads + width,
+                        "accuracy": accuracy,
+                        "stored": str(stored),
+                        "converged": str(stored or width == 8),
+                        "steps": 50,
+                    }
+                )
     return pd.DataFrame(rows)
 
 
@@ -421,7 +494,9 @@ def test_tradeoff_report_aggregates_seeds_with_intervals_and_step_limited_counts
     rows = _tradeoff_rows()
     cells = tradeoff_cells(rows).set_index(["heads", "width"])
     mean, low, high = mean_ci([0.4, 0.41, 0.42])
-    assert cells.loc[(1, 8), ["accuracy_mean", "accuracy_low", "accuracy_high"]].tolist() == pytest.approx([mean, low, high])
+    assert cells.loc[(1, 8), ["accuracy_mean", "accuracy_low", "accuracy_high"]].tolist() == pytest.approx(
+        [mean, low, high]
+    )
     assert cells.loc[(1, 8), "accuracy_half_width"] == pytest.approx((high - low) / 2)
     assert cells.loc[(2, 16), "accuracy_half_width"] == 0 and cells.loc[(2, 16), "stored"] == 3
     assert cells["step_limited"].tolist() == [0, 3, 0, 0]  # "False" read from a CSV is False
@@ -429,10 +504,19 @@ def test_tradeoff_report_aggregates_seeds_with_intervals_and_step_limited_counts
     assert smallest_storing_width(rows).loc[1].isna().all()
     text = tradeoff_markdown(rows)
     assert "mean over 3 seeds" in text and "half-width of the 95% Student-t interval" in text
-    assert "- H = 2: smallest width storing all facts at the threshold, per seed (0, 1, 2): 8, 8, 16; mean 11" in text
-    assert "in all 3 seeds: m = 16" in text and "3 of 12 runs (seed 0: 1 of 4; seed 1: 1 of 4; seed 2: 1 of 4)" in text
+    assert (
+        "- H = 2: smallest width storing all facts at the threshold, per seed (0, 1, 2): 8, 8, 16; mean 11"
+        in text
+    )
+    assert (
+        "in all 3 seeds: m = 16" in text
+        and "3 of 12 runs (seed 0: 1 of 4; seed 1: 1 of 4; seed 2: 1 of 4)" in text
+    )
     assert plot_tradeoff(rows, tmp_path / "three.png").stat().st_size > 0
     one = _tradeoff_rows(seeds=(0,))
     text = tradeoff_markdown(one)
-    assert "half-width" not in text and "- H = 2: smallest width storing all facts at the threshold: m = 8" in text
+    assert (
+        "half-width" not in text
+        and "- H = 2: smallest width storing all facts at the threshold: m = 8" in text
+    )
     assert plot_tradeoff(one, tmp_path / "one.png").stat().st_size > 0  # no interval panel, no error
