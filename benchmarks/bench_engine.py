@@ -2,7 +2,8 @@
 
 A grid of small memorization configurations (H x n x seeds, shared context, 100 classes) is trained
 for the same number of steps twice: (1) batched on the shared engine, bucketed exactly as the sweeps do
-(one ensemble per bucket, padding + masks for the different H and n), (2) sequentially, one single-member ensemble after the other (the authors' way).
+(one ensemble per bucket, padding + masks for the different H and n), (2) sequentially, one single-member
+ensemble after the other (the authors' way).
 Early stopping is off on both sides so both do exactly the same updates; the script checks that the
 two give the same final accuracies and (up to float reassociation) the same weights, then prints the
 times and the ratio, in wall-clock and in this process's CPU time (the CPU ratio is the one to trust
@@ -54,7 +55,8 @@ def main() -> None:
     config = TrainConfig(steps=args.steps, lr=1e-2, early_stop=False, eval_every=max(args.steps // 5, 1))
     max_n = max(args.context)
     print(
-        f"{len(runs)} configurations: H in {args.heads}, n in {args.context}, seeds {args.seeds}, d = d_h = {args.d}, "
+        f"{len(runs)} configurations: H in {args.heads}, n in {args.context}, seeds {args.seeds}, "
+        f"d = d_h = {args.d}, "
         f"N = {args.N}, {args.steps} steps, batch {args.batch_size}, {torch.get_num_threads()} torch threads"
     )
 
@@ -89,16 +91,19 @@ def main() -> None:
     )
     print(f"{'':16}  {'wall s':>8}  {'CPU s':>8}")
     print(
-        f"sequential loop : {t_sequential:8.2f}  {c_sequential:8.2f}  ({t_sequential / len(runs):.2f} s per configuration)"
+        f"sequential loop : {t_sequential:8.2f}  {c_sequential:8.2f}  "
+        f"({t_sequential / len(runs):.2f} s per configuration)"
     )
     print(
-        f"batched ensemble: {t_batched:8.2f}  {c_batched:8.2f}  ({len(groups)} bucket(s) of {[len(g) for g in groups]})"
+        f"batched ensemble: {t_batched:8.2f}  {c_batched:8.2f}  "
+        f"({len(groups)} bucket(s) of {[len(g) for g in groups]})"
     )
     print(
         f"speed-up        : {t_sequential / t_batched:8.2f}x wall, {c_sequential / c_batched:.2f}x CPU time"
     )
     print(
-        f"agreement       : max |accuracy difference| = {acc_diff:.3g}, max |weight difference| = {weight_diff:.3g}"
+        f"agreement       : max |accuracy difference| = {acc_diff:.3g}, "
+        f"max |weight difference| = {weight_diff:.3g}"
     )
 
 

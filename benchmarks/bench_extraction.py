@@ -117,7 +117,8 @@ def _write_report(path: Path, args: argparse.Namespace, lines: list[str]) -> Non
         "# Benchmark: token extraction with early exit",
         "",
         "Reading `embedding` and `block.0` of ViT-base: hooks that stop the forward after block 0",
-        "(`auditor.audit.extract.extract`) against a full forward with `output_hidden_states=True`, same images,",
+        "(`auditor.audit.extract.extract`) against a full forward with "
+        "`output_hidden_states=True`, same images,",
         "same batches, same process, interleaved runs; both give bit-identical tokens (checked).",
         "",
         "```",

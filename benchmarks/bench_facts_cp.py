@@ -59,7 +59,8 @@ def main() -> None:
         als_time = (time.perf_counter() - t0) / (args.sweeps * args.restarts)
         shape = "x".join(map(str, dense.shape))
         print(
-            f"| {db.num_triples} | {shape} | {rank} | {tl_time:.4f} | {als_time:.4f} | {tl_time / als_time:.1f}x |"
+            f"| {db.num_triples} | {shape} | {rank} | "
+            f"{tl_time:.4f} | {als_time:.4f} | {tl_time / als_time:.1f}x |"
         )
 
 

@@ -56,7 +56,8 @@ def llama_7b_width(blocks: int):
 
 
 def write_checkpoint(folder: Path, blocks: int, seed: int = 0) -> tuple[int, int]:
-    """A random bfloat16 checkpoint of ``blocks`` blocks in 1 GB shards with its index; (parameters, bytes)."""
+    """A random bfloat16 checkpoint of ``blocks`` blocks in 1 GB shards with its index;
+    (parameters, bytes)."""
     import torch
     import transformers
     from safetensors.torch import save_file
@@ -158,7 +159,8 @@ def main() -> None:
         load = os.getloadavg()[0]  # the machine's 1-minute load when the measurements ended
         rows.append((blocks, params, on_disk / GIB, peak, wall, base_peak, base_wall, load))
         print(
-            f"{blocks} blocks, {params / 1e9:.2f}B params, {on_disk / GIB:.2f} GiB on disk: audit peak {peak:.2f} GiB "
+            f"{blocks} blocks, {params / 1e9:.2f}B params, {on_disk / GIB:.2f} GiB on disk: "
+            f"audit peak {peak:.2f} GiB "
             f"in {wall:.0f} s; whole model {base_peak:.2f} GiB in {base_wall:.0f} s; load {load:.1f}",
             flush=True,
         )
@@ -186,8 +188,10 @@ def write_report(rows, args) -> None:
         "",
         "Random Llama-style checkpoints at a 7B-class width (d = 4096, MLP 14336, 32 heads / 8 KV heads,",
         "vocabulary 32000), bfloat16, in 1 GB safetensors shards with their index. `audit DIR -w pretrained",
-        f"--layers 0 --samples {args.samples} --subsets 200 --no-robustness` reads the embedding and block 0 and",
-        "computes the tokens in float32; the whole-model baseline is `LlamaModel.from_pretrained(DIR)` cast to",
+        f"--layers 0 --samples {args.samples} --subsets 200 --no-robustness` reads the embedding "
+        "and block 0 and",
+        "computes the tokens in float32; the whole-model baseline is "
+        "`LlamaModel.from_pretrained(DIR)` cast to",
         "float32 and one forward. Peak resident memory of each fresh process (`ru_maxrss`).",
         "",
         "| blocks | parameters | on disk (GiB) | audit peak RSS (GiB) | audit / disk | audit wall (s) "
@@ -205,7 +209,8 @@ def write_report(rows, args) -> None:
         f"Command: `python benchmarks/bench_memory.py --blocks {args.blocks} --samples {args.samples} "
         f"--threads {args.threads}{' --no-baseline' if args.no_baseline else ''}`",
         "",
-        f"Machine: {platform.machine()}, {os.cpu_count()} logical CPUs; git {stamp.get('git_commit', '')[:12]}; "
+        f"Machine: {platform.machine()}, {os.cpu_count()} logical CPUs; "
+        f"git {stamp.get('git_commit', '')[:12]}; "
         f"{stamp.get('versions', '')}",
         "",
         "Wall times depend on the machine's load (shared by several jobs here); the memory figures do not.",

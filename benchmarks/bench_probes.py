@@ -274,7 +274,8 @@ def print_robustness(rows: list[dict]) -> None:
         m0, m1, bound = r["margin"]
         print(
             f"| {r['pool']} | {r['k']} | {r['subsets']} | {r['fraction']:.4f} | {r['plain_s']:.2f} | "
-            f"{r['robust_s']:.2f} | {r['ratio']:.2f}x | {r['same']} | [{lo / r['rtol']:.3g}, {hi / r['rtol']:.3g}] "
+            f"{r['robust_s']:.2f} | {r['ratio']:.2f}x | {r['same']} | "
+            f"[{lo / r['rtol']:.3g}, {hi / r['rtol']:.3g}] "
             f"| {m0:.3f} -> {m1:.3f} ({bound}) | {r['load']} |",
             flush=True,
         )
@@ -386,9 +387,11 @@ def main() -> None:
             stages = ", ".join(f"{k} {v}" for k, v in r["stages"].items() if v)
             print(
                 f"| {shape} ({r['n']}, {r['d']}, {r['k']}) | {kind} | {r['subsets']} | {r['fraction']:.4f} "
-                f"| {r['plain_s']:.2f} | {loop} | {r['ratio']:.1f}x | {r['fast_s']:.2f} | {r['ratio_default']:.1f}x "
+                f"| {r['plain_s']:.2f} | {loop} | {r['ratio']:.1f}x "
+                f"| {r['fast_s']:.2f} | {r['ratio_default']:.1f}x "
                 f"| {r['floor64']:.2f} / {r['floor32']:.2f} "
-                f"| {r['plain_s'] / r['floor64']:.2f} | {r['gflops']:.1f} ({100 * r['gflops'] / r['peak']:.0f}%) "
+                f"| {r['plain_s'] / r['floor64']:.2f} "
+                f"| {r['gflops']:.1f} ({100 * r['gflops'] / r['peak']:.0f}%) "
                 f"| {r['verdicts_agree']} | {r['ranks_agree']} | {stages} | {r['load']} |",
                 flush=True,
             )

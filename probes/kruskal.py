@@ -168,16 +168,18 @@ class KruskalResult:
 
     def to_dict(self) -> dict[str, Any]:
         """Flat dict of typed values: ints (k, N, d, subsets, full_rank, seed), bools (exhaustive,
-        spectrum_proof, margin_bound, critical_rtol_exact: None without robustness), floats (fraction, min_margin, rtol, seconds, critical_rtol, critical_rtol_low,
-        critical_rtol_high, verdict_margin; NaN where robustness was off), ``rank_counts``
-        dict[int, int], ``witness`` list[int] or None, ``stages`` dict[str, int], ``rtol_grid``
-        dict[float, float] or None. :func:`flatten_row` turns it into CSV cells."""
+        spectrum_proof, margin_bound, critical_rtol_exact: None without robustness), floats (fraction,
+        min_margin, rtol, seconds, critical_rtol, critical_rtol_low, critical_rtol_high, verdict_margin; NaN
+        where robustness was off), ``rank_counts`` dict[int, int], ``witness`` list[int] or None, ``stages``
+        dict[str, int], ``rtol_grid`` dict[float, float] or None. :func:`flatten_row` turns it into CSV
+        cells."""
         return result_dict(self)
 
     def __repr__(self) -> str:
         text = (
             f"KruskalResult(k={self.k}, N={self.N}, d={self.d}: fraction={self.fraction:.4f} "
-            f"({self.full_rank}/{self.subsets} full rank) {_fmt_scope(self.subsets, self.exhaustive, self.spectrum_proof)}, "
+            f"({self.full_rank}/{self.subsets} full rank) "
+            f"{_fmt_scope(self.subsets, self.exhaustive, self.spectrum_proof)}, "
             f"min_margin={self.min_margin:.2f} decades{_fmt_critical(self)}{_fmt_witness(self.witness)}"
         )
         return text + (f"; {self.note}" if self.note else "") + ")"

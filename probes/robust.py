@@ -19,8 +19,8 @@ the proven floor of that spectrum too), then narrowed only where needed:
   float64 SVD at that tolerance; above rtol, for k <= ``Tuning.eigen_max_k``, the eigenvalues of the
   matrices left instead, whose proven brackets settle every point above rtol at once, and for larger
   k a proven bracket of lambda_max computed once per matrix and kept for the later points); every
-  other matrix is settled by monotonicity. A bound that lies within 1e-9 (relative) of a grid tolerance is not trusted: such a matrix is decided
-  again, so float rounding of margins never decides a grid point;
+  other matrix is settled by monotonicity. A bound that lies within 1e-9 (relative) of a grid tolerance is not
+  trusted: such a matrix is decided again, so float rounding of margins never decides a grid point;
 - the critical tolerance: a ratio below k x eps(float64) (the float64 rounding of an exactly
   dependent matrix, e.g. duplicated vectors) counts as 0, so such verdicts have critical tolerance 0.0;
   it is bracketed by the m-th largest lower and upper ends, and narrowed by shifted
@@ -110,7 +110,10 @@ def check_rtol_grid(grid: Any) -> tuple[float, ...] | None:
     """Validate ``rtol_grid``: None (no grid) or a non-empty sequence of positive finite multipliers."""
     if grid is None:
         return None
-    bad = f"rtol_grid must be None or a list of positive finite multipliers of rtol (e.g. (0.1, 1, 10)), got {grid!r}"
+    bad = (
+        "rtol_grid must be None or a list of positive finite multipliers of rtol (e.g. (0.1, 1, 10)), "
+        f"got {grid!r}"
+    )
     if isinstance(grid, str | bytes | numbers.Number):
         raise ValueError(bad)
     try:

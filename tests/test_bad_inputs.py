@@ -24,7 +24,8 @@ pytestmark = pytest.mark.filterwarnings("ignore")
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> dict[str, Path]:
-    """Every malformed input of the suite (and two tiny model folders), in one read-only-by-convention tree."""
+    """Every malformed input of the suite (and two tiny model folders), in one
+    read-only-by-convention tree."""
     from safetensors.torch import save_file
     from transformers import GPT2Config, GPT2Model, ViTConfig, ViTModel
 
@@ -369,7 +370,8 @@ def test_api_raises_one_line_value_error_and_writes_nothing(call, fragment, file
 
 
 def test_resuming_from_a_truncated_training_checkpoint_is_refused_and_left_alone(tmp_path):
-    """A sweep whose engine checkpoint was cut short: one-line error, checkpoint kept, nothing else written."""
+    """A sweep whose engine checkpoint was cut short: one-line error,
+    checkpoint kept, nothing else written."""
     from auditor.lab.experiment import run_experiment
     from auditor.lab.memorize.experiment import MemorizeConfig
     from auditor.lab.room import get

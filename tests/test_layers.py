@@ -177,7 +177,8 @@ def _describe(component: list[str], edges: dict[str, dict[str, int]]) -> str:
 
 
 def test_the_graph_reader_sees_function_level_and_relative_imports(tmp_path):
-    """The reader itself: a cycle closed by a function-level import, and one by a relative import, are found."""
+    """The reader itself: a cycle closed by a function-level import, and one by a relative import,
+    are found."""
     edges = {"p.a": {"p.b": 1}, "p.b": {"p.c": 1}, "p.c": {"p.a": 9}, "p.d": {"p.a": 1}}
     assert cycles(edges) == [["p.a", "p.b", "p.c"]]
     assert cycles({"p.a": {"p.b": 1}, "p.b": {}}) == []

@@ -3,7 +3,8 @@
 A REPORT is a report folder (holding the ``results.csv`` an audit wrote, maybe a ``depth.csv``) or a model
 name, which stands for the folder under ``reports/`` (in the current directory) holding the newest audit of
 exactly that model (``gpt2`` never picks a ``gpt2-large`` report). Every report is checked before any work:
-an empty, truncated or edited CSV, or a lab sweep's results, is refused with one line naming the file. The comparison is one table (``compare.csv``, ``compare.md``, also printed): one row per model,
+an empty, truncated or edited CSV, or a lab sweep's results, is refused with one line naming the file.
+The comparison is one table (``compare.csv``, ``compare.md``, also printed): one row per model,
 weights, representation and test with the fraction and its 95% interval, the verdict and the critical rtol
 (the tolerance at which the verdict flips), and overlay figures: the Kruskal fractions by test across the
 reports (``compare_kruskal.png``) and, where reports have a ``depth.csv``, their depth profiles overlaid
@@ -72,9 +73,9 @@ LAB_COLUMNS = ("unit", "unit_config")  # stamped on every row of a lab sweep's r
 
 
 def _table_lines(path: Path, what: str) -> tuple[list[str], list[tuple[int, list[str]]]]:
-    """Header and rows ``(line, cells)`` of a CSV file, refused with one line naming ``path`` when it is empty,
-    not text, or truncated (a row with fewer or more cells than the header, or no newline at the end: the file
-    was cut mid-row)."""
+    """Header and rows ``(line, cells)`` of a CSV file, refused with one line naming ``path`` when it is
+    empty, not text, or truncated (a row with fewer or more cells than the header, or no newline at the end:
+    the file was cut mid-row)."""
     try:
         data = path.read_bytes()
     except OSError as err:

@@ -142,7 +142,8 @@ class AuditConfig:
 
 
 def parse_layers(spec: object, num_layers: int | None) -> list[int]:
-    """Block indices chosen by a layers spec, sorted and without repeats, for a model of ``num_layers`` blocks.
+    """Block indices chosen by a layers spec, sorted and without repeats, for a model of ``num_layers``
+    blocks.
 
     ``all``; an index ``L`` (negatives count from the end, ``-1`` the last block); a range ``a:b`` or
     ``a:b:step`` with Python's slice semantics (``0:6`` is blocks 0 .. 5, ``-3:`` the last three); or a

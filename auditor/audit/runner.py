@@ -1,7 +1,7 @@
 """The audit: model -> inputs -> tokens -> probes -> rows -> report.
 
-``audit_model("vit-base")`` (also ``auditor.audit_model``) loads the model once per weights source, extracts every
-requested representation in one early-exit pass, runs the assumption tests of :mod:`probes` on the
+``audit_model("vit-base")`` (also ``auditor.audit_model``) loads the model once per weights source, extracts
+every requested representation in one early-exit pass, runs the assumption tests of :mod:`probes` on the
 tokens (on the GPU when there is one) and returns one typed row per representation x test as a
 DataFrame (columns and types: :mod:`auditor.audit.report.schema`); with ``out`` it also writes
 ``results.csv``, ``summary.md``, plots and (optionally) the tokens. The same pipeline takes a

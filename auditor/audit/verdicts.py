@@ -269,7 +269,8 @@ def run_tests(
                     "N": num,
                     "n": n,
                     "d": d,
-                    "note": f"N = {num} examples < k = {k}: too few for one {k}-subset; give at least {k} samples",
+                    "note": f"N = {num} examples < k = {k}: too few for one {k}-subset; "
+                            f"give at least {k} samples",
                 }
             else:
                 run_test = contexts.run if isinstance(contexts, StreamedContexts) else (

@@ -60,10 +60,11 @@ _HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes.fromhex("0000000400
 
 
 def check_reachable(address: str | None, timeout: float | None = None) -> None:
-    """A one-line AuditError unless ``host:port`` (or ``ray://host:port``) of ``address`` answers as a gRPC server
-    (Ray's GCS and client server are) within ``timeout`` seconds (default :data:`RAY_CONNECT_TIMEOUT_S`): the HTTP/2 preface is sent and the server's
-    SETTINGS frame awaited. Ray's own client retries for ever against an address that takes the connection and
-    stays silent. None, ``auto`` and ``local`` are Ray's discovery and are left to it."""
+    """A one-line AuditError unless ``host:port`` (or ``ray://host:port``) of ``address`` answers as a gRPC
+    server (Ray's GCS and client server are) within ``timeout`` seconds (default
+    :data:`RAY_CONNECT_TIMEOUT_S`): the HTTP/2 preface is sent and the server's SETTINGS frame awaited. Ray's
+    own client retries for ever against an address that takes the connection and stays silent. None, ``auto``
+    and ``local`` are Ray's discovery and are left to it."""
     if address is None or address in ("auto", "local"):
         return
     timeout = RAY_CONNECT_TIMEOUT_S if timeout is None else timeout

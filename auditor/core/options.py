@@ -11,7 +11,8 @@ from auditor.core.errors import AuditError
 MAX_VALUES = 10_000  # longest list one option may expand to (a sweep of more units is a typo, not a plan)
 MAX_SIZE = 1_000_000  # largest size (heads, context rows, widths, examples) a list option accepts
 MAX_SEED = 2**63 - 1  # seeds are 64-bit: torch.manual_seed and int64 CSV columns hold them
-MAX_STEPS = 10_000_000  # most optimisation steps (and steps between evaluations) a lab option accepts: 33x the paper's longest run
+MAX_STEPS = 10_000_000  # most optimisation steps (and steps between evaluations) a lab option accepts:
+                        # 33x the paper's longest run
 
 
 def _count(start: int, stop: int, step: int) -> int:

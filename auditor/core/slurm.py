@@ -294,7 +294,8 @@ def cancel(job_ids: Sequence[str]) -> None:
 
 def in_job(fn: Callable[..., Any], args: tuple, threads: int) -> tuple[str, Any]:
     """Runs inside the Slurm job: ``fn(*args)`` with ``threads`` torch threads, as ``("ok", result)``, or
-    ``("value-error", err)`` when it raises a ValueError (sent back as the exception itself when it pickles)."""
+    ``("value-error", err)`` when it raises a ValueError
+    (sent back as the exception itself when it pickles)."""
     with contextlib.suppress(ImportError):
         import torch
 

@@ -1,4 +1,5 @@
-"""Images -> ViT inputs: a seeded random draw (or the first files), RGB conversion and unreadable files counted.
+"""Images -> ViT inputs: a seeded random draw (or the first files), RGB conversion and
+unreadable files counted.
 
 A source with more images than asked for is read in a seeded random order until enough images decode;
 the kept ones are put back in source order (``first=True``: sorted order from the start). Every image

@@ -22,7 +22,8 @@ class Inputs:
 
     N: int  # noqa: N815 - the paper's name for the number of examples
     n: int  # tokens per example the model will see
-    data_source: str  # e.g. "/data/imagenet-sample (folder, 1000 image files; 64 of 1000 ... drawn at random (seed 0))"
+    data_source: str  # e.g. "/data/imagenet-sample (folder, 1000 image files; 64 of 1000 ... drawn at random
+                      # (seed 0))"
     tokenizer: str  # tokenizer or image preprocessing used
     counts: Mapping[str, int] = field(default_factory=dict)  # converted_grayscale, skipped_unreadable, ...
     tensors: Mapping[str, torch.Tensor] = field(default_factory=dict)  # name -> (N, ...)

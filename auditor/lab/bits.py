@@ -189,8 +189,8 @@ def bits_summary(table: pd.DataFrame) -> pd.DataFrame:
 def draw_bits(table: pd.DataFrame, ax: Any) -> Any:
     """Bits per parameter against parameters on ``ax``, one color per room and experiment, one marker per
     convergence class (filled: converged; faint hollow triangle: step-limited; hollow diamond: convergence not
-    recorded), with the reference lines and the paper-A bounds at the same configurations (small hollow circle:
-    H(n-1)+1, plus: H d_h + d). Every artist that stands for a class is labelled in the legend."""
+    recorded), with the reference lines and the paper-A bounds at the same configurations (small hollow
+    circle: H(n-1)+1, plus: H d_h + d). Every artist that stands for a class is labelled in the legend."""
     from auditor.lab.figures import plt
 
     groups = list(table.groupby(["room", "experiment"], sort=True))

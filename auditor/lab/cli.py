@@ -3,10 +3,10 @@
 
 A command takes its config's options (lists as ``1,2,4`` or inclusive ranges ``1:8`` / ``0:60:10``) and
 the common options, with one meaning everywhere: ``--scale`` (a preset; reference: what the committed
-reports used), ``--seeds``, ``--out`` (a folder; rerun to resume), ``--executor``, ``--address``, ``--slurm-*``,
-``--threads`` (restored afterwards) and ``--plots/--no-plots``. It validates every option before it
-creates its output folder (:func:`output_folder`: a failed run removes the folders it created unless a
-finished unit or a checkpoint lies inside).
+reports used), ``--seeds``, ``--out`` (a folder; rerun to resume), ``--executor``, ``--address``,
+``--slurm-*``, ``--threads`` (restored afterwards) and ``--plots/--no-plots``. It validates every option
+before it creates its output folder (:func:`output_folder`: a failed run removes the folders it created unless
+a finished unit or a checkpoint lies inside).
 """
 
 from __future__ import annotations
@@ -308,7 +308,8 @@ def command(name: str, *, cls: type[click.Command] = click.Command, **attrs: Any
         if ctx.invoked_subcommand is None:
             _run(members, name, values)
             return
-        # a room's subcommand (`audit memorize shared-queries`): options before it would be ignored; refuse them
+        # a room's subcommand (`audit memorize shared-queries`): options before it would be ignored;
+        # refuse them
         given = [p.opts[0] for p in ctx.command.params if p.name and ctx.get_parameter_source(p.name)
                  is not click.core.ParameterSource.DEFAULT]
         if given:

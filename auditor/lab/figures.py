@@ -43,8 +43,8 @@ def heatmap(
 
 
 def save(fig: Any, path: str | Path, *, title: str | None = None, ax: Any = None) -> Path:
-    """Grid and legend on ``ax`` (if given), the title, layout, the file at 130 dpi (written atomically, in the
-    format of the suffix); the figure is released."""
+    """Grid and legend on ``ax`` (if given), the title, layout, the file at 130 dpi (written atomically, in
+    the format of the suffix); the figure is released."""
     if ax is not None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)

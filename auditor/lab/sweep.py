@@ -308,7 +308,8 @@ def run_sweep(
         num_cpus, num_gpus: resources each Ray task reserves (ignored by ``local``).
         columns: the row schema: a unit returning a column outside it (and outside the provenance
             columns) is a programming error; columns are written in this order.
-        key_defaults: the declared defaults of the units' entries, left out of their keys (:func:`key_fields`).
+        key_defaults: the declared defaults of the units' entries, left out of their keys
+            (:func:`key_fields`).
         slurm: the resources of each Slurm job (``slurm``; default :class:`~auditor.core.slurm.SlurmOptions`),
             logs in ``<out>/slurm`` unless it names a folder.
 

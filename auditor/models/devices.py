@@ -58,7 +58,8 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
         raise AuditError(f"unknown device {text!r}; valid: auto, cpu, cuda, cuda:<index>")
     if not torch.cuda.is_available():
         raise AuditError(
-            f"device {text!r} requested but CUDA is not available here; valid here: {', '.join(valid_devices())}"
+            f"device {text!r} requested but CUDA is not available here; "
+            f"valid here: {', '.join(valid_devices())}"
         )
     index = int(match.group(1) or 0)
     if index >= torch.cuda.device_count():
@@ -77,7 +78,8 @@ def check_precision(dtype: torch.dtype | str, rtol: float | None, d: int) -> Non
     eps = torch.finfo(kind).eps
     if rtol is None and d * eps >= 1:
         raise AuditError(
-            f"tokens computed in {dtype_name(kind)} (eps {eps:.3g}) give the default rank tolerance d x eps = "
+            f"tokens computed in {dtype_name(kind)} (eps {eps:.3g}) give the default "
+            "rank tolerance d x eps = "
             f"{d * eps:.3g} >= 1 at d = {d}: every subset would count as dependent; compute them in float32 "
             f"(--dtype float32, the default; the weights may stay {dtype_name(kind)} on disk) or give --rtol"
         )

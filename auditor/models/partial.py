@@ -193,7 +193,8 @@ class CheckpointReader:
         missing = [name for name in names if name not in where]
         if missing:
             raise WeightsUnavailable(
-                f"{self.source}: the checkpoint lacks {len(missing)} tensors the audit needs (e.g. {missing[0]}); "
+                f"{self.source}: the checkpoint lacks {len(missing)} tensors the audit needs "
+                f"(e.g. {missing[0]}); "
                 "it is not a checkpoint of this architecture"
             )
 
@@ -306,7 +307,8 @@ def checkpoint_prefix(model_keys: Sequence[str], checkpoint_keys: Sequence[str])
         if all(prefix + key in wanted for key in model_keys[:8]):
             return prefix
     raise WeightsUnavailable(
-        f"the checkpoint has no tensor named like {probe!r} (e.g. it holds {sorted(wanted)[0]!r}); it is not a "
+        f"the checkpoint has no tensor named like {probe!r} (e.g. it holds {sorted(wanted)[0]!r}); "
+        "it is not a "
         "checkpoint of this architecture"
     )
 

@@ -79,7 +79,8 @@ def dispatch(blocks: Sequence[nn.Module], plan: Mapping[str, str]) -> None:
         from accelerate.hooks import AlignDevicesHook, add_hook_to_module
     except ImportError:
         raise AuditError(
-            "the audited blocks need more than one GPU, which takes accelerate: pip install 'attention-auditor[gpu]'"
+            "the audited blocks need more than one GPU, which takes accelerate: "
+            "pip install 'attention-auditor[gpu]'"
         ) from None
     for index, block in enumerate(blocks):
         device = plan.get(f"block.{index}")

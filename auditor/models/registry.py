@@ -153,13 +153,14 @@ def load_model(
     or a folder written by ``save_pretrained``. ``context_length`` sets n for text models (default: BERT
     512, GPT-2 1024, or the largest power of two <= d / 2 for a model narrower than that: gpt2 256,
     minilm 128). ``require_n_le_d`` refuses a context length above the width d (no context could have
-    rank n), before any weights are read when the architecture is known. ``config_overrides`` change architecture fields of a random model (tests use it for
-    tiny models: ``{"num_hidden_layers": 2}``; for timm they are ``create_model`` keyword arguments).
-    ``trust_remote_code`` is passed to ``AutoConfig`` when a hub id is resolved; the model classes used
-    (ViTModel, BertModel, GPT2Model, timm, and the transformers classes of ``decoder``, ``encoders`` and ``vision``) never
-    run code from a checkpoint. ``query`` (``mean`` | ``first``) picks the query of a model without a CLS
-    token (SigLIP); ``bos`` puts (True) or leaves out (False) the BOS token of a decoder LLM at position 0
-    (None: as the model's tokenizer does). Either is an error for a family it does not apply to.
+    rank n), before any weights are read when the architecture is known. ``config_overrides`` change
+    architecture fields of a random model (tests use it for tiny models: ``{"num_hidden_layers": 2}``; for
+    timm they are ``create_model`` keyword arguments). ``trust_remote_code`` is passed to ``AutoConfig`` when
+    a hub id is resolved; the model classes used (ViTModel, BertModel, GPT2Model, timm, and the transformers
+    classes of ``decoder``, ``encoders`` and ``vision``) never run code from a checkpoint. ``query``
+    (``mean`` | ``first``) picks the query of a model without a CLS token (SigLIP); ``bos`` puts (True) or
+    leaves out (False) the BOS token of a decoder LLM at position 0 (None: as the model's tokenizer does).
+    Either is an error for a family it does not apply to.
     """
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise AuditError(f"seed must be an integer; got {seed!r}")

@@ -28,7 +28,8 @@ def test_committed_reports_hold_no_absolute_machine_paths():
     assert not offenders, f"absolute paths in committed reports: {offenders[:10]}"
 
 
-# The command that made each committed lab sweep folder (from the folder's README); --no-plots and --out added.
+# The command that made each committed lab sweep folder (from the folder's README);
+# --no-plots and --out added.
 COMMANDS = {
     "memorize/fig2a": "memorize --figure a --seeds 0,1,2 --threads 1",
     "memorize/fig2a-r8": "memorize --figure a --seeds 0,1,2 --threads 1 --rounds 8",
@@ -36,8 +37,10 @@ COMMANDS = {
     "memorize/fig2b-r8": "memorize --figure b --seeds 0,1,2 --threads 1 --rounds 8",
     "memorize/fig2c": "memorize --figure c --seeds 0,1,2 --threads 1",
     "memorize/fig2c-r8": "memorize --figure c --seeds 0,1,2 --threads 1 --rounds 8",
-    "memorize/fig2a-d32": "memorize --heads 1:8 --context 16 --d-h 16 --N 2048 --d 32 --seeds 0,1,2 --threads 1",
-    "memorize/certify": "certify --heads 4 --context 8 --d-h 1,2,4,16 --N 4:64:4,96,128,256 --d 16 --seeds 0,1 "
+    "memorize/fig2a-d32": "memorize --heads 1:8 --context 16 --d-h 16 --N 2048 --d 32 "
+    "--seeds 0,1,2 --threads 1",
+    "memorize/certify": "certify --heads 4 --context 8 --d-h 1,2,4,16 --N 4:64:4,96,128,256 --d 16 "
+    "--seeds 0,1 "
     "--steps 500 --threads 1",
     "memorize/certify-nonshared": "certify --heads 4 --context 8 --d-h 1,2,4,16 --N 4:64:4,96,128,256 --d 16 "
     "--seeds 0,1 --steps 500 --threads 1 --non-shared",

@@ -2,9 +2,9 @@
 and measured: the axes keep most of the canvas (no legend squeezing them to a sliver) and no text leaves
 the canvas (no clipped label, title or tick). The same checks on the figures of ``audit compare``.
 
-Two sizes: the default tier renders a minute report (4 blocks: with the embedding 5 representations: every figure takes
-its many-representation layout; 8 images of 5 tokens, 5 subsets per test), the slow tier the larger one
-(4 blocks, 20 images of 17 tokens, 20 subsets)."""
+Two sizes: the default tier renders a minute report (4 blocks: with the embedding 5 representations: every
+figure takes its many-representation layout; 8 images of 5 tokens, 5 subsets per test), the slow tier the
+larger one (4 blocks, 20 images of 17 tokens, 20 subsets)."""
 
 from __future__ import annotations
 

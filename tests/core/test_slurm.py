@@ -355,7 +355,8 @@ def test_a_killed_driver_leaves_its_jobs_running_and_the_rerun_attaches_to_them(
     out = tmp_path / "sweep"
     script = (
         "import json, sys\nimport test_slurm\nfrom auditor.lab.sweep import run_sweep\n"
-        "run_sweep(test_slurm.rank_unit, json.loads(sys.argv[1]), sys.argv[2], executor='slurm', progress=False)\n"
+        "run_sweep(test_slurm.rank_unit, json.loads(sys.argv[1]), sys.argv[2], "
+        "executor='slurm', progress=False)\n"
     )
     driver = subprocess.Popen([sys.executable, "-c", script, json.dumps(configs), str(out)])
     try:

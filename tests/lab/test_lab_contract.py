@@ -121,7 +121,8 @@ def square(unit):
 EXPERIMENT = Experiment(name="toyroom", help="Squares of sizes.", config=Config,
                         units=lambda config, out: [{"size": s} for s in config.sizes], run_unit=square,
                         columns=("size", "square"), presets={"quick": {"sizes": (2, 5)}})
-ROOM = Room(name="toyroom", help="A room made of one folder.", experiments={"toyroom": "auditor.lab.toyroom:EXPERIMENT"})
+ROOM = Room(name="toyroom", help="A room made of one folder.",
+            experiments={"toyroom": "auditor.lab.toyroom:EXPERIMENT"})
 """
 
 

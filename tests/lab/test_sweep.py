@@ -316,7 +316,8 @@ import ray
 import test_sweep
 from auditor.lab.sweep import run_sweep
 ray.cloudpickle.register_pickle_by_value(test_sweep)
-run_sweep(test_sweep.rank_unit, test_sweep.CONFIGS, sys.argv[1], executor="ray", address=sys.argv[2], progress=False)
+run_sweep(test_sweep.rank_unit, test_sweep.CONFIGS, sys.argv[1], executor="ray", address=sys.argv[2],
+          progress=False)
 """
 
 

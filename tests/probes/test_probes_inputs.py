@@ -176,8 +176,10 @@ def test_results_have_a_readable_one_line_repr():
     kind = "exact" if a1.robustness.exact(a1.rtol) else "bound"
     assert repr(a1) == (
         f"AssumptionResult(assumption1: holds, fraction=1.0000 over 500 sampled subsets at k=3, "
-        f"N=30, d=10, min_margin={a1.min_margin:.2f} decades, critical_rtol={a1.robustness.critical_rtol:.3g} in "
-        f"[{a1.robustness.critical_rtol_low:.3g}, {a1.robustness.critical_rtol_high:.3g}] ({kind}; rtol={a1.rtol:.3g}))"
+        f"N=30, d=10, min_margin={a1.min_margin:.2f} decades, "
+        f"critical_rtol={a1.robustness.critical_rtol:.3g} in "
+        f"[{a1.robustness.critical_rtol_low:.3g}, {a1.robustness.critical_rtol_high:.3g}] "
+        f"({kind}; rtol={a1.rtol:.3g}))"
     )
     bad = probes.assumption1(x, 5, subsets=500)
     assert "assumption1: fails" in repr(bad) and f"witness={list(bad.witness)}" in repr(bad)

@@ -1,6 +1,7 @@
 """Reports of an audit: ``results.csv``, ``sweep.csv``, ``summary.md`` (the Table-1 layout) and plots.
 
-- :mod:`auditor.audit.report.schema`: the row columns, their types, their CSV text; ``read_rows("…/results.csv")``
+- :mod:`auditor.audit.report.schema`: the row columns, their types, their CSV text;
+  ``read_rows("…/results.csv")``
   gives the typed rows back.
 - :mod:`auditor.audit.report.result`: :class:`AuditResult`, what an audit returns.
 - :mod:`auditor.audit.report.tables`: the tables (Table 1, Kruskal ranks, time per stage) as DataFrames.

@@ -83,9 +83,9 @@ def _is_audit_report(path: Path) -> bool:
 
 
 def check_report_folder(path: Path) -> None:
-    """Refuse an existing ``--out`` that is not an audit's report folder and holds visible files: the audit would
-    write among them (``--out .`` in a project) or replace some (a ``config.json`` or ``summary.md`` of the
-    user's; ``tidy`` would remove a ``sweep.csv``). A report folder (its rows or its configuration are an
+    """Refuse an existing ``--out`` that is not an audit's report folder and holds visible files: the audit
+    would write among them (``--out .`` in a project) or replace some (a ``config.json`` or ``summary.md`` of
+    the user's; ``tidy`` would remove a ``sweep.csv``). A report folder (its rows or its configuration are an
     audit's) is accepted with whatever else the user keeps in it: only the audit's own files are written or
     removed. Links with the audit's names and its ``tokens`` folder are accepted anywhere: they are replaced,
     never followed, so nothing of the user's is touched."""

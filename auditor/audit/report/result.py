@@ -39,8 +39,8 @@ class AuditResult:
         context_ranks, margins: ``"representation@weights"`` -> (N,) rank and margin of every context.
         stages: ``stage | seconds | share`` of the run's wall time up to the report (see
             :func:`auditor.audit.report.tables.stage_table`).
-        depth: the depth profile, one row per weights x depth (columns: :mod:`auditor.audit.report.depth`); empty
-            unless the audit ran across depth (``layers``, or two or more ``block.L`` representations).
+        depth: the depth profile, one row per weights x depth (columns: :mod:`auditor.audit.report.depth`);
+            empty unless the audit ran across depth (``layers``, or two or more ``block.L`` representations).
         out: the report folder, if one was written.
     """
 

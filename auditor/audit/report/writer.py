@@ -1,5 +1,5 @@
-"""The files of an audit report: ``results.csv``, ``sweep.csv``, ``depth.csv``, ``config.json``, ``summary.md``
-and plots."""
+"""The files of an audit report: ``results.csv``, ``sweep.csv``, ``depth.csv``, ``config.json``,
+``summary.md`` and plots."""
 
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 
 
 def write_report(result: AuditResult, out: Path, extra_config: dict[str, Any] | None = None) -> list[Path]:
-    """Write results.csv, sweep.csv and depth.csv (if any), config.json, summary.md and the plots into ``out``.
+    """Write results.csv, sweep.csv and depth.csv (if any), config.json, summary.md and the plots into
+    ``out``.
 
     Every file is staged first and renamed into place only when all were written (a link at a target is
     replaced, never written through). ``extra_config``: more keys for config.json (e.g. the torch threads
@@ -66,7 +67,8 @@ def _provenance_lines(result: AuditResult) -> list[str]:
     lines = [
         f"- model: `{config.model}`; data: {val('data_source')}{drawn}",
         f"- tokenizer / preprocessing: {val('tokenizer')}",
-        f"- N = {val('N')}, n = {val('n')}, d = {val('d')}; token dtype: {val('dtype')}; tests ran on: {val('device')}",
+        f"- N = {val('N')}, n = {val('n')}, d = {val('d')}; token dtype: {val('dtype')}; "
+        f"tests ran on: {val('device')}",
         f"- Kruskal tests: {config.subsets} random k-subsets (all of them when C(N, k) is smaller), seed "
         f"{config.seed}; holds at >= {config.threshold:g} full rank (Assumption 2: every context)",
         f"- rank tolerance: sigma > sigma_max x rtol, rtol = {rtol}",
@@ -136,7 +138,8 @@ def summary_text(result: AuditResult, plots: list[Path]) -> str:
             robust.to_markdown(),
             "",
             "Each fraction is monotone in the tolerance, so every verdict flips at one critical tolerance "
-            "(`critical_rtol` in results.csv, with a proven bracket `critical_rtol_low` - `critical_rtol_high` "
+            "(`critical_rtol` in results.csv, with a proven bracket `critical_rtol_low` - "
+            "`critical_rtol_high` "
             "and `critical_rtol_exact`; `rtol_grid` holds the fraction from 0.1x to 10x rtol). A bracket is "
             "quoted as it was proven: one number where it is narrow (3% near rtol, 10% beyond 10x), a range "
             "marked (bound) where the work caps left it wider, 'at least' where no tolerance below 1 was "
@@ -152,7 +155,8 @@ def summary_text(result: AuditResult, plots: list[Path]) -> str:
             bounds.to_markdown(),
             "",
             "Fraction: share of the sampled k-subsets that are full rank, with its Clopper-Pearson 95% "
-            "interval. Lower bound: certified for every subset at this tolerance, by the method named (exhaustive "
+            "interval. Lower bound: certified for every subset at this tolerance, by the method named "
+            "(exhaustive "
             "search on small sets; else the coherence or Babel function of the normalised vectors, raw or "
             "whitened, or a null-space bound from linear programs); it can be small on real tokens and is "
             "shown as proven. Upper bound: a dependent subset was found "

@@ -10,7 +10,8 @@ from auditor.lab.room import Room
 
 ROOM = Room(
     name="assoc",
-    help="Capacity of linear and MLP associative memories: the largest N stored at 99% accuracy over all N items "
+    help="Capacity of linear and MLP associative memories: the largest N stored at 99% accuracy "
+    "over all N items "
     "(bisection), swept over d (and m/d), with scaling-law fits against d^2 = 1.3 N ln N and "
     "m d = 0.35 N ln N.",
     experiments={"assoc": "auditor.lab.assoc.experiment:EXPERIMENT"},

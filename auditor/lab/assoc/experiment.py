@@ -321,9 +321,12 @@ def _plots(frame: pd.DataFrame, out: Path, config: AssocSweep) -> list[Path]:
 
 EXPERIMENT = Experiment(
     name="assoc",
-    help="Capacity of linear and MLP associative memories: the largest N stored at 99% accuracy over all N items "
-    "(bisection), swept over d (and m/d), with scaling-law fits against d^2 = 1.3 N ln N and m d = 0.35 N ln N.",
-    examples="audit assoc --out runs/assoc                 # reference scale, both memories (~3 CPU minutes)\n"
+    help="Capacity of linear and MLP associative memories: the largest N stored at 99% accuracy "
+    "over all N items "
+    "(bisection), swept over d (and m/d), with scaling-law fits against d^2 = 1.3 N ln N "
+    "and m d = 0.35 N ln N.",
+    examples="audit assoc --out runs/assoc                 # reference scale, "
+    "both memories (~3 CPU minutes)\n"
     "audit assoc --memory linear --dims 8,16,32   # a custom sweep\n"
     "audit assoc --scale paper                    # the paper's sizes, steps and seeds",
     config=AssocSweep,

@@ -222,7 +222,8 @@ def plot_tradeoff(rows: pd.DataFrame, path: str | Path) -> Path:
             (
                 cell_grid(cells, "step_limited"),
                 dict(label="step-limited seeds", vmax=max(n, 1), cmap="cividis", fmt="{:.0f}"),
-                f"({'abc'[len(panels)]}) seeds still improving at the\nstep limit ({first['steps']} steps), of {n}",
+                f"({'abc'[len(panels)]}) seeds still improving at the\n"
+                f"step limit ({first['steps']} steps), of {n}",
                 True,
             )
         )

@@ -52,7 +52,8 @@ def convergence_recorded(rows: pd.DataFrame) -> bool:
 
 
 def seed_interval(values: Any) -> tuple[float, float]:
-    """95% Student-t interval of the mean over seeds (NaN with fewer than 2 values; a point when all agree)."""
+    """95% Student-t interval of the mean over seeds (NaN with fewer than 2 values; a point when all
+    agree)."""
     return mean_ci(values)[1:]
 
 
@@ -283,7 +284,8 @@ def budget_markdown(rows: pd.DataFrame) -> str:
         lo, hi = fit.ci95()
         need = fit.budget_for(FACTS_PER_PARAMETER_GUIDE)
         lines.append(
-            f"- {architecture}: facts/P = f_inf B / (B + B_half) with f_inf = {fit.ceiling:.3f} (95% {lo:.3f} "
+            f"- {architecture}: facts/P = f_inf B / (B + B_half) with "
+            f"f_inf = {fit.ceiling:.3f} (95% {lo:.3f} "
             f"to {hi:.3f}), B_half = {fit.half_budget:.0f} steps, n = {fit.n}; reaches "
             f"{FACTS_PER_PARAMETER_GUIDE} at "
             + (f"~{need:.0f} steps" if math.isfinite(need) else "no budget")

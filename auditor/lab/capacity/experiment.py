@@ -381,7 +381,8 @@ def _report(frame: pd.DataFrame, out: Path, config: CapacityConfig) -> str:
         "representation; seeds = converged of runs; verdicts of the reduced tokens the layer trains on:\n\n"
         + table(shown, columns)
         + (
-            f"\n\n{len(stopped)} run(s) stopped at the step limit and are left out (raise --steps or --rounds)."
+            f"\n\n{len(stopped)} run(s) stopped at the step limit and are left out "
+            "(raise --steps or --rounds)."
             if len(stopped)
             else "\n\nEvery run converged."
         )
@@ -401,7 +402,8 @@ def _plots(frame: pd.DataFrame, out: Path, config: CapacityConfig) -> list[Path]
 
 EXPERIMENT = Experiment(
     name="capacity",
-    help="Memorization on real representations, trained to convergence over several seeds, beside the lower bound "
+    help="Memorization on real representations, trained to convergence over several seeds, "
+    "beside the lower bound "
     "H(min(n, d_h)-1)+1 and the Assumption 1/2 verdicts of the same tokens.",
     examples="audit capacity vit-base --data /path/to/images --samples 256\n"
     "audit capacity --tokens run/tokens/block.0.safetensors",

@@ -5,7 +5,8 @@ from auditor.lab.room import Room
 
 ROOM = Room(
     name="certify",
-    help="Capacity certificate without gradient descent: the numerical rank of Z, the matrix whose row for example "
+    help="Capacity certificate without gradient descent: the numerical rank of Z, "
+    "the matrix whose row for example "
     "t stacks every head's attention-weighted context rows, and the examples a least-squares readout on Z "
     "provably memorizes.",
     experiments={"certify": "auditor.lab.certify.experiment:EXPERIMENT"},

@@ -260,9 +260,11 @@ def explain(frame: pd.DataFrame) -> str:
     lines = [
         "guaranteed = min(rank, N): examples whose arbitrary real labels these weights fit exactly (a linear "
         "readout of Z).",
-        "lower_bound = H(min(n, d_h)-1)+1: the rank SOME key/query weights reach when every context has rank n "
+        "lower_bound = H(min(n, d_h)-1)+1: the rank SOME key/query weights reach "
+        "when every context has rank n "
         "and the queries have Kruskal rank >= n; a floor for the best weights, not a ceiling for these.",
-        "readout_hits: examples the least-squares readout classifies right by argmax; beyond guaranteed they are "
+        "readout_hits: examples the least-squares readout classifies right by argmax; "
+        "beyond guaranteed they are "
         "lucky hits (a class needs only the right argmax), so they may exceed every bound.",
     ]
     shared = frame[frame["shared_bound"].notna()] if "shared_bound" in frame else frame.iloc[:0]

@@ -225,7 +225,8 @@ def train_csv_unit(config: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def scale_unit(config: dict[str, Any]) -> list[dict[str, Any]]:
-    """A unit of ``facts scale``: a database through the measures (``scale-rank``) or trained (``scale-train``)."""
+    """A unit of ``facts scale``: a database through the measures (``scale-rank``) or trained
+    (``scale-train``)."""
     return measure_unit(config) if config["experiment"] == "scale-rank" else scale_train_unit(config)
 
 
@@ -640,7 +641,8 @@ _SHOW_TRAINED = (
 
 def _facts(name: str, help: str, config: type, run_unit: Callable[[dict[str, Any]], list[dict[str, Any]]],
            columns: tuple[str, ...], **kwargs: Any) -> Experiment:
-    """A facts experiment: its config splits into units, each run by ``run_unit`` through the shared runner."""
+    """A facts experiment: its config splits into units, each run by ``run_unit`` through the shared
+    runner."""
     draw = plots.PLOTS.get(name)
     return Experiment(name=f"facts {name}", help=help, config=config, units=lambda c, out: c.units(),
                       run_unit=run_unit, columns=tuple(dict.fromkeys(columns)),
@@ -704,7 +706,8 @@ TAU = _facts(
     ),
     presets={"quick": {"db": QUICK_DB, "d_models": (2, 4), "taus": (0.5, 0.9), "seeds": (0,), **QUICK}},
     show=("d_model", "seed", "tau", "acc_tau", "s_cp_rank", "layer_bound", "cp_rank"),
-    examples="audit facts tau --keys 32 --queries 8 --values-per-query 4 --no-shared-values --d-model 2:6,8,16\n"
+    examples="audit facts tau --keys 32 --queries 8 --values-per-query 4 "
+    "--no-shared-values --d-model 2:6,8,16\n"
     "audit facts tau db.csv --d-model 4,8 --tau 0.5,0.95 --steps 500 --lr 1e-2",
 )
 BOUND = _facts(

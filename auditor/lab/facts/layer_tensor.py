@@ -173,7 +173,8 @@ def _joint_terms(lt: LayerTensor, rtol: float | None) -> list[tuple[np.ndarray, 
     """Direct path plus, per head, both value paths through the shared rows of W_VO^h W_U.
 
     KV_h = G P^T and QV_h = F P^T share P (the row space of W_V W_O W_U, rank rho_h <= d_vo), so head h
-    adds sum_i M_i (x) p_i with M_i = diag(g_i) A_h + (1 - A_h) diag(f_i): sum_i rank(M_i) <= d_vo min(|K|, |Q|).
+    adds sum_i M_i (x) p_i with M_i = diag(g_i) A_h + (1 - A_h) diag(f_i):
+    sum_i rank(M_i) <= d_vo min(|K|, |Q|).
     """
     A, KV, QV, E = lt.attention, lt.key_values, lt.query_values, lt.direct
     K = lt.shape[0]

@@ -31,7 +31,8 @@ def attention_converged(frame: pd.DataFrame) -> pd.Series:
 
 
 def paper_a_bounds(frame: pd.DataFrame, label_bits: pd.Series) -> tuple[pd.Series, pd.Series]:
-    """Bits of H(n-1)+1 (Proposition 2's ceiling; Theorem 1 at d_h >= n) and of H d_h + d (Dana et al.) examples."""
+    """Bits of H(n-1)+1 (Proposition 2's ceiling; Theorem 1 at d_h >= n) and of
+    H d_h + d (Dana et al.) examples."""
     return ((frame["heads"] * (frame["context"] - 1) + 1) * label_bits,
             (frame["heads"] * frame["d_h"] + frame["d"]) * label_bits)
 

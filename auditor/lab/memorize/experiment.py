@@ -197,7 +197,8 @@ class MemorizeConfig:
                 + (
                     ""
                     if self.scale == "paper"
-                    else " (the paper: d = 64, n = 32, N in the tens of thousands, >= 50,000 steps of batch 256 at lr 1e-3)"
+                    else " (the paper: d = 64, n = 32, N in the tens of thousands, >= 50,000 steps of batch "
+                         "256 at lr 1e-3)"
                 )
             )
         else:

@@ -251,7 +251,8 @@ class MHAEnsemble(Ensemble):
     def forward(
         self, queries: torch.Tensor, contexts: torch.Tensor, context_mask: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """queries: (E, B, d); contexts: (E, B, n, d) or shared (E, n, d); context_mask: (E, n) -> (E, B, d_o).
+        """queries: (E, B, d); contexts: (E, B, n, d) or shared (E, n, d);
+        context_mask: (E, n) -> (E, B, d_o).
 
         The result is a transposed view of a contiguous (E, d_o, B) tensor.
         """
@@ -271,7 +272,8 @@ class MHAEnsemble(Ensemble):
     def features(
         self, queries: torch.Tensor, contexts: torch.Tensor, context_mask: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Attention weights (E, B, H, n) and the mixed rows E(t)^T s_h(t): (E, B, H, w) (the rows of Z in :mod:`.certify`)."""
+        """Attention weights (E, B, H, n) and the mixed rows E(t)^T s_h(t): (E, B, H, w)
+        (the rows of Z in :mod:`.certify`)."""
         q, ctx = self.embed(queries, contexts)
         s = self._attention(q, ctx, context_mask)  # (E, H, n, B)
         if ctx.dim() == 3:

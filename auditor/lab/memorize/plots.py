@@ -114,7 +114,10 @@ def plot_sweep(frame: pd.DataFrame, x: str, path: str | Path, title: str = "") -
         if fit is not None and np.isfinite(fit["slope"]):
             xs = part.loc[part["accuracy"] < UNSATURATED, x].to_numpy()
             ax.plot(xs, fit["slope"] * xs + fit["intercept"], ":", color=color, lw=1)
-            label += f" (slope {fit['slope']:.0f} [{fit['slope_low']:.0f}, {fit['slope_high']:.0f}], R$^2$ = {fit['r2']:.3f})"
+            label += (
+                f" (slope {fit['slope']:.0f} [{fit['slope_low']:.0f}, {fit['slope_high']:.0f}], "
+                f"R$^2$ = {fit['r2']:.3f})"
+            )
         errors = np.vstack(
             [part["memorized_mean"] - part["memorized_low"], part["memorized_high"] - part["memorized_mean"]]
         )

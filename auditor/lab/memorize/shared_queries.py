@@ -180,7 +180,8 @@ def _plots(frame: pd.DataFrame, out: Path, config: SharedQueriesConfig) -> list[
 
 EXPERIMENT = Experiment(
     name="memorize shared-queries",
-    help="Memorization when all examples share one query set and differ in their contexts and labels; sweep H, "
+    help="Memorization when all examples share one query set and differ in their contexts and labels; "
+    "sweep H, "
     "n, d_h, N, the query-set size Q and seeds.",
     examples="audit memorize shared-queries --scale quick\n"
     "audit memorize shared-queries --heads 1:8 --queries 1,4,16 --N 256 --seeds 0,1",

@@ -130,7 +130,8 @@ class MemorizeTask:
         return batch
 
     def inputs(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Queries (E, B, d), contexts (E, B, n, d) or shared (E, n, d), labels (E, B[, d_o]) for ``index``."""
+        """Queries (E, B, d), contexts (E, B, n, d) or shared (E, n, d), labels (E, B[, d_o])
+        for ``index``."""
         g = self.member_data[:, None]  # (E, 1)
         queries = self.queries[g, index]  # (E, B, d)
         contexts = self.contexts[self.member_data, 0] if self.shared else self.contexts[g, index]

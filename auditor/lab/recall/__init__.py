@@ -10,7 +10,8 @@ from auditor.lab.room import Room
 
 ROOM = Room(
     name="recall",
-    help="Factual recall with one-layer transformers: facts stored per parameter (scaling), the attention-versus-MLP "
+    help="Factual recall with one-layer transformers: facts stored per parameter (scaling), "
+    "the attention-versus-MLP "
     "heat map (tradeoff), the learning stages (dynamics), or all three.",
     experiments={
         "scaling": "auditor.lab.recall.experiments:SCALING",

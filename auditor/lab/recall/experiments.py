@@ -4,7 +4,8 @@ Scaling (:class:`ScalingConfig`): for every model size, the largest fact table t
 to at least ``threshold`` accuracy over ALL S R facts, found by bisection on k = S + R with
 S = ceil(k / 2), R = floor(k / 2) (:func:`table_shape`). The authors searched S = R; letting R trail
 S by one in between doubles the resolution (facts grow by ~10% per step instead of ~20%). A model
-size is (d, H = attn_ratio d / d_h, d_h, m = width_ratio d), so ``attn_ratio`` = H d_h / d and ``width_ratio`` = m / d (0 = attention-only). One sweep unit is one d:
+size is (d, H = attn_ratio d / d_h, d_h, m = width_ratio d), so ``attn_ratio`` = H d_h / d and
+``width_ratio`` = m / d (0 = attention-only). One sweep unit is one d:
 its width ratios and seeds search in lock step, each round one ensemble. With ``budgets`` (step counts)
 the unit trains every table size of a grid once instead and reads the capacity at each budget from
 the same runs (a run stopped at the threshold stops identically under any larger budget).
@@ -147,7 +148,8 @@ def _heads(d: int, attn_ratio: float, head_dim: int) -> int:
     heads = round(attn_ratio * d / head_dim)
     if heads < 1:
         raise AuditError(
-            f"attn_ratio={attn_ratio} with d={d} and d_h={head_dim} gives H = {attn_ratio * d / head_dim:.2f} "
+            f"attn_ratio={attn_ratio} with d={d} and d_h={head_dim} gives "
+            f"H = {attn_ratio * d / head_dim:.2f} "
             "heads; choose a larger ratio or a smaller d_h (H must be >= 1)"
         )
     return heads
@@ -594,7 +596,8 @@ def _scaling_plots(frame: pd.DataFrame, out: Path, config: ScalingConfig) -> lis
 
 SCALING = Experiment(
     name="recall scaling",
-    help="Facts stored (the largest S x R table at 99% over all facts; bisection on S + R) against parameters, "
+    help="Facts stored (the largest S x R table at 99% over all facts; bisection on S + R) "
+    "against parameters, "
     "with the fitted facts per parameter and bits per parameter.",
     config=ScalingConfig,
     units=lambda config, out: config.units(),

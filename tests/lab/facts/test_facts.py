@@ -103,7 +103,8 @@ def test_planted_generator_is_constant_on_blocks_and_noise_relabels():
     spec = DatabaseSpec(kind="planted", keys=30, queries=6, key_groups=3, query_groups=2, seed=1)
     db = spec.build()
     table = db.value_table()
-    # keys with identical rows form the groups: exactly key_groups distinct rows, query_groups distinct columns
+    # keys with identical rows form the groups: exactly key_groups distinct rows,
+    # query_groups distinct columns
     assert len({tuple(r) for r in table}) == 3 and len({tuple(c) for c in table.T}) == 2
     assert len(np.unique(table)) == 6  # one distinct value per block
     noisy = DatabaseSpec(
