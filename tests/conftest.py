@@ -176,3 +176,16 @@ def brute_kruskal_rank(x: torch.Tensor, rtol: float | None = None) -> int:
         if bool((ranks < k).any()):
             return k - 1
     return min(n_vec, d)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``pytest -m fast`` is the developer's tier: the fast modules' tests that are not also ``slow``.
+
+    (``-m fast`` replaces the default ``-m 'not slow'`` of pyproject.toml, so the slow tests of a fast
+    module are left out here.)"""
+    if config.option.markexpr != "fast":
+        return
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if not item.get_closest_marker("slow")]

@@ -140,9 +140,14 @@ def stream_windows(
     samples: int,
     on_tokens: Callable[[int], None] | None = None,
 ) -> tuple[torch.Tensor, int]:
-    """Up to ``samples`` consecutive windows of n tokens of the text stream: (N, n) int64, tokens read."""
+    """Up to ``samples`` consecutive windows of n tokens of the text stream: (N, n) int64, tokens read.
+
+    A window equal to an earlier one is left out (repeated boilerplate would otherwise give identical
+    examples, whose queries no Kruskal test can separate); the next window of the stream takes its place.
+    """
     buffer = np.empty(0, dtype=np.int64)
     blocks: list[np.ndarray] = []  # (rows, n) int32 each
+    kept: set[bytes] = set()
     count = seen = 0
     for piece in _pieces(documents):
         ids = np.asarray(tokenizer.encode(piece), dtype=np.int64)
@@ -150,10 +155,19 @@ def stream_windows(
         if on_tokens is not None:
             on_tokens(len(ids))
         buffer = np.concatenate([buffer, ids])
-        full = min(len(buffer) // n, samples - count)
-        blocks.append(buffer[: full * n].reshape(full, n).astype(np.int32))
+        full = len(buffer) // n
+        rows = buffer[: full * n].reshape(full, n).astype(np.int32)  # (full, n)
         buffer = buffer[full * n :]
-        count += full
+        fresh = []
+        for row in rows:
+            if count + len(fresh) == samples:
+                break
+            key = row.tobytes()
+            if key not in kept:
+                kept.add(key)
+                fresh.append(row)
+        blocks.append(np.stack(fresh) if fresh else np.empty((0, n), dtype=np.int32))
+        count += len(fresh)
         if count == samples:
             break
     windows = np.concatenate(blocks) if blocks else np.empty((0, n), dtype=np.int32)

@@ -6,6 +6,8 @@ import pytest
 
 from auditor.core.options import Deprecation
 
+pytestmark = pytest.mark.fast  # the developer's tier: pytest -m fast
+
 
 def test_the_notice_names_the_old_and_new_spelling_and_the_release_that_removes_the_old():
     shim = Deprecation("--tol", "--cp-tolerance", removed_in="0.3")

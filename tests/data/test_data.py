@@ -28,6 +28,8 @@ from auditor.data.text import chunks, pair_windows, read_text_file, split_senten
 from auditor.models import TextTokenizer, hub_reachable
 from auditor.models.gpt2 import _BYTE_TO_ID, byte_fallback_tokenizer
 
+pytestmark = pytest.mark.fast  # the developer's tier: pytest -m fast
+
 
 @pytest.fixture(scope="module")
 def photo() -> Image.Image:

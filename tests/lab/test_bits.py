@@ -20,7 +20,7 @@ from auditor.lab.memorize.experiment import MemorizeConfig
 from auditor.lab.memorize.model import MHAConfig
 from auditor.lab.room import get
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.fast, pytest.mark.usefixtures("one_thread")]
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from auditor.models.devices import check_precision
 from auditor.models.partial import cut_config, parameters_on_meta
 from auditor.models.partial_adapter import PartialAdapter
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.fast, pytest.mark.usefixtures("one_thread")]
 
 NEW_NAMES = [
     "llama-3.2-1b",

@@ -19,6 +19,8 @@ from probes.geometry import (
     token_geometry,
 )
 
+pytestmark = pytest.mark.fast  # the developer's tier: pytest -m fast
+
 EPS64 = float(np.finfo(np.float64).eps)
 
 

@@ -26,7 +26,7 @@ from auditor.lab.memorize.model import MHAConfig, MHAEnsemble
 from auditor.lab.memorize.saturation import saturation
 from auditor.lab.memorize.task import MemorizeTask
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.one_thread
+pytestmark = [pytest.mark.fast, pytest.mark.usefixtures("one_thread")]  # tiny models: see conftest.one_thread
 
 
 def layer(H: int, d: int, d_h: int, outputs: int = 5, seed: int = 0, **kw) -> MHAEnsemble:
