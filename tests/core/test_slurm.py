@@ -32,8 +32,9 @@ from auditor.core.errors import AuditError
 from auditor.core.slurm import SlurmOptions, parse_sbatch, parse_time
 from auditor.lab.sweep import run_sweep, unit_key
 
-TESTS = Path(__file__).resolve().parents[1]
-SCRIPT = TESTS.parent / "scripts" / "slurm-local.sh"
+HERE = Path(__file__).resolve().parent
+TESTS = (str(HERE), str(HERE.parent))  # this module (its unit functions) and conftest, for the jobs
+SCRIPT = HERE.parents[1] / "scripts" / "slurm-local.sh"
 SLURM_DIR = Path(os.environ.get("AUDITOR_SLURM_DIR", "/tmp/attention-auditor-slurm"))
 BINARIES = ("slurmctld", "slurmd", "munged", "sinfo", "sbatch", "squeue", "scancel", "srun")
 GATE = "gate"  # the unit with index GATE_AT waits for <workdir>/release (the scancel test)
@@ -169,7 +170,7 @@ def cluster():
     assert done.returncode == 0, done.stderr + done.stdout
     saved = {k: os.environ.get(k) for k in ("SLURM_CONF", "PYTHONPATH")}
     os.environ["SLURM_CONF"] = str(SLURM_DIR / "slurm.conf")
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), saved["PYTHONPATH"]) if p)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (*TESTS, saved["PYTHONPATH"]) if p)
     every = slurm_module.SQUEUE_EVERY_S
     slurm_module.SQUEUE_EVERY_S = (
         1.0  # a one-node cluster of our own: ask squeue more often than a login node would

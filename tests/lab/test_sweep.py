@@ -31,7 +31,8 @@ from auditor.core.provenance import provenance
 from auditor.lab import sweep
 from auditor.lab.sweep import collect, field_defaults, key_fields, run_sweep, unit_key
 
-TESTS = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+TESTS = [str(HERE), str(HERE.parent)]  # this module and conftest, for the subprocesses
 GATE_ENV = "AUDITOR_TEST_SWEEP_GATE"  # units with index >= GATE_AT wait for this file (kill test only)
 GATE_AT = 3
 ran_units: list[int] = []  # indices of the units run in this process
@@ -222,7 +223,7 @@ def test_sweep_arguments_are_checked(tmp_path):
 
 _SWEEP_SCRIPT = """
 import sys
-sys.path.insert(0, {tests!r})
+sys.path[:0] = {tests!r}
 from test_sweep import CONFIGS, rank_unit
 from auditor.lab.sweep import run_sweep
 run_sweep(rank_unit, CONFIGS, sys.argv[1], progress=False)
@@ -232,7 +233,7 @@ run_sweep(rank_unit, CONFIGS, sys.argv[1], progress=False)
 def test_sigkill_mid_sweep_loses_no_finished_row_and_resumes_to_the_same_csv(tmp_path):
     out, gate = tmp_path / "killed", tmp_path / "gate"
     env = {**os.environ, GATE_ENV: str(gate)}
-    proc = subprocess.Popen([sys.executable, "-c", _SWEEP_SCRIPT.format(tests=str(TESTS)), str(out)], env=env,
+    proc = subprocess.Popen([sys.executable, "-c", _SWEEP_SCRIPT.format(tests=TESTS), str(out)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 240
@@ -311,7 +312,7 @@ def ray_local():
 
 _CLUSTER_DRIVER = """
 import sys
-sys.path.insert(0, {tests!r})
+sys.path[:0] = {tests!r}
 import ray
 import test_sweep
 from auditor.lab.sweep import run_sweep
@@ -353,7 +354,7 @@ def test_sweep_on_a_cluster_started_with_ray_start_equals_local(tmp_path):
             [
                 sys.executable,
                 "-c",
-                _CLUSTER_DRIVER.format(tests=str(TESTS)),
+                _CLUSTER_DRIVER.format(tests=TESTS),
                 str(tmp_path / "ray"),
                 f"127.0.0.1:{port}",
             ],
