@@ -98,7 +98,6 @@ def test_first_takes_the_first_readable_in_sorted_order(messy_folder):
     two = load_inputs(loaded, str(messy_folder), samples=2, first=True, progress=False)
     three = load_inputs(loaded, str(messy_folder), samples=3, first=True, progress=False)
     assert two.N == 2 and "first 2 of 5 image files" in two.data_source
-    # exact: uint8 pixels, each image decoded and resized on its own
     assert torch.equal(two.tensors["pixel_values"], three.tensors["pixel_values"][:2])
     assert "first 3 of 5 image files" in three.data_source and three.counts["skipped_unreadable"] == 0
     every = load_inputs(loaded, str(messy_folder), samples=5, first=True, progress=False)
@@ -218,7 +217,7 @@ def test_bundled_default_is_486_labelled_crops_of_the_real_photos():
     again = load_inputs(tiny_model("vit-base"), None, samples=50, seed=4, progress=False)
     assert again.N == 50 and "50 of 486 crops drawn at random (seed 4)" in again.data_source
     kept = sorted(random_order(486, 4)[:50])
-    assert torch.equal(again.tensors["pixel_values"], inputs.tensors["pixel_values"][kept])  # uint8 crops
+    assert torch.equal(again.tensors["pixel_values"], inputs.tensors["pixel_values"][kept])
 
 
 def test_crop_boxes_are_spread_inside_the_photo():
