@@ -20,6 +20,20 @@ even that stops far below what sampling suggests, the result says so in its ``no
 Ranks are numerical, with the rule of :func:`probes.numerical_rank`: a k-subset is full rank at
 relative tolerance rtol when ``sigma_k > rtol * sigma_1`` of that (k, d) matrix, by default
 ``rtol = max(k, d) * eps`` of the dtype the vectors were given in.
+
+The Gershgorin bounds. Mutual coherence mu = max |cos(x_i, x_j)| over distinct vectors, and the Babel
+function mu_1(m) = max_i (sum of the m largest |cos(x_i, x_j)|, j != i) <= m mu. Let S be a k-subset,
+U_S its rows normalised to unit length and D_S = diag(|x_i|), so X_S = D_S U_S. The Gram U_S U_S^T has
+unit diagonal and off-diagonal row sums at most mu_1(k - 1); by Gershgorin its eigenvalues lie in
+[1 - mu_1(k - 1), 1 + mu_1(k - 1)]. Hence, with r_min and r_max the smallest and largest norm of all N
+vectors, ``sigma_k(X_S) / sigma_1(X_S) >= (r_min / r_max) sqrt((1 - mu_1(k-1)) / (1 + mu_1(k-1)))``,
+and every k-subset is full rank when this exceeds rtol_k. The coherence bound is the same argument
+with mu_1(k - 1) replaced by (k - 1) mu (in exact arithmetic: Kruskal rank >= 1/mu).
+
+Rounding. Cosines are computed in float64 from unit rows; each carries an error below
+``4 (d + 4) eps64``, added per term to the Babel sums (and their own summation error), the norm ratio
+is lowered by its rounding, and k passes only with a further ``64 (k + d) eps64`` to spare, so that
+the bound holds for the exact singular values and for the float64 SVD verdict alike.
 """
 
 from __future__ import annotations
@@ -39,6 +53,7 @@ from probes.rank import Array, check_int, numerical_rank, resolve_rtol
 from probes.spark import (
     BABEL_FIRST_COLUMNS,
     REFINE_STEPS,
+    Cosines,
     cosine_pass,
     nullspace_bound,
     spectrum,
@@ -182,6 +197,70 @@ def _gershgorin_passes(bound: torch.Tensor, ks: torch.Tensor, ratio: float, rtol
     return int(ks[-1]) if failed.numel() == 0 else int(ks[int(failed[0])]) - 1
 
 
+@dataclass(frozen=True)
+class _RawBounds:
+    """What the Gershgorin bounds of the raw vectors prove (steps (b), (c) of :func:`kruskal_lower_bound`)."""
+
+    coherence_k: int
+    babel_k: int
+    babel_bound: torch.Tensor | None  # (columns,) rigorous upper bounds on mu_1(m), m = 1..columns
+    cos: Cosines  # the last cosine pass: coherence and the most coherent pair
+    pair_dependent: bool  # that pair was tested (nothing beyond 1 proven) and is dependent
+
+
+def _raw_bounds(x: torch.Tensor, unit: torch.Tensor, ratio: float, rtols: list[float],
+                top: int) -> _RawBounds:
+    """The coherence and Babel bounds for k = 2..top of the vectors ``x`` (N, d) with unit rows ``unit``
+    (N, d) and rounded-down norm ratio ``ratio``; the Babel columns grow until the bound stops passing.
+    When neither proves 2, the most coherent pair is tested with a float64 SVD (the argument and its
+    rounding allowances: the module docstring)."""
+    d = x.shape[1]
+    babel_k = coherence_k = 1
+    babel_bound = None
+    columns = min(BABEL_FIRST_COLUMNS, top - 1)
+    cos = cosine_pass(unit, columns)
+    if top >= 2:
+        ks = torch.arange(2, top + 1, device=unit.device)  # (top - 1,)
+        rtol_k = torch.tensor(rtols[1:], dtype=torch.float64, device=unit.device)  # (top - 1,)
+        delta = 4 * (d + 4) * EPS64  # rounding allowance per cosine
+        while True:
+            m = torch.arange(1, columns + 1, dtype=torch.float64, device=unit.device)  # (columns,)
+            babel_bound = cos.babel * (1 + 2 * m * EPS64) + m * delta
+            babel_k = _gershgorin_passes(babel_bound, ks[:columns], ratio, rtol_k[:columns], d)
+            if babel_k <= columns or columns == top - 1:  # stopped within these columns, or all done
+                break
+            columns = min(4 * columns, top - 1)
+            cos = cosine_pass(unit, columns)
+        mu = (cos.coherence + delta) * (1 + 2 * EPS64)
+        coherence_k = _gershgorin_passes((ks - 1).double() * mu, ks, ratio, rtol_k, d)
+    # the most coherent pair: often dependent (e.g. duplicated vectors), and then nothing proves 2
+    pair_dependent = False
+    if top >= 2 and max(babel_k, coherence_k) == 1:
+        i, j = sorted(cos.pair)
+        pair_dependent = int(numerical_rank(x[[i, j]], rtols[1]).rank) < 2
+    return _RawBounds(coherence_k, babel_k, babel_bound, cos, pair_dependent)
+
+
+def _exhaustive_search(x: torch.Tensor, proven: int, top: int, max_subsets: int,
+                       rtol: float | None) -> tuple[int, int, tuple[int, ...] | None]:
+    """Step (a) of :func:`kruskal_lower_bound`: test every k-subset of ``x`` (N, d) for k = proven + 1 ..
+    top while the total, the N single vectors included, stays within ``max_subsets``. Returns (the
+    largest k certified, subsets tested, a dependent subset or None)."""
+    n_vec = x.shape[0]
+    exhaustive_k, tested, witness = proven, n_vec, None  # single vectors are settled (none is zero)
+    for k in range(exhaustive_k + 1, top + 1):
+        count = math.comb(n_vec, k)
+        if tested + count > max_subsets:
+            break
+        res = kruskal_test(x, k, subsets=count, rtol=rtol, rank_sample=0, progress=False)
+        tested += count
+        if res.full_rank < count:
+            witness = res.witness
+            break
+        exhaustive_k = k
+    return exhaustive_k, tested, witness
+
+
 def kruskal_lower_bound(
     vectors: Array, k_max: int | None = None, *, rtol: float | None = None, max_subsets: int = 20000,
     whiten: bool = True, nullspace_seconds: float = NULLSPACE_SECONDS, nullspace_steps: int = REFINE_STEPS,
@@ -189,21 +268,14 @@ def kruskal_lower_bound(
     """A certified lower bound on the numerical Kruskal rank: every k-subset with k <= ``lower`` is
     proven full rank at ``rtol``.
 
-    Five proofs, the best one wins:
+    Five proofs, the best one wins (ties go to the simpler one):
 
-    (a) Exhaustive search: every k-subset for k = 2, 3, ... while the total stays within
-        ``max_subsets``, with the verdicts of :func:`probes.kruskal_test` (equal to a float64 SVD at
-        the same tolerance). A dependent subset ends the search with the exact Kruskal rank.
-    (b) Mutual coherence mu = max |cos(x_i, x_j)| over distinct vectors, and (c) the Babel function
-        mu_1(m) = max_i (sum of the m largest |cos(x_i, x_j)|, j != i) <= m mu. Let S be a k-subset,
-        U_S its rows normalised to unit length and D_S = diag(|x_i|), so X_S = D_S U_S. The Gram
-        U_S U_S^T has unit diagonal and off-diagonal row sums at most mu_1(k - 1); by Gershgorin its
-        eigenvalues lie in [1 - mu_1(k - 1), 1 + mu_1(k - 1)]. Hence, with r_min and r_max the smallest
-        and largest norm of all N vectors,
-        ``sigma_k(X_S) / sigma_1(X_S) >= (r_min / r_max) sqrt((1 - mu_1(k-1)) / (1 + mu_1(k-1)))``,
-        and every k-subset is full rank when this exceeds rtol_k. The coherence bound is the same
-        argument with mu_1(k - 1) replaced by (k - 1) mu (in exact arithmetic: Kruskal rank >= 1/mu).
-
+    (a) Exhaustive search: every k-subset for k = 2, 3, ... above what (b)-(e) prove, while the total
+        stays within ``max_subsets``, with the verdicts of :func:`probes.kruskal_test` (equal to a
+        float64 SVD at the same tolerance). A dependent subset ends the search with the exact rank.
+    (b) Mutual coherence and (c) the Babel function of the raw vectors bound the singular values of
+        every k-subset by Gershgorin's theorem (the argument and its rounding allowances are in the
+        module docstring): ``"coherence"``, ``"babel"``.
     (d) The coherence and Babel bounds of the vectors after clipped whitenings (``"whitened-coherence"``,
         ``"whitened-babel"``), and (e) a null-space bound (``"nullspace"``): one dual certificate per
         vector bounds every entry of a null vector, and k is proven when the k largest of those bounds
@@ -215,11 +287,6 @@ def kruskal_lower_bound(
     When (b) and (c) prove nothing beyond 1, the two vectors of largest |cosine| are tested first
     (float64 SVD); if they are dependent (e.g. a duplicated vector), the Kruskal rank is exactly 1 and
     (d), (e) are skipped.
-
-    Rounding. Cosines are computed in float64 from unit rows; each carries an error below
-    ``4 (d + 4) eps64``, added per term to the Babel sums (and their own summation error), the norm
-    ratio is lowered by its rounding, and k passes only with a further ``64 (k + d) eps64`` to spare,
-    so that the bound holds for the exact singular values and for the float64 SVD verdict alike.
 
     Work: one pass over the N x N cosine matrix in blocks of rows (the Babel function needs the top
     k_max - 1 cosines of each row: O(N^2 log N)), plus at most ``max_subsets`` subset tests. N = 2000,
@@ -252,17 +319,8 @@ def kruskal_lower_bound(
     start = time.perf_counter()
     x = validate_vectors(vectors)
     n_vec, d = x.shape
-    if k_max is None:
-        k_max = min(n_vec, d)
-    k_max = check_int(k_max, "k_max")
-    if k_max > n_vec:
-        raise ValueError(f"k_max = {k_max} exceeds the number of vectors N = {n_vec}; valid: 1 <= k_max <= N")
-    max_subsets = check_int(max_subsets, "max_subsets", minimum=0)
-    nullspace_steps = check_int(nullspace_steps, "nullspace_steps", minimum=0)
-    if (isinstance(nullspace_seconds, bool | np.bool_) or not isinstance(nullspace_seconds, numbers.Real)
-            or not 0 <= nullspace_seconds < math.inf):
-        raise ValueError(f"nullspace_seconds must be a finite number >= 0 (0 skips the linear programs), "
-                         f"e.g. {NULLSPACE_SECONDS:g}; got {nullspace_seconds!r}")
+    k_max, max_subsets, nullspace_steps = _check_limits(k_max, n_vec, d, max_subsets, nullspace_seconds,
+                                                        nullspace_steps)
     top = min(k_max, d)  # no d + 1 vectors in R^d are independent
     rtols = [resolve_rtol(rtol, k, d, x.dtype) for k in range(1, top + 1)]
     common = dict(k_max=k_max, N=n_vec, d=d, rtol=rtols[0])
@@ -272,96 +330,83 @@ def kruskal_lower_bound(
     ratio = float(norms.min() / norms.max()) if nonzero else 0.0
     ratio *= 1 - (d + 8) * EPS64  # each norm carries a relative error below (d / 2 + 2) eps
     if not nonzero or rtols[0] >= 1:
-        cos = cosine_pass(unit, 0)
         why = "a vector is zero" if not nonzero else f"rtol = {rtols[0]:.3g} >= 1 rejects even single vectors"
-        return KruskalLowerBound(
-            lower=0, method="trivial", exact=True, coherence=cos.coherence, coherence_k=0, babel_k=0,
-            exhaustive_k=0, subsets=n_vec, norm_ratio=max(ratio, 0.0), witness=None,
-            seconds=time.perf_counter() - start, note=f"Kruskal rank 0: {why}", **common)
+        return _rank_zero(unit, ratio, why, start, common)
 
-    # (b), (c): Gershgorin bounds for k = 2..top; the Babel columns grow until the bound stops passing.
-    babel_k = coherence_k = 1
-    babel_bound = None  # (columns,) rigorous upper bounds on mu_1(m), m = 1..columns
-    columns = min(BABEL_FIRST_COLUMNS, top - 1)
-    cos = cosine_pass(unit, columns)
-    if top >= 2:
-        ks = torch.arange(2, top + 1, device=unit.device)  # (top - 1,)
-        rtol_k = torch.tensor(rtols[1:], dtype=torch.float64, device=unit.device)
-        delta = 4 * (d + 4) * EPS64  # rounding allowance per cosine
-        while True:
-            m = torch.arange(1, columns + 1, dtype=torch.float64, device=unit.device)
-            babel_bound = cos.babel * (1 + 2 * m * EPS64) + m * delta
-            babel_k = _gershgorin_passes(babel_bound, ks[:columns], ratio, rtol_k[:columns], d)
-            if babel_k <= columns or columns == top - 1:  # stopped within these columns, or all done
-                break
-            columns = min(4 * columns, top - 1)
-            cos = cosine_pass(unit, columns)
-        mu = (cos.coherence + delta) * (1 + 2 * EPS64)
-        coherence_k = _gershgorin_passes((ks - 1).double() * mu, ks, ratio, rtol_k, d)
-
-    # the most coherent pair: often dependent (e.g. duplicated vectors), and then nothing proves 2
-    pair_dependent = False
-    if top >= 2 and max(babel_k, coherence_k) == 1:
-        i, j = sorted(cos.pair)
-        pair_dependent = int(numerical_rank(x[[i, j]], rtols[1]).rank) < 2
-
-    # (d), (e): whitened Gershgorin bounds, then the null-space programs, while k is left to prove
+    raw = _raw_bounds(x, unit, ratio, rtols, top)
+    proven = max(raw.babel_k, raw.coherence_k)
     white_c, white_b, null_k, white_mu, programs, extra_note = 1, 1, 1, math.nan, 0, ""
-    if whiten and top >= 2 and max(babel_k, coherence_k) < top and not pair_dependent:
+    if whiten and top >= 2 and proven < top and not raw.pair_dependent:  # (d), (e) while k is left to prove
         white_c, white_b, null_k, white_mu, programs, extra_note = _whitened_and_nullspace(
-            x, rtols, max(babel_k, coherence_k), top, float(nullspace_seconds), nullspace_steps)
+            x, rtols, proven, top, float(nullspace_seconds), nullspace_steps)
+    exhaustive_k, tested, witness = _exhaustive_search(x, max(proven, white_c, white_b, null_k), top,
+                                                       max_subsets, rtol)
+    if witness is None and exhaustive_k == 1 and raw.pair_dependent:
+        witness = tuple(sorted(raw.cos.pair))
 
-    # (a) exhaustive search above what (b)-(e) proved; single vectors are settled (none is zero).
-    exhaustive_k, tested, witness = max(babel_k, coherence_k, white_c, white_b, null_k), n_vec, None
-    for k in range(exhaustive_k + 1, top + 1):
-        count = math.comb(n_vec, k)
-        if tested + count > max_subsets:
-            break
-        res = kruskal_test(x, k, subsets=count, rtol=rtol, rank_sample=0, progress=False)
-        tested += count
-        if res.full_rank < count:
-            witness = res.witness
-            break
-        exhaustive_k = k
-
-    if witness is None and exhaustive_k == 1 and pair_dependent:
-        witness = tuple(sorted(cos.pair))
-
-    found = {"trivial": 1, "coherence": coherence_k, "babel": babel_k, "whitened-coherence": white_c,
+    found = {"trivial": 1, "coherence": raw.coherence_k, "babel": raw.babel_k, "whitened-coherence": white_c,
              "whitened-babel": white_b, "nullspace": null_k, "exhaustive": exhaustive_k}
     lower = max(found.values())
-    method = next(m for m in METHODS if found[m] == lower)
     exact = witness is not None or lower == min(n_vec, d)
-    note = ""
-    if not exact:
-        note = _why_not_more(lower, top, k_max, babel_k, babel_bound, cos.coherence, ratio, rtols, n_vec,
-                             max_subsets)
-        if lower < top and whiten:
-            note += (f"; whitening proves {max(white_c, white_b)}, the null-space bound {null_k}"
-                     + (f" ({extra_note})" if extra_note else ""))
+    whitened = (max(white_c, white_b), null_k, extra_note) if whiten else None
+    note = "" if exact else _why_not_more(lower, top, k_max, raw, ratio, rtols, n_vec, max_subsets, whitened)
     return KruskalLowerBound(
-        lower=lower, method=method, exact=exact, coherence=cos.coherence, coherence_k=coherence_k,
-        babel_k=babel_k, exhaustive_k=exhaustive_k, subsets=tested, norm_ratio=ratio,
+        lower=lower, method=next(m for m in METHODS if found[m] == lower), exact=exact,
+        coherence=raw.cos.coherence, coherence_k=raw.coherence_k, babel_k=raw.babel_k,
+        exhaustive_k=exhaustive_k, subsets=tested, norm_ratio=ratio,
         witness=None if witness is None else tuple(int(i) for i in witness),
         seconds=time.perf_counter() - start, whitened_coherence_k=white_c, whitened_babel_k=white_b,
         whitened_coherence=white_mu, nullspace_k=null_k, nullspace_programs=programs, note=note, **common)
 
 
-def _why_not_more(lower: int, top: int, k_max: int, babel_k: int, babel_bound: torch.Tensor | None,
-                  coherence: float, ratio: float, rtols: list[float], n_vec: int, max_subsets: int) -> str:
-    """One sentence on why the certified bound stops at ``lower`` (< min(N, d))."""
+def _rank_zero(unit: torch.Tensor, ratio: float, why: str, start: float,
+               common: dict[str, Any]) -> KruskalLowerBound:
+    """The exact bound 0 of vectors with unit rows ``unit`` (N, d) where a single vector is already rank
+    deficient (``why``); ``start``: the call's perf_counter, ``common``: k_max, N, d and rtol."""
+    return KruskalLowerBound(
+        lower=0, method="trivial", exact=True, coherence=cosine_pass(unit, 0).coherence, coherence_k=0,
+        babel_k=0, exhaustive_k=0, subsets=unit.shape[0], norm_ratio=max(ratio, 0.0), witness=None,
+        seconds=time.perf_counter() - start, note=f"Kruskal rank 0: {why}", **common)
+
+
+def _check_limits(k_max: int | None, n_vec: int, d: int, max_subsets: int, nullspace_seconds: float,
+                  nullspace_steps: int) -> tuple[int, int, int]:
+    """The checked (k_max, max_subsets, nullspace_steps) of :func:`kruskal_lower_bound`, k_max None
+    resolved to min(N, d); raises ValueError on a bad one."""
+    k_max = check_int(min(n_vec, d) if k_max is None else k_max, "k_max")
+    if k_max > n_vec:
+        raise ValueError(f"k_max = {k_max} exceeds the number of vectors N = {n_vec}; valid: 1 <= k_max <= N")
+    max_subsets = check_int(max_subsets, "max_subsets", minimum=0)
+    nullspace_steps = check_int(nullspace_steps, "nullspace_steps", minimum=0)
+    if (isinstance(nullspace_seconds, bool | np.bool_) or not isinstance(nullspace_seconds, numbers.Real)
+            or not 0 <= nullspace_seconds < math.inf):
+        raise ValueError(f"nullspace_seconds must be a finite number >= 0 (0 skips the linear programs), "
+                         f"e.g. {NULLSPACE_SECONDS:g}; got {nullspace_seconds!r}")
+    return k_max, max_subsets, nullspace_steps
+
+
+def _why_not_more(lower: int, top: int, k_max: int, raw: _RawBounds, ratio: float, rtols: list[float],
+                  n_vec: int, max_subsets: int, whitened: tuple[int, int, str] | None) -> str:
+    """One sentence on why the certified bound stops at ``lower`` (< min(N, d)); ``whitened``: what the
+    whitened bounds and the null-space bound proved, and the latter's note (None: not tried)."""
     if lower >= top:
         return f"certified up to k_max = {k_max}; larger k not searched"
-    k = babel_k + 1  # the first k the Gershgorin bounds could not certify
+    k = raw.babel_k + 1  # the first k the Gershgorin bounds could not certify
+    babel_bound = raw.babel_bound
     if babel_bound is not None and float(babel_bound[k - 2]) >= 1:
         why = f"the raw Babel function mu_1({k - 1}) = {float(babel_bound[k - 2]):.4g} is not below 1"
     else:
         why = (f"the norm ratio {ratio:.3g} keeps the bound on sigma_{k} / sigma_1 below "
                f"rtol = {rtols[k - 1]:.3g}")
     nxt = lower + 1
-    return (f"certified only k <= {lower} of a possible {top}: raw coherence {coherence:.3g}, {why}, and "
-            f"testing all {math.comb(n_vec, nxt):,} {nxt}-subsets exceeds max_subsets = {max_subsets:,}; "
+    text = (f"certified only k <= {lower} of a possible {top}: raw coherence {raw.cos.coherence:.3g}, {why}, "
+            f"and testing all {math.comb(n_vec, nxt):,} {nxt}-subsets exceeds max_subsets = {max_subsets:,}; "
             f"worst-case bounds say no more here, sampled Kruskal tests estimate beyond (no proof)")
+    if whitened is not None:
+        white_k, null_k, null_note = whitened
+        text += (f"; whitening proves {white_k}, the null-space bound {null_k}"
+                 + (f" ({null_note})" if null_note else ""))
+    return text
 
 
 @dataclass(frozen=True, repr=False)

@@ -5,10 +5,14 @@
 - ``tiny_vit(**overrides)``, ``tiny_bert(...)``, ``tiny_gpt2(...)``, ``tiny_timm(...)``: architecture
   overrides for ``load_model(..., config_overrides=...)`` that keep a real family small and fast.
 - ``tiny_model(name, **overrides)``: a random-weight tiny model of a registered family, on the CPU.
+- ``tiny_memorize(**overrides)``: the config of a seconds-long ``audit memorize`` sweep.
 - fixture ``vit_base_random``: the real ViT-base architecture, random weights, shared by the session.
 - ``forward_atol(x, width)`` and ``margin_atol(margin, rtol, rel)``: the float tolerances that follow
   from the dtype when the same computation runs with other kernels (another batch size, another torch
   build). Bit-identity is asserted only for the same process and the same shapes.
+- ``float32_rel(k, d)`` and ``assert_rows_agree(a, b, rel)``: two audit rows of tokens made by other
+  kernels, whose singular values moved by at most ``rel * sigma_max`` (``NOISY`` columns; the others are
+  decisions and counts, compared exactly).
 """
 
 from __future__ import annotations  # noqa: I001 -- probes is imported before torch, on purpose
@@ -21,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import probes  # noqa: F401 -- before torch: the OpenMP wait policy (the suite runs beside other jobs)
@@ -77,6 +82,44 @@ def margin_atol(margin: float, rtol: float, rel: float) -> float:
     if x >= 1 or rel >= 1:
         return math.inf
     return math.log10((1 + x) / (1 - x)) + 2 * math.log10((1 + rel) / (1 - rel))
+
+
+def float32_rel(k: int, d: int) -> float:
+    """How far, relative to sigma_max, the singular values of a k x d block of float32 tokens move when
+    the tokens come from other kernels: each token moves by at most d eps |X|max (``forward_atol``), the
+    block by at most sqrt(k d) times that in spectral norm, and sigma_max >= |X|max."""
+    return d * torch.finfo(torch.float32).eps * math.sqrt(k * d)
+
+
+# audit row columns that are floats of the tokens' singular values or of their geometry: equal across
+# kernels only within float noise (assert_rows_agree); every other column is a decision or a count
+GEOMETRY = ["effective_rank", "stable_rank", "anisotropy", "effective_rank_centred", "stable_rank_centred",
+            "anisotropy_centred", "collapse_residual"]
+NOISY = ["min_margin", "critical_rtol", "critical_rtol_low", "critical_rtol_high", "verdict_margin",
+         "margin_bound", *GEOMETRY]
+
+
+def assert_rows_agree(a: Any, b: Any, rel: float) -> bool:
+    """Two audit rows (pandas Series) of one test whose singular values sigma_k / sigma_1 moved by at most
+    ``rel`` between the runs: each run's critical-tolerance bracket is proven for its own tokens, so the
+    brackets widened by 2 rel meet; the geometry (float64 statistics) agrees to 1e-3; the margins within
+    ``2 margin_atol``. Returns whether that margin bound was informative (finite)."""
+    where = (a["representation"], a["test"])
+
+    def missing(column: str) -> bool:  # a number the test does not give (NaN) in both rows
+        return bool(pd.isna(a[column]) and pd.isna(b[column]))
+
+    if not missing("critical_rtol_low"):
+        assert a["critical_rtol_low"] - 2 * rel <= b["critical_rtol_high"], where
+        assert b["critical_rtol_low"] - 2 * rel <= a["critical_rtol_high"], where
+    for column in GEOMETRY:
+        if column in a and not missing(column):
+            assert a[column] == pytest.approx(b[column], rel=1e-3, abs=1e-6), (column, *where)
+    if missing("min_margin"):
+        return False
+    tol = margin_atol(min(a["min_margin"], b["min_margin"]), float(a["rtol"]), rel)
+    assert a["min_margin"] == b["min_margin"] or abs(a["min_margin"] - b["min_margin"]) <= 2 * tol, where
+    return math.isfinite(tol)
 
 
 def tiny_vit(**overrides: Any) -> dict[str, Any]:
@@ -137,6 +180,16 @@ def tiny_model(name: str, *, seed: int = 0, context_length: int | None = None, *
         context_length=context_length,
         config_overrides=TINY[name](**overrides),
     )
+
+
+def tiny_memorize(**overrides: Any):
+    """A seconds-long ``audit memorize`` grid: H in {1, 2}, n = 4, d_h = 4, N = 16, d = 8, 10 classes, seed
+    0, 30 steps of batch 16 at lr 1e-2 with accuracy every 10 steps; ``overrides`` replace any field."""
+    from auditor.lab.memorize.experiment import MemorizeConfig
+
+    tiny = dict(heads=(1, 2), context=(4,), d_h=(4,), N=(16,), seeds=(0,), d=8, classes=10, steps=30, lr=1e-2,
+                batch_size=16, eval_every=10)
+    return MemorizeConfig(**{**tiny, **overrides})
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import shared_data, tiny_gpt2, tiny_vit
+from conftest import shared_data, tiny_gpt2, tiny_memorize, tiny_vit
 
 from auditor.audit.tokens import Tokens
 from auditor.cli import main
@@ -373,25 +373,11 @@ def test_resuming_from_a_truncated_training_checkpoint_is_refused_and_left_alone
     """A sweep whose engine checkpoint was cut short: one-line error,
     checkpoint kept, nothing else written."""
     from auditor.lab.experiment import run_experiment
-    from auditor.lab.memorize.experiment import MemorizeConfig
     from auditor.lab.room import get
     from auditor.lab.sweep import unit_key
 
     experiment = get("memorize")
-    config = MemorizeConfig(
-        heads=(1,),
-        context=(4,),
-        d_h=(4,),
-        N=(16,),
-        seeds=(0,),
-        d=8,
-        classes=10,
-        steps=20,
-        lr=1e-2,
-        batch_size=16,
-        eval_every=10,
-        bucket_size=1,
-    )
+    config = tiny_memorize(heads=(1,), steps=20, bucket_size=1)
     unit = experiment.units(config, tmp_path)[0]
     checkpoint = tmp_path / "checkpoints" / f"{unit_key(unit, experiment.key_defaults)}.pt"
     checkpoint.parent.mkdir()

@@ -290,6 +290,104 @@ def _load_checkpoint(path: Path, model: Ensemble, config: TrainConfig) -> dict[s
     return payload
 
 
+@dataclass
+class _Run:
+    """One :func:`train` call: what it trains, and the state a checkpoint carries besides the model and
+    the optimiser."""
+
+    model: Ensemble
+    task: Task
+    config: TrainConfig
+    opt: _MaskedOptimizer
+    generator: torch.Generator  # data order
+    active: torch.Tensor  # (E,) bool on the model's device: members not yet frozen
+    steps_done: torch.Tensor  # (E,) long: updates each member received
+    loss_sum: torch.Tensor  # (E,) float64: batch losses summed since the last evaluation
+    loss_count: int = 0
+    history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    step: int = 0  # updates done
+    finished: bool = False  # restored from the checkpoint of a finished run
+
+    def restore(self, payload: dict[str, Any]) -> None:
+        """Take the state of a checkpoint's ``payload`` (model, optimiser and this run)."""
+        self.model.load_state_dict(payload["model"])
+        self.opt.load_state_dict(payload["optimizer"])
+        self.generator.set_state(payload["generator"])
+        self.active.copy_(payload["active"])
+        self.steps_done.copy_(payload["steps_done"])
+        self.loss_sum.copy_(payload["loss_sum"])
+        self.loss_count = int(payload["loss_count"])
+        self.history = list(payload["history"])
+        self.step = int(payload["step"])
+        self.finished = bool(payload["done"])
+
+    def payload(self, done: bool) -> dict[str, Any]:
+        """What a checkpoint after the updates done so far holds."""
+        return {
+            "format": _CHECKPOINT_FORMAT,
+            "config": _trajectory_config(self.config),
+            "step": self.step,
+            "done": done,
+            "model": self.model.state_dict(),
+            "optimizer": self.opt.state_dict(),
+            "generator": self.generator.get_state(),
+            "active": self.active.cpu(),
+            "steps_done": self.steps_done,
+            "loss_sum": self.loss_sum,
+            "loss_count": self.loss_count,
+            "history": self.history,
+        }
+
+    def evaluate(self) -> torch.Tensor:
+        """(E,) float64 full-set accuracy after the updates done so far; appends one history row per member
+        and restarts the loss average."""
+        model, config, E = self.model, self.config, self.model.num_members
+        was_training = model.training
+        model.eval()
+        with torch.no_grad():
+            acc = self.task.accuracy(model).detach().double().cpu()
+        model.train(was_training)
+        if acc.shape != (E,):
+            raise AuditError(f"task.accuracy returned shape {tuple(acc.shape)}; expected ({E},)")
+        mean_loss = (
+            self.loss_sum / self.loss_count
+            if self.loss_count
+            else torch.full((E,), float("nan"), dtype=torch.float64)
+        )
+        factor = config.lr_factor(min(self.step, config.steps - 1))
+        for member in range(E):
+            self.history.append(
+                {
+                    "step": self.step,
+                    "member": member,
+                    "loss": float(mean_loss[member]),
+                    "accuracy": float(acc[member]),
+                    "lr": float(self.opt.base_lr[member]) * factor,
+                    "active": bool(self.active[member]),
+                }
+            )
+        self.loss_sum.zero_()
+        self.loss_count = 0
+        return acc
+
+    def update(self) -> torch.Tensor:
+        """Update number ``step`` of the active members; returns the (E,) batch losses."""
+        E = self.model.num_members
+        batch = self.task.batch(self.step, self.generator)
+        losses = self.task.loss(self.model, batch)
+        if losses.shape != (E,):
+            raise AuditError(f"task.loss returned shape {tuple(losses.shape)}; expected ({E},)")
+        for p in self.opt.params:
+            p.grad = None
+        torch.where(self.active, losses, torch.zeros_like(losses)).sum().backward()
+        self.opt.step(self.active, self.config.lr_factor(self.step))
+        self.steps_done += self.active.cpu().long()
+        self.loss_sum += losses.detach().double().cpu()
+        self.loss_count += 1
+        self.step += 1
+        return losses
+
+
 def train(
     model: Ensemble,
     task: Task,
@@ -319,124 +417,51 @@ def train(
         raise AuditError(f"member_lr has {len(config.member_lr)} entries for an ensemble of {E} members")
     params = [p for p in model.parameters() if p.requires_grad]
     device = params[0].device if params else torch.device("cpu")
-    opt = _MaskedOptimizer(params, config, E)
-    generator = torch.Generator().manual_seed(config.seed)
-    active = torch.ones(E, dtype=torch.bool, device=device)
-    steps_done = torch.zeros(E, dtype=torch.long)
-    loss_sum = torch.zeros(E, dtype=torch.float64)
-    loss_count = 0
-    history: list[dict[str, Any]] = []
-    start = 0
-    finished = False
+    run = _Run(model, task, config, _MaskedOptimizer(params, config, E),
+               generator=torch.Generator().manual_seed(config.seed),
+               active=torch.ones(E, dtype=torch.bool, device=device),
+               steps_done=torch.zeros(E, dtype=torch.long), loss_sum=torch.zeros(E, dtype=torch.float64))
     ckpt_path = Path(config.checkpoint) if config.checkpoint else None
-
     if ckpt_path is not None and (payload := _load_checkpoint(ckpt_path, model, config)) is not None:
-        model.load_state_dict(payload["model"])
-        opt.load_state_dict(payload["optimizer"])
-        generator.set_state(payload["generator"])
-        active.copy_(payload["active"])
-        steps_done.copy_(payload["steps_done"])
-        loss_sum.copy_(payload["loss_sum"])
-        loss_count = int(payload["loss_count"])
-        history = list(payload["history"])
-        start = int(payload["step"])
-        finished = bool(payload["done"])
-        log.info("resumed from %s at step %d", ckpt_path, start)
-
-    def checkpoint(step: int, done: bool) -> None:
-        if ckpt_path is None:
-            return
-        _save_checkpoint(
-            ckpt_path,
-            {
-                "format": _CHECKPOINT_FORMAT,
-                "config": _trajectory_config(config),
-                "step": step,
-                "done": done,
-                "model": model.state_dict(),
-                "optimizer": opt.state_dict(),
-                "generator": generator.get_state(),
-                "active": active.cpu(),
-                "steps_done": steps_done,
-                "loss_sum": loss_sum,
-                "loss_count": loss_count,
-                "history": history,
-            },
-        )
-
-    def evaluate(step: int) -> torch.Tensor:
-        nonlocal loss_count
-        was_training = model.training
-        model.eval()
-        with torch.no_grad():
-            acc = task.accuracy(model).detach().double().cpu()
-        model.train(was_training)
-        if acc.shape != (E,):
-            raise AuditError(f"task.accuracy returned shape {tuple(acc.shape)}; expected ({E},)")
-        mean_loss = (
-            loss_sum / loss_count if loss_count else torch.full((E,), float("nan"), dtype=torch.float64)
-        )
-        for member in range(E):
-            history.append(
-                {
-                    "step": step,
-                    "member": member,
-                    "loss": float(mean_loss[member]),
-                    "accuracy": float(acc[member]),
-                    "lr": float(opt.base_lr[member]) * config.lr_factor(min(step, config.steps - 1)),
-                    "active": bool(active[member]),
-                }
-            )
-        loss_sum.zero_()
-        loss_count = 0
-        return acc
+        run.restore(payload)
+        log.info("resumed from %s at step %d", ckpt_path, run.step)
+    start = run.step
 
     t0 = time.perf_counter()
     bar = tqdm(total=config.steps, initial=start, desc="train", disable=not progress, leave=False)
-    step = start
     last_eval: int | None = None
     try:
-        while not finished and step < config.steps:
-            if step % config.eval_every == 0:
-                acc = evaluate(step)
-                last_eval = step
+        while not run.finished and run.step < config.steps:
+            if run.step % config.eval_every == 0:
+                acc = run.evaluate()
+                last_eval = run.step
                 if config.early_stop:
-                    active &= (acc < config.target_accuracy - 1e-12).to(device)
-                if not bool(active.any()):
+                    run.active &= (acc < config.target_accuracy - 1e-12).to(device)
+                if not bool(run.active.any()):
                     break
-            batch = task.batch(step, generator)
-            losses = task.loss(model, batch)
-            if losses.shape != (E,):
-                raise AuditError(f"task.loss returned shape {tuple(losses.shape)}; expected ({E},)")
-            for p in params:
-                p.grad = None
-            torch.where(active, losses, torch.zeros_like(losses)).sum().backward()
-            opt.step(active, config.lr_factor(step))
-            steps_done += active.cpu().long()
-            loss_sum += losses.detach().double().cpu()
-            loss_count += 1
-            step += 1
+            losses = run.update()
             bar.update()
-            if log_every and step % log_every == 0:
-                log.info("step %d: mean loss %.4g, %d/%d members active", step,
-                         float(losses.detach().mean()), int(active.sum()), E)
-            if step % config.checkpoint_every == 0 and step < config.steps:
-                checkpoint(step, done=False)
+            if log_every and run.step % log_every == 0:
+                log.info("step %d: mean loss %.4g, %d/%d members active", run.step,
+                         float(losses.detach().mean()), int(run.active.sum()), E)
+            if ckpt_path is not None and run.step % config.checkpoint_every == 0 and run.step < config.steps:
+                _save_checkpoint(ckpt_path, run.payload(done=False))
     finally:
         bar.close()
         for p in params:
             p.grad = None
 
-    if finished or last_eval == step:
-        final = torch.tensor([row["accuracy"] for row in history[-E:]], dtype=torch.float64)
+    if run.finished or last_eval == run.step:
+        final = torch.tensor([row["accuracy"] for row in run.history[-E:]], dtype=torch.float64)
     else:
-        final = evaluate(step)
-    checkpoint(step, done=True)
+        final = run.evaluate()
+    if ckpt_path is not None:
+        _save_checkpoint(ckpt_path, run.payload(done=True))
     return TrainResult(
         accuracy=final.float(),
-        steps_trained=steps_done.clone(),
+        steps_trained=run.steps_done.clone(),
         seconds=time.perf_counter() - t0,
-        history=pd.DataFrame(history, columns=["step", "member", "loss", "accuracy", "lr", "active"]),
-        frozen=(~active).cpu(),
+        history=pd.DataFrame(run.history, columns=["step", "member", "loss", "accuracy", "lr", "active"]),
+        frozen=(~run.active).cpu(),
         resumed_from=start,
     )

@@ -164,29 +164,25 @@ class DecoderAdapter(PartialAdapter):
 DECODER = register_adapter(DecoderAdapter())
 
 
+def _decoder_config(cls: type[transformers.PretrainedConfig], *, vocab: int, d: int, ffn: int, blocks: int,
+                    heads: int, kv_heads: int, positions: int, norm_eps: float,
+                    rope_theta: float | None = None, **family: Any) -> Any:
+    """A decoder config of class ``cls`` from the fields every family sets, ``rope_theta`` as default
+    rotary parameters (None: none given), and the family's own fields."""
+    if rope_theta is not None:
+        family["rope_parameters"] = {"rope_type": "default", "rope_theta": rope_theta}
+    return cls(vocab_size=vocab, hidden_size=d, intermediate_size=ffn, num_hidden_layers=blocks,
+               num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=positions,
+               rms_norm_eps=norm_eps, **family)
+
+
 def _llama3(hidden: int, inter: int, layers: int, factor: float, tie: bool) -> transformers.LlamaConfig:
-    return transformers.LlamaConfig(
-        vocab_size=128256,
-        hidden_size=hidden,
-        intermediate_size=inter,
-        num_hidden_layers=layers,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=hidden // 32,
-        max_position_embeddings=131072,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=tie,
-        bos_token_id=128000,
-        eos_token_id=128001,
-        rope_parameters={
-            "rope_type": "llama3",
-            "rope_theta": 500000.0,
-            "factor": factor,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8192,
-        },
-    )
+    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": factor, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    return _decoder_config(transformers.LlamaConfig, vocab=128256, d=hidden, ffn=inter, blocks=layers,
+                           heads=32, kv_heads=8, positions=131072, norm_eps=1e-5, head_dim=hidden // 32,
+                           tie_word_embeddings=tie, bos_token_id=128000, eos_token_id=128001,
+                           rope_parameters=rope)
 
 
 def llama_3_2_1b() -> transformers.LlamaConfig:
@@ -198,97 +194,37 @@ def llama_3_1_8b() -> transformers.LlamaConfig:
 
 
 def qwen2_5_0_5b() -> transformers.Qwen2Config:
-    return transformers.Qwen2Config(
-        vocab_size=151936,
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        max_position_embeddings=32768,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=True,
-        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
-        use_sliding_window=False,
-        bos_token_id=151643,
-        eos_token_id=151643,
-    )
+    return _decoder_config(transformers.Qwen2Config, vocab=151936, d=896, ffn=4864, blocks=24, heads=14,
+                           kv_heads=2, positions=32768, norm_eps=1e-6, rope_theta=1000000.0,
+                           tie_word_embeddings=True, use_sliding_window=False, bos_token_id=151643,
+                           eos_token_id=151643)
 
 
 def qwen3_0_6b() -> transformers.Qwen3Config:
-    return transformers.Qwen3Config(
-        vocab_size=151936,
-        hidden_size=1024,
-        intermediate_size=3072,
-        num_hidden_layers=28,
-        num_attention_heads=16,
-        num_key_value_heads=8,
-        head_dim=128,
-        max_position_embeddings=40960,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=True,
-        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
-        bos_token_id=151643,
-        eos_token_id=151643,
-    )
+    return _decoder_config(transformers.Qwen3Config, vocab=151936, d=1024, ffn=3072, blocks=28, heads=16,
+                           kv_heads=8, positions=40960, norm_eps=1e-6, rope_theta=1000000.0, head_dim=128,
+                           tie_word_embeddings=True, bos_token_id=151643, eos_token_id=151643)
 
 
 def mistral_7b() -> transformers.MistralConfig:
-    return transformers.MistralConfig(
-        vocab_size=32000,
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        max_position_embeddings=32768,
-        rms_norm_eps=1e-5,
-        sliding_window=4096,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-        bos_token_id=1,
-        eos_token_id=2,
-    )
+    return _decoder_config(transformers.MistralConfig, vocab=32000, d=4096, ffn=14336, blocks=32, heads=32,
+                           kv_heads=8, positions=32768, norm_eps=1e-5, rope_theta=10000.0,
+                           sliding_window=4096, bos_token_id=1, eos_token_id=2)
 
 
 def gemma_2_2b() -> transformers.Gemma2Config:
-    return transformers.Gemma2Config(
-        vocab_size=256000,
-        hidden_size=2304,
-        intermediate_size=9216,
-        num_hidden_layers=26,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        head_dim=256,
-        max_position_embeddings=8192,
-        query_pre_attn_scalar=256,
-        sliding_window=4096,
-        final_logit_softcapping=30.0,
-        attn_logit_softcapping=50.0,
-        rms_norm_eps=1e-6,
-        hidden_activation="gelu_pytorch_tanh",
-        pad_token_id=0,
-        eos_token_id=1,
-        bos_token_id=2,
-    )
+    return _decoder_config(transformers.Gemma2Config, vocab=256000, d=2304, ffn=9216, blocks=26, heads=8,
+                           kv_heads=4, positions=8192, norm_eps=1e-6, head_dim=256, query_pre_attn_scalar=256,
+                           sliding_window=4096, final_logit_softcapping=30.0, attn_logit_softcapping=50.0,
+                           hidden_activation="gelu_pytorch_tanh", pad_token_id=0, eos_token_id=1,
+                           bos_token_id=2)
 
 
 def phi_3_mini() -> transformers.Phi3Config:
-    return transformers.Phi3Config(
-        vocab_size=32064,
-        hidden_size=3072,
-        intermediate_size=8192,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=32,
-        max_position_embeddings=4096,
-        original_max_position_embeddings=4096,
-        rms_norm_eps=1e-5,
-        sliding_window=2047,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-        bos_token_id=1,
-        eos_token_id=32000,
-        pad_token_id=32000,
-    )
+    return _decoder_config(transformers.Phi3Config, vocab=32064, d=3072, ffn=8192, blocks=32, heads=32,
+                           kv_heads=32, positions=4096, norm_eps=1e-5, rope_theta=10000.0,
+                           original_max_position_embeddings=4096, sliding_window=2047, bos_token_id=1,
+                           eos_token_id=32000, pad_token_id=32000)
 
 
 for _name, _hub, _config, _what in (

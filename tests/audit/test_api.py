@@ -157,7 +157,7 @@ def test_a_vit_object_gives_the_rows_of_the_same_weights_loaded_from_a_folder(vi
         "ViTImageProcessorPil"
     )
     by_folder = auditor.audit_model(vit, data=images, weights=vit, **common())
-    pd.testing.assert_frame_equal(rows[MEASURED], by_folder[MEASURED])
+    pd.testing.assert_frame_equal(rows[MEASURED], by_folder[MEASURED])  # same weights, process and shapes
 
 
 def test_text_model_objects_with_and_without_their_tokenizer():

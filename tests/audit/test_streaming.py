@@ -81,6 +81,7 @@ def test_streamed_rows_ranks_and_depth_equal_the_in_memory_audit(both):
     held, flowing = both
     assert set(held.rows["test"]) == {"assumption1", "assumption2", "assumption3", "general_position"}
     assert len(held.rows) == 3 * 4 and len(held.depth) == 3  # a depth profile: random attention, two blocks
+    # exact: the streamed reductions run on the blocks one in-memory call cuts (_Aligned), same shapes
     pd.testing.assert_frame_equal(flowing.rows.drop(columns=TIMING), held.rows.drop(columns=TIMING))
     pd.testing.assert_frame_equal(
         flowing.depth.drop(columns="git_commit"), held.depth.drop(columns="git_commit")
@@ -125,7 +126,7 @@ def test_a_streamed_token_file_retests_to_the_same_rows(both, tmp_path):
         "witness",
         "collapse_residual",
     ]
-    pd.testing.assert_frame_equal(got[same], want[same])
+    pd.testing.assert_frame_equal(got[same], want[same])  # the same tokens, tested in memory by both runs
 
 
 def test_memory_is_bounded_by_the_chunk_not_by_n(folders):
@@ -214,7 +215,7 @@ def test_streamed_reductions_equal_probes_on_all_contexts(chunk):
         reducer.add(e[start : start + chunk], q[start : start + chunk], {"n": "6"})
     queries, s = reducer.finish()
     assert torch.equal(queries, q)
-    ranks = probes.context_ranks(e)
+    ranks = probes.context_ranks(e)  # exact below: every chunking feeds the blocks of this call (_Aligned)
     assert torch.equal(s.ranks.rank, ranks.rank) and torch.equal(s.ranks.margin, ranks.margin)
     assert torch.equal(s.ranks.bound, ranks.bound) and s.ranks.stages == ranks.stages
     from probes.geometry import token_geometry

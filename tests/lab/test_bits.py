@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from click.testing import CliRunner
+from conftest import tiny_memorize
 
 from auditor.cli import main
 from auditor.core.errors import AuditError
@@ -16,7 +17,6 @@ from auditor.lab.bits import COLUMNS, bits_command, bits_table
 from auditor.lab.certify.bits import REAL_BITS
 from auditor.lab.experiment import run_experiment
 from auditor.lab.memorize.bits import memorize_bits
-from auditor.lab.memorize.experiment import MemorizeConfig
 from auditor.lab.memorize.model import MHAConfig
 from auditor.lab.room import get
 
@@ -27,20 +27,7 @@ pytestmark = [pytest.mark.fast, pytest.mark.usefixtures("one_thread")]
 def memorize_run(tmp_path_factory):
     """A real (seconds-long) memorize sweep: its results.csv is what the reader turns into bits."""
     out = tmp_path_factory.mktemp("mem")
-    config = MemorizeConfig(
-        heads=(1, 2),
-        context=(3,),
-        d_h=(4,),
-        N=(12,),
-        seeds=(0,),
-        d=4,
-        classes=3,
-        steps=100,
-        lr=3e-2,
-        batch_size=16,
-        eval_every=20,
-        rounds=2,
-    )
+    config = tiny_memorize(context=(3,), N=(12,), d=4, classes=3, steps=100, lr=3e-2, eval_every=20, rounds=2)
     run_experiment(get("memorize"), config, out, plots=False, progress=False)
     return out
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from conftest import shared_data, tiny_gpt2, tiny_vit
+from conftest import shared_data, tiny_gpt2, tiny_memorize, tiny_vit
 
 import probes
 from auditor.core.errors import AuditError
@@ -49,16 +49,18 @@ def rank_unit(config: dict) -> list[dict]:
     ran_units.append(config["index"])
     gen = torch.Generator().manual_seed(config["seed"])
     m, r, n = config["m"], config["r"], config["n"]
-    a = torch.randn(m, r, generator=gen, dtype=torch.float64) @ torch.randn(
-        r, n, generator=gen, dtype=torch.float64
-    )
-    rows = []
-    for rtol in (None, 1e-6):
-        res = probes.numerical_rank(a, rtol=rtol)
-        rows.append({"index": config["index"], "m": m, "r": r, "n": n, "rtol": rtol, "rank": int(res.rank),
-                     "margin": float(res.margin), "tol": float(res.tol), "seed": config["seed"],
-                     "dtype": "float64", "device": "cpu", **provenance()})
-    return rows
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # in every process (local, subprocess, Ray worker): the same kernels, so the
+    try:  # sweeps below compare their floats exactly whichever process ran a unit
+        a = torch.randn(m, r, generator=gen, dtype=torch.float64) @ torch.randn(
+            r, n, generator=gen, dtype=torch.float64
+        )
+        results = [(rtol, probes.numerical_rank(a, rtol=rtol)) for rtol in (None, 1e-6)]
+    finally:
+        torch.set_num_threads(threads)
+    return [{"index": config["index"], "m": m, "r": r, "n": n, "rtol": rtol, "rank": int(res.rank),
+             "margin": float(res.margin), "tol": float(res.tol), "seed": config["seed"], "dtype": "float64",
+             "device": "cpu", **provenance()} for rtol, res in results]
 
 
 def failing_unit(config: dict) -> dict:
@@ -398,24 +400,15 @@ def test_ray_unit_error_is_the_users_one_line_and_other_units_finish(ray_local, 
 
 def test_memorize_room_with_ray_executor_matches_local(ray_local, tmp_path):
     from auditor.lab.experiment import run_experiment
-    from auditor.lab.memorize.experiment import MemorizeConfig
     from auditor.lab.room import get
 
-    config = MemorizeConfig(
-        heads=(1, 2),
-        context=(4,),
-        d_h=(4,),
-        N=(16,),
-        seeds=(0,),
-        d=8,
-        classes=10,
-        steps=30,
-        lr=1e-2,
-        batch_size=16,
-        eval_every=10,
-        bucket_size=1,
-    )
-    local, _ = run_experiment(get("memorize"), config, tmp_path / "local", plots=False, progress=False)
+    config = tiny_memorize(bucket_size=1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # Ray runs each task with OMP_NUM_THREADS = its num_cpus = 1: the same kernels
+    try:
+        local, _ = run_experiment(get("memorize"), config, tmp_path / "local", plots=False, progress=False)
+    finally:
+        torch.set_num_threads(threads)
     remote, _ = run_experiment(
         get("memorize"), config, tmp_path / "ray", executor="ray", plots=False, progress=False
     )

@@ -15,7 +15,8 @@ three seeds by default with 95% Student-t intervals (``summary.csv``, ``fits.csv
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,32 @@ _PANELS = {  # scale -> (d, n, training settings, panel -> (swept axis, lists))
     ),
 }
 _GRID_TRAINING = {"steps": 3000, "lr": 1e-2, "batch_size": 512, "eval_every": 50}  # without --figure
+# the MemorizeSettings fields a memorize-style config may set as options of the same name
+_SETTINGS = ("steps", "lr", "batch_size", "eval_every", "error_tolerance", "bucket_size", "certify", "device",
+             "rounds", "plateau")
+ROUNDS_HELP = ("Max training rounds; a run that has not memorized every example trains another cycle "
+               "from its weights until a round gains at most --plateau x N examples.")
+
+
+def settings_option(name: str, help: str | None = None) -> Any:
+    """A config option that sets the :class:`MemorizeSettings` field ``name``: that field's default and
+    command-line spelling, and its help unless ``help`` is given."""
+    (f,) = (f for f in fields(MemorizeSettings) if f.name == name)
+    cli = {k: v for k, v in f.metadata.items() if k != "help"}
+    return option(f.default, help or f.metadata["help"], **cli)
+
+
+def training_settings(config: Any, preset: Mapping[str, Any] | None = None) -> MemorizeSettings:
+    """The training settings of a memorize-style ``config``: the ``preset`` values, overridden by the
+    config's options named as MemorizeSettings fields that are set (not None)."""
+    given = {k: getattr(config, k) for k in _SETTINGS if getattr(config, k, None) is not None}
+    return MemorizeSettings(**{**(preset or {}), **given})
+
+
+def intervals(frame: pd.DataFrame, mean: str, low: str, high: str) -> list[str]:
+    """``mean [low, high]`` of every row, one decimal ("-" without a mean, the mean alone without an
+    interval)."""
+    return [_interval(*v) for v in frame[[mean, low, high]].itertuples(index=False)]
 
 
 @dataclass(frozen=True)
@@ -128,19 +155,11 @@ class MemorizeConfig:
     eval_every: int | None = option(
         None, "Full-set accuracy (early stop) every k steps.", default_help="per preset; 50"
     )
-    rounds: int = option(
-        4,
-        "Max training rounds; a run that has not memorized every example trains another cycle "
-        "from its weights until a round gains at most --plateau x N examples.",
-    )
-    plateau: float = option(
-        0.01,
-        "Convergence: a round adding at most this share of N memorized examples is a plateau; in (0, 1).",
-        parse="floats",
-    )
-    bucket_size: int = option(16, "Max configurations trained together.")
-    certify: bool = option(True, "Rank certificates of the initial and trained attention.")
-    device: str = option("cpu", "cpu | cuda | cuda:<i>.")
+    rounds: int = settings_option("rounds", ROUNDS_HELP)
+    plateau: float = settings_option("plateau")
+    bucket_size: int = settings_option("bucket_size")
+    certify: bool = settings_option("certify")
+    device: str = settings_option("device")
     scale: str = "reference"
 
     def __post_init__(self) -> None:
@@ -154,19 +173,6 @@ class MemorizeConfig:
 
     def plan(self) -> tuple[list[MemorizeRun], MemorizeSettings, str, str]:
         """(runs, training settings, swept axis, note) of this config."""
-        given = {
-            k: getattr(self, k)
-            for k in ("steps", "lr", "batch_size", "eval_every")
-            if getattr(self, k) is not None
-        }
-        fixed = {
-            "error_tolerance": self.error_tolerance,
-            "bucket_size": self.bucket_size,
-            "certify": self.certify,
-            "device": self.device,
-            "rounds": self.rounds,
-            "plateau": self.plateau,
-        }
         if self.figure is not None:  # the panel at this scale, keeping only the values given
             d, n, base, panels = _PANELS[self.scale]
             x, values = panels[self.figure]
@@ -190,10 +196,11 @@ class MemorizeConfig:
                 )
                 if all(getattr(r, k) in vals for k, vals in keep.items())
             ]
-            steps, batch, lr = (given.get(k, base.get(k)) for k in ("steps", "batch_size", "lr"))
+            settings = training_settings(self, base)
             note = (
                 f"{self.scale} scale: d = {d}, n = {n}, 100 classes, shared context, N in {values['N']}, "
-                f"rounds of {steps} steps (at most {self.rounds}) of batch {batch} at lr {lr}"
+                f"rounds of {settings.steps} steps (at most {self.rounds}) of batch {settings.batch_size} "
+                f"at lr {settings.lr}"
                 + (
                     ""
                     if self.scale == "paper"
@@ -217,9 +224,9 @@ class MemorizeConfig:
                 variant=self.variant,
                 d_model=self.d_model,
             )
-            base, note = _GRID_TRAINING, ""
+            settings, note = training_settings(self, _GRID_TRAINING), ""
             x = max(("heads", "context", "d_h"), key=lambda k: len(getattr(self, k)))
-        return runs, MemorizeSettings(**{**base, **given, **fixed}), x, note
+        return runs, settings, x, note
 
     @property
     def note(self) -> str:
@@ -256,8 +263,7 @@ def _report(frame: pd.DataFrame, out: Path, config: MemorizeConfig) -> str:
     fits = plots.sweep_fits(frame, x)
     if not fits.empty:
         write_table(fits.assign(x=x, unsaturated_below=plots.UNSATURATED), out / "fits.csv", **provenance)
-    shown = summary.assign(memorized=[_interval(*v) for v in summary[["memorized_mean", "memorized_low",
-                                                                       "memorized_high"]].itertuples(index=False)])
+    shown = summary.assign(memorized=intervals(summary, "memorized_mean", "memorized_low", "memorized_high"))
     columns = ["N", x, "memorized", "lower_bound", "guaranteed_mean", "readout_hits_mean", "seeds", "runs"]
     text = (
         "Memorized examples over the converged seeds, mean [95% t interval]; runs = all seeds, seeds = those "
@@ -267,14 +273,8 @@ def _report(frame: pd.DataFrame, out: Path, config: MemorizeConfig) -> str:
         text += (
             "\n\nLinear fit of memorized against H on the unsaturated points, per seed, then over seeds:\n\n"
         )
-        text += table(
-            fits.assign(
-                slope=[
-                    _interval(*v) for v in fits[["slope", "slope_low", "slope_high"]].itertuples(index=False)
-                ]
-            ),
-            ["N", "slope", "intercept", "r2", "points", "seeds"],
-        )
+        text += table(fits.assign(slope=intervals(fits, "slope", "slope_low", "slope_high")),
+                      ["N", "slope", "intercept", "r2", "points", "seeds"])
     stopped = frame[~frame["converged"].astype(bool)]
     if len(stopped):
         text += "\n\nStopped at the step limit (raise --steps or --rounds):\n\n" + table(

@@ -24,6 +24,7 @@ from auditor.core.errors import AuditError
 from auditor.lab.experiment import Experiment, option, table
 from auditor.lab.memorize import plots, train
 from auditor.lab.memorize.data import DataConfig, MemorizeData, derived_seed
+from auditor.lab.memorize.experiment import ROUNDS_HELP, intervals, settings_option, training_settings
 from auditor.lab.memorize.train import MemorizeRun, MemorizeSettings, grid, make_units
 from auditor.lab.stats import mean_ci
 from auditor.lab.sweep import write_table
@@ -62,19 +63,11 @@ class SharedQueriesConfig:
     lr: float = option(1e-2, "Peak Adam learning rate.", parse="floats")
     batch_size: int = option(512, "Minibatch size; N <= batch trains full-batch.")
     eval_every: int = option(50, "Full-set accuracy (early stop) every k steps.")
-    rounds: int = option(
-        4,
-        "Max training rounds; a run that has not memorized every example trains another cycle "
-        "from its weights until a round gains at most --plateau x N examples.",
-    )
-    plateau: float = option(
-        0.01,
-        "Convergence: a round adding at most this share of N memorized examples is a plateau; in (0, 1).",
-        parse="floats",
-    )
-    bucket_size: int = option(16, "Max configurations trained together.")
-    certify: bool = option(True, "Rank certificates of the initial and trained attention.")
-    device: str = option("cpu", "cpu | cuda | cuda:<i>.")
+    rounds: int = settings_option("rounds", ROUNDS_HELP)
+    plateau: float = settings_option("plateau")
+    bucket_size: int = settings_option("bucket_size")
+    certify: bool = settings_option("certify")
+    device: str = settings_option("device")
 
     def __post_init__(self) -> None:
         bad = [q for q in self.queries if not 1 <= q <= min(self.N)]
@@ -84,17 +77,7 @@ class SharedQueriesConfig:
         self.runs()  # H, n, d_h, N, d, classes
 
     def settings(self) -> MemorizeSettings:
-        return MemorizeSettings(
-            steps=self.steps,
-            lr=self.lr,
-            batch_size=self.batch_size,
-            eval_every=self.eval_every,
-            rounds=self.rounds,
-            plateau=self.plateau,
-            bucket_size=self.bucket_size,
-            certify=self.certify,
-            device=self.device,
-        )
+        return training_settings(self)
 
     def runs(self) -> list[MemorizeRun]:
         return grid(self.heads, self.context, self.d_h, self.N, self.seeds, d=self.d, classes=self.classes,
@@ -140,12 +123,6 @@ def summarize(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _interval(mean: float, low: float, high: float) -> str:
-    if pd.isna(mean):
-        return "-"
-    return f"{mean:.1f}" if pd.isna(low) else f"{mean:.1f} [{low:.1f}, {high:.1f}]"
-
-
 def _report(frame: pd.DataFrame, out: Path, config: SharedQueriesConfig) -> str:
     summary = summarize(frame)
     write_table(
@@ -154,8 +131,7 @@ def _report(frame: pd.DataFrame, out: Path, config: SharedQueriesConfig) -> str:
         device=str(frame["device"].iloc[0]),
         seed=",".join(map(str, config.seeds)),
     )
-    shown = summary.assign(memorized=[_interval(*v) for v in summary[["memorized_mean", "memorized_low",
-                                                                       "memorized_high"]].itertuples(index=False)])
+    shown = summary.assign(memorized=intervals(summary, "memorized_mean", "memorized_low", "memorized_high"))
     text = (
         "Memorized examples with Q shared queries, mean [95% t interval] over the converged seeds, and the "
         "memorized fraction; seeds = converged of runs:\n\n"

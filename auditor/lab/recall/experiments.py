@@ -284,40 +284,14 @@ def run_scaling_unit(unit: dict[str, Any]) -> list[dict[str, Any]]:
     t0 = time.perf_counter()
     rounds = search_all(searches, probe)
     seconds = time.perf_counter() - t0
-    bits_per_fact = math.log2(tr.answers_per_relation)
     rows = []
     for j, ((width, _, seed), search) in enumerate(zip(specs, searches)):
-        subjects, relations = table_shape(search.capacity) if search.capacity >= 2 else (0, 0)
-        params = recall_parameters(d, heads, dh, width)
-        facts = subjects * relations
         first_fail = [p for p in probes if p["search"] == j and p["subjects"] + p["relations"] == search.hi]
-        rows.append(
-            {
-                "d": d,
-                "heads": heads,
-                "head_dim": dh,
-                "width": width,
-                "architecture": "attention-only" if width == 0 else "attention+mlp",
-                "parameters": params,
-                "parameters_with_bias": params + width,
-                "seed": seed,
-                "subjects": subjects,
-                "relations": relations,
-                "facts": facts,
-                "first_fail_facts": math.prod(table_shape(search.hi))
-                if search.hi <= search.max_size
-                else None,
-                "bits": facts * bits_per_fact,
-                "facts_per_parameter": facts / params,
-                "bits_per_parameter": facts * bits_per_fact / params,
-                "budget": tr.steps,
-                "converged": bool(first_fail and first_fail[0]["converged"]),
-                "rounds": rounds,
-                "probes": [p for p in probes if p["search"] == j],
-                **_training_columns(tr),
-                "seconds": round(seconds, 3),
-            }
-        )
+        rows.append(_capacity_row(
+            d, heads, dh, width, seed, table_shape(search.capacity) if search.capacity >= 2 else (0, 0), tr,
+            first_fail_facts=math.prod(table_shape(search.hi)) if search.hi <= search.max_size else None,
+            budget=tr.steps, converged=bool(first_fail and first_fail[0]["converged"]), rounds=rounds,
+            probes=[p for p in probes if p["search"] == j], seconds=seconds))
     return rows
 
 
@@ -340,54 +314,65 @@ def _run_budget_unit(unit: dict[str, Any]) -> list[dict[str, Any]]:
     t0 = time.perf_counter()
     outcomes = train_models(models, tr, budgets)
     seconds = time.perf_counter() - t0
-    bits_per_fact = math.log2(tr.answers_per_relation)
     rows = []
     for j, (width, _, seed) in enumerate(specs):
         mine = [(k, o) for (i, k), o in zip(cells, outcomes) if i == j]  # ascending k
-        params = recall_parameters(d, heads, dh, width)
         for budget in budgets:
             fails = [n for n, (_, o) in enumerate(mine) if not o[budget]["passed"]]
             first = fails[0] if fails else None
             k = mine[first - 1][0] if first else (mine[-1][0] if first is None else 0)
-            subjects, relations = table_shape(k) if k else (0, 0)
-            facts = subjects * relations
-            rows.append(
+            tried = [
                 {
-                    "d": d,
-                    "heads": heads,
-                    "head_dim": dh,
-                    "width": width,
-                    "architecture": "attention-only" if width == 0 else "attention+mlp",
-                    "parameters": params,
-                    "parameters_with_bias": params + width,
-                    "seed": seed,
-                    "subjects": subjects,
-                    "relations": relations,
-                    "facts": facts,
-                    "first_fail_facts": math.prod(table_shape(mine[first][0])) if first is not None else None,
-                    "bits": facts * bits_per_fact,
-                    "facts_per_parameter": facts / params,
-                    "bits_per_parameter": facts * bits_per_fact / params,
-                    "budget": budget,
-                    "converged": bool(first and mine[first][1][budget]["converged"]),
-                    "rounds": 1,
-                    "probes": [
-                        {
-                            "subjects": table_shape(kk)[0],
-                            "relations": table_shape(kk)[1],
-                            "facts": math.prod(table_shape(kk)),
-                            **{
-                                key: o[budget][key]
-                                for key in ("accuracy", "steps_trained", "best_lr", "passed", "converged")
-                            },
-                        }
-                        for kk, o in mine
-                    ],
-                    **_training_columns(tr),
-                    "seconds": round(seconds, 3),
+                    "subjects": table_shape(kk)[0],
+                    "relations": table_shape(kk)[1],
+                    "facts": math.prod(table_shape(kk)),
+                    **{key: o[budget][key] for key in _BUDGET_PROBE},
                 }
-            )
+                for kk, o in mine
+            ]
+            rows.append(_capacity_row(
+                d, heads, dh, width, seed, table_shape(k) if k else (0, 0), tr,
+                first_fail_facts=math.prod(table_shape(mine[first][0])) if first is not None else None,
+                budget=budget, converged=bool(first and mine[first][1][budget]["converged"]), rounds=1,
+                probes=tried, seconds=seconds))
     return rows
+
+
+_BUDGET_PROBE = ("accuracy", "steps_trained", "best_lr", "passed", "converged")  # what a budget probe keeps
+
+
+def _capacity_row(d: int, heads: int, dh: int, width: int, seed: int, shape: tuple[int, int],
+                  tr: RecallTraining, *, first_fail_facts: int | None, budget: int, converged: bool,
+                  rounds: int, probes: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
+    """The row of one (width, seed) whose capacity is the fact table of ``shape`` (subjects, relations;
+    (0, 0): none), in both modes of the scaling experiment."""
+    subjects, relations = shape
+    params = recall_parameters(d, heads, dh, width)
+    facts = subjects * relations
+    bits_per_fact = math.log2(tr.answers_per_relation)
+    return {
+        "d": d,
+        "heads": heads,
+        "head_dim": dh,
+        "width": width,
+        "architecture": "attention-only" if width == 0 else "attention+mlp",
+        "parameters": params,
+        "parameters_with_bias": params + width,
+        "seed": seed,
+        "subjects": subjects,
+        "relations": relations,
+        "facts": facts,
+        "first_fail_facts": first_fail_facts,
+        "bits": facts * bits_per_fact,
+        "facts_per_parameter": facts / params,
+        "bits_per_parameter": facts * bits_per_fact / params,
+        "budget": budget,
+        "converged": converged,
+        "rounds": rounds,
+        "probes": probes,
+        **_training_columns(tr),
+        "seconds": round(seconds, 3),
+    }
 
 
 def _training_columns(tr: RecallTraining) -> dict[str, Any]:

@@ -7,13 +7,13 @@ import math
 import pandas as pd
 import pytest
 import torch
+from conftest import tiny_memorize
 
 from auditor.cli import main
 from auditor.core.errors import AuditError
 from auditor.lab.engine import TrainConfig, train
 from auditor.lab.experiment import run_experiment
 from auditor.lab.memorize.data import DataConfig, MemorizeData, make_data
-from auditor.lab.memorize.experiment import MemorizeConfig
 from auditor.lab.memorize.model import MHAConfig, MHAEnsemble, sinusoidal_positions
 from auditor.lab.memorize.plots import linear_fit, mean_ci, sweep_fits, sweep_summary
 from auditor.lab.memorize.task import MemorizeTask
@@ -248,19 +248,8 @@ def test_buckets_cover_every_run_once_and_respect_compatibility():
 
 
 def test_sweep_rows_resume_and_plots(tmp_path):
-    config = MemorizeConfig(
-        heads=(1, 3),
-        context=(3,),
-        d_h=(4,),
-        N=(12,),
-        seeds=(0,),
-        d=4,
-        classes=3,
-        steps=200,
-        lr=3e-2,
-        batch_size=16,
-        eval_every=20,
-    )
+    config = tiny_memorize(heads=(1, 3), context=(3,), N=(12,), d=4, classes=3, steps=200, lr=3e-2,
+                           eval_every=20)
     frame, _ = run_experiment(get("memorize"), config, tmp_path, plots=False, progress=False)
     needed = {
         "heads",
