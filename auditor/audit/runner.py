@@ -512,7 +512,8 @@ class _Tester:
                 "data_counts": meta.get("data_counts", ""),
                 "first": group.first, "data_fingerprint": group.fingerprint,
                 "tokenizer": meta.get("tokenizer", ""), "seed": plan.testing.seed,
-                "dtype": meta.get("dtype") or str(queries.dtype).removeprefix("torch.")}
+                "dtype": meta.get("dtype") or str(queries.dtype).removeprefix("torch."),
+                "weights_dtype": meta.get("weights_dtype", "")}
         with clock.stage(f"geometry ({rep})") if self.per_layer else contextlib.nullcontext():
             base.update(token_geometry(contexts, queries))
         _, ranks = run_tests(contexts, queries, plan.testing, bar, n=item.n, clock=clock,

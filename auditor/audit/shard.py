@@ -21,7 +21,6 @@ shards one after the other in this process: the same path without Ray).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -103,10 +102,10 @@ def shard_bounds(num: int, workers: int, batch_size: int) -> list[tuple[int, int
 
 
 def slice_inputs(inputs: Inputs, start: int, stop: int) -> Inputs:
-    """Examples ``start .. stop-1`` of ``inputs`` as their own Inputs (tensors copied, so a shard ships
-    only its own rows); the labels and counts stay those of the whole source."""
-    tensors = {k: v[start:stop].clone() for k, v in inputs.tensors.items()}  # (stop - start, ...) each
-    return dataclasses.replace(inputs, N=stop - start, tensors=tensors)
+    """Examples ``start .. stop-1`` of ``inputs`` as their own Inputs (held tensors copied, so a shard ships
+    only its own rows; images made on demand ship as their files); the labels and counts stay those of the
+    whole source."""
+    return inputs.part(start, stop, copy=True)
 
 
 def extract_shard(

@@ -19,8 +19,7 @@ are made (:class:`~auditor.audit.plan.Extraction`) and, for streamed contexts, t
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
+import functools
 import importlib.util
 import logging
 import re
@@ -124,22 +123,24 @@ def extraction_stage(weights: str) -> str:
 
 def fingerprint(tensors: list[tuple[str, torch.Tensor]]) -> str:
     """16 hex digits of SHA-256 over names, dtypes, shapes and bytes: equal only for equal data."""
-    digest = hashlib.sha256()
-    for name, tensor in tensors:
-        tensor = tensor.detach().cpu().contiguous()
-        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)};".encode())
-        digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
-    return digest.hexdigest()[:16]
+    from auditor.data.inputs import Fingerprint
+
+    return Fingerprint.of(tensors)
 
 
 @dataclass(frozen=True, eq=False)
 class Read:
     """The inputs read for one model, whether they are the first N examples (else a seeded draw), and their
-    fingerprint."""
+    fingerprint (:meth:`auditor.data.Inputs.fingerprint`)."""
 
     inputs: Inputs
     first: bool
-    fingerprint: str
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """Asked for once the tokens are extracted: images made on demand are digested as the forward pass
+        decodes them in order, so they are not decoded again for it."""
+        return self.inputs.fingerprint()
 
 
 def load_inputs_for(loaded: LoadedModel, sampling: Sampling, out: Path | None, progress: bool) -> Read:
@@ -151,7 +152,7 @@ def load_inputs_for(loaded: LoadedModel, sampling: Sampling, out: Path | None, p
     if sampling.sweep_k is not None and sampling.sweep_k > inputs.N:
         raise AuditError(f"sweep k = {sampling.sweep_k} exceeds the N = {inputs.N} examples loaded; "
                          f"valid: 1 <= k <= {inputs.N} (or load more with --samples)")
-    return Read(inputs, sampling.first, fingerprint(sorted(inputs.tensors.items())))
+    return Read(inputs, sampling.first)
 
 
 def extracted(loaded: LoadedModel, reps: list[str], sampling: Sampling, extraction: Extraction,
@@ -248,11 +249,7 @@ def streamed(loaded: LoadedModel, read: Read, reps: list[str], extraction: Extra
     try:
         with bar:
             for start in range(0, num, chunk):
-                part = dataclasses.replace(
-                    inputs,
-                    N=min(chunk, num - start),
-                    tensors={k: v[start : start + chunk] for k, v in inputs.tensors.items()},
-                )
+                part = inputs.part(start, start + chunk)
                 tokens = extract(loaded, part, reps, batch_size=extraction.batch_size, seed=extraction.seed,
                                  progress=False)
                 for rep, tok in tokens.items():

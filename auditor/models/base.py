@@ -22,7 +22,13 @@ from PIL import Image
 from torch import nn
 
 from auditor.core.errors import AuditError
-from auditor.models.devices import dtype_name, resolve_device, resolve_dtype, valid_devices  # noqa: F401
+from auditor.models.devices import (  # noqa: F401
+    dtype_name,
+    resolve_device,
+    resolve_dtype,
+    valid_devices,
+    weights_dtype,
+)
 from auditor.models.hub import (  # noqa: F401
     WEIGHTS_HELP,
     WeightsUnavailable,
@@ -356,6 +362,7 @@ class HFAdapter(Adapter):
             )
             config = model.config
             read_from = source
+        stored = weights_dtype(model.parameters())  # as initialised, or as the checkpoint holds them
         model = model.to(device=device, dtype=dtype).eval()
         n = self.context_length(config, context_length)
         tokenizer, preprocessor = self.make_inputs(spec, kind, folder, config)
@@ -378,5 +385,6 @@ class HFAdapter(Adapter):
             seed=seed,
             tokenizer=tokenizer,
             image_preprocessor=preprocessor,
-            details={"weights_source": read_from, "architecture": type(model).__name__},
+            details={"weights_source": read_from, "architecture": type(model).__name__,
+                     "weights_dtype": stored},
         )

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+from collections import Counter
+from collections.abc import Iterable
 
 import torch
 
@@ -38,6 +40,16 @@ def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
 def dtype_name(dtype: torch.dtype) -> str:
     """``torch.float32`` -> ``"float32"`` (the string stamped on rows and token files)."""
     return str(dtype).removeprefix("torch.")
+
+
+def weights_dtype(tensors: Iterable[torch.Tensor]) -> str:
+    """The dtype most of the floating weights are held in, by element count (``"unknown"`` when none are):
+    the report's ``weights_dtype``, read before the weights are cast to the compute dtype."""
+    counts: Counter[str] = Counter()
+    for tensor in tensors:
+        if tensor.is_floating_point():
+            counts[dtype_name(tensor.dtype)] += tensor.numel()
+    return counts.most_common(1)[0][0] if counts else "unknown"
 
 
 def valid_devices() -> list[str]:

@@ -21,7 +21,14 @@ from PIL import Image
 from torch import nn
 
 from auditor.core.errors import AuditError
-from auditor.models.base import HFAdapter, ImagePreprocessor, LoadedModel, ModelSpec, TextTokenizer
+from auditor.models.base import (
+    HFAdapter,
+    ImagePreprocessor,
+    LoadedModel,
+    ModelSpec,
+    TextTokenizer,
+    weights_dtype,
+)
 from auditor.models.registry import _ADAPTERS
 
 IN_MEMORY = "in-memory"  # the weights column of a model object's rows
@@ -159,7 +166,8 @@ def from_object(model: Any, processor: Any = None, *, context_length: int | None
         seed=0,
         tokenizer=tokenizer,
         image_preprocessor=preprocessor,
-        details={"weights_source": f"{type(model).__name__} object", "architecture": type(base).__name__},
+        details={"weights_source": f"{type(model).__name__} object", "architecture": type(base).__name__,
+                 "weights_dtype": weights_dtype(base.parameters())},
     )
 
 

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from auditor.core.errors import AuditError
-from auditor.models.base import HFAdapter, LoadedModel, ModelSpec, apply_overrides
+from auditor.models.base import HFAdapter, LoadedModel, ModelSpec, apply_overrides, weights_dtype
 from auditor.models.hub import (
     WeightsUnavailable,
     first_line,
@@ -229,7 +229,7 @@ class PartialAdapter(HFAdapter):
                 torch.manual_seed(seed)
                 net = self._instantiate(cut_config(config, structure))
                 reinitialise(net, self.blocks_of(net, config), seed)
-            details["weights_dtype"] = str(dtype).removeprefix("torch.")
+            details["weights_dtype"] = weights_dtype(net.parameters())  # as initialised, before the cast
             plan = self._placement(net, config, weighted, dtype, device)
             if plan is None:
                 return net.to(device=device, dtype=dtype)

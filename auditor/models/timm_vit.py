@@ -28,6 +28,7 @@ from auditor.models.base import (
     WeightsUnavailable,
     first_line,
     hub_reachable,
+    weights_dtype,
     weights_kind,
 )
 
@@ -85,8 +86,9 @@ def timm_preprocessor(model: nn.Module) -> ImagePreprocessor:
     )
 
 
-def _load_folder(model: nn.Module, folder: Path) -> None:
-    """Load the folder's checked weights (safetensors, or a weights-only ``pytorch_model.bin``), strictly."""
+def _load_folder(model: nn.Module, folder: Path) -> str:
+    """Load the folder's checked weights (safetensors, or a weights-only ``pytorch_model.bin``), strictly;
+    return the dtype they are stored in."""
     from auditor.models.checkpoint import load_state_file
 
     state = load_state_file(folder)
@@ -94,6 +96,7 @@ def _load_folder(model: nn.Module, folder: Path) -> None:
         model.load_state_dict(state, strict=True)
     except RuntimeError as err:
         raise AuditError(f"{folder}: weights do not fit this timm model: {first_line(err)}") from None
+    return weights_dtype(state.values())
 
 
 def _pretrained(timm: Any, name: str) -> nn.Module:
@@ -147,6 +150,7 @@ class TimmViTAdapter(Adapter):
 
             model, read_from = _pretrained(timm, spec.source), f"timm pretrained {spec.source}"
             check_finite_parameters(model, f"timm:{spec.source}")
+            stored = weights_dtype(model.parameters())  # as timm holds them once loaded
         else:
             folder = Path(weights).expanduser() if kind == "folder" else None
             if folder is not None and (folder / "config.json").is_file():  # timm's save_for_hf layout
@@ -158,8 +162,9 @@ class TimmViTAdapter(Adapter):
                 except TypeError as err:
                     raise AuditError(f"timm:{spec.source}: bad model arguments: {first_line(err)}") from None
             read_from = f"random init (torch.manual_seed({seed}))"
+            stored = weights_dtype(model.parameters())
             if folder is not None:
-                _load_folder(model, folder)
+                stored = _load_folder(model, folder)
                 read_from = str(folder)
         if not isinstance(model, timm.models.vision_transformer.VisionTransformer):
             raise AuditError(f"timm:{spec.source} is a {type(model).__name__}, not a VisionTransformer")
@@ -185,7 +190,8 @@ class TimmViTAdapter(Adapter):
             dtype=dtype,
             seed=seed,
             image_preprocessor=preprocessor,
-            details={"weights_source": read_from, "architecture": f"timm {type(model).__name__}"},
+            details={"weights_source": read_from, "architecture": f"timm {type(model).__name__}",
+                     "weights_dtype": stored},
         )
 
     def blocks(self, model: nn.Module):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import weakref
 
 import pandas as pd
 import pytest
@@ -166,6 +167,39 @@ def test_memory_is_bounded_by_the_chunk_not_by_n(folders):
         )
     )
     assert all(isinstance(item.contexts, torch.Tensor) for group in roomy for item in group.items)  # held
+
+
+def test_images_decoded_per_batch_give_the_rows_of_images_decoded_up_front(folders, monkeypatch):
+    """Images decoded per batch with the contexts streamed give the rows of every image decoded up front
+    with the contexts held (a random draw of 20, in batches of 4), and no more than two batches of decoded
+    images are alive at once."""
+    import auditor.data as data
+    from auditor.data.images import ImagesOnDemand
+
+    config = dataclasses.replace(_config(folders, "vit", memory_budget=TINY), first=False)
+    alive: weakref.WeakSet[torch.Tensor] = weakref.WeakSet()
+    peak, take = [0], ImagesOnDemand.take
+
+    def counted(self, start, stop):
+        out = take(self, start, stop)
+        alive.add(out["pixel_values"])
+        peak[0] = max(peak[0], sum(len(t) for t in alive))
+        return out
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ImagesOnDemand, "take", counted)
+        flowing = run(config, out=None, progress=False)
+    assert 4 <= peak[0] <= 2 * config.batch_size < 20
+    load = data.load_inputs
+
+    def held(*args, **kwargs):  # every image decoded and held, as before images were decoded per batch
+        inputs = load(*args, **kwargs)
+        return dataclasses.replace(inputs, tensors=inputs.examples(), on_demand=None)
+
+    monkeypatch.setattr(data, "load_inputs", held)
+    before = run(dataclasses.replace(config, memory_budget=None), out=None, progress=False)
+    assert before.rows["data_source"].str.contains("20 of 1000 image files drawn at random").all()
+    pd.testing.assert_frame_equal(flowing.rows.drop(columns=TIMING), before.rows.drop(columns=TIMING))
 
 
 def test_the_chunks_are_whole_batches_of_the_same_forward_pass(folders):

@@ -4,6 +4,7 @@ seeded random draws or the first examples, files that are never read, non-UTF-8 
 from __future__ import annotations
 
 import io
+import weakref
 
 import numpy as np
 import pytest
@@ -13,7 +14,8 @@ from PIL import Image
 
 from auditor.core.errors import AuditError
 from auditor.data import Inputs, load_inputs
-from auditor.data.images import list_image_files, permute_rows
+from auditor.data.images import ImagesOnDemand, list_image_files, permute_rows, pick_images
+from auditor.data.inputs import Fingerprint
 from auditor.data.samples import (
     CROPS_PER_PHOTO,
     MATPLOTLIB_PHOTOS,
@@ -98,7 +100,7 @@ def test_first_takes_the_first_readable_in_sorted_order(messy_folder):
     two = load_inputs(loaded, str(messy_folder), samples=2, first=True, progress=False)
     three = load_inputs(loaded, str(messy_folder), samples=3, first=True, progress=False)
     assert two.N == 2 and "first 2 of 5 image files" in two.data_source
-    assert torch.equal(two.tensors["pixel_values"], three.tensors["pixel_values"][:2])
+    assert torch.equal(two.examples()["pixel_values"], three.examples()["pixel_values"][:2])
     assert "first 3 of 5 image files" in three.data_source and three.counts["skipped_unreadable"] == 0
     every = load_inputs(loaded, str(messy_folder), samples=5, first=True, progress=False)
     assert (
@@ -111,7 +113,7 @@ def test_samples_are_a_seeded_random_draw_in_source_order(tmp_path, photo):
     for i in range(12):
         photo.crop((i * 20, 0, i * 20 + 64, 64)).save(tmp_path / f"img{i:02d}.png")
     loaded = tiny_model("vit-base")
-    every = load_inputs(loaded, str(tmp_path), samples=12, progress=False).tensors["pixel_values"]
+    every = load_inputs(loaded, str(tmp_path), samples=12, progress=False).examples()["pixel_values"]
     assert every.shape[0] == 12
     draws = {}
     for seed in (0, 0, 1):
@@ -119,7 +121,7 @@ def test_samples_are_a_seeded_random_draw_in_source_order(tmp_path, photo):
         assert f"5 of 12 image files drawn at random (seed {seed})" in inputs.data_source
         rows = [
             next(j for j in range(12) if torch.equal(every[j], image))
-            for image in inputs.tensors["pixel_values"]
+            for image in inputs.examples()["pixel_values"]
         ]
         assert rows == sorted(rows) and len(set(rows)) == 5  # distinct images, in source order
         draws.setdefault(seed, []).append(rows)
@@ -138,6 +140,65 @@ def test_rows_are_put_in_source_order_in_place():
             pointer = tensor.data_ptr()
             got = permute_rows(tensor, order)
             assert torch.equal(got, want) and got.data_ptr() == pointer
+
+
+@pytest.mark.parametrize(("samples", "first"), [(3, False), (4, True), (10, False)])
+def test_images_decoded_per_batch_are_the_images_held(messy_folder, photo, samples, first):
+    """A folder's images are decoded per batch, never held: the same pixels, counts, label and fingerprint
+    as decoding every chosen image up front, for random draws, the first files and unreadable files."""
+    for i in range(4):
+        photo.crop((i * 30, 40, i * 30 + 90, 130)).save(messy_folder / f"z{i}.png")
+    loaded = tiny_model("vit-base")
+    inputs = load_inputs(loaded, str(messy_folder), samples=samples, first=first, seed=2, progress=False)
+    assert not inputs.tensors and isinstance(inputs.on_demand, ImagesOnDemand)
+    files = list_image_files(messy_folder)
+    held, counts = pick_images(files, loaded.image_preprocessor, samples, seed=2, first=first, progress=False)
+    assert len(held) == inputs.N and dict(inputs.counts) == counts
+    assert torch.equal(torch.cat([b["pixel_values"] for b in inputs.batches(3)]),
+                       loaded.image_preprocessor.normalize(held))
+    want = Fingerprint.of([("pixel_values", held)])
+    assert inputs.fingerprint() == want  # digested while the batches were decoded in order
+    again = load_inputs(loaded, str(messy_folder), samples=samples, first=first, seed=2, progress=False)
+    assert again.fingerprint() == want  # nothing decoded yet: decoded for it
+    part = again.part(1, 3)
+    assert torch.equal(part.examples()["pixel_values"], held[1:3])
+    assert part.fingerprint() == Fingerprint.of([("pixel_values", held[1:3])])
+    cloudpickle = pytest.importorskip("cloudpickle")  # how Ray and Slurm ship a shard
+    shipped = cloudpickle.loads(cloudpickle.dumps(again.part(1, 3, copy=True).on_demand))
+    assert torch.equal(shipped.take(0, 2)["pixel_values"], held[1:3])
+    assert shipped.fingerprint() == part.fingerprint()  # the copy digests its own images
+
+
+def test_images_on_demand_hold_one_batch_at_a_time(tmp_path, photo, monkeypatch):
+    """Serving N images in batches of 4 never has more than two batches of decoded pixels alive (the batch
+    being made and the one the caller still holds), whatever N."""
+    for i in range(40):
+        photo.crop((i * 5, 0, i * 5 + 64, 64)).save(tmp_path / f"img{i:02d}.png")
+    alive: weakref.WeakSet[torch.Tensor] = weakref.WeakSet()
+    peak = [0]
+    take = ImagesOnDemand.take
+
+    def counted(self, start, stop):
+        out = take(self, start, stop)
+        alive.add(out["pixel_values"])
+        peak[0] = max(peak[0], sum(len(t) for t in alive))  # decoded images alive now
+        return out
+
+    monkeypatch.setattr(ImagesOnDemand, "take", counted)
+    inputs = load_inputs(tiny_model("vit-base"), str(tmp_path), samples=40, progress=False)
+    assert inputs.N == 40 and not inputs.tensors
+    total = sum(len(b["pixel_values"]) for b in inputs.batches(4))
+    assert total == 40 and 4 <= peak[0] <= 8
+
+
+def test_an_image_that_changes_after_it_was_chosen_is_a_one_line_error(tmp_path, photo):
+    for i in range(3):
+        photo.crop((i * 20, 0, i * 20 + 64, 64)).save(tmp_path / f"img{i}.png")
+    inputs = load_inputs(tiny_model("vit-base"), str(tmp_path), samples=3, progress=False)
+    (tmp_path / "img1.png").write_bytes(b"")
+    with pytest.raises(AuditError, match=r"img1\.png was readable when the images were chosen but cannot be "
+                       r"decoded now; was it changed or removed during the audit\? Rerun the audit$"):
+        list(inputs.batches(2))
 
 
 def test_random_order_and_selection_notes_are_fixed():
@@ -212,12 +273,12 @@ def test_bundled_default_is_486_labelled_crops_of_the_real_photos():
     )
     assert inputs.counts["skipped_unreadable"] == 0
     assert inputs.counts["converted_grayscale"] == 8 * CROPS_PER_PHOTO  # cameraman, coins, moon, ... gravel
-    pixels = inputs.tensors["pixel_values"].flatten(1)
+    pixels = inputs.examples()["pixel_values"].flatten(1)
     assert len({bytes(row.numpy()) for row in pixels}) == 486  # no two crops alike
     again = load_inputs(tiny_model("vit-base"), None, samples=50, seed=4, progress=False)
     assert again.N == 50 and "50 of 486 crops drawn at random (seed 4)" in again.data_source
     kept = sorted(random_order(486, 4)[:50])
-    assert torch.equal(again.tensors["pixel_values"], inputs.tensors["pixel_values"][kept])
+    assert torch.equal(again.examples()["pixel_values"], inputs.examples()["pixel_values"][kept])
 
 
 def test_crop_boxes_are_spread_inside_the_photo():
@@ -235,8 +296,8 @@ def test_hf_imagefolder_on_local_files(messy_folder):
     direct = load_inputs(loaded, str(messy_folder), samples=10, progress=False)
     via_hf = load_inputs(loaded, f"hf:{messy_folder}", samples=10, progress=False)
     assert via_hf.N == 3 and dict(via_hf.counts) == dict(direct.counts)
-    assert sorted(map(bytes, via_hf.tensors["pixel_values"].flatten(1).numpy())) == sorted(
-        map(bytes, direct.tensors["pixel_values"].flatten(1).numpy())
+    assert sorted(map(bytes, via_hf.examples()["pixel_values"].flatten(1).numpy())) == sorted(
+        map(bytes, direct.examples()["pixel_values"].flatten(1).numpy())
     )
 
 

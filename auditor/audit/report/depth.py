@@ -54,8 +54,9 @@ KRANK_COLUMNS = (
     "krank_upper",
     "krank_exact",
 )
-PROVENANCE_COLUMNS = ("threshold", "subsets", "dtype", "device", "data_source", "data_counts", "first",
-                      "data_fingerprint", "tokenizer", "seed", "git_commit", "versions")
+PROVENANCE_COLUMNS = ("threshold", "subsets", "dtype", "weights_dtype", "device", "data_source",
+                      "data_counts", "first", "data_fingerprint", "tokenizer", "seed", "git_commit",
+                      "versions")
 _INT = ("depth", "N", "n", "d", "krank_estimate", "krank_lower", "krank_upper", "subsets", "seed")
 
 

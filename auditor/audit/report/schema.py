@@ -15,6 +15,9 @@ indices, so a report stays readable as text; :func:`read_rows` turns such a file
 column read it from the bracket (:func:`probes.robust.critical_is_exact`). ``exhaustive``: every subset
 was enumerated and tested; ``spectrum_proof``: every subset is proven dependent at once by the spectrum of
 the whole pool (only a sample was decomposed). Geometry columns come raw and mean-centred (``*_centred``).
+``dtype`` is the dtype the tokens were computed in, ``weights_dtype`` the dtype the weights were held in
+before they were cast to it (a checkpoint's stored dtype; for random weights the dtype they were initialised
+in, float32); files written before ``weights_dtype`` read it as missing.
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ COLUMNS = [
     "anisotropy_centred",
     "rtol",
     "dtype",
+    "weights_dtype",
     "device",
     "data_source",
     "data_counts",

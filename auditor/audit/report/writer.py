@@ -67,8 +67,8 @@ def _provenance_lines(result: AuditResult) -> list[str]:
     lines = [
         f"- model: `{config.model}`; data: {val('data_source')}{drawn}",
         f"- tokenizer / preprocessing: {val('tokenizer')}",
-        f"- N = {val('N')}, n = {val('n')}, d = {val('d')}; token dtype: {val('dtype')}; "
-        f"tests ran on: {val('device')}",
+        f"- N = {val('N')}, n = {val('n')}, d = {val('d')}; weights_dtype (weights held in): "
+        f"{_weights_dtypes(ok)}; dtype (tokens computed in): {val('dtype')}; tests ran on: {val('device')}",
         f"- Kruskal tests: {config.subsets} random k-subsets (all of them when C(N, k) is smaller), seed "
         f"{config.seed}; holds at >= {config.threshold:g} full rank (Assumption 2: every context)",
         f"- rank tolerance: sigma > sigma_max x rtol, rtol = {rtol}",
@@ -78,6 +78,18 @@ def _provenance_lines(result: AuditResult) -> list[str]:
     for note in sorted(set(skipped["note"].astype(str))):
         lines.append(f"- skipped: {note}")
     return lines
+
+
+def _weights_dtypes(ok: pd.DataFrame) -> str:
+    """The dtype the weights were held in: one name, or one per weights source where they differ
+    (``bfloat16 (./ckpt), float32 (random)``); ``not recorded`` for rows written before the column."""
+    pairs = {}
+    for weights, kind in zip(ok["weights"], ok["weights_dtype"], strict=True):
+        pairs.setdefault(str(weights), "" if kind is None or pd.isna(kind) else str(kind))
+    kinds = set(pairs.values()) - {""}
+    if len(kinds) <= 1 and (len(kinds) == 0 or "" not in pairs.values()):
+        return next(iter(kinds), "not recorded")
+    return ", ".join(f"{kind or 'not recorded'} ({weights})" for weights, kind in pairs.items())
 
 
 def depth_table(depth: pd.DataFrame) -> pd.DataFrame:
