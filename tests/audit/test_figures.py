@@ -107,6 +107,31 @@ def test_depth_kruskal_draws_the_proven_interval_never_a_zero(depth_report):
     assert min(ys) >= 1  # no point at 0: the rank is a bound or known, never a sampled 0
 
 
+def test_margin_panels_of_two_weights_with_different_kinds_keep_their_titles_inside(depth_report):
+    """A panel whose weights sources have margins of different kinds (pretrained exact, random a lower
+    bound, as in MiniLM's blocks 3-4) names each on its own line, inside the canvas."""
+    import dataclasses
+
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    result, _ = depth_report
+    rows = result.rows
+    twin = rows.assign(weights="pretrained", margin_bound=~rows["margin_bound"].astype(bool))
+    both = dataclasses.replace(
+        result, rows=pd.concat([rows, twin], ignore_index=True),
+        margins={**result.margins, **{label.replace("@random", "@pretrained"): m
+                                      for label, m in result.margins.items()}})
+    with figure_style():
+        fig = plots.margin_histogram(both)
+    try:
+        titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
+        assert any("pretrained: " in t and "\nrandom: " in t for t in titles), titles
+        assert layout_problems(fig) == []
+    finally:
+        plt.close(fig)
+
+
 def test_the_figures_of_compare_print(depth_report, tmp_path):
     from auditor.audit.compare import compare
 

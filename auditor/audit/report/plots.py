@@ -288,8 +288,8 @@ def margin_histogram(result: AuditResult, palette: Palette | None = None) -> Fig
         kinds_here = {k for _, k in notes}
         if len(kinds_here) == 1 and len(notes) == len(labels):
             note = kinds_here.pop()
-        else:
-            note = ", ".join(f"{w}: {k}" for w, k in notes)
+        else:  # a line per weights source, so the title stays within its panel
+            note = "\n".join(f"{w}: {k}" for w, k in notes)
         ax.set_title(f"{rep}" + (f"\n({note})" if note else ""))
         ax.yaxis.set_major_locator(MaxNLocator(integer=True, nbins=4))
     finish_panels(axes, len(reps), "margin (decades)")
