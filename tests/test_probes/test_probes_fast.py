@@ -540,3 +540,26 @@ def test_exactly_dependent_subsets_get_ceilings_below_the_grid_at_wide_shapes():
     assert (
         dec.ceiling[proven] < 0.1 * rtol
     ).double().mean() > 0.9  # (stage 1b proper gives none below k = 384)
+
+
+def test_inverse_iteration_bounds_lambda_min_from_above_and_finds_it():
+    """Three steps of inverse iteration on the factor of G - s I (s below lambda_min): the rigorous
+    Rayleigh bound is never below lambda_min (float64 eigenvalues) and, lambda_min being separated
+    (lambda_1 / lambda_2 <= 0.04), lies within 1e-6 of it; a kept upper bound of lambda_max spares the
+    bracket's factorisation where it is the tighter."""
+    blocks = [with_singular_values([1.0, 0.5, 0.3, 0.1, 0.05, 10.0 ** (-2 - i / 10)], 6, 14, seed=300 + i)
+              for i in range(30)]
+    x, subsets = blocks_pool(blocks)
+    gram = (x @ x.T)[subsets[:, :, None], subsets[:, None, :]]
+    lam = torch.linalg.eigvalsh(gram)  # (30, 6) ascending
+    chol, info = fast.kernels.shifted_cholesky(gram, 0.5 * lam[:, 0])
+    assert torch.all(info == 0)
+    v = fast.kernels.inverse_iteration(chol, 3)
+    trace = gram.diagonal(dim1=-2, dim2=-1).sum(-1)
+    quotient, up = fast.kernels.rayleigh_up(gram, v, trace, 14, slice(None), quotient=True)
+    assert torch.all(up >= lam[:, 0]) and torch.all(up >= quotient)
+    assert torch.all(quotient <= lam[:, 0] * (1 + 1e-6))
+    lo, hi = fast.tight_lambda_max(gram.clone(), residual=True)
+    loose = fast.lam_hi_bound(gram, None)
+    lo2, hi2 = fast.tight_lambda_max(gram.clone(), residual=True, known=torch.minimum(loose, hi))
+    assert torch.equal(lo, lo2) and torch.all(hi2 <= hi) and torch.all(lam[:, -1] <= hi2)
