@@ -407,7 +407,7 @@ class _Refiner:
         if good.numel():
             whole = good.numel() == part.numel()
             g, lc = (gram, chol) if whole else (gram[good], chol[good])
-            v = fast.kernels.inverse_iteration(lc, fast.tuning.TUNING.place_steps)  # (g, k, 1)
+            v = fast.kernels.inverse_iteration(g, lc, fast.tuning.TUNING.place_steps)  # (g, k, 1)
             trace = g.diagonal(dim1=-2, dim2=-1).sum(-1)
             quotient, r_up = fast.kernels.rayleigh_up(g, v, trace, width, slice(None), quotient=True)
             # the ratio of X X^T, not of G as stored: |G - X X^T| <= gamma_d trace on both ends

@@ -554,11 +554,25 @@ def test_inverse_iteration_bounds_lambda_min_from_above_and_finds_it():
     lam = torch.linalg.eigvalsh(gram)  # (30, 6) ascending
     chol, info = fast.kernels.shifted_cholesky(gram, 0.5 * lam[:, 0])
     assert torch.all(info == 0)
-    v = fast.kernels.inverse_iteration(chol, 3)
+    v = fast.kernels.inverse_iteration(gram, chol, 3, size=1)
     trace = gram.diagonal(dim1=-2, dim2=-1).sum(-1)
     quotient, up = fast.kernels.rayleigh_up(gram, v, trace, 14, slice(None), quotient=True)
     assert torch.all(up >= lam[:, 0]) and torch.all(up >= quotient)
     assert torch.all(quotient <= lam[:, 0] * (1 + 1e-6))
+    # a block of vectors: also where the lowest eigenvalues lie close together (random rectangular rows)
+    g = torch.Generator().manual_seed(5)
+    rows = torch.randn(20, 40, 60, generator=g, dtype=torch.float64)
+    close = rows @ rows.transpose(1, 2)  # (20, 40, 40)
+    low = torch.linalg.eigvalsh(close)[:, 0]
+    chol, _ = torch.linalg.cholesky_ex(close)
+    errors = {}
+    for size in (1, 8):
+        v = fast.kernels.inverse_iteration(close, chol, 3, size=size)
+        tr = close.diagonal(dim1=-2, dim2=-1).sum(-1)
+        quotient, up = fast.kernels.rayleigh_up(close, v, tr, 60, slice(None), quotient=True)
+        assert torch.all(up >= low)
+        errors[size] = float((quotient / low - 1).max())
+    assert errors[8] < 1e-2 and errors[8] < errors[1] / 10, errors
     lo, hi = fast.tight_lambda_max(gram.clone(), residual=True)
     loose = fast.lam_hi_bound(gram, None)
     lo2, hi2 = fast.tight_lambda_max(gram.clone(), residual=True, known=torch.minimum(loose, hi))
