@@ -35,8 +35,8 @@ the proven floor of that spectrum too), then narrowed only where needed:
   only while at most ``_PLACE_SHARE`` times the spectra budget can still be the m-th, and above the
   resolution of the Gram route's certificates (below it, exact spectra within the budget alone);
   otherwise it is reported as the proven bracket. A bracket with no upper end
-  yet (only the trivial cap: no ratio exceeds 1) gets one from the matrices likeliest to lie lowest
-  (exact spectra, or for large k the proven upper ends of their placement).
+  yet (only the trivial cap: no ratio exceeds 1) gets one from the exact spectra of the matrices
+  likeliest to lie lowest.
   :func:`critical_is_exact` says whether the result is known to within its bracket's width or only
   bounded by it;
 - the smallest margin: branch and bound. Matrices are visited in increasing order of their margin
@@ -364,7 +364,7 @@ class _Refiner:
                 self.hi[hit] = torch.minimum(self.hi[hit], ceil[dep])
             self.factorised += c
 
-    def place(self, pos: torch.Tensor, pick: Callable[[torch.Tensor], torch.Tensor] | None) -> None:
+    def place(self, pos: torch.Tensor, pick: Callable[[torch.Tensor], torch.Tensor]) -> None:
         """Estimate, then certify: narrow the intervals of the matrices at ``pos`` with two or three
         factorisations each, whatever the number of tolerances they span.
 
@@ -375,30 +375,26 @@ class _Refiner:
         rayleigh_up`): a proven upper end, and an estimate (``est``: the tolerance a certificate with
         that lambda_max bracket can just reach, sqrt(quotient / lambda_max's upper end)). ``pick`` maps the
         estimates to a tolerance per matrix (0: none) at which one shifted Cholesky certificate is then
-        tried (:meth:`certify`): the new lower end where it succeeds. ``pick`` None: upper ends only
-        (no certificate, and lambda_max bounded from above without a factorisation)."""
+        tried (:meth:`certify`): the new lower end where it succeeds."""
         todo = pos[self.est[pos].isnan()]
         parts = list(self._chunks(todo))
-        results = fast.map_chunks(lambda j: self._estimate_part(parts[j], pick is not None), len(parts),
-                                  self._workers())
+        results = fast.map_chunks(lambda j: self._estimate_part(parts[j]), len(parts), self._workers())
         for part, (est, hi, lam_lo, lam_hi) in zip(parts, results, strict=True):
             self.est[part] = est
             self.lam_lo[part], self.lam_hi[part] = lam_lo, lam_hi
             self.hi[part] = torch.minimum(self.hi[part], torch.maximum(hi, self.lo[part]))
         self.factorised += todo.numel()
-        if pick is None:
-            return
         t = pick(self.est[pos])
         want = (t > self.lo[pos] * (1 + _PAD)) & (t < self.hi[pos] * (1 - _PAD))
         self.certify(pos[want], t[want])
 
-    def _estimate_part(self, part: torch.Tensor, bracket: bool = True) -> tuple[torch.Tensor, ...]:
+    def _estimate_part(self, part: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """(est, hi, lam_lo, lam_hi) on the CPU for the matrices at ``part`` (see :meth:`place`); est 0
         and hi 1 where the factorisation failed (lambda_min at the Gram route's rounding)."""
         k, width, tiny = self.src.k, self.src.width, torch.finfo(torch.float64).tiny
         dev = part.to(_device(self.src))
         gram = self.src.gram(dev)  # (c, k, k)
-        lam_lo, lam_hi = self._lam_bracket(gram, part, bracket)
+        lam_lo, lam_hi = self._lam_bracket(gram, part)
         s0 = 0.5 * self.lo[part].to(gram.device) ** 2 * lam_lo  # below lo^2 lambda_max < lambda_min
         chol, info = fast.kernels.shifted_cholesky(gram, s0)
         est = torch.zeros(part.numel(), dtype=torch.float64, device=gram.device)
@@ -419,21 +415,17 @@ class _Refiner:
             est[good] = torch.sqrt(quotient.clamp(min=0) / lam_hi[good].clamp(min=tiny))
         return est.cpu(), hi.cpu(), lam_lo.cpu(), lam_hi.cpu()
 
-    def _lam_bracket(self, gram: torch.Tensor, part: torch.Tensor,
-                     tight: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    def _lam_bracket(self, gram: torch.Tensor, part: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(lo, hi) proven bounds on lambda_max of the matrices at ``part`` (on gram's device): those
-        kept from before, else power steps and, where the usual upper bound is not already as tight, one
-        factorisation (:func:`probes.fast.tight_lambda_max`; ``tight`` False: the usual bound)."""
+        kept from before, else block power steps and, where the usual upper bound is not already as
+        tight, one factorisation (:func:`probes.fast.tight_lambda_max`)."""
         lam_lo, lam_hi = self.lam_lo[part].to(gram.device), self.lam_hi[part].to(gram.device)
         new = lam_lo.isnan()
         if bool(new.any()):
             pos = slice(None) if bool(new.all()) else new.nonzero().flatten()
             g = gram[pos]
             usual = fast.lam_hi_bound(g, self.src.lam_cap)
-            if tight:
-                lo, hi = fast.tight_lambda_max(g, residual=True, known=usual, block=8)
-            else:
-                lo, hi = fast.kernels.block_power_lower(g, 12, 8)[0], usual
+            lo, hi = fast.tight_lambda_max(g, residual=True, known=usual, block=8)
             lam_lo[pos], lam_hi[pos] = lo, hi
         return lam_lo, lam_hi
 
@@ -589,20 +581,12 @@ class _Refiner:
         return (a if a >= self.rtol else b), a, b
 
     def _upper_end(self, open_: torch.Tensor, q: int, max_spectra: int) -> bool:
-        """No upper end yet (only the trivial cap): the matrices likeliest to lie lowest (as many as the
-        spectra budget has room for, at least q) get proven upper ends, from exact spectra, or for large
-        k from an estimate (:meth:`place`, no certificate). False when there is no room."""
+        """No upper end yet (only the trivial cap): the exact spectra of the matrices likeliest to lie
+        lowest, as many as the spectra budget has room for (False when that is fewer than q)."""
         room = max_spectra - self.spectra
-        likeliest = open_[self.lo[open_].argsort(stable=True)]
-        if self.src.k > fast.tuning.TUNING.eigen_max_k:
-            likeliest = likeliest[self.est[likeliest].isnan()][: max(room, q)]
-            if not likeliest.numel():
-                return False
-            self.place(likeliest, None)
-            return True
         if room < q:
             return False
-        self.exact(likeliest[:room])
+        self.exact(open_[self.lo[open_].argsort(stable=True)][:room])
         return True
 
     def min_margin(self, dec: fast.Decisions, max_spectra: int) -> tuple[float, bool]:
