@@ -24,28 +24,21 @@ the proven floor of that spectrum too), then narrowed only where needed:
   a grid point;
 - the critical tolerance: a ratio below k x eps(float64) (the float64 rounding of an exactly
   dependent matrix, e.g. duplicated vectors) counts as 0, so such verdicts have critical tolerance 0.0;
-  it is bracketed by the m-th largest lower and upper ends, and narrowed on the matrices that can
-  still be the m-th, within fixed work caps, to 3% (10% for a bracket entirely beyond 10x rtol or below
-  rtol / 10, the default grid's ends: the verdict is far from flipping, and the bracket says how far):
-  by placing them (for k > ``Tuning.eigen_max_k``, where an exact spectrum costs five or more
-  factorisations: :meth:`_Refiner.place`, a proven lambda_max bracket, a few inverse iteration steps
-  on one factorisation whose Rayleigh quotient is a proven upper end and an estimate, and one
-  certificate just below the estimate), exact spectra, or shifted Cholesky certificates and
-  dependence proofs at tolerances beside an estimate of the m-th ratio. A far bracket is narrowed
-  only while at most ``_PLACE_SHARE`` times the spectra budget can still be the m-th, and above the
-  resolution of the Gram route's certificates (below it, exact spectra within the budget alone);
-  otherwise it is reported as the proven bracket. A bracket with no upper end
-  yet (only the trivial cap: no ratio exceeds 1) gets one from the exact spectra of the matrices
-  likeliest to lie lowest.
-  :func:`critical_is_exact` says whether the result is known to within its bracket's width or only
-  bounded by it;
+  it is bracketed by the m-th largest lower and upper ends, and narrowed by exact spectra, or by shifted
+  Cholesky certificates and dependence proofs at tolerances beside an estimate of the m-th ratio, on the
+  matrices that can still be the m-th, within fixed work caps, to 3%; a bracket that lies entirely
+  beyond 10x rtol (or below rtol / 10, the default grid's ends: the verdict is far from flipping, and the
+  bracket says how far) is narrowed the same way to 10%, while at most ``_FAR_SHARE`` times the spectra
+  budget can still be the m-th and the bracket lies above the resolution of the Gram route's
+  certificates (below it, by exact spectra within the budget alone); otherwise it is reported as the
+  proven bracket. A bracket with no upper end yet (only the trivial cap: no ratio exceeds 1) gets one
+  from the exact spectra of the matrices likeliest to lie lowest. :func:`critical_is_exact` says
+  whether the result is known to within its bracket's width or only bounded by it;
 - the smallest margin: branch and bound. Matrices are visited in increasing order of their margin
   bound and given exact float64 spectra (eigenvalues of the Gram matrix, float64 SVD where those are
   not accurate enough) until no bound is below the best exact margin; when that would take more than
   ``max_spectra`` spectra (known after the first batch), the proven bound is reported, flagged
-  ``margin_bound``. For large k the candidates are placed first (up to ``_PLACE_SHARE`` times the
-  spectra budget): their bounds rise to within 3% of their ratios and their proven upper ends bound
-  the smallest margin from above, so that exact spectra go only to the few that can still set it.
+  ``margin_bound``.
 """
 
 from __future__ import annotations
@@ -73,11 +66,9 @@ _FACTOR_SHARE = 4  # bracket narrowing: at most 1 / this of the matrices factori
 _MIN_FACTOR = 1024  # ... or this many, if more
 _BATCH = 32
 _FAR = 10.0  # a bracket beyond 10x either side of rtol (the default grid's ends) is narrowed to
-# FAR_BRACKET_WIDTH while at most _PLACE_SHARE times the spectra budget can still set it
+# FAR_BRACKET_WIDTH while at most _FAR_SHARE times the spectra budget can still set it
 _F64_EPS = torch.finfo(torch.float64).eps
-_ROOM = 0.03  # a matrix placed for the smallest margin is certified this far below its estimate
-_PLACE_SHARE = 4  # large k: up to this many times the spectra budget placed for the smallest margin;
-# and a far bracket is narrowed while at most this many times the budget can still set it
+_FAR_SHARE = 2  # a far bracket is narrowed while at most this many times the spectra budget can set it
 
 
 @dataclass(frozen=True)
@@ -236,7 +227,6 @@ class _Refiner:
         # proven brackets of lambda_max (NaN: not computed), kept between the grid points above rtol
         self.lam_lo = torch.full((src.count,), math.nan, dtype=torch.float64)
         self.lam_hi = torch.full((src.count,), math.nan, dtype=torch.float64)
-        self.est = torch.full((src.count,), math.nan, dtype=torch.float64)  # estimated ratios (:meth:`place`)
         self.spectra = 0
         self.factorised = 0
 
@@ -339,7 +329,7 @@ class _Refiner:
             dev = part.to(_device(self.src))
             gram = self.src.gram(dev)
             lam_hi = fast.lam_hi_bound(gram, self.src.lam_cap)
-            known = self.lam_hi[part].to(gram.device)  # (proven brackets kept by place; NaN: none)
+            known = self.lam_hi[part].to(gram.device)  # (proven brackets kept above rtol; NaN: none)
             lam_hi = torch.where(known < lam_hi, known, lam_hi)
             c = part.numel()
             ok, _, _ = fast.floor_certificate(gram, lam_hi, t, width, 0.0)
@@ -363,91 +353,6 @@ class _Refiner:
                 hit = part[rest[dep]]
                 self.hi[hit] = torch.minimum(self.hi[hit], ceil[dep])
             self.factorised += c
-
-    def place(self, pos: torch.Tensor, pick: Callable[[torch.Tensor], torch.Tensor]) -> None:
-        """Estimate, then certify: narrow the intervals of the matrices at ``pos`` with two or three
-        factorisations each, whatever the number of tolerances they span.
-
-        Each matrix not yet estimated gets a proven bracket of lambda_max (kept, see
-        :meth:`_estimate_part`), a Cholesky factorisation of G - s I with s below lambda_min (from its
-        proven lower end), and a few steps of inverse iteration on that factor. The Rayleigh quotient of
-        the last vector bounds lambda_min from above (rounding included, :func:`probes.fast.kernels.
-        rayleigh_up`): a proven upper end, and an estimate (``est``: the tolerance a certificate with
-        that lambda_max bracket can just reach, sqrt(quotient / lambda_max's upper end)). ``pick`` maps the
-        estimates to a tolerance per matrix (0: none) at which one shifted Cholesky certificate is then
-        tried (:meth:`certify`): the new lower end where it succeeds."""
-        todo = pos[self.est[pos].isnan()]
-        parts = list(self._chunks(todo))
-        results = fast.map_chunks(lambda j: self._estimate_part(parts[j]), len(parts), self._workers())
-        for part, (est, hi, lam_lo, lam_hi) in zip(parts, results, strict=True):
-            self.est[part] = est
-            self.lam_lo[part], self.lam_hi[part] = lam_lo, lam_hi
-            self.hi[part] = torch.minimum(self.hi[part], torch.maximum(hi, self.lo[part]))
-        self.factorised += todo.numel()
-        t = pick(self.est[pos])
-        want = (t > self.lo[pos] * (1 + _PAD)) & (t < self.hi[pos] * (1 - _PAD))
-        self.certify(pos[want], t[want])
-
-    def _estimate_part(self, part: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """(est, hi, lam_lo, lam_hi) on the CPU for the matrices at ``part`` (see :meth:`place`); est 0
-        and hi 1 where the factorisation failed (lambda_min at the Gram route's rounding)."""
-        k, width, tiny = self.src.k, self.src.width, torch.finfo(torch.float64).tiny
-        dev = part.to(_device(self.src))
-        gram = self.src.gram(dev)  # (c, k, k)
-        lam_lo, lam_hi = self._lam_bracket(gram, part)
-        s0 = 0.5 * self.lo[part].to(gram.device) ** 2 * lam_lo  # below lo^2 lambda_max < lambda_min
-        chol, info = fast.kernels.shifted_cholesky(gram, s0)
-        est = torch.zeros(part.numel(), dtype=torch.float64, device=gram.device)
-        hi = torch.ones_like(est)
-        good = (info == 0).nonzero().flatten()
-        if good.numel():
-            whole = good.numel() == part.numel()
-            g, lc = (gram, chol) if whole else (gram[good], chol[good])
-            v = fast.kernels.inverse_iteration(g, lc, fast.tuning.TUNING.place_steps)  # (g, k, 1)
-            trace = g.diagonal(dim1=-2, dim2=-1).sum(-1)
-            quotient, r_up = fast.kernels.rayleigh_up(g, v, trace, width, slice(None), quotient=True)
-            # the ratio of X X^T, not of G as stored: |G - X X^T| <= gamma_d trace on both ends
-            err = 2.02 * width * fast.errors.F64_EPS * trace
-            bottom = lam_lo[good] * (1 - 4 * k * fast.errors.F64_EPS) - err
-            up = torch.sqrt((r_up + err).clamp(min=0) / bottom.clamp(min=tiny)) * (1 + 1e-12)
-            hi[good] = torch.where((bottom > 0) & torch.isfinite(up), up.clamp(max=1.0), 1.0)
-            # the estimate: the tolerance a certificate with this lambda_max bracket can reach
-            est[good] = torch.sqrt(quotient.clamp(min=0) / lam_hi[good].clamp(min=tiny))
-        return est.cpu(), hi.cpu(), lam_lo.cpu(), lam_hi.cpu()
-
-    def _lam_bracket(self, gram: torch.Tensor, part: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(lo, hi) proven bounds on lambda_max of the matrices at ``part`` (on gram's device): those
-        kept from before, else block power steps and, where the usual upper bound is not already as
-        tight, one factorisation (:func:`probes.fast.tight_lambda_max`)."""
-        lam_lo, lam_hi = self.lam_lo[part].to(gram.device), self.lam_hi[part].to(gram.device)
-        new = lam_lo.isnan()
-        if bool(new.any()):
-            pos = slice(None) if bool(new.all()) else new.nonzero().flatten()
-            g = gram[pos]
-            usual = fast.lam_hi_bound(g, self.src.lam_cap)
-            lo, hi = fast.tight_lambda_max(g, residual=True, known=usual, block=8)
-            lam_lo[pos], lam_hi[pos] = lo, hi
-        return lam_lo, lam_hi
-
-    def certify(self, pos: torch.Tensor, t: torch.Tensor) -> None:
-        """Raise lo to t (one tolerance per matrix, (n,)) where the shifted Cholesky certificate at t
-        succeeds (with the proven lambda_max brackets where known)."""
-        pieces = [(a, min(a + self.src.step, pos.numel())) for a in range(0, pos.numel(), self.src.step)]
-
-        def run(j: int) -> torch.Tensor:
-            part, tj = pos[pieces[j][0] : pieces[j][1]], t[pieces[j][0] : pieces[j][1]]
-            dev = part.to(_device(self.src))
-            gram = self.src.gram(dev)
-            lam_hi = fast.lam_hi_bound(gram, self.src.lam_cap)
-            known = self.lam_hi[part].to(gram.device)
-            lam_hi = torch.where(known < lam_hi, known, lam_hi)  # (NaN: unknown)
-            ok, _, _ = fast.floor_certificate(gram, lam_hi, tj.to(gram.device), self.src.width, 0.0)
-            return ok.cpu()
-
-        for (a, b), ok in zip(pieces, fast.map_chunks(run, len(pieces), self._workers()), strict=True):
-            hit = pos[a:b][ok]
-            self.lo[hit] = torch.maximum(self.lo[hit], t[a:b][ok])
-        self.factorised += pos.numel()
 
     def exact(self, pos: torch.Tensor, *, count: bool = True, svd: bool = True) -> None:
         """Exact ratios: eigenvalues of the Gram matrix with a proven error band, float64 SVD of the
@@ -507,7 +412,6 @@ class _Refiner:
         total = self.src.count
         q = total - required_count(threshold, total) + 1  # the critical value is the q-th smallest ratio
         toggle = False
-        large = self.src.k > fast.tuning.TUNING.eigen_max_k  # (exact spectra cost a dozen factorisations)
         self.factorised = 0  # the grid's decisions do not count against the cap
         for _ in range(_MAX_STEPS):
             a = float(self.lo.kthvalue(q).values)
@@ -524,7 +428,7 @@ class _Refiner:
             # certificates and dependence proofs of the Gram route narrow the bracket only above their
             # resolution; below it, exact spectra (SVD) alone do
             resolved = b > 2 * _resolution(self.src.k, self.src.width)
-            if far and (open_.numel() > _PLACE_SHARE * max_spectra or not resolved):
+            if far and (open_.numel() > _FAR_SHARE * max_spectra or not resolved):
                 # far from flipping (beyond the grid's ends), and too many matrices to narrow cheaply (or
                 # below the Gram route's resolution): exact spectra within the budget, else the proven
                 # bracket
@@ -534,11 +438,6 @@ class _Refiner:
                 if b >= 1 and self._upper_end(open_, q, max_spectra):
                     continue
                 break
-            fresh = open_[self.est[open_].isnan()]
-            if large and resolved and fresh.numel() and self.factorised + 2 * fresh.numel() <= max_factorised:
-                # estimate, then certify just below: most intervals shrink to about width / 3
-                self.place(open_, lambda est, width=width: est * (1 - width / 3))
-                continue
             if self.spectra + open_.numel() <= max_spectra:
                 self.exact(open_)
                 continue
@@ -546,16 +445,12 @@ class _Refiner:
                 if b >= 1:
                     self._upper_end(open_, q, max_spectra)
                 break
-            # estimate the q-th value (from the placement estimates, else from a few exact spectra of
-            # the open matrices), then test beside it
-            if not large:
-                sample = open_[torch.linspace(0, open_.numel() - 1, min(16, open_.numel())).long().unique()]
-                sample = sample[self.ratio[sample].isnan()]
-                if sample.numel() and self.spectra + sample.numel() <= max_spectra:
-                    self.exact(sample)
+            # estimate the q-th value from a few exact spectra of the open matrices, then test beside it
+            sample = open_[torch.linspace(0, open_.numel() - 1, min(16, open_.numel())).long().unique()]
+            sample = sample[self.ratio[sample].isnan()]
+            if sample.numel() and self.spectra + sample.numel() <= max_spectra:
+                self.exact(sample)
             inside = self.ratio[open_]
-            if large:  # (est 0: no estimate)
-                inside = torch.where(inside.isnan() & (self.est[open_] > 0), self.est[open_], inside)
             inside = inside[~inside.isnan()]
             below = int((self.hi <= a).sum())
             if inside.numel():
@@ -605,12 +500,6 @@ class _Refiner:
             have = bound & full & ~self.ratio.isnan() & (self.ratio > 0)
             return torch.where(have, torch.log10(self.ratio.clamp(min=1e-300)) - log_rtol, out)
 
-        # large k: an exact spectrum costs a dozen factorisations or more, so candidates are placed
-        # first (:meth:`place`, two or three factorisations each): their lower ends rise to within
-        # _ROOM of their margins, their proven upper ends bound the smallest margin from above, and
-        # exact spectra go only to the few that can still set it
-        large = self.src.k > fast.tuning.TUNING.eigen_max_k
-        visited = torch.zeros_like(known)  # placed here (each once)
         while True:
             ex = exact_margins()
             best = float(ex.min())
@@ -619,23 +508,9 @@ class _Refiner:
             candidates = (lb < best).nonzero().flatten()
             if not candidates.numel():
                 return best, False
-            upper = best  # >= the smallest margin
-            if large:
-                placed = open_ & ~self.est.isnan()
-                if bool(placed.any()):
-                    upper = min(upper, float(torch.log10(self.hi[placed].clamp(min=1e-300)).min()) - log_rtol)
-                fresh = candidates[~visited[candidates] & (lb[candidates] < upper)]
-                bounded = math.isfinite(upper)  # (unbounded: a first batch bounds it)
-                if fresh.numel() and (fresh.numel() <= _PLACE_SHARE * max_spectra or not bounded):
-                    order = fresh[lb[fresh].argsort(stable=True)]
-                    order = order if bounded else order[: _BATCH // 4]
-                    visited[order] = True
-                    self.place(order, lambda est: est * (1 - _ROOM))
-                    continue
-                candidates = candidates[lb[candidates] <= upper]
-            if self.spectra >= max_spectra or (math.isfinite(upper) and
+            if self.spectra >= max_spectra or (math.isfinite(best) and
                                                self.spectra + candidates.numel() > max_spectra):
-                # (once the smallest margin is bounded, more candidates than spectra left: not worth trying)
+                # (once one exact margin is known, more candidates than spectra left: not worth trying)
                 return min(best, float(lb[candidates].min())), True
             order = candidates[lb[candidates].argsort(stable=True)]
             self.exact(order[: min(_BATCH, max_spectra - self.spectra)])

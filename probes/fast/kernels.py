@@ -68,10 +68,9 @@ def refine(gram: torch.Tensor, chol: torch.Tensor, pivot: torch.Tensor, v: torch
 
 
 def rayleigh_up(gram: torch.Tensor, v: torch.Tensor, trace: torch.Tensor, width: int, pos,
-                 size: int | None = None, *, quotient: bool = False):
+                 size: int | None = None) -> torch.Tensor:
     """Rigorous upper bound on v^T G v / v^T v at ``pos``, G as stored (both triangles read). ``size``:
-    v is zero beyond its first ``size`` entries (only that leading block of G is read). ``quotient``:
-    also return the computed quotient itself (an estimate, no bound)."""
+    v is zero beyond its first ``size`` entries (only that leading block of G is read)."""
     k, u = gram.shape[-1], F64_EPS / 2
     size = k if size is None else size
     vp = v[pos, :size]
@@ -79,31 +78,7 @@ def rayleigh_up(gram: torch.Tensor, v: torch.Tensor, trace: torch.Tensor, width:
     den = (vp * vp).sum((1, 2))
     rounding = (2 * (k + 1) + 2 * width) * u * 1.01 * den * trace[pos]  # products, sums, G vs G^T
     r_up = (num + rounding) / (den * (1 - 2 * k * u))
-    r_up = torch.where(torch.isfinite(r_up), r_up, math.inf)
-    return (num / den, r_up) if quotient else r_up
-
-
-def inverse_iteration(gram: torch.Tensor, chol: torch.Tensor, steps: int, size: int = 8) -> torch.Tensor:
-    """(t, k, 1) unit vectors near the eigenvector of lambda_min(G): ``steps`` steps of block inverse
-    iteration on ``size`` vectors with the factors ``chol`` of G - s I (lower triangles read, s below
-    lambda_min(G)), then the Ritz vector of the smallest Ritz value of G on the block. The block turns
-    towards the lowest eigenvectors by (lambda_1 - s) / (lambda_{size+1} - s) per step (a single vector
-    crawls at (lambda_1 - s) / (lambda_2 - s) where the lowest eigenvalues lie close together, as for
-    random rectangular rows), and a triangular solve with a few right-hand sides costs about as much as
-    with one (it reads the factor once). The start is a fixed pseudo-random block, so the outcome does
-    not depend on the batch. Nothing is proven by the vectors themselves: their Rayleigh quotient
-    bounds lambda_min from above (:func:`rayleigh_up`)."""
-    t, k, _ = chol.shape
-    b = max(1, min(size, k))
-    gen = torch.Generator(device=chol.device).manual_seed(0)
-    start = torch.randn(k, b, generator=gen, dtype=chol.dtype, device=chol.device)
-    v = start.expand(t, k, b).contiguous()
-    for _ in range(steps):
-        v, _ = torch.linalg.qr(torch.cholesky_solve(v, chol))  # (t, k, b) orthonormal
-    h = v.transpose(1, 2) @ (gram @ v)  # (t, b, b)
-    _, y = torch.linalg.eigh((h + h.transpose(1, 2)) / 2)  # ascending
-    u = v @ y[:, :, :1]  # (t, k, 1)
-    return u / torch.linalg.vector_norm(u, dim=1, keepdim=True).clamp(min=torch.finfo(chol.dtype).tiny)
+    return torch.where(torch.isfinite(r_up), r_up, math.inf)
 
 
 def power_lower(gram: torch.Tensor, steps: int = 4, *, vector: bool = False):
@@ -119,28 +94,6 @@ def power_lower(gram: torch.Tensor, steps: int = 4, *, vector: bool = False):
     rayleigh = (v.transpose(1, 2) @ gv)[:, 0, 0]
     lo = torch.maximum(gram.diagonal(dim1=-2, dim2=-1).amax(-1), rayleigh) * (1 - 4 * k * F64_EPS)
     return (lo, v, gv) if vector else lo
-
-
-def block_power_lower(gram: torch.Tensor, steps: int, size: int) -> tuple[torch.Tensor, ...]:
-    """(lo, v, G v) as :func:`power_lower` with ``vector``, from ``steps`` steps of block power iteration
-    on ``size`` vectors (one fixed pseudo-random start) and a Rayleigh-Ritz step: v is the unit Ritz
-    vector of the largest Ritz value. The block converges at lambda_{size+1} / lambda_1 where single
-    vectors crawl at lambda_2 / lambda_1 (top eigenvalues close together, as at the edge of a Gram
-    matrix of random rows). lo: the largest diagonal entry and v's Rayleigh quotient, times 1 - 4 k eps."""
-    t, k, _ = gram.shape
-    b = max(1, min(size, k))
-    gen = torch.Generator(device=gram.device).manual_seed(1)
-    v = torch.randn(k, b, generator=gen, dtype=gram.dtype, device=gram.device).expand(t, k, b).contiguous()
-    for _ in range(max(1, steps)):
-        v, _ = torch.linalg.qr(gram @ v)  # (t, k, b) orthonormal
-    h = v.transpose(1, 2) @ (gram @ v)  # (t, b, b)
-    _, y = torch.linalg.eigh((h + h.transpose(1, 2)) / 2)  # ascending
-    u = v @ y[:, :, -1:]  # (t, k, 1)
-    u = u / torch.linalg.vector_norm(u, dim=1, keepdim=True).clamp(min=torch.finfo(gram.dtype).tiny)
-    gu = gram @ u
-    rayleigh = (u.transpose(1, 2) @ gu)[:, 0, 0]
-    lo = torch.maximum(gram.diagonal(dim1=-2, dim2=-1).amax(-1), rayleigh) * (1 - 4 * k * F64_EPS)
-    return lo, u, gu
 
 
 def rows_rayleigh_up(x: torch.Tensor, v: torch.Tensor, norms: torch.Tensor) -> torch.Tensor:
@@ -276,8 +229,8 @@ def quick_dependent(gram: torch.Tensor, chol: torch.Tensor, info: torch.Tensor, 
     return ok, ceiling
 
 
-def tight_lambda_max(gram: torch.Tensor, steps: int = 12, gap: float = 1e-3, residual: bool = False,
-                     known: torch.Tensor | None = None, block: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+def tight_lambda_max(gram: torch.Tensor, steps: int = 12, gap: float = 1e-3,
+                      residual: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(lo, hi) with lo <= lambda_max(G as stored) <= hi, hi = inf where not proven.
 
     lo: :func:`power_lower` after ``steps`` power steps (theta). hi: mu = theta (1 + gap), or with
@@ -286,35 +239,23 @@ def tight_lambda_max(gram: torch.Tensor, steps: int = 12, gap: float = 1e-3, res
     the residual says by about how much), proven when
     the Cholesky factorisation of mu I - G succeeds: then L L^T = mu I - G + E with |E|_2 <=
     gamma_{k+1} / (1 - gamma_{k+1}) trace(mu I - G) <= 1.01 (k + 1) u k mu (Higham, Thm 10.3), plus
-    u mu for rounding the diagonal, so lambda_max(G) <= mu (1 + 1.01 (k + 1) u k + 2 u).
-
-    ``block``: more than 1: theta from :func:`block_power_lower` on this many vectors (with the
-    residual). ``known``: (t,) upper bounds already proven (e.g. :func:`probes.fast.lam_hi_bound`);
-    where one is at most the hi the factorisation would prove, it is kept and not factorised."""
+    u mu for rounding the diagonal, so lambda_max(G) <= mu (1 + 1.01 (k + 1) u k + 2 u)."""
     t, k, _ = gram.shape
     u = F64_EPS / 2
-    if block > 1:  # (block power steps, :func:`block_power_lower`)
-        lo, v, gv = block_power_lower(gram, steps, block)
-    elif residual:
+    if residual:
         lo, v, gv = power_lower(gram, steps, vector=True)
     else:
         lo = power_lower(gram, steps)
     theta = lo / (1 - 4 * k * F64_EPS)
     mu = theta * (1 + gap)
-    if residual or block > 1:
+    if residual:
         rho = torch.linalg.vector_norm(gv - theta[:, None, None] * v, dim=(1, 2))
         mu = torch.maximum(mu, theta + 2 * rho)
+    a = gram.neg()
+    a.diagonal(dim1=-2, dim2=-1).add_(mu[:, None])
+    _, info = torch.linalg.cholesky_ex(a)
     hi = mu * (1 + 1.01 * (k + 1) * u * k + 2 * u) * (1 + 1e-12)
-    need = torch.ones_like(hi, dtype=torch.bool) if known is None else ~(known <= hi)
-    out = torch.full_like(hi, math.inf) if known is None else known.clone()
-    if bool(need.any()):
-        pos = slice(None) if bool(need.all()) else need.nonzero().flatten()
-        a = gram[pos].neg()
-        a.diagonal(dim1=-2, dim2=-1).add_(mu[pos, None])
-        _, info = torch.linalg.cholesky_ex(a)
-        proven = (info == 0) & (mu[pos] > 0) & torch.isfinite(mu[pos])
-        out[pos] = torch.where(proven, hi[pos], out[pos] if known is not None else math.inf)
-    return lo, out
+    return lo, torch.where((info == 0) & (mu > 0) & torch.isfinite(mu), hi, math.inf)
 
 
 def prove_dependent(gram: torch.Tensor, lam_hi: torch.Tensor, rtol: float, width: int, *,

@@ -83,9 +83,6 @@ class Tuning:
     # fails at both); session 4 robustness table (1.5x -> 1.22x on the cluster pool at ViT)
 
     # ---- probes.robust
-    place_steps: int = 3  # block inverse iteration steps (8 vectors) when a matrix is placed by an estimate
-    # (probes.robust); by reasoning, checked on the BERT-like cluster pool (k = 512): the estimates of
-    # the subsets between 1x and 10x rtol within 1-3% of the SVD ratio (the certificate sits 3% below)
     eigen_max_k: int = 256  # up to this k, full-rank matrices undecided above rtol get eigenvalues at
     # once: one eigvalsh costs about 3 Cholesky factorisations at k = 197 (5-6 at k = 512-1024) and such a
     # matrix usually takes 3 or more factorisations per grid point (e85b0e8)

@@ -195,8 +195,8 @@ def test_to_dict_is_typed_and_flatten_row_writes_the_grid():
 
 
 def large_k(monkeypatch) -> None:
-    """The routes taken for large k (placement by an estimate instead of exact spectra, factorisations
-    above rtol, stage 1b ceilings), on small matrices."""
+    """The routes taken for large k (factorisations above rtol instead of eigenvalues, stage 1b
+    ceilings), on small matrices."""
     monkeypatch.setattr(probes.fast.tuning, "TUNING",
                         dataclasses.replace(probes.fast.tuning.TUNING, eigen_max_k=0, ceil_1b_k=1))
 
@@ -224,9 +224,9 @@ def test_far_flips_are_bracketed_within_ten_percent(place, route, monkeypatch):
     assert rob.verdict_margin == pytest.approx(abs(math.log10(rob.critical_rtol / rtol)))
 
 
-def test_exact_min_margin_and_grid_by_placement_at_large_k(monkeypatch):
-    """The large-k routes (candidates placed by an estimate, exact spectra for the few left) give the
-    grid fractions of the float64 SVD and its smallest margin (exact, or a proven lower bound)."""
+def test_min_margin_grid_and_bracket_of_the_large_k_routes_against_the_svd(monkeypatch):
+    """The large-k routes give the grid fractions of the float64 SVD, its smallest margin (exact, or a
+    proven lower bound) and a bracket around its critical value."""
     large_k(monkeypatch)
     x = spread_pool(40, 10, seed=12)
     k, count, seed = 8, 400, 3
