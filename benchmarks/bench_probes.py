@@ -28,6 +28,7 @@ between runs on an equally quiet machine.
     python benchmarks/bench_probes.py --robustness         # cost of the tolerance fields (probes.robust)
     python benchmarks/bench_probes.py --robustness --shapes vit,bert,gpt2 --large-subsets 1000
     OMP_NUM_THREADS=1 python benchmarks/bench_probes.py --robustness --cpu-time   # on a loaded machine
+    python benchmarks/bench_probes.py --robustness --shapes bert --pool-size bert=1000 --large-subsets 300
     python benchmarks/bench_probes.py --robustness --general-position
 """
 
@@ -229,7 +230,7 @@ def run_general_position(args: argparse.Namespace, device: str) -> dict:
 
 
 def run_robustness(kind: str, x: torch.Tensor, k: int, count: int, seed: int, device: str, repeats: int,
-                   clock=time.perf_counter) -> dict:
+                   clock=time.perf_counter, rank_sample: int | None = 100) -> dict:
     """The same Kruskal test with and without the tolerance fields (best of ``repeats`` each, interleaved);
     ``clock``: ``time.process_time`` for CPU time (--cpu-time)."""
     best = {False: math.inf, True: math.inf}
@@ -238,7 +239,8 @@ def run_robustness(kind: str, x: torch.Tensor, k: int, count: int, seed: int, de
     for _ in range(repeats):
         for on in (False, True):
             start = clock()
-            res[on] = probes.kruskal_test(x, k, subsets=count, seed=seed, robustness=on, progress=False)
+            res[on] = probes.kruskal_test(x, k, subsets=count, seed=seed, robustness=on, progress=False,
+                                          rank_sample=rank_sample)
             sync(device)
             best[on] = min(best[on], clock() - start)
         loads.append(load())
@@ -259,6 +261,8 @@ def run_robustness(kind: str, x: torch.Tensor, k: int, count: int, seed: int, de
         ratio=best[True] / best[False],
         same=same,
         critical=(r.robustness.critical_rtol_low, r.robustness.critical_rtol_high),
+        exact=r.robustness.exact(r.rtol),
+        grid=r.robustness.rtol_grid,
         rtol=r.rtol,
         margin=(res[False].min_margin, r.min_margin, r.robustness.margin_bound),
         load="/".join(loads),
@@ -267,7 +271,7 @@ def run_robustness(kind: str, x: torch.Tensor, k: int, count: int, seed: int, de
 
 def print_robustness(rows: list[dict]) -> None:
     print("| pool | k | subsets | fraction | plain (s) | with robustness (s) | ratio | same verdicts "
-          "| critical_rtol bracket / rtol | min_margin plain -> robust (bound?) | load 1-min |")
+          "| critical_rtol bracket / rtol (exact?) | min_margin plain -> robust (bound?) | load 1-min |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         lo, hi = r["critical"]
@@ -275,10 +279,24 @@ def print_robustness(rows: list[dict]) -> None:
         print(
             f"| {r['pool']} | {r['k']} | {r['subsets']} | {r['fraction']:.4f} | {r['plain_s']:.2f} | "
             f"{r['robust_s']:.2f} | {r['ratio']:.2f}x | {r['same']} | "
-            f"[{lo / r['rtol']:.3g}, {hi / r['rtol']:.3g}] "
-            f"| {m0:.3f} -> {m1:.3f} ({bound}) | {r['load']} |",
+            f"[{lo / r['rtol']:.4g}, {hi / r['rtol']:.4g}] ({r['exact']}) "
+            f"| {m0:.3f} -> {m1:.4f} ({bound}) | {r['load']} |",
             flush=True,
         )
+        grid = r["grid"] or {}
+        print(f"#   grid: {', '.join(f'{m:g}x {f:.4f}' for m, f in grid.items())}", flush=True)
+
+
+def _pool_sizes(text: str) -> dict[str, int]:
+    """``bert=1000,gpt2=1500`` -> {"bert": 1000, "gpt2": 1500}."""
+    out = {}
+    for item in filter(None, text.split(",")):
+        name, _, value = item.partition("=")
+        if name not in SHAPES or not value.isdigit():
+            known = ", ".join(SHAPES)
+            raise argparse.ArgumentTypeError(f"expected shape=N, shape one of {known}; got {item!r}")
+        out[name] = int(value)
+    return out
 
 
 def header(args: argparse.Namespace, device: str) -> None:
@@ -313,6 +331,10 @@ def main() -> None:
     parser.add_argument("--cpu-time", action="store_true",
                         help="--robustness: time by the process's CPU time instead of the wall clock (for a "
                              "loaded machine; use with one thread, OMP_NUM_THREADS=1)")
+    parser.add_argument("--pool-size", type=_pool_sizes, default={},
+                        help="--robustness: N per shape instead of 2000, e.g. bert=1000,gpt2=1500")
+    parser.add_argument("--rank-sample", type=int, default=100,
+                        help="--robustness: kruskal_test's rank_sample (exact ranks for the histogram)")
     parser.add_argument(
         "--repeats",
         type=int,
@@ -326,33 +348,22 @@ def main() -> None:
         if args.general_position:
             n = min(args.n, 1000)
             x = anisotropic_pool(n, args.d, args.seed).to(args.device)
-            print_robustness(
-                [
-                    run_robustness(
-                        "anisotropic", x, args.d, args.gp_subsets, args.seed, args.device, args.repeats, clock
-                    )
-                ]
-            )
+            print_robustness([run_robustness("anisotropic", x, args.d, args.gp_subsets, args.seed,
+                                             args.device, args.repeats, clock, args.rank_sample)])
             return
         rows = []
         for shape in args.shapes.split(","):
             if shape not in SHAPES:
                 parser.error(f"unknown shape {shape!r}; valid: {', '.join(SHAPES)}")
             n, d, k, default_subsets, _ = SHAPES[shape]
+            n = args.pool_size.get(shape, n)
             count = (
                 args.large_subsets if shape != "vit" and args.large_subsets else args.subsets
             ) or default_subsets
+            print(f"# {shape}: N={n} d={d} k={k} subsets={count} rank_sample={args.rank_sample}", flush=True)
             rows += [
-                run_robustness(
-                    kind,
-                    make_pool(kind, n, d, k, args.seed).to(args.device),
-                    k,
-                    count,
-                    args.seed,
-                    args.device,
-                    args.repeats,
-                    clock,
-                )
+                run_robustness(kind, make_pool(kind, n, d, k, args.seed).to(args.device), k, count, args.seed,
+                               args.device, args.repeats, clock, args.rank_sample)
                 for kind in args.pools.split(",")
             ]
         print_robustness(rows)

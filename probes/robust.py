@@ -19,18 +19,21 @@ the proven floor of that spectrum too), then narrowed only where needed:
   float64 SVD at that tolerance; above rtol, for k <= ``Tuning.eigen_max_k``, the eigenvalues of the
   matrices left instead, whose proven brackets settle every point above rtol at once, and for larger
   k a proven bracket of lambda_max computed once per matrix and kept for the later points); every
-  other matrix is settled by monotonicity. A bound that lies within 1e-9 (relative) of a grid tolerance is not
-  trusted: such a matrix is decided again, so float rounding of margins never decides a grid point;
+  other matrix is settled by monotonicity. A bound that lies within 1e-9 (relative) of a grid
+  tolerance is not trusted: such a matrix is decided again, so float rounding of margins never decides
+  a grid point;
 - the critical tolerance: a ratio below k x eps(float64) (the float64 rounding of an exactly
   dependent matrix, e.g. duplicated vectors) counts as 0, so such verdicts have critical tolerance 0.0;
-  it is bracketed by the m-th largest lower and upper ends, and narrowed by shifted
-  Cholesky certificates and dependence proofs at test tolerances, or exact spectra, on the matrices
-  that can still be the m-th, within fixed work caps, to 3%; a bracket that lies entirely beyond 10x
-  rtol (or below rtol / 10, the default grid's ends) is narrowed (to 10%) only where the exact spectra
-  left settle it: the verdict is far from flipping, and the bracket says how far. A bracket with no
-  upper end yet (only the trivial cap: no ratio exceeds 1) gets one from the exact spectra of the
-  matrices likeliest to lie lowest. :func:`critical_is_exact` says whether the result is known to
-  within its bracket's width or only bounded by it;
+  it is bracketed by the m-th largest lower and upper ends, and narrowed by exact spectra, or by shifted
+  Cholesky certificates and dependence proofs at tolerances beside an estimate of the m-th ratio, on the
+  matrices that can still be the m-th, within fixed work caps, to 3%; a bracket that lies entirely
+  beyond 10x rtol (or below rtol / 10, the default grid's ends: the verdict is far from flipping, and the
+  bracket says how far) is narrowed the same way to 10%, while at most ``_FAR_SHARE`` times the spectra
+  budget can still be the m-th and the bracket lies above the resolution of the Gram route's
+  certificates (below it, by exact spectra within the budget alone); otherwise it is reported as the
+  proven bracket. A bracket with no upper end yet (only the trivial cap: no ratio exceeds 1) gets one
+  from the exact spectra of the matrices likeliest to lie lowest. :func:`critical_is_exact` says
+  whether the result is known to within its bracket's width or only bounded by it;
 - the smallest margin: branch and bound. Matrices are visited in increasing order of their margin
   bound and given exact float64 spectra (eigenvalues of the Gram matrix, float64 SVD where those are
   not accurate enough) until no bound is below the best exact margin; when that would take more than
@@ -62,9 +65,10 @@ _MIN_SPECTRA = 64
 _FACTOR_SHARE = 4  # bracket narrowing: at most 1 / this of the matrices factorised again in all ...
 _MIN_FACTOR = 1024  # ... or this many, if more
 _BATCH = 32
-_FAR = 10.0  # a bracket beyond 10x either side of rtol (the default grid's ends) is narrowed (to
-# FAR_BRACKET_WIDTH) only where exact spectra within the budget settle it
+_FAR = 10.0  # a bracket beyond 10x either side of rtol (the default grid's ends) is narrowed to
+# FAR_BRACKET_WIDTH while at most _FAR_SHARE times the spectra budget can still set it
 _F64_EPS = torch.finfo(torch.float64).eps
+_FAR_SHARE = 2  # a far bracket is narrowed while at most this many times the spectra budget can set it
 
 
 @dataclass(frozen=True)
@@ -325,6 +329,8 @@ class _Refiner:
             dev = part.to(_device(self.src))
             gram = self.src.gram(dev)
             lam_hi = fast.lam_hi_bound(gram, self.src.lam_cap)
+            known = self.lam_hi[part].to(gram.device)  # (proven brackets kept above rtol; NaN: none)
+            lam_hi = torch.where(known < lam_hi, known, lam_hi)
             c = part.numel()
             ok, _, _ = fast.floor_certificate(gram, lam_hi, t, width, 0.0)
             ok = ok.cpu()
@@ -411,32 +417,33 @@ class _Refiner:
             a = float(self.lo.kthvalue(q).values)
             b = float(self.hi.kthvalue(q).values)
             far = a >= self.rtol * _FAR or b <= self.rtol / _FAR
-            if a >= 1 or (a > 0 and b <= a * (1 + (FAR_BRACKET_WIDTH if far else BRACKET_WIDTH))):
+            width = FAR_BRACKET_WIDTH if far else BRACKET_WIDTH
+            if a >= 1 or (a > 0 and b <= a * (1 + width)):
                 break
             if b <= self.src.k * _F64_EPS:
                 break  # below float64 resolution: dependent at every resolvable rtol
             open_ = ((self.hi > a) & (self.lo < b) & self.ratio.isnan()).nonzero().flatten()
             if not open_.numel():
                 break
-            if far:
-                # far from flipping (beyond the grid's ends): narrowed to FAR_BRACKET_WIDTH where exact
-                # spectra within the budget settle it
+            # certificates and dependence proofs of the Gram route narrow the bracket only above their
+            # resolution; below it, exact spectra (SVD) alone do
+            resolved = b > 2 * _resolution(self.src.k, self.src.width)
+            if far and (open_.numel() > _FAR_SHARE * max_spectra or not resolved):
+                # far from flipping (beyond the grid's ends), and too many matrices to narrow cheaply (or
+                # below the Gram route's resolution): exact spectra within the budget, else the proven
+                # bracket
                 if self.spectra + open_.numel() <= max_spectra:
                     self.exact(open_)
                     continue
-                room = max_spectra - self.spectra
-                if b >= 1 and room >= q:
-                    # no upper end yet: the exact spectra of the matrices likeliest to lie lowest give one
-                    self.exact(open_[self.lo[open_].argsort(stable=True)][:room])
+                if b >= 1 and self._upper_end(open_, q, max_spectra):
                     continue
-                break  # the proven bracket: shifted Cholesky certificates are too loose to narrow it here
+                break
             if self.spectra + open_.numel() <= max_spectra:
                 self.exact(open_)
                 continue
             if self.factorised + open_.numel() > max_factorised:
-                room = max_spectra - self.spectra
-                if b >= 1 and room >= q:  # no upper end yet: exact spectra of the likeliest matrices
-                    self.exact(open_[self.lo[open_].argsort(stable=True)][:room])
+                if b >= 1:
+                    self._upper_end(open_, q, max_spectra)
                 break
             # estimate the q-th value from a few exact spectra of the open matrices, then test beside it
             sample = open_[torch.linspace(0, open_.numel() - 1, min(16, open_.numel())).long().unique()]
@@ -452,7 +459,6 @@ class _Refiner:
             else:
                 est = math.sqrt(a * b) if a > 0 else b / 10
             toggle = not toggle
-            width = FAR_BRACKET_WIDTH if far else BRACKET_WIDTH
             t = est * (1 - width / 3) if toggle else est * (1 + width / 3)
             if not a < t < b:
                 t = math.sqrt(a * b) if a > 0 else b / 10
@@ -468,6 +474,15 @@ class _Refiner:
             return math.sqrt(a * b), a, b
         # a wide bracket: the end nearest rtol, so that verdict_margin stays a proven lower bound
         return (a if a >= self.rtol else b), a, b
+
+    def _upper_end(self, open_: torch.Tensor, q: int, max_spectra: int) -> bool:
+        """No upper end yet (only the trivial cap): the exact spectra of the matrices likeliest to lie
+        lowest, as many as the spectra budget has room for (False when that is fewer than q)."""
+        room = max_spectra - self.spectra
+        if room < q:
+            return False
+        self.exact(open_[self.lo[open_].argsort(stable=True)][:room])
+        return True
 
     def min_margin(self, dec: fast.Decisions, max_spectra: int) -> tuple[float, bool]:
         """The exact smallest margin over matrices with a known rank at rtol, or a proven lower bound
@@ -499,6 +514,13 @@ class _Refiner:
                 return min(best, float(lb[candidates].min())), True
             order = candidates[lb[candidates].argsort(stable=True)]
             self.exact(order[: min(_BATCH, max_spectra - self.spectra)])
+
+
+def _resolution(k: int, width: int) -> float:
+    """The ratio below which no shifted Cholesky certificate of the Gram route can succeed: its shift
+    includes twice the error bound of forming and factoring G (:func:`probes.fast.gram_error`), at least
+    16 (k + d) eps lambda_max."""
+    return math.sqrt(16 * (k + width) * _F64_EPS)
 
 
 def _grid_order(multipliers: tuple[float, ...]) -> list[float]:

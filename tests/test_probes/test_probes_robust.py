@@ -192,3 +192,57 @@ def test_to_dict_is_typed_and_flatten_row_writes_the_grid():
     cell = probes.flatten_row(d)["rtol_grid"]
     parsed = {float(m): float(f) for m, f in (p.split(":") for p in cell.split(";"))}
     assert parsed == d["rtol_grid"]
+
+
+def large_k(monkeypatch) -> None:
+    """The routes taken for large k (factorisations above rtol instead of eigenvalues, stage 1b
+    ceilings), on small matrices."""
+    monkeypatch.setattr(probes.fast.tuning, "TUNING",
+                        dataclasses.replace(probes.fast.tuning.TUNING, eigen_max_k=0, ceil_1b_k=1))
+
+
+@pytest.mark.parametrize("route", ["small-k", "large-k"])
+@pytest.mark.parametrize("place", [100.0, 0.01])
+def test_far_flips_are_bracketed_within_ten_percent(place, route, monkeypatch):
+    """A verdict whose flip lies ~100x above rtol, or ~0.01x below it (beyond the grid's ends), with
+    more subsets than the exact spectra budget: the bracket closes to 10% around the float64 SVD's
+    critical value (the smallest ratio), and says so."""
+    if route == "large-k":
+        large_k(monkeypatch)
+    x = spread_pool(60, 10, seed=11)
+    k, count, seed = 8, 300, 4  # (more subsets than the exact spectra budget, 64)
+    r = ratios(x, probes.sample_subsets(60, k, count, seed))
+    rtol = float(r.min()) / place
+    res = probes.kruskal_test(x, k, subsets=count, seed=seed, rtol=rtol)
+    rob = res.robustness
+    slack = ratio_tol(k, 10)
+    assert (res.fraction == 1.0) == (place > 1)  # the verdict: holds below the flip, fails above it
+    assert rob.critical_rtol_low - slack <= r.min() <= rob.critical_rtol_high + slack
+    width = probes.robust.FAR_BRACKET_WIDTH
+    assert rob.critical_rtol_high <= rob.critical_rtol_low * (1 + width) * (1 + 1e-9)
+    assert rob.exact(res.rtol) is True
+    assert rob.verdict_margin == pytest.approx(abs(math.log10(rob.critical_rtol / rtol)))
+
+
+def test_min_margin_grid_and_bracket_of_the_large_k_routes_against_the_svd(monkeypatch):
+    """The large-k routes give the grid fractions of the float64 SVD, its smallest margin (exact, or a
+    proven lower bound) and a bracket around its critical value."""
+    large_k(monkeypatch)
+    x = spread_pool(40, 10, seed=12)
+    k, count, seed = 8, 400, 3
+    subsets = probes.sample_subsets(40, k, count, seed)
+    r = ratios(x, subsets)
+    rtol = float(np.quantile(r, 0.02))  # a few subsets dependent, many within the grid above rtol
+    res = probes.kruskal_test(x, k, subsets=count, seed=seed, rtol=rtol)
+    assert res.fraction == (r > rtol).mean()
+    mats = x.numpy()[subsets.numpy()]
+    for m, fraction in res.robustness.rtol_grid.items():
+        assert fraction == np.mean(np.linalg.matrix_rank(mats, rtol=m * rtol) == k), m
+    sv = torch.linalg.svdvals(torch.from_numpy(mats))  # (S, k); every dependent subset is ranked here
+    _, margins = probes.rank.margins_from_singular_values(sv, rtol * sv[:, 0])
+    expected = float(margins.min())
+    slack = ratio_tol(k, 10) / float(r.min())
+    assert res.min_margin <= expected + slack
+    if not res.robustness.margin_bound:
+        assert res.min_margin == pytest.approx(expected, abs=slack)
+    assert res.robustness.critical_rtol_low <= r.min() * (1 + 1e-9) <= res.robustness.critical_rtol_high
