@@ -641,27 +641,8 @@ def kruskal_sweep(
     start = time.perf_counter()
     x = validate_vectors(vectors)
     n_vec, d = x.shape
-    bad_ks = f"ks must be a list of subset sizes (e.g. range(10, 101, 10)), got {ks!r}"
-    if isinstance(ks, numbers.Number | str | bytes) or (
-        isinstance(ks, torch.Tensor | np.ndarray) and ks.ndim != 1
-    ):
-        raise ValueError(bad_ks)
-    try:
-        requested = ks.tolist() if isinstance(ks, torch.Tensor | np.ndarray) else list(ks)
-    except TypeError:
-        raise ValueError(bad_ks) from None
-    ks = sorted({_check_k(k, n_vec) for k in requested})
-    if not ks:
-        raise ValueError("ks must list at least one subset size")
-    subsets = check_int(subsets, "subsets")
-    seed = check_seed(seed)
-    refine = check_int(refine, "refine", minimum=0)
-    if not isinstance(robustness, bool | np.bool_):
-        raise ValueError(f"robustness must be True or False, got {robustness!r}")
-    grid = robust.check_rtol_grid(rtol_grid)
-    if max_seconds is not None and (isinstance(max_seconds, bool) or not isinstance(max_seconds, numbers.Real)
-                                    or not 0 < max_seconds < math.inf):
-        raise ValueError(f"max_seconds must be a positive number of seconds or None, got {max_seconds!r}")
+    ks, subsets, seed, refine, grid = _sweep_options(ks, n_vec, subsets, seed, refine, max_seconds,
+                                                    robustness, rtol_grid)
     for k in ks:
         if k <= d:
             _check_memory(min(math.comb(n_vec, k), subsets), k)
@@ -714,6 +695,36 @@ def kruskal_sweep(
     return SweepResult(results=results, lower_estimate=_lower_estimate(results), upper_bound=upper,
                        refined=tuple(refined), truncated=truncated, skipped=skipped,
                        seconds=time.perf_counter() - start)
+
+
+def _sweep_options(
+    ks: Any, n_vec: int, subsets: Any, seed: Any, refine: Any, max_seconds: Any, robustness: Any,
+    rtol_grid: Any,
+) -> tuple[list[int], int, int, int, tuple[float, ...] | None]:
+    """The checked options of :func:`kruskal_sweep`: (sorted distinct ks, subsets, seed, refine, grid);
+    a ValueError in the caller's words for any that is not valid."""
+    bad_ks = f"ks must be a list of subset sizes (e.g. range(10, 101, 10)), got {ks!r}"
+    if isinstance(ks, numbers.Number | str | bytes) or (
+        isinstance(ks, torch.Tensor | np.ndarray) and ks.ndim != 1
+    ):
+        raise ValueError(bad_ks)
+    try:
+        requested = ks.tolist() if isinstance(ks, torch.Tensor | np.ndarray) else list(ks)
+    except TypeError:
+        raise ValueError(bad_ks) from None
+    ks = sorted({_check_k(k, n_vec) for k in requested})
+    if not ks:
+        raise ValueError("ks must list at least one subset size")
+    subsets = check_int(subsets, "subsets")
+    seed = check_seed(seed)
+    refine = check_int(refine, "refine", minimum=0)
+    if not isinstance(robustness, bool | np.bool_):
+        raise ValueError(f"robustness must be True or False, got {robustness!r}")
+    grid = robust.check_rtol_grid(rtol_grid)
+    if max_seconds is not None and (isinstance(max_seconds, bool) or not isinstance(max_seconds, numbers.Real)
+                                    or not 0 < max_seconds < math.inf):
+        raise ValueError(f"max_seconds must be a positive number of seconds or None, got {max_seconds!r}")
+    return ks, subsets, seed, refine, grid
 
 
 def _lower_estimate(results: list[KruskalResult]) -> int | None:
