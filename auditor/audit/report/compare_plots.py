@@ -97,6 +97,9 @@ def kruskal_by_test(table: pd.DataFrame, labels: Mapping[str, str]) -> Figure:
     return fig
 
 
+DEPTH_SHIFT = 0.15  # depth units between the markers of neighbouring reports in :func:`depth_overlay`
+
+
 def depth_overlay(depths: Mapping[str, pd.DataFrame]) -> Figure:
     """Depth profiles of several reports overlaid (colour = report, line style = weights), one panel per
     quantity of :data:`DEPTH_PANELS` that some report has. The Kruskal rank is the proven interval (a bar
@@ -105,6 +108,8 @@ def depth_overlay(depths: Mapping[str, pd.DataFrame]) -> Figure:
     columns = [c for c in DEPTH_PANELS if any(_has(f, c) for f in depths.values())]
     fig, axes = panel_grid(len(columns))
     colors = {label: OTHER_COLORS[i % len(OTHER_COLORS)] for i, label in enumerate(depths)}
+    # each report's markers a little to the side, so equal values (every fraction 1.0) stay visible
+    shift = {label: DEPTH_SHIFT * (i - (len(depths) - 1) / 2) for i, label in enumerate(depths)}
     weights_seen: dict[str, None] = {}
     for ax, column in zip(axes.flat, columns, strict=False):
         for label, frame in depths.items():
@@ -119,10 +124,10 @@ def depth_overlay(depths: Mapping[str, pd.DataFrame]) -> Figure:
                 weights_seen[str(weights)] = None
                 y = pd.to_numeric(part[column], errors="coerce")
                 if column == "krank_lower":
-                    _krank_interval(ax, part, colors[label])
+                    _krank_interval(ax, part, colors[label], shift[label])
                     y = _krank_estimate(part)
                 ax.plot(
-                    part["depth"],
+                    part["depth"] + shift[label],
                     y,
                     color=colors[label],
                     linestyle=style.linestyle,
@@ -132,7 +137,7 @@ def depth_overlay(depths: Mapping[str, pd.DataFrame]) -> Figure:
                     label=f"{label} @ {weights}",
                 )
         ax.set_ylabel(DEPTH_PANELS[column])
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=6))  # ticks apart at any depth
     finish_panels(axes, len(columns), "depth")
     fig.suptitle("depth profiles across reports (depth 0 = embedding)")
     for ax, column in zip(axes.flat, columns, strict=False):
@@ -147,14 +152,14 @@ def depth_overlay(depths: Mapping[str, pd.DataFrame]) -> Figure:
     return fig
 
 
-def _krank_interval(ax, part: pd.DataFrame, color: str) -> None:
+def _krank_interval(ax, part: pd.DataFrame, color: str, shift: float = 0.0) -> None:
     """The proven interval of the Kruskal rank at each depth: certified lower to witnessed upper (to
     min(N, d) where none was witnessed)."""
     lower = pd.to_numeric(part["krank_lower"], errors="coerce")
     upper = pd.to_numeric(part.get("krank_upper", pd.Series(index=part.index, dtype=float)), errors="coerce")
     top = pd.concat([pd.to_numeric(part.get(c, pd.Series(index=part.index, dtype=float)), errors="coerce")
                      for c in ("N", "d")], axis=1).min(axis=1)
-    ax.vlines(part["depth"], lower, upper.fillna(top), color=color, lw=2.2, alpha=0.3)
+    ax.vlines(part["depth"] + shift, lower, upper.fillna(top), color=color, lw=2.2, alpha=0.3)
 
 
 def _krank_estimate(part: pd.DataFrame) -> pd.Series:
