@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 import probes
 from auditor.audit.assumptions import ASSUMPTION_TESTS, QUERY_TESTS, RunOptions
 from auditor.audit.plan import Sweep
+from auditor.audit.report.depth import GEOMETRY_COLUMNS
 from auditor.audit.report.tables import stage_frame
 from auditor.audit.stream import StreamedContexts
 from auditor.core.errors import AuditError
@@ -110,15 +111,6 @@ BOUND_COLUMNS = (
     "krank_lower_method",
     "duplicates",
     "near_duplicates",
-)
-GEOMETRY_COLUMNS = (
-    "effective_rank",
-    "stable_rank",
-    "anisotropy",
-    "collapse_residual",
-    "effective_rank_centred",
-    "stable_rank_centred",
-    "anisotropy_centred",
 )
 
 
