@@ -192,7 +192,10 @@ def test_threads_and_chunking_do_not_change_anything(small_chunks):
     assert torch.get_num_threads() == threads
     for other in runs[1:]:
         assert torch.equal(runs[0].rank, other.rank)
-        assert torch.equal(runs[0].margin.nan_to_num(-1.0), other.margin.nan_to_num(-1.0))
+        # margins: the same verdicts, floats within float32 rounding (the chunks, hence the batched
+        # kernels' batch sizes, differ between worker counts)
+        torch.testing.assert_close(other.margin.nan_to_num(-1.0), runs[0].margin.nan_to_num(-1.0), rtol=0,
+                                   atol=k * torch.finfo(torch.float32).eps)
         assert runs[0].stages == other.stages
 
 
