@@ -15,6 +15,12 @@ against the checkpoint's size on disk. Each checkpoint is deleted once measured.
     python benchmarks/bench_memory.py [--blocks 1,2,4,6] [--scratch /tmp/bench-memory] [--samples 64]
 
 Writes reports/benchmarks-memory.md (unless --no-report).
+
+With ``--device cuda`` the audit runs with ``--device cuda`` (the embedding and block 0 placed on the GPU)
+and the baseline moves the whole model to the GPU in float32; beside the peak RSS, the peak GPU memory in
+use while each command runs is read from NVML every 10 ms (the CUDA context included, the memory in use
+before the command subtracted), and the table is printed (``--table FILE`` also writes it) instead of
+replacing the CPU report.
 """
 
 from __future__ import annotations
@@ -36,11 +42,14 @@ SHARD_BYTES = 1 << 30
 BASELINE = r"""
 import resource, sys, time, torch, transformers
 torch.set_num_threads(int(sys.argv[3]))
+device = torch.device(sys.argv[4])
 begin = time.perf_counter()
-model = transformers.LlamaModel.from_pretrained(sys.argv[1]).to(torch.float32).eval()
-ids = torch.randint(0, 32000, (int(sys.argv[2]), 32))
+model = transformers.LlamaModel.from_pretrained(sys.argv[1]).to(device, torch.float32).eval()
+ids = torch.randint(0, 32000, (int(sys.argv[2]), 32), device=device)
 with torch.inference_mode():
     model(input_ids=ids[:32], use_cache=False)
+if device.type == "cuda":
+    torch.cuda.synchronize()
 print(time.perf_counter() - begin, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 """
 
@@ -102,17 +111,18 @@ def write_checkpoint(folder: Path, blocks: int, seed: int = 0) -> tuple[int, int
     return total, written
 
 
-def measure(command: list[str]) -> tuple[float, float]:
-    """(wall seconds, peak RSS in GiB) of ``command`` run in a fresh process (through :data:`_ONE`, which
-    reports the peak of that one child: ``ru_maxrss`` of children is a maximum over all of them)."""
+def measure(command: list[str], gpu: bool = False) -> tuple[float, float, float]:
+    """(wall seconds, peak RSS in GiB, peak GPU memory in GiB or NaN) of ``command`` run in a fresh process
+    (through :data:`_ONE`, which reports the peak of that one child: ``ru_maxrss`` of children is a maximum
+    over all of them; with ``gpu`` it also polls NVML while the child runs)."""
     begin = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", _ONE, *command], capture_output=True, text=True, cwd=REPO,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    done = subprocess.run([sys.executable, "-c", _ONE, "1" if gpu else "0", *command], capture_output=True,
+                          text=True, cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     wall = time.perf_counter() - begin
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
-    peak = [line for line in done.stdout.splitlines() if line.startswith("PEAK ")][-1]
-    return wall, int(peak.split()[1]) * 1024 / GIB
+    peak = [line for line in done.stdout.splitlines() if line.startswith("PEAK ")][-1].split()
+    return wall, int(peak[1]) * 1024 / GIB, int(peak[2]) / GIB if gpu else float("nan")
 
 
 def main() -> None:
@@ -121,60 +131,103 @@ def main() -> None:
     parser.add_argument("--scratch", type=Path, default=Path("/tmp/bench-memory"))
     parser.add_argument("--samples", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: audit and baseline on the GPU, GPU memory read from NVML (default cpu)")
+    parser.add_argument("--table", type=Path, help="--device cuda: also write the table to this file")
     parser.add_argument("--no-baseline", action="store_true", help="skip the whole-model forward")
     parser.add_argument("--no-report", action="store_true")
     args = parser.parse_args()
     depths = [int(b) for b in args.blocks.split(",")]
+    gpu = args.device == "cuda"
     rows = []
     audit = [sys.executable, "-m", "auditor.cli"]
     for blocks in depths:
         folder = args.scratch / f"llama-d4096-{blocks}blocks"
         shutil.rmtree(folder, ignore_errors=True)
+        written = time.perf_counter()
         params, on_disk = write_checkpoint(folder, blocks)
+        written = time.perf_counter() - written
         # ru_maxrss of children is a running maximum: each measurement runs in its own helper process
-        wall, peak = measure(
-            [
-                *audit,
-                str(folder),
-                "-w",
-                "pretrained",
-                "--layers",
-                "0",
-                "--samples",
-                str(args.samples),
-                "--subsets",
-                "200",
-                "--no-robustness",
-                "-q",
-                "--threads",
-                str(args.threads),
-                "--out",
-                str(args.scratch / f"report-{blocks}"),
-            ]
+        wall, peak, gpu_peak = measure(
+            [*audit, str(folder), "-w", "pretrained", "--layers", "0", "--samples", str(args.samples),
+             "--subsets", "200", "--no-robustness", "-q", "--threads", str(args.threads),
+             "--device", args.device, "--out", str(args.scratch / f"report-{blocks}")],
+            gpu,
         )
-        base_wall = base_peak = float("nan")
+        base_wall = base_peak = base_gpu = float("nan")
         if not args.no_baseline:
-            base_wall, base_peak = measure([sys.executable, "-c", BASELINE, str(folder), str(args.samples),
-                                             str(args.threads)])
+            base_wall, base_peak, base_gpu = measure(
+                [sys.executable, "-c", BASELINE, str(folder), str(args.samples), str(args.threads),
+                 args.device],
+                gpu,
+            )
         load = os.getloadavg()[0]  # the machine's 1-minute load when the measurements ended
-        rows.append((blocks, params, on_disk / GIB, peak, wall, base_peak, base_wall, load))
+        rows.append(
+            (blocks, params, on_disk / GIB, peak, wall, base_peak, base_wall, load, gpu_peak, base_gpu))
         print(
-            f"{blocks} blocks, {params / 1e9:.2f}B params, {on_disk / GIB:.2f} GiB on disk: "
-            f"audit peak {peak:.2f} GiB "
-            f"in {wall:.0f} s; whole model {base_peak:.2f} GiB in {base_wall:.0f} s; load {load:.1f}",
+            f"{blocks} blocks, {params / 1e9:.2f}B params, {on_disk / GIB:.2f} GiB on disk (written in "
+            f"{written:.0f} s): audit peak RSS {peak:.2f} GiB, GPU {gpu_peak:.2f} GiB, in {wall:.0f} s; "
+            f"whole model RSS {base_peak:.2f} GiB, GPU {base_gpu:.2f} GiB, in {base_wall:.0f} s; "
+            f"load {load:.1f}",
             flush=True,
         )
         shutil.rmtree(folder, ignore_errors=True)
         shutil.rmtree(args.scratch / f"report-{blocks}", ignore_errors=True)
-    if not args.no_report:
+        if gpu:  # the table so far, so that a run stopped early keeps its rows
+            table = gpu_table(rows, args)
+            print("\n".join(table), flush=True)
+            if args.table:
+                args.table.write_text("\n".join(table) + "\n")
+    if not args.no_report and not gpu:
         write_report(rows, args)
+
+
+def gpu_table(rows, args) -> list[str]:
+    """The markdown table of a ``--device cuda`` run."""
+    import torch
+
+    from auditor.core.provenance import provenance
+
+    stamp = provenance()
+    lines = [
+        f"GPU: {torch.cuda.get_device_name(0)}; `python benchmarks/bench_memory.py --device cuda --blocks "
+        f"{args.blocks} --samples {args.samples} --threads {args.threads}`; git "
+        f"{stamp.get('git_commit', '')[:12]}; {stamp.get('versions', '')}",
+        "",
+        "| blocks | parameters | on disk (GiB) | audit GPU peak (GiB) | audit GPU / disk "
+        "| audit peak RSS (GiB) | audit wall (s) | whole model GPU peak (GiB) | whole model peak RSS (GiB) "
+        "| whole model wall (s) | load (1 min) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for blocks, params, disk, peak, wall, base_peak, base_wall, load, gpu_peak, base_gpu in rows:
+        lines.append(
+            f"| {blocks} | {params / 1e9:.2f}B | {disk:.2f} | {gpu_peak:.2f} | {gpu_peak / disk:.2f} "
+            f"| {peak:.2f} | {wall:.0f} | {base_gpu:.2f} | {base_peak:.2f} | {base_wall:.0f} | {load:.1f} |"
+        )
+    return lines
 
 
 # A helper that runs one command and prints the peak RSS of that command alone (its only child).
 _ONE = r"""
-import resource, subprocess, sys
-done = subprocess.run(sys.argv[1:])
-print("PEAK", resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, flush=True)
+import resource, subprocess, sys, threading
+gpu = sys.argv[1] == "1"
+peak = [0]
+if gpu:
+    import pynvml
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    before = pynvml.nvmlDeviceGetMemoryInfo(handle).used
+    stop = threading.Event()
+    def poll():
+        while not stop.wait(0.01):
+            peak[0] = max(peak[0], pynvml.nvmlDeviceGetMemoryInfo(handle).used - before)
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+done = subprocess.run(sys.argv[2:])
+if gpu:
+    stop.set()
+    poller.join()
+print("PEAK", resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, peak[0], flush=True)
 sys.exit(done.returncode)
 """
 
@@ -198,7 +251,7 @@ def write_report(rows, args) -> None:
         "| whole model peak RSS (GiB) | whole model wall (s) | load (1 min) |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for blocks, params, disk, peak, wall, base_peak, base_wall, load in rows:
+    for blocks, params, disk, peak, wall, base_peak, base_wall, load, *_ in rows:
         base = "not run | not run" if args.no_baseline else f"{base_peak:.2f} | {base_wall:.0f}"
         lines.append(
             f"| {blocks} | {params / 1e9:.2f}B | {disk:.2f} | {peak:.2f} | {peak / disk:.2f} | {wall:.0f} | "
