@@ -6,6 +6,7 @@
   overrides for ``load_model(..., config_overrides=...)`` that keep a real family small and fast.
 - ``tiny_model(name, **overrides)``: a random-weight tiny model of a registered family, on the CPU.
 - ``tiny_memorize(**overrides)``: the config of a seconds-long ``audit memorize`` sweep.
+- ``tiny_audit_argv(model, images, out, *extra)``: the arguments of a seconds-long ``audit MODEL`` run.
 - fixture ``vit_base_random``: the real ViT-base architecture, random weights, shared by the session.
 - ``forward_atol(x, width)`` and ``margin_atol(margin, rtol, rel)``: the float tolerances that follow
   from the dtype when the same computation runs with other kernels (another batch size, another torch
@@ -190,6 +191,15 @@ def tiny_memorize(**overrides: Any):
     tiny = dict(heads=(1, 2), context=(4,), d_h=(4,), N=(16,), seeds=(0,), d=8, classes=10, steps=30, lr=1e-2,
                 batch_size=16, eval_every=10)
     return MemorizeConfig(**{**tiny, **overrides})
+
+
+def tiny_audit_argv(model: str, images: str | Path, out: Path, *extra: str) -> list[str]:
+    """``audit MODEL`` arguments for a seconds-long run of a tiny model on the CPU: the first 20 images of
+    ``images``, random weights, ``embedding`` and ``block.0``, both assumptions on 40 subsets, quiet, into
+    ``out``; ``extra`` arguments go last."""
+    return [model, "--data", str(images), "--samples", "20", "--first", "-w", "random",
+            "-r", "embedding,block.0", "--tests", "assumption2,assumption1", "--subsets", "40",
+            "--device", "cpu", "-q", "--out", str(out), *extra]
 
 
 @pytest.fixture(scope="module")
