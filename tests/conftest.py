@@ -8,6 +8,7 @@
 - ``tiny_memorize(**overrides)``: the config of a seconds-long ``audit memorize`` sweep.
 - ``tiny_audit_argv(model, images, out, *extra)``: the arguments of a seconds-long ``audit MODEL`` run.
 - fixture ``vit_base_random``: the real ViT-base architecture, random weights, shared by the session.
+- fixture ``offline``: the hub switched off (``HF_HUB_OFFLINE=1``) for one test, whatever the network.
 - ``forward_atol(x, width)`` and ``margin_atol(margin, rtol, rel)``: the float tolerances that follow
   from the dtype when the same computation runs with other kernels (another batch size, another torch
   build). Bit-identity is asserted only for the same process and the same shapes.
@@ -218,6 +219,18 @@ def vit_base_random():
     from auditor.models import load_model
 
     return load_model("vit-base", "random", device="cpu", seed=0)
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    """Force the offline code paths (no hub) for one test, whatever the machine's network: the switch set
+    and the cached answer of ``hub_reachable`` cleared before and after."""
+    from auditor.models import hub_reachable
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    hub_reachable.cache_clear()
+    yield
+    hub_reachable.cache_clear()
 
 
 @pytest.fixture(autouse=True)

@@ -27,7 +27,7 @@ from auditor.data.samples import (
 )
 from auditor.data.selection import random_order, selection_note
 from auditor.data.text import chunks, pair_windows, read_text_file, split_sentences, stream_windows
-from auditor.models import TextTokenizer, hub_reachable
+from auditor.models import TextTokenizer
 from auditor.models.gpt2 import _BYTE_TO_ID, byte_fallback_tokenizer
 
 pytestmark = pytest.mark.fast  # the developer's tier: pytest -m fast
@@ -37,14 +37,6 @@ pytestmark = pytest.mark.fast  # the developer's tier: pytest -m fast
 def photo() -> Image.Image:
     """A real photograph (scikit-image's astronaut), RGB."""
     return Image.open(bundled_image_files()[0][0]).convert("RGB")
-
-
-@pytest.fixture
-def offline(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    hub_reachable.cache_clear()
-    yield
-    hub_reachable.cache_clear()
 
 
 def _jpeg_bytes(image: Image.Image, **kwargs) -> bytes:
