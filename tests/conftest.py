@@ -6,7 +6,9 @@
   overrides for ``load_model(..., config_overrides=...)`` that keep a real family small and fast.
 - ``tiny_model(name, **overrides)``: a random-weight tiny model of a registered family, on the CPU.
 - ``tiny_memorize(**overrides)``: the config of a seconds-long ``audit memorize`` sweep.
+- ``tiny_audit_argv(model, images, out, *extra)``: the arguments of a seconds-long ``audit MODEL`` run.
 - fixture ``vit_base_random``: the real ViT-base architecture, random weights, shared by the session.
+- fixture ``offline``: the hub switched off (``HF_HUB_OFFLINE=1``) for one test, whatever the network.
 - ``forward_atol(x, width)`` and ``margin_atol(margin, rtol, rel)``: the float tolerances that follow
   from the dtype when the same computation runs with other kernels (another batch size, another torch
   build). Bit-identity is asserted only for the same process and the same shapes.
@@ -192,6 +194,15 @@ def tiny_memorize(**overrides: Any):
     return MemorizeConfig(**{**tiny, **overrides})
 
 
+def tiny_audit_argv(model: str, images: str | Path, out: Path, *extra: str) -> list[str]:
+    """``audit MODEL`` arguments for a seconds-long run of a tiny model on the CPU: the first 20 images of
+    ``images``, random weights, ``embedding`` and ``block.0``, both assumptions on 40 subsets, quiet, into
+    ``out``; ``extra`` arguments go last."""
+    return [model, "--data", str(images), "--samples", "20", "--first", "-w", "random",
+            "-r", "embedding,block.0", "--tests", "assumption2,assumption1", "--subsets", "40",
+            "--device", "cpu", "-q", "--out", str(out), *extra]
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """One intra-op thread for a module of tiny models: several times faster than two on a shared
@@ -208,6 +219,18 @@ def vit_base_random():
     from auditor.models import load_model
 
     return load_model("vit-base", "random", device="cpu", seed=0)
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    """Force the offline code paths (no hub) for one test, whatever the machine's network: the switch set
+    and the cached answer of ``hub_reachable`` cleared before and after."""
+    from auditor.models import hub_reachable
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    hub_reachable.cache_clear()
+    yield
+    hub_reachable.cache_clear()
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,5 @@
-"""Statistics the lab's rooms share: intervals over seeds and the ``converged`` cells of result CSVs."""
+"""Statistics the lab's rooms share: intervals over seeds, their text in reports, and the ``converged``
+cells of result CSVs."""
 
 from __future__ import annotations
 
@@ -22,6 +23,18 @@ def mean_ci(values: np.ndarray | pd.Series, confidence: float = 0.95) -> tuple[f
         return mean, mean, mean
     low, high = scipy.stats.t.interval(confidence, v.size - 1, loc=mean, scale=sem)
     return mean, float(low), float(high)
+
+
+def interval_text(mean: float, low: float, high: float) -> str:
+    """``mean [low, high]`` at one decimal: "-" without a mean, the mean alone without an interval."""
+    if pd.isna(mean):
+        return "-"
+    return f"{mean:.1f}" if pd.isna(low) else f"{mean:.1f} [{low:.1f}, {high:.1f}]"
+
+
+def intervals(frame: pd.DataFrame, mean: str, low: str, high: str) -> list[str]:
+    """:func:`interval_text` of every row of ``frame``, from its columns ``mean``, ``low`` and ``high``."""
+    return [interval_text(*v) for v in frame[[mean, low, high]].itertuples(index=False)]
 
 
 def is_true(value: object) -> bool:

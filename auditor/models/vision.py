@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import transformers
@@ -35,6 +35,7 @@ CLIP_NORM = ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.275
 HALF = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
 DINOV2_CROP = 224  # the DINOv2 image processor's crop (its config's 518 is the position table's size)
 SIGLIP_QUERIES = ("mean", "first")
+ConfigT = TypeVar("ConfigT", bound=transformers.PretrainedConfig)
 
 
 def crop_preprocessor(
@@ -180,38 +181,29 @@ CLIP = register_adapter(ClipVisionAdapter())
 SIGLIP = register_adapter(SiglipVisionAdapter())
 
 
+def _vit_b(cls: type[ConfigT], *, patch: int, image: int, **family: Any) -> ConfigT:
+    """A ViT-B vision config of class ``cls`` (768 wide, 12 blocks of 12 heads) with patches of ``patch``
+    pixels, a position table for ``image`` pixels, and the family's own fields."""
+    return cls(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, patch_size=patch,
+               image_size=image, **family)
+
+
 def dinov2_base() -> transformers.Dinov2Config:
-    return transformers.Dinov2Config(
-        hidden_size=768,
-        num_hidden_layers=12,
-        num_attention_heads=12,
-        intermediate_size=3072,
-        patch_size=14,
-        image_size=518,
-        layerscale_value=1.0,
-    )
+    return _vit_b(transformers.Dinov2Config, patch=14, image=518, intermediate_size=3072,
+                  layerscale_value=1.0)
 
 
 def dinov2_reg_base() -> transformers.Dinov2WithRegistersConfig:
-    return transformers.Dinov2WithRegistersConfig(
-        hidden_size=768,
-        num_hidden_layers=12,
-        num_attention_heads=12,
-        patch_size=14,
-        image_size=518,
-        num_register_tokens=4,
-    )
+    return _vit_b(transformers.Dinov2WithRegistersConfig, patch=14, image=518, num_register_tokens=4)
 
 
 def clip_vit_b16() -> transformers.CLIPVisionConfig:
-    return transformers.CLIPVisionConfig(hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
-                                         num_attention_heads=12, image_size=224, patch_size=16,
-                                         hidden_act="quick_gelu", projection_dim=512)
+    return _vit_b(transformers.CLIPVisionConfig, patch=16, image=224, intermediate_size=3072,
+                  hidden_act="quick_gelu", projection_dim=512)
 
 
 def siglip_base() -> transformers.SiglipVisionConfig:
-    return transformers.SiglipVisionConfig(hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
-                                           num_attention_heads=12, image_size=224, patch_size=16)
+    return _vit_b(transformers.SiglipVisionConfig, patch=16, image=224, intermediate_size=3072)
 
 
 register(

@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from conftest import shared_data, tiny_bert, tiny_gpt2, tiny_vit
+from conftest import shared_data, tiny_audit_argv, tiny_bert, tiny_gpt2, tiny_vit
 
 import auditor
 import probes
@@ -209,36 +209,11 @@ def test_model_object_mistakes_are_one_line_errors(call, fragment, vit_model):
 # ---------------------------------------------------------------------------------------------------
 
 
-def cli(vit: str, images: str, out: Path, *extra: str) -> list[str]:
-    return [
-        vit,
-        "--data",
-        images,
-        "--samples",
-        "20",
-        "--first",
-        "-w",
-        "random",
-        "-r",
-        "embedding,block.0",
-        "--tests",
-        "assumption2,assumption1",
-        "--subsets",
-        "40",
-        "--device",
-        "cpu",
-        "-q",
-        "--out",
-        str(out),
-        *extra,
-    ]
-
-
 def test_token_files_are_tested_again_without_loading_the_model(vit, images, tmp_path, monkeypatch, capsys):
     import auditor.models
 
     first = tmp_path / "first"
-    assert main(cli(vit, images, first, "--save-tokens")) == 0
+    assert main(tiny_audit_argv(vit, images, first, "--save-tokens")) == 0
     files = [
         first / "tokens" / "embedding@random.safetensors",
         first / "tokens" / "block.0@random.safetensors",
@@ -330,14 +305,14 @@ def test_first_and_threads_are_recorded(vit, images, tmp_path):
 
     before = torch.get_num_threads()
     out = tmp_path / "r"
-    assert main(cli(vit, images, out, "--threads", "2")) == 0
+    assert main(tiny_audit_argv(vit, images, out, "--threads", "2")) == 0
     assert torch.get_num_threads() == before  # restored after the run
     config = json.loads((out / "config.json").read_text())
     assert config["first"] is True and config["threads"] == 2 and config["torch_threads"] == 2
     assert pd.read_csv(out / "results.csv")["first"].all()
     assert "examples: the first N of the source" in (out / "summary.md").read_text()
 
-    argv = cli(vit, images, out)
+    argv = tiny_audit_argv(vit, images, out)
     argv.remove("--first")
     assert main(argv) == 0
     config = json.loads((out / "config.json").read_text())
@@ -376,7 +351,7 @@ def test_bounds_are_checked_before_any_work(argv, fragment, tmp_path, monkeypatc
 
 def test_rtol_is_one_name_on_the_command_line_in_python_and_in_the_report(vit, images, tmp_path, capsys):
     """--rtol on the command line, rtol in Python, in results.csv, config.json and summary.md."""
-    assert main(cli(vit, images, tmp_path / "new", "--rtol", "1e-5")) == 0
+    assert main(tiny_audit_argv(vit, images, tmp_path / "new", "--rtol", "1e-5")) == 0
     captured = capsys.readouterr()
     assert "time per stage:" in captured.out and "| extraction @ random" in captured.out
     new = pd.read_csv(tmp_path / "new" / "results.csv")

@@ -8,7 +8,7 @@ import pytest
 from auditor.data import default_samples
 from auditor.data.samples import bundled_text_documents, reference_text, stdlib_modules, unique_paragraphs
 from auditor.data.text import pair_windows, stream_windows
-from auditor.models import hub_reachable, known_models, resolve
+from auditor.models import known_models, resolve
 from auditor.models.bert import bundled_wordpiece
 from auditor.models.gpt2 import byte_fallback_tokenizer
 
@@ -16,14 +16,6 @@ pytestmark = pytest.mark.fast  # the developer's tier: pytest -m fast
 
 DEFAULT_SAMPLES = 2000  # the audit's default N cap (the paper's N)
 BUNDLED_CROPS = 486
-
-
-@pytest.fixture
-def offline(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    hub_reachable.cache_clear()
-    yield
-    hub_reachable.cache_clear()
 
 
 def _default_shape(name: str) -> tuple[int, int]:

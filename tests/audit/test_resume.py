@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from conftest import shared_data, tiny_vit
+from conftest import shared_data, tiny_audit_argv, tiny_vit
 
 import probes
 from auditor.cli import main
@@ -40,31 +40,6 @@ def images(tmp_path) -> Path:
     for path in sorted(shared_data("imagenet-sample").glob("*.JPEG"))[:20]:
         (folder / path.name).write_bytes(path.read_bytes())
     return folder
-
-
-def argv(vit: str, images: Path, out: Path, *extra: str) -> list[str]:
-    return [
-        vit,
-        "--data",
-        str(images),
-        "--samples",
-        "20",
-        "--first",
-        "-w",
-        "random",
-        "-r",
-        "embedding,block.0",
-        "--tests",
-        "assumption2,assumption1",
-        "--subsets",
-        "40",
-        "--device",
-        "cpu",
-        "-q",
-        "--out",
-        str(out),
-        *extra,
-    ]
 
 
 def files(folder: Path) -> dict[str, tuple[bytes, int]]:
@@ -114,7 +89,7 @@ def test_a_mistake_never_touches_an_interrupted_runs_partial_rows(
                                              "assumption1,ok\n")
     (out / "results.partial.json").write_text('{"subsets": 40}')
     before = files(out)
-    args = argv(vit, images, out)
+    args = tiny_audit_argv(vit, images, out)
     for key, value in change.items():
         value = value.format(tmp=tmp_path)
         if key == 0:
@@ -136,12 +111,13 @@ def test_a_second_audit_into_a_held_folder_is_refused(vit, images, tmp_path, cap
     out.mkdir()
     with open(out / ".lock", "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        assert main(argv(vit, images, out)) == 2
+        assert main(tiny_audit_argv(vit, images, out)) == 2
         err = capsys.readouterr().err.strip()
         assert err == f"error: another audit is writing into {str(out)!r} (it holds .lock); wait for it to " \
                       "finish or choose another --out"
         assert sorted(p.name for p in out.iterdir()) == [".lock"]
-    assert main(argv(vit, images, out)) == 0  # released: the next run proceeds and removes the lock file
+    # released: the next run proceeds and removes the lock file
+    assert main(tiny_audit_argv(vit, images, out)) == 0
     assert not (out / ".lock").exists() and (out / "results.csv").is_file()
 
 
@@ -162,7 +138,7 @@ def test_links_in_the_report_folder_are_replaced_not_followed(vit, images, tmp_p
         (out / name).symlink_to(victim / name)
     (out / "tokens").symlink_to(victim / "tokens", target_is_directory=True)
     before = files(victim)
-    assert main(argv(vit, images, out, "--save-tokens")) == 0
+    assert main(tiny_audit_argv(vit, images, out, "--save-tokens")) == 0
     assert files(victim) == before  # no target written, none removed
     for name in ("results.csv", "summary.md", "config.json", "context_ranks.png", "margins.png"):
         assert (out / name).is_file() and not (out / name).is_symlink(), name
@@ -185,13 +161,13 @@ def test_a_full_disk_while_plotting_leaves_no_png_and_keeps_the_rows_for_a_resum
     out = tmp_path / "report"
     with monkeypatch.context() as patch:
         patch.setattr(matplotlib.figure.Figure, "savefig", full)
-        assert main(argv(vit, images, out)) == 2
+        assert main(tiny_audit_argv(vit, images, out)) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"error: cannot write the report into {str(out)!r} (No space left on device)")
     assert "\n" not in err
     assert sorted(p.name for p in out.iterdir()) == ["results.partial.csv", "results.partial.json"]
     assert len(count_assumption1) == 2
-    assert main(argv(vit, images, out)) == 0
+    assert main(tiny_audit_argv(vit, images, out)) == 0
     assert len(count_assumption1) == 2  # both Kruskal rows came from the partial file
     rows = pd.read_csv(out / "results.csv")
     assert rows.loc[rows.test == "assumption1", "note"].str.contains("reused from the interrupted run").all()
@@ -216,10 +192,11 @@ def test_a_failed_run_leaves_no_folder_it_created(vit, images, tmp_path, monkeyp
 
     monkeypatch.setattr(Tokens, "save", full)
     out = tmp_path / "a" / "b" / "report"
-    assert main(argv(vit, images, out, "--save-tokens")) == 2  # tokens/ was made, then the save failed
+    # tokens/ was made, then the save failed
+    assert main(tiny_audit_argv(vit, images, out, "--save-tokens")) == 2
     assert not (tmp_path / "a").exists()
     (tmp_path / "empty").mkdir()
-    bad = argv(vit, images, out)
+    bad = tiny_audit_argv(vit, images, out)
     bad[bad.index("--data") + 1] = str(tmp_path / "empty")  # found only once the model is loaded
     assert main(bad) == 2
     assert not (tmp_path / "a").exists()
@@ -233,14 +210,14 @@ def test_a_failed_run_leaves_no_folder_it_created(vit, images, tmp_path, monkeyp
 def test_a_finished_report_is_reused_only_for_the_same_configuration_and_data(vit, images, tmp_path,
                                                                               count_assumption1):
     out = tmp_path / "report"
-    assert main(argv(vit, images, out)) == 0 and len(count_assumption1) == 2
+    assert main(tiny_audit_argv(vit, images, out)) == 0 and len(count_assumption1) == 2
     first = pd.read_csv(out / "results.csv")
     assert (
         first["data_fingerprint"].nunique() == 1
         and not first["note"].astype(str).str.contains("reused").any()
     )
 
-    assert main(argv(vit, images, out)) == 0 and len(count_assumption1) == 2  # nothing recomputed
+    assert main(tiny_audit_argv(vit, images, out)) == 0 and len(count_assumption1) == 2  # nothing recomputed
     again = pd.read_csv(out / "results.csv")
     a1 = again[again.test == "assumption1"]
     assert a1["note"].str.endswith("reused from the finished run's results.csv").all()
@@ -249,12 +226,13 @@ def test_a_finished_report_is_reused_only_for_the_same_configuration_and_data(vi
         first[first.test == "assumption1"][["fraction", "holds", "rank_counts", "witness", "min_margin"]],
     )
 
-    assert main(argv(vit, images, out, "--seed", "1")) == 0 and len(count_assumption1) == 4  # another config
+    # another config
+    assert main(tiny_audit_argv(vit, images, out, "--seed", "1")) == 0 and len(count_assumption1) == 4
 
     # same path, same configuration, other content: computed again
     replacement = sorted(shared_data("imagenet-sample").glob("*.JPEG"))[30].read_bytes()
     (sorted(images.iterdir())[0]).write_bytes(replacement)
-    assert main(argv(vit, images, out, "--seed", "1")) == 0 and len(count_assumption1) == 6
+    assert main(tiny_audit_argv(vit, images, out, "--seed", "1")) == 0 and len(count_assumption1) == 6
     rows = pd.read_csv(out / "results.csv")
     assert not rows["note"].astype(str).str.contains("reused").any()
     assert rows["data_fingerprint"].iloc[0] != first["data_fingerprint"].iloc[0]
@@ -277,7 +255,7 @@ def test_a_second_interruption_keeps_the_rows_of_the_first(
         return sweep
 
     out = tmp_path / "report"
-    args = argv(vit, images, out, "--sweep", "--sweep-ks", "4,8")
+    args = tiny_audit_argv(vit, images, out, "--sweep", "--sweep-ks", "4,8")
     monkeypatch.setattr(probes, "kruskal_sweep", interrupt_at(2))
     assert main(args) == 130 and len(count_assumption1) == 2
     sweeps.clear()
@@ -294,10 +272,10 @@ def test_a_second_interruption_keeps_the_rows_of_the_first(
 def test_a_run_without_sweep_or_tokens_removes_the_previous_ones(vit, images, tmp_path):
     out = tmp_path / "report"
     (tmp_path / "notes.md").write_text("mine\n")
-    assert main(argv(vit, images, out, "--sweep", "--sweep-ks", "4,8", "--save-tokens")) == 0
+    assert main(tiny_audit_argv(vit, images, out, "--sweep", "--sweep-ks", "4,8", "--save-tokens")) == 0
     (out / "notes.md").write_text("a file of the user's\n")
     assert {"sweep.csv", "kruskal_curve.png", "tokens"} <= {p.name for p in out.iterdir()}
-    assert main(argv(vit, images, out)) == 0
+    assert main(tiny_audit_argv(vit, images, out)) == 0
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "context_ranks.pdf", "context_ranks.png",
                                                      "margins.pdf", "margins.png", "notes.md", "results.csv",
                                                      "rtol_sweep.pdf", "rtol_sweep.png", "summary.md"]

@@ -27,7 +27,7 @@ from auditor.data.samples import (
 )
 from auditor.data.selection import random_order, selection_note
 from auditor.data.text import chunks, pair_windows, read_text_file, split_sentences, stream_windows
-from auditor.models import TextTokenizer, hub_reachable
+from auditor.models import TextTokenizer
 from auditor.models.gpt2 import _BYTE_TO_ID, byte_fallback_tokenizer
 
 pytestmark = pytest.mark.fast  # the developer's tier: pytest -m fast
@@ -37,14 +37,6 @@ pytestmark = pytest.mark.fast  # the developer's tier: pytest -m fast
 def photo() -> Image.Image:
     """A real photograph (scikit-image's astronaut), RGB."""
     return Image.open(bundled_image_files()[0][0]).convert("RGB")
-
-
-@pytest.fixture
-def offline(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    hub_reachable.cache_clear()
-    yield
-    hub_reachable.cache_clear()
 
 
 def _jpeg_bytes(image: Image.Image, **kwargs) -> bytes:
@@ -100,6 +92,7 @@ def test_first_takes_the_first_readable_in_sorted_order(messy_folder):
     two = load_inputs(loaded, str(messy_folder), samples=2, first=True, progress=False)
     three = load_inputs(loaded, str(messy_folder), samples=3, first=True, progress=False)
     assert two.N == 2 and "first 2 of 5 image files" in two.data_source
+    # exact: uint8 pixels, the same decoder on the same file bytes gives the same pixels
     assert torch.equal(two.examples()["pixel_values"], three.examples()["pixel_values"][:2])
     assert "first 3 of 5 image files" in three.data_source and three.counts["skipped_unreadable"] == 0
     every = load_inputs(loaded, str(messy_folder), samples=5, first=True, progress=False)
@@ -119,7 +112,7 @@ def test_samples_are_a_seeded_random_draw_in_source_order(tmp_path, photo):
     for seed in (0, 0, 1):
         inputs = load_inputs(loaded, str(tmp_path), samples=5, seed=seed, progress=False)
         assert f"5 of 12 image files drawn at random (seed {seed})" in inputs.data_source
-        rows = [
+        rows = [  # exact: uint8 pixels, the same decoder on the same file bytes gives the same pixels
             next(j for j in range(12) if torch.equal(every[j], image))
             for image in inputs.examples()["pixel_values"]
         ]
@@ -139,7 +132,7 @@ def test_rows_are_put_in_source_order_in_place():
             want = tensor[order]
             pointer = tensor.data_ptr()
             got = permute_rows(tensor, order)
-            assert torch.equal(got, want) and got.data_ptr() == pointer
+            assert torch.equal(got, want) and got.data_ptr() == pointer  # exact: rows moved, none computed
 
 
 @pytest.mark.parametrize(("samples", "first"), [(3, False), (4, True), (10, False)])
@@ -154,6 +147,8 @@ def test_images_decoded_per_batch_are_the_images_held(messy_folder, photo, sampl
     files = list_image_files(messy_folder)
     held, counts = pick_images(files, loaded.image_preprocessor, samples, seed=2, first=first, progress=False)
     assert len(held) == inputs.N and dict(inputs.counts) == counts
+    # exact: both decode the same bytes to the same uint8 pixels, then run the same elementwise float32
+    # ops on them (no sums), so the batch size cannot change a value
     assert torch.equal(torch.cat([b["pixel_values"] for b in inputs.batches(3)]),
                        loaded.image_preprocessor.normalize(held))
     want = Fingerprint.of([("pixel_values", held)])
@@ -161,6 +156,7 @@ def test_images_decoded_per_batch_are_the_images_held(messy_folder, photo, sampl
     again = load_inputs(loaded, str(messy_folder), samples=samples, first=first, seed=2, progress=False)
     assert again.fingerprint() == want  # nothing decoded yet: decoded for it
     part = again.part(1, 3)
+    # exact (here and below): uint8 pixels, the same decoder on the same file bytes gives the same pixels
     assert torch.equal(part.examples()["pixel_values"], held[1:3])
     assert part.fingerprint() == Fingerprint.of([("pixel_values", held[1:3])])
     cloudpickle = pytest.importorskip("cloudpickle")  # how Ray and Slurm ship a shard
@@ -278,6 +274,7 @@ def test_bundled_default_is_486_labelled_crops_of_the_real_photos():
     again = load_inputs(tiny_model("vit-base"), None, samples=50, seed=4, progress=False)
     assert again.N == 50 and "50 of 486 crops drawn at random (seed 4)" in again.data_source
     kept = sorted(random_order(486, 4)[:50])
+    # exact: uint8 pixels, the same crops of the same photos through the same decoder and resize
     assert torch.equal(again.examples()["pixel_values"], inputs.examples()["pixel_values"][kept])
 
 
@@ -296,6 +293,7 @@ def test_hf_imagefolder_on_local_files(messy_folder):
     direct = load_inputs(loaded, str(messy_folder), samples=10, progress=False)
     via_hf = load_inputs(loaded, f"hf:{messy_folder}", samples=10, progress=False)
     assert via_hf.N == 3 and dict(via_hf.counts) == dict(direct.counts)
+    # exact: uint8 pixels, both paths hand the same file bytes to the same decoder
     assert sorted(map(bytes, via_hf.examples()["pixel_values"].flatten(1).numpy())) == sorted(
         map(bytes, direct.examples()["pixel_values"].flatten(1).numpy())
     )

@@ -31,15 +31,6 @@ pytestmark = pytest.mark.fast  # the developer's tier: pytest -m fast
 NAMED = ["vit-base", "vit-base-224", "vit-large", "bert-base", "bert-large", "gpt2", "gpt2-large", "minilm"]
 
 
-@pytest.fixture
-def offline(monkeypatch):
-    """Force the offline code paths (no hub), whatever the machine's network."""
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    hub_reachable.cache_clear()
-    yield
-    hub_reachable.cache_clear()
-
-
 def _params_equal(a: torch.nn.Module, b: torch.nn.Module) -> bool:
     sa, sb = a.state_dict(), b.state_dict()
     return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)

@@ -43,6 +43,7 @@ from auditor.lab.memorize.train import (
     MemorizeSettings,
     fit_bucket,
 )
+from auditor.lab.stats import intervals
 from auditor.lab.sweep import file_fingerprint, unit_key, write_table
 
 PROJECTIONS = ("svd", "random", "none")
@@ -359,18 +360,12 @@ def summarize(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _interval(mean: float, low: float, high: float) -> str:
-    if pd.isna(mean):
-        return "-"
-    return f"{mean:.1f}" if pd.isna(low) else f"{mean:.1f} [{low:.1f}, {high:.1f}]"
-
-
 def _report(frame: pd.DataFrame, out: Path, config: CapacityConfig) -> str:
     summary = summarize(frame)
     write_table(summary, out / "summary.csv", device=str(frame["device"].iloc[0]),
                 seed=",".join(map(str, config.settings.seeds)))
-    shown = summary.assign(**{q: [_interval(*v) for v in summary[[f"{q}_mean", f"{q}_low", f"{q}_high"]]
-                                  .itertuples(index=False)] for q in ("memorized", "guaranteed")})
+    shown = summary.assign(**{q: intervals(summary, f"{q}_mean", f"{q}_low", f"{q}_high")
+                              for q in ("memorized", "guaranteed")})
     columns = ["representation", "heads", "N", "memorized", "guaranteed", "lower_bound", "seeds", "runs",
                *[f"assumption{a}_{v}" for a in (1, 2) for v in VERDICTS],
                "original_assumption1_holds", "original_assumption2_holds"]

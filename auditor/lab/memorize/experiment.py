@@ -28,6 +28,7 @@ from auditor.lab.memorize import plots, train
 from auditor.lab.memorize.data import TASKS
 from auditor.lab.memorize.model import VARIANTS
 from auditor.lab.memorize.train import MemorizeRun, MemorizeSettings, grid, make_units
+from auditor.lab.stats import intervals
 from auditor.lab.sweep import write_table
 
 FIGURES = ("a", "b", "c")
@@ -109,12 +110,6 @@ def training_settings(config: Any, preset: Mapping[str, Any] | None = None) -> M
     config's options named as MemorizeSettings fields that are set (not None)."""
     given = {k: getattr(config, k) for k in _SETTINGS if getattr(config, k, None) is not None}
     return MemorizeSettings(**{**(preset or {}), **given})
-
-
-def intervals(frame: pd.DataFrame, mean: str, low: str, high: str) -> list[str]:
-    """``mean [low, high]`` of every row, one decimal ("-" without a mean, the mean alone without an
-    interval)."""
-    return [_interval(*v) for v in frame[[mean, low, high]].itertuples(index=False)]
 
 
 @dataclass(frozen=True)
@@ -247,12 +242,6 @@ def _plots(frame: pd.DataFrame, out: Path, config: MemorizeConfig) -> list[Path]
                           title=f"saturation: H={best['heads']}, n={best['context']}, d_h={best['d_h']}, "
                                 f"N={best['N']}, seed {best['seed']}, memorized {best['memorized']}")
     return [out / f"memorized_vs_{x}.png", out / "saturation.png"]
-
-
-def _interval(mean: float, low: float, high: float) -> str:
-    if pd.isna(mean):
-        return "-"
-    return f"{mean:.1f}" if pd.isna(low) else f"{mean:.1f} [{low:.1f}, {high:.1f}]"
 
 
 def _report(frame: pd.DataFrame, out: Path, config: MemorizeConfig) -> str:

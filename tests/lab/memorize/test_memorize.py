@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -362,6 +363,13 @@ def _tokens(tmp_path, name: str, same_queries: bool):
     return path
 
 
+def _capacity_argv(tokens: Path, *extra: str) -> list[str]:
+    """``audit capacity`` on one token file, seconds long: 4 context rows kept, tokens projected to width 8,
+    3 classes, 20 subsets, one thread; ``extra`` (heads, steps, ...) goes last."""
+    return ["capacity", "--tokens", str(tokens), "--rows", "4", "--dim", "8", "--classes", "3", "--subsets",
+            "20", "--threads", "1", *extra]
+
+
 def test_select_rows_keeps_the_query_row():
     from auditor.lab.capacity.experiment import select_rows
 
@@ -429,30 +437,7 @@ def test_capacity_end_to_end_on_a_tiny_random_vit(tmp_path):
 
 def test_cli_capacity_on_a_token_file(tmp_path, capsys):
     path = _tokens(tmp_path, "block.0", False)
-    code = main(
-        [
-            "capacity",
-            "--tokens",
-            str(path),
-            "--rows",
-            "4",
-            "--dim",
-            "8",
-            "--heads",
-            "1,2",
-            "--classes",
-            "3",
-            "--subsets",
-            "20",
-            "--steps",
-            "40",
-            "--threads",
-            "1",
-            "--out",
-            str(tmp_path / "cap"),
-        ]
-    )
-    assert code == 0
+    assert main(_capacity_argv(path, "--heads", "1,2", "--steps", "40", "--out", str(tmp_path / "cap"))) == 0
     assert (tmp_path / "cap" / "results.csv").exists() and (
         tmp_path / "cap" / "memorized_vs_heads_block.0.png"
     ).exists()
@@ -463,27 +448,7 @@ def test_capacity_samples_with_a_token_file_takes_its_first_examples_or_is_refus
     """--samples is honoured with --tokens (the first N examples of the file train), and refused with one
     line when the file holds fewer; without it every example trains."""
     path = _tokens(tmp_path, "block.0", False)  # 40 examples
-    common = [
-        "capacity",
-        "--tokens",
-        str(path),
-        "--rows",
-        "4",
-        "--dim",
-        "8",
-        "--heads",
-        "1",
-        "--classes",
-        "3",
-        "--subsets",
-        "20",
-        "--steps",
-        "20",
-        "--seeds",
-        "0",
-        "--threads",
-        "1",
-    ]
+    common = _capacity_argv(path, "--heads", "1", "--steps", "20", "--seeds", "0")
     assert main([*common, "--samples", "12", "--out", str(tmp_path / "twelve")]) == 0
     assert (pd.read_csv(tmp_path / "twelve" / "results.csv")["N"] == 12).all()
     capsys.readouterr()
