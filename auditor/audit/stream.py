@@ -227,16 +227,16 @@ class ContextReducer:
 
     def add(self, contexts: torch.Tensor, queries: torch.Tensor, meta: Mapping[str, str]) -> None:
         """The next chunk: contexts (b, n, d) and queries (b, d) on the CPU, with the tokens' metadata."""
+        size = int(contexts.shape[0])
+        if self.rows + size > self.shape[0]:
+            self.abort()
+            raise RuntimeError(f"more than the N = {self.shape[0]} contexts announced were streamed")
         if self.spill:
             begin = time.perf_counter()
             if self.writer is None:
                 self.writer = self._open(dict(meta))
             self.writer.write(contexts)
             self._timed("file", begin)
-        size = int(contexts.shape[0])
-        if self.rows + size > self.shape[0]:
-            self.abort()
-            raise RuntimeError(f"more than the N = {self.shape[0]} contexts announced were streamed")
         if self.queries is None:
             self.queries = torch.empty((self.shape[0], self.shape[2]), dtype=queries.dtype)
         self.queries[self.rows : self.rows + size].copy_(queries)

@@ -270,6 +270,17 @@ def test_streamed_reductions_equal_probes_on_all_contexts(chunk):
     s.release()
 
 
+def test_more_contexts_than_announced_are_refused_and_leave_no_file():
+    e = _contexts()
+    reducer = ContextReducer(e.shape[0] - 1, *e.shape[1:], e.dtype, torch.device("cpu"),
+                             tests=("assumption2", "assumption3"), rtol=None, robustness=True, geometry=False,
+                             save=None, chunk=e.shape[0])
+    reducer.add(e[:100], e[:100, 0].clone(), {"n": "6"})
+    with pytest.raises(RuntimeError, match="more than the N = "):
+        reducer.add(e[100:], e[100:, 0].clone(), {"n": "6"})
+    assert reducer.writer is not None and not reducer.writer.tmp.exists()  # the temporary file removed
+
+
 def test_aligned_blocks_are_those_of_one_call():
     seen: list[int] = []
     aligned = _Aligned(5, lambda block: seen.append(int(block.shape[0])))
