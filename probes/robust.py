@@ -247,6 +247,10 @@ class _Refiner:
         (margin floor 0: no margin bounds): float32 certificates first while they pay, then float64
         chunks on the worker threads of the fast path. Whether the dependence proof goes first is
         decided from the first chunk (as the fast path's planner does)."""
+        if 0 < t < self.rtol and self.src.k > 1:
+            pos = self._expose(pos, t)
+            if not pos.numel():
+                return
         if self.src.certify32 is not None and t > 0:
             # float32 certificates while they pay (at least half of a chunk certified)
             rest, use32 = [], True
@@ -288,6 +292,28 @@ class _Refiner:
             self.lo[part[full]] = torch.maximum(self.lo[part[full]], lo[full])
             self.hi[part[~full]] = torch.minimum(self.hi[part[~full]], torch.tensor(t, dtype=torch.float64))
         self.factorised += pos.numel()
+
+    def _expose(self, pos: torch.Tensor, t: float) -> torch.Tensor:
+        """Below rtol, the matrices known dependent whose ceiling still lies above t get one from the rows
+        (:func:`probes.fast.kernels.exposed_ceilings` at the shift t^2 lam_lo, lam_lo <= lambda_max from
+        power steps): one factorisation, where the test's proof left a vector that bounds the ratio
+        only by about rtol and t lies near the Gram route's resolution (there a proof at t fails, and
+        the fast path would end in exact spectra). Returns the matrices t still has to decide."""
+        dep = pos[self.hi[pos] <= self.rtol * (1 + _PAD)]
+        if not dep.numel():
+            return pos
+        parts = list(self._chunks(dep))
+
+        def ceilings(j: int) -> torch.Tensor:
+            dev = parts[j].to(_device(self.src))
+            gram = self.src.gram(dev)  # (c, k, k)
+            shift = t**2 * fast.kernels.power_lower(gram)
+            return fast.kernels.exposed_ceilings(gram, shift, self.src.width,
+                                                 rows=lambda p: self.src.rows(dev[p])).cpu()
+
+        for part, ceil in zip(parts, fast.map_chunks(ceilings, len(parts), self._workers()), strict=True):
+            self.hi[part] = torch.minimum(self.hi[part], torch.maximum(ceil * (1 + _PAD), self.lo[part]))
+        return pos[(self.lo[pos] < t * (1 + _PAD)) & (self.hi[pos] > t * (1 - _PAD))]
 
     def _eigen_first(self, pos: torch.Tensor, t: float) -> torch.Tensor:
         """The matrices at ``pos`` that get eigenvalue brackets at a grid point t above rtol instead of
