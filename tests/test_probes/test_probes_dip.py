@@ -157,3 +157,61 @@ def test_large_k_grid_by_eigenvalues_or_factorisations_equals_numpy(span, monkey
     assert 0 < res.robustness.rtol_grid[2.0] < res.robustness.rtol_grid[1.0]  # ratios across the points
     rob = res.robustness
     assert rob.critical_rtol_low <= r.min() * (1 + 1e-9) and r.min() <= rob.critical_rtol_high * (1 + 1e-9)
+
+
+# ------------------------------------------------------------------ ceilings from the rows (grid below rtol)
+
+
+def test_exposed_ceilings_hold_and_reach_below_the_gram_resolution():
+    """A failed factorisation at t^2 lam_lo exposes a vector whose bound from the rows is a ceiling at
+    or above the float64 SVD's ratio, far below the Gram route's resolution for rows dependent up to
+    rounding; where the factorisation succeeds (ratio above t), no ceiling (1)."""
+    k, d, t = 4, 9, 1e-3
+    factors = [0.0, 1e-13, 1e-10, 1e-6, 1e-4, 2e-4, 0.05, 0.3]
+    x = torch.stack([with_singular_values([1.0, 0.4, 0.1, f], k, d, seed=i) for i, f in enumerate(factors)])
+    gram = x @ x.transpose(1, 2)  # (B, k, k)
+    shift = t**2 * fast.kernels.power_lower(gram)
+    ceiling = fast.kernels.exposed_ceilings(gram, shift, d, rows=lambda p: x[p])
+    sv = torch.linalg.svdvals(x)
+    ratio = sv[:, -1] / sv[:, 0]
+    assert torch.all(ceiling >= ratio * (1 - 1e-9))
+    resolution = (16 * (k + d) * torch.finfo(torch.float64).eps) ** 0.5  # (about 1.7e-7 here)
+    for f, c in zip(factors, ceiling.tolist(), strict=True):
+        if f <= 1e-10:
+            assert c < resolution / 10, f
+        if f <= t / 4:
+            assert c < t, f
+        if f >= 0.05:
+            assert c == 1.0, f
+
+
+def test_grid_below_rtol_takes_ceilings_from_the_rows_where_the_gram_route_cannot_reach(monkeypatch):
+    """Dependent subsets (float32-rounded subspace) at a tolerance whose 0.1x point lies below the
+    Gram route's resolution, with the test's own ceilings left at the Gram route's (no rows read): the
+    grid's lowest point takes ceilings from the rows, each at or above the float64 SVD's ratio and most
+    below the point; every grid fraction equals NumPy's."""
+    tune(monkeypatch, ceiling_enough=1e12, cache_bytes=8 * 12 * 12 * 7)
+    x = cluster_pool(60, 24, 6, seed=51)
+    k, count, seed, rtol = 12, 300, 52, 1e-6
+    subsets = probes.sample_subsets(60, k, count, seed)
+    ratio = svd_ratios(x, subsets)
+    seen = []
+    original = probes.robust._Refiner._expose
+
+    def recorded(self, pos, t):
+        before = self.hi[pos].clone()
+        out = original(self, pos, t)
+        seen.append((t, pos, before, self.hi[pos].clone(), self.hi.clone()))
+        return out
+
+    monkeypatch.setattr(probes.robust._Refiner, "_expose", recorded)
+    res = probes.kruskal_test(x, k, subsets=count, seed=seed, rtol=rtol)
+    mats = x.numpy()[subsets.numpy()]
+    for m, fraction in res.robustness.rtol_grid.items():
+        assert fraction == np.mean(np.linalg.matrix_rank(mats, rtol=m * rtol) == k), m
+    assert seen and seen[0][0] == pytest.approx(0.1 * rtol)
+    t, pos, before, after, hi = seen[0]
+    assert torch.all(hi >= ratio * (1 - 1e-9))  # every interval still holds its ratio
+    assert (before > t).all() and (after < t).double().mean() > 0.75
+    rob = res.robustness
+    assert rob.critical_rtol_low <= ratio.min() * (1 + 1e-9) <= rob.critical_rtol_high * (1 + 1e-9)
