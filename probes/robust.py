@@ -20,7 +20,8 @@ the proven floor of that spectrum too), then narrowed only where needed:
   float64 SVD at that tolerance; above rtol, for k <= ``Tuning.eigen_max_k``, the eigenvalues of the
   matrices left instead, whose proven brackets settle every point above rtol at once, and for larger
   k the same for matrices whose interval holds ``Tuning.eigen_span`` or more points, a proven bracket
-  of lambda_max computed once per matrix and kept for the later points for the others); every
+  of lambda_max computed once per matrix and kept for the later points for the others; below rtol, a
+  matrix known dependent gets a ceiling from its rows first, see :meth:`_Refiner._expose`); every
   other matrix is settled by monotonicity. A bound that lies within 1e-9 (relative) of a grid
   tolerance is not trusted: such a matrix is decided again, so float rounding of margins never decides
   a grid point;
