@@ -328,6 +328,7 @@ def _test_subsets(
     that is cheap, and dependent ones get ceilings, so that the grid needs few new proofs)."""
     lam_cap = None if spectrum is None else float(spectrum[0]) ** 2
     top = max(grid) if grid else 1.0
+    low = min(grid) if grid else 1.0
     return fast.subset_decisions(
         x64,
         subsets.to(x64.device),
@@ -338,6 +339,7 @@ def _test_subsets(
         on_chunk=None if bar is None else bar.update,
         reach=math.log10(top) * (1 + 1e-6) if top > 1 else None,
         ceilings=grid is not None,
+        dip=low * (1 - 1e-6) if low < 1 else None,
     )
 
 

@@ -10,7 +10,8 @@ Nothing here needs a spectrum per matrix. Each matrix carries a proven interval 
 first from the decisions the verdict itself made (a certified margin m proves r > rtol 10^m, and the
 test certifies at the grid's top multiplier where that pays, see ``reach`` in
 :func:`probes.fast.decide`; a dependent matrix has r <= rtol, or below the proven ceiling that its
-dependence proof or its exact spectrum gives it; a matrix whose exact spectrum the test computed keeps
+dependence proof or its exact spectrum gives it, and the test proves it dependent at the grid's lowest
+multiplier first where that pays, see ``dip``; a matrix whose exact spectrum the test computed keeps
 the proven floor of that spectrum too), then narrowed only where needed:
 
 - the tolerance grid: at each multiplier (on each side of 1 the extreme first, then the inner points
@@ -18,7 +19,9 @@ the proven floor of that spectrum too), then narrowed only where needed:
   tolerance are decided again by the fast path (:func:`probes.fast.decide`, whose verdicts equal a
   float64 SVD at that tolerance; above rtol, for k <= ``Tuning.eigen_max_k``, the eigenvalues of the
   matrices left instead, whose proven brackets settle every point above rtol at once, and for larger
-  k a proven bracket of lambda_max computed once per matrix and kept for the later points); every
+  k the same for matrices whose interval holds ``Tuning.eigen_span`` or more points, a proven bracket
+  of lambda_max computed once per matrix and kept for the later points for the others; below rtol, a
+  matrix known dependent gets a ceiling from its rows first, see :meth:`_Refiner._expose`); every
   other matrix is settled by monotonicity. A bound that lies within 1e-9 (relative) of a grid
   tolerance is not trusted: such a matrix is decided again, so float rounding of margins never decides
   a grid point;
@@ -229,6 +232,7 @@ class _Refiner:
         self.lam_hi = torch.full((src.count,), math.nan, dtype=torch.float64)
         self.spectra = 0
         self.factorised = 0
+        self.above: list[float] = []  # the grid's tolerances above rtol (set by :meth:`grid`)
 
     # ------------------------------------------------------------------ the tools
     def _workers(self) -> int:
@@ -244,6 +248,10 @@ class _Refiner:
         (margin floor 0: no margin bounds): float32 certificates first while they pay, then float64
         chunks on the worker threads of the fast path. Whether the dependence proof goes first is
         decided from the first chunk (as the fast path's planner does)."""
+        if 0 < t < self.rtol and self.src.k > 1:
+            pos = self._expose(pos, t)
+            if not pos.numel():
+                return
         if self.src.certify32 is not None and t > 0:
             # float32 certificates while they pay (at least half of a chunk certified)
             rest, use32 = [], True
@@ -259,12 +267,13 @@ class _Refiner:
         parts = list(self._chunks(pos))
         if not parts:
             return
-        if t > self.rtol and self.src.k <= fast.tuning.TUNING.eigen_max_k:
+        eigen = self._eigen_first(pos, t)
+        if eigen.numel():
             # every matrix left is full rank at rtol (hi <= rtol for the others): eigenvalue brackets
             # (no SVD) settle this point and the other points above rtol, except for the rare matrix
             # whose bracket contains t
-            self.exact(pos, count=False, svd=False)
-            self.factorised += pos.numel()
+            self.exact(eigen, count=False, svd=False)
+            self.factorised += eigen.numel()
             pos = pos[(self.lo[pos] < t * (1 + _PAD)) & (self.hi[pos] > t * (1 - _PAD))]
             parts = list(self._chunks(pos))
             if not parts:
@@ -284,6 +293,43 @@ class _Refiner:
             self.lo[part[full]] = torch.maximum(self.lo[part[full]], lo[full])
             self.hi[part[~full]] = torch.minimum(self.hi[part[~full]], torch.tensor(t, dtype=torch.float64))
         self.factorised += pos.numel()
+
+    def _expose(self, pos: torch.Tensor, t: float) -> torch.Tensor:
+        """Below rtol, the matrices known dependent whose ceiling still lies above t get one from the rows
+        (:func:`probes.fast.kernels.exposed_ceilings` at the shift t^2 lam_lo, lam_lo <= lambda_max from
+        power steps): one factorisation, where the test's proof left a vector that bounds the ratio
+        only by about rtol and t lies near the Gram route's resolution (there a proof at t fails, and
+        the fast path would end in exact spectra). Returns the matrices t still has to decide."""
+        dep = pos[self.hi[pos] <= self.rtol * (1 + _PAD)]
+        if not dep.numel():
+            return pos
+        parts = list(self._chunks(dep))
+
+        def ceilings(j: int) -> torch.Tensor:
+            dev = parts[j].to(_device(self.src))
+            gram = self.src.gram(dev)  # (c, k, k)
+            shift = t**2 * fast.kernels.power_lower(gram)
+            return fast.kernels.exposed_ceilings(gram, shift, self.src.width,
+                                                 rows=lambda p: self.src.rows(dev[p])).cpu()
+
+        for part, ceil in zip(parts, fast.map_chunks(ceilings, len(parts), self._workers()), strict=True):
+            self.hi[part] = torch.minimum(self.hi[part], torch.maximum(ceil * (1 + _PAD), self.lo[part]))
+        return pos[(self.lo[pos] < t * (1 + _PAD)) & (self.hi[pos] > t * (1 - _PAD))]
+
+    def _eigen_first(self, pos: torch.Tensor, t: float) -> torch.Tensor:
+        """The matrices at ``pos`` that get eigenvalue brackets at a grid point t above rtol instead of
+        factorisations: every one up to ``Tuning.eigen_max_k``; above it, those whose interval still
+        holds ``Tuning.eigen_span`` or more grid tolerances above rtol (t included), each of which would
+        otherwise take a certificate and often a dependence proof, beside a lambda_max bracket."""
+        tune = fast.tuning.TUNING
+        if not t > self.rtol or not pos.numel():
+            return pos[:0]
+        if self.src.k <= tune.eigen_max_k:
+            return pos
+        points = torch.tensor([p for p in self.above if p <= t], dtype=torch.float64)  # (P,)
+        lo, hi = self.lo[pos, None], self.hi[pos, None]  # (n, 1)
+        span = ((lo < points * (1 + _PAD)) & (hi > points * (1 - _PAD))).sum(-1)  # (n,)
+        return pos[span >= tune.eigen_span]
 
     def _decide_part(self, part: torch.Tensor, t: float, dependent_first: bool):
         """(decisions at t, proven lower ends, lambda_max brackets or None) for the matrices at ``part``.
@@ -396,6 +442,7 @@ class _Refiner:
     # ------------------------------------------------------------------ the answers
     def grid(self, multipliers: tuple[float, ...]) -> dict[float, float]:
         """{multiplier: share full rank at multiplier x rtol}, exact (see the module docstring)."""
+        self.above = [m * self.rtol for m in multipliers if m > 1 and m * self.rtol < 1]
         for m in _grid_order(multipliers):
             t = m * self.rtol
             if t >= 1 or m == 1:

@@ -27,6 +27,9 @@ lambda_min(G) and sigma_max^2 = lambda_max(G). Each stage decides only what it c
    Demmel's bound, :func:`probes.fast.errors.dependence_slack`). Such subsets get rank -1 (unknown below
    k) and margin NaN, except the first ``exact_dependent`` of them (in subset order), whose exact ranks
    come from stages 2 and 3.
+   Dip (for :mod:`probes.robust`): stage 1b tries the shift of a smaller tolerance, the robustness
+   grid's lowest, first; where that factorisation fails with room to spare the matrix is exactly one
+   stage 1b proves, and the grid need not prove it again there (:func:`probes.fast.stages.decide`).
    Shortcut: when a stage 1 factorisation of the same G has just failed at pivot j, the vector it
    exposes (the null vector of the first j + 1 rows, when they are dependent) often shows in O(k^2)
    that the stage 1b factorisation would fail too (:func:`probes.fast.kernels.quick_dependent`); such
@@ -50,8 +53,8 @@ rtol). Subsets given exact spectra (stages 2 and 3) get a proven ceiling and flo
 
 Which subsets get rank -1 (and which an exact rank) depends only on the stage 1b test of each subset
 (with the same bound lam_hi, bit for bit, as always), so ranks, verdicts, witnesses and rank histograms
-do not depend on the chunking, on stage 0, on the shortcut, on :mod:`probes.fast.tuning` or on the
-number of threads.
+do not depend on the chunking, on stage 0, on the shortcut, on the dip, on :mod:`probes.fast.tuning`
+or on the number of threads.
 
 Margin floor. A Kruskal test reports only the smallest margin over its subsets. The first
 ``Tuning.pilot`` subsets get margin bounds as in stage 1; from then on the smallest margin m found so

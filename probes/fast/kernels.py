@@ -229,6 +229,29 @@ def quick_dependent(gram: torch.Tensor, chol: torch.Tensor, info: torch.Tensor, 
     return ok, ceiling
 
 
+def exposed_ceilings(gram: torch.Tensor, shift: torch.Tensor, width: int, rows: Rows) -> torch.Tensor:
+    """(t,) proven ceilings on sigma_k / sigma_1 (1 where none): where the Cholesky factorisation of
+    G - s I (``shift`` (t,)) fails at pivot j, the vector it exposes (for rows 0 .. j dependent up to
+    the shift, their null vector) is refined (three steps) and bounded from the rows themselves
+    (:func:`pivot_ceilings`). Unlike a dependence proof this needs no room below a tolerance: the
+    shift only chooses which vector is exposed, and the ceiling holds whatever that vector is, so it
+    reaches below the Gram route's resolution where the rows are dependent up to rounding."""
+    t, k, _ = gram.shape
+    ceiling = torch.ones(t, dtype=gram.dtype, device=gram.device)
+    chol, info = shifted_cholesky(gram, shift.clamp(min=0))
+    pivot = info.to(torch.int64) - 1
+    cand = (info > 0) & (pivot < k)
+    if bool(cand.any()):
+        trace = gram.diagonal(dim1=-2, dim2=-1).sum(-1)
+        pos = cand.nonzero().flatten()
+        v = pivot_vectors(gram, chol, pivot, cand)
+        for _ in range(2):  # (each step shrinks the error of v by about s / lambda_min(G_11))
+            refine(gram, chol, pivot, v, pos)
+        r_up = rayleigh_up(gram, v, trace, width, pos)
+        ceiling[pos] = pivot_ceilings(gram, chol, pivot, v, r_up, pos, trace, width, rows=rows)
+    return ceiling
+
+
 def tight_lambda_max(gram: torch.Tensor, steps: int = 12, gap: float = 1e-3,
                       residual: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(lo, hi) with lo <= lambda_max(G as stored) <= hi, hi = inf where not proven.

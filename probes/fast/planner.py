@@ -2,7 +2,8 @@
 
 A plan never changes a rank, a verdict or a witness: it chooses the margin floor, whether stage 0
 (float32) runs, whether stage 1b goes first, whether the test certifies at the robustness grid's top
-multiplier (the reach) and whether stage 0b gathers only the leading rows. The thresholds are fields
+multiplier (the reach), whether stage 1b proves at the grid's lowest multiplier first (the dip) and
+whether stage 0b gathers only the leading rows. The thresholds are fields
 of :class:`probes.fast.tuning.Tuning`. Chunk j is planned from chunks 0 .. j - ``lag`` only, so that
 plans, and hence stage counts and margin bounds, do not depend on thread timing.
 """
@@ -26,6 +27,7 @@ class Plan:
     dependent_first: bool  # stage 1b before stage 1
     reach: float | None = None  # certify at this margin first (see :func:`probes.fast.decide`)
     lead: int | None = None  # stage 0b on this many leading rows, without stage 0 (Pool.dependent_lead)
+    dip: float | None = None  # stage 1b at this multiplier of rtol first (see :func:`probes.fast.decide`)
 
 
 @dataclass
@@ -46,6 +48,9 @@ class Chunk:
     reach_hit: float | None = None  # ... and share certified at the reach
     fail_at: torch.Tensor | None = None  # 1-based failing pivots of the subsets the shortcut settled
     floor: torch.Tensor | None = None  # (c,) see :class:`probes.fast.Decisions`
+    dip_tried: int = 0  # see :class:`probes.fast.Decisions`
+    dip_proven: int = 0
+    dip_loose: float = 0.0  # with a dip: share of the subsets proven dependent whose ceiling lies above it
 
 
 class Planner:
@@ -53,14 +58,15 @@ class Planner:
     Running minima are kept per chunk, so plans do not depend on the order they are asked for."""
 
     def __init__(self, n_pilot: int, can32: bool, prove: bool, probe: int, tuning: Tuning,
-                 reach: float | None = None, lead_k: int | None = None):
+                 reach: float | None = None, lead_k: int | None = None, dip: float | None = None):
         self.n_pilot, self.can32, self.prove, self.probe = n_pilot, can32, prove, probe
-        self.tuning, self.reach = tuning, reach
+        self.tuning, self.reach, self.dip = tuning, reach, dip
         self.lead_k = lead_k  # k where stage 0b may run (with dependence proofs), else None
         self.floors: list[float] = []  # smallest margin over chunks 0 .. i
         self.tried: list[Chunk | None] = []  # the last chunk <= i that ran stage 0
         self.reached: list[tuple[float, float] | None] = []  # (misses, hits) at the reach, summed over the
         # chunks <= i that certified at it (None before the first)
+        self.dipped: list[tuple[int, int]] = []  # (tried, proven) at the dip over chunks 0 .. i
 
     def __call__(self, j: int, done: list) -> Plan:
         top = max(self.n_pilot, j - self.tuning.lag + 1) - 1  # the last chunk this plan may look at
@@ -70,12 +76,15 @@ class Planner:
             self.floors.append(min(self.floors[-1], ch.min_margin) if i else ch.min_margin)
             self.tried.append(ch if ch.tried32 else (self.tried[-1] if i else None))
             self.reached.append(self._sum_reach(self.reached[-1] if i else None, ch))
+            tried, proven = self.dipped[-1] if i else (0, 0)
+            self.dipped.append((tried + ch.dip_tried, proven + ch.dip_proven))
         last = done[top]
         floor = self.floors[top] if math.isfinite(self.floors[top]) else None
         probing = (j - self.n_pilot) % self.probe == 0  # every ``probe``-th chunk retries what stopped paying
         use32 = self.can32 and floor is not None and self._float32_pays(top, probing)
-        return Plan(floor=floor, use32=use32, dependent_first=self._dependent_first(last, floor),
-                    reach=self._reach(top, last, floor, probing), lead=self._lead(last, use32))
+        dip = self._dip(top, probing)
+        return Plan(floor=floor, use32=use32, dependent_first=self._dependent_first(last, floor, dip),
+                    reach=self._reach(top, last, floor, probing), lead=self._lead(last, use32), dip=dip)
 
     def _float32_pays(self, top: int, probing: bool) -> bool:
         """Float32 until a chunk shows that it certifies less than ``keep32`` of the chunk, then while it
@@ -83,13 +92,16 @@ class Planner:
         tried = self.tried[top]
         return tried is None or tried.rate32 >= self.tuning.keep32 or probing
 
-    def _dependent_first(self, last: Chunk, floor: float | None) -> bool:
+    def _dependent_first(self, last: Chunk, floor: float | None, dip: float | None) -> bool:
         """Stage 1b first pays when most subsets are dependent and its shortcut (after a failed stage 1
-        factorisation) does not settle them (thresholds: ``Tuning.dependent_first_*``)."""
+        factorisation) does not settle them (thresholds: ``Tuning.dependent_first_*``); with a dip, also
+        where it does but leaves most of them a ceiling above the dip (``Tuning.dip_first_loose``: the
+        grid's lowest point would prove them again; stage 1b at the dip proves both at once)."""
         t = self.tuning
         share = t.dependent_first_floor if floor is not None else t.dependent_first_plain
         settled = last.shortcut / max(1, last.stages["cholesky_dependent"])
-        return self.prove and last.dependent_share > share and settled < t.dependent_first_settled
+        loose = dip is not None and last.dip_loose > t.dip_first_loose
+        return self.prove and last.dependent_share > share and (loose or settled < t.dependent_first_settled)
 
     @staticmethod
     def _sum_reach(before: tuple[float, float] | None, ch: Chunk) -> tuple[float, float] | None:
@@ -113,6 +125,18 @@ class Planner:
         reached = self.reached[top]
         if reached is None or probing or reached[0] <= t.reach_pays * reached[1]:
             return self.reach
+        return None
+
+    def _dip(self, top: int, probing: bool) -> float | None:
+        """The dip while it pays over the chunks so far (else on probing chunks only): a matrix tried
+        at the dip but not proven there costs one factorisation more (stage 1b at rtol after it), one
+        proven there spares the grid's lowest point a certificate and a proof, about ``dip_pays``
+        factorisations."""
+        if self.dip is None:
+            return None
+        tried, proven = self.dipped[top]
+        if probing or (tried - proven) <= self.tuning.dip_pays * proven:
+            return self.dip
         return None
 
     def _lead(self, last: Chunk, use32: bool) -> int | None:

@@ -13,8 +13,14 @@ from dataclasses import dataclass, field
 import torch
 
 from probes.fast import tuning as tuning_module
-from probes.fast.errors import F64_EPS, floor_target, gram_error, lam_hi_bound
-from probes.fast.kernels import prove_dependent, quick_dependent, shifted_cholesky, tight_lambda_max
+from probes.fast.errors import F64_EPS, cholesky_backward, floor_target, gram_error, lam_hi_bound
+from probes.fast.kernels import (
+    power_lower,
+    prove_dependent,
+    quick_dependent,
+    shifted_cholesky,
+    tight_lambda_max,
+)
 from probes.fast.tuning import Tuning
 from probes.rank import margins_from_singular_values
 
@@ -40,6 +46,8 @@ class Decisions:
     # at which the factorisation it used failed (0 elsewhere); plans stage 0b of later chunks
     floor: torch.Tensor | None = None  # (S,) proven lower bound <= sigma_k / sigma_1 from the exact spectra
     # (stages 2 and 3; 0 elsewhere), where ceilings are asked for
+    dip_tried: int = 0  # matrices stage 1b first tried to prove dependent at the dip (see :func:`decide`) ...
+    dip_proven: int = 0  # ... and of those, how many it proved
 
     @classmethod
     def empty(cls, c: int, k: int, device: torch.device, *, ceilings: bool) -> Decisions:
@@ -161,6 +169,7 @@ class _State:
     quick_bound: bool
     early: torch.Tensor | None  # (c,) bool: matrices that get exact ranks without a proof first
     tuning: Tuning
+    dip: float | None = None  # stage 1b tries this multiplier of rtol first (see :func:`decide`)
     held: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int64))
     proven: list[torch.Tensor] = field(default_factory=list)  # positions proven dependent
 
@@ -192,13 +201,48 @@ def _hold(st: _State, todo: torch.Tensor) -> torch.Tensor:
 
 def _prove(st: _State, todo: torch.Tensor) -> torch.Tensor:
     """Stage 1b: rank deficiency proven by a failing Cholesky factorisation. (A ceiling costs a few
-    matrix-vector products: only where k is large enough for that to be small beside it.)"""
+    matrix-vector products: only where k is large enough for that to be small beside it.) With a dip,
+    at dip x rtol first (:func:`_prove_at_dip`)."""
     want = st.out.ceiling is not None and st.gram.shape[-1] >= st.tuning.ceil_1b_k
+    lam_lo = None if st.lam_lo is None else st.part(st.lam_lo, todo)
+    if st.dip is not None and todo.numel():
+        if lam_lo is None:  # the bound prove_dependent computes (same kernel, bit for bit)
+            lam_lo = power_lower(st.part(st.gram, todo))
+        todo, lam_lo = _prove_at_dip(st, todo, lam_lo, want)
+        if not todo.numel():
+            return todo
     dep, ceil = prove_dependent(st.part(st.gram, todo), st.part(st.lam_hi, todo), st.rtol, st.width,
-                                ceilings=want, lam_lo=None if st.lam_lo is None else st.part(st.lam_lo, todo),
-                                rows=lambda p: st.rows(todo[p]))
+                                ceilings=want, lam_lo=lam_lo, rows=lambda p: st.rows(todo[p]))
     _mark_dependent(st, todo[dep], ceil[dep] if want else None)
     return todo[~dep]
+
+
+def _prove_at_dip(st: _State, todo: torch.Tensor, lam_lo: torch.Tensor,
+                  want: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stage 1b at t = dip x rtol (< rtol): the factorisation of G - s' I with s' = t^2 lam_lo - gamma
+    (the stage 1b shift at t) fails => lambda_min(G) < t^2 lambda_max, the matrix is dependent at t,
+    its ratio below t (the ceiling it gets). It is then also exactly a matrix that stage 1b proves
+    dependent at rtol: that factorisation (shift s, same lam_lo and gamma) failing at s' means
+    lambda_min(G) <= s' + k (k + 1) u max g_ii (Demmel, doubled here), while had the one at s
+    succeeded, lambda_min(G) >= s - :func:`probes.fast.errors.cholesky_backward`; where
+    s' + that < s - backward the two cannot both hold, so it fails too. Matrices without that room
+    go on to stage 1b at rtol. Returns (what is left, its lam_lo)."""
+    g, lam_hi = st.part(st.gram, todo), st.part(st.lam_hi, todo)
+    t = st.rtol * st.dip
+    dep, ceil = prove_dependent(g, lam_hi, t, st.width, ceilings=want, lam_lo=lam_lo,
+                                rows=lambda p: st.rows(todo[p]))
+    k, u = g.shape[-1], F64_EPS / 2
+    diag = g.diagonal(dim1=-2, dim2=-1)
+    trace, dmax = diag.sum(-1), diag.amax(-1)
+    room = ((st.rtol**2 - t**2) * lam_lo * (1 - 4 * k * F64_EPS) * (1 - 1e-12)
+            - 2 * k * (k + 1) * u * dmax - cholesky_backward(k, trace, dmax, lam_hi))
+    dep &= room > 0
+    st.out.dip_tried += int(todo.numel())
+    st.out.dip_proven += int(dep.sum())
+    if bool(dep.any()):
+        top = torch.full_like(lam_lo, t)
+        _mark_dependent(st, todo[dep], (torch.minimum(ceil, top) if want else top)[dep])
+    return todo[~dep], lam_lo[~dep]
 
 
 def _at_floor(st: _State, g, todo, lam_hi, floor: float):
@@ -296,6 +340,7 @@ def decide(
     ceilings: bool = False,
     exact_first: torch.Tensor | None = None,
     lam_bounds: tuple[torch.Tensor, torch.Tensor] | None = None,
+    dip: float | None = None,
 ) -> Decisions:
     """Ranks and margins of c matrices given their Gram matrices (stages 1 to 3).
 
@@ -327,6 +372,10 @@ def decide(
         lam_bounds: (lo, hi), each (c,): proven bounds lo <= lambda_max <= hi of each matrix (hi inf
             where unknown), e.g. from :func:`probes.fast.tight_lambda_max`; they replace the usual
             bounds where tighter, and stage 1c is skipped.
+        dip: with dependence proofs, a multiplier of rtol below 1 (the robustness grid's lowest point):
+            stage 1b first tries to prove each matrix dependent at dip x rtol, which proves it dependent
+            at rtol exactly as stage 1b would, and (with ``ceilings``) gives it the ceiling dip x rtol,
+            so that the grid need not prove it again there. Ranks do not depend on it.
     """
     c, k, _ = gram.shape
     out = Decisions.empty(c, k, gram.device, ceilings=ceilings)
@@ -342,7 +391,8 @@ def decide(
         lam_hi = lam_hi_bound(gram, lam_cap, quick=quick)  # exact bound recomputed after the floor stage
     early = exact_first if prove and exact_first is not None and bool(exact_first.any()) else None
     st = _State(gram, rows, rtol, width, lam_cap, lam_hi, lam_lo, out, prove, ceilings, quick, early,
-                tuning_module.TUNING, held=torch.zeros(0, dtype=torch.int64, device=gram.device))
+                tuning_module.TUNING, dip if dip is not None and 0 < dip < 1 else None,
+                held=torch.zeros(0, dtype=torch.int64, device=gram.device))
     todo = _certify_and_prove(st, torch.arange(c, device=gram.device), floor, reach, dependent_first)
     if todo.numel() and k > 1 and lam_bounds is None:
         todo = _tighten(st, todo)

@@ -37,6 +37,7 @@ class _Job:
     ceilings: bool
     first: int  # subsets 0 .. first - 1 get exact ranks where dependent, without a proof first
     tuning: Tuning
+    dip: float | None = None  # see :func:`probes.fast.decide`
 
 
 def _settle(out: Decisions, decided: torch.Tensor, pos: torch.Tensor, dep: torch.Tensor, at: torch.Tensor,
@@ -99,7 +100,7 @@ def _stages_1_to_3(job: _Job, idx: torch.Tensor, plan: Plan, first: int, out: De
     dec = decide(job.pool.gram64(sub), lambda pos, sub=sub: job.pool.x[sub[pos]], job.rtol, job.pool.d,
                  lam_cap=job.pool.lam_cap, exact_dependent=0 if job.prove else None,
                  dependent_first=plan.dependent_first, floor=plan.floor, reach=plan.reach,
-                 ceilings=job.ceilings, exact_first=early)
+                 ceilings=job.ceilings, exact_first=early, dip=plan.dip)
     if todo is None:
         dec.stages = {key: out.stages[key] + value for key, value in dec.stages.items()}
         dec.shortcut += out.shortcut
@@ -111,6 +112,7 @@ def _stages_1_to_3(job: _Job, idx: torch.Tensor, plan: Plan, first: int, out: De
     for key, value in dec.stages.items():
         out.stages[key] += value
     out.shortcut += dec.shortcut
+    out.dip_tried, out.dip_proven = dec.dip_tried, dec.dip_proven
     return out
 
 
@@ -126,6 +128,10 @@ def decide_chunk(job: _Job, a: int, b: int, plan: Plan) -> Chunk:
     rank, margin, bound = out.rank, out.margin, out.bound
     known = margin[(rank >= 0) & ~margin.isnan()]
     reach_miss = reach_hit = None
+    dip_loose = 0.0
+    if job.dip is not None and out.ceiling is not None:
+        proven = rank == -1
+        dip_loose = float((out.ceiling[proven] > job.rtol * job.dip).sum()) / max(1, int(proven.sum()))
     if plan.reach is not None:
         certified = bound & (rank == k)
         reach_miss = float((certified & (margin < plan.reach)).sum()) / c
@@ -134,7 +140,8 @@ def decide_chunk(job: _Job, a: int, b: int, plan: Plan) -> Chunk:
                  min_margin=float(known.min()) if known.numel() else math.inf, tried32=plan.use32,
                  rate32=rate32, dependent_share=float((rank != k).sum()) / c, shortcut=out.shortcut,
                  ceiling=out.ceiling, reach_miss=reach_miss, reach_hit=reach_hit,
-                 fail_at=out.fail_at[out.fail_at > 0], floor=out.floor)
+                 fail_at=out.fail_at[out.fail_at > 0], floor=out.floor, dip_tried=out.dip_tried,
+                 dip_proven=out.dip_proven, dip_loose=dip_loose)
 
 
 def _chunk_bounds(s: int, k: int, step: int, t: Tuning) -> tuple[list[tuple[int, int]], int]:
@@ -215,6 +222,7 @@ def subset_decisions(
     workers: int | None = None,
     reach: float | None = None,
     ceilings: bool = False,
+    dip: float | None = None,
 ) -> Decisions:
     """Decide every k-subset of a pool.
 
@@ -233,6 +241,7 @@ def subset_decisions(
         reach, ceilings: see :func:`probes.fast.decide` (for :mod:`probes.robust`; ranks do not depend
             on them). The reach is given up while it does not pay (``Tuning.reach_pays``) or more than
             ``Tuning.reach_dependent`` of a chunk are dependent.
+        dip: see :func:`probes.fast.decide`; given up while it does not pay (``Tuning.dip_pays``).
 
     Returns:
         :class:`Decisions`; certified margins are lower bounds (the margin floor, see
@@ -248,10 +257,12 @@ def subset_decisions(
         out = Decisions.empty(0, k, vectors64.device, ceilings=ceilings)
         out.fail_at = None
         return out
-    job = _Job(pool, subsets, rtol, prove, ceilings, exact_dependent if prove and exact_dependent else 0, t)
+    dip = dip if prove and ceilings and dip is not None and 0 < dip < 1 else None
+    job = _Job(pool, subsets, rtol, prove, ceilings, exact_dependent if prove and exact_dependent else 0, t,
+               dip)
     bounds, n_pilot = _chunk_bounds(s, k, step, t)
     probe = max(1, t.probe_subsets // step)  # chunks between retries of what stopped paying
-    planner = Planner(n_pilot, pool.can32, prove, probe, t, reach, k if prove else None)
+    planner = Planner(n_pilot, pool.can32, prove, probe, t, reach, k if prove else None, dip)
     pilot = bounds[n_pilot - 1][1]
     workers = _worker_count(workers, vectors64.device, (s - pilot) * k * k * (k + 16), t)
     chunks = _run(job, bounds, n_pilot, planner, workers, on_chunk)
@@ -259,7 +270,9 @@ def subset_decisions(
                     {key: sum(ch.stages[key] for ch in chunks) for key in STAGE_KEYS},
                     sum(ch.shortcut for ch in chunks), torch.cat([ch.bound for ch in chunks]),
                     torch.cat([ch.ceiling for ch in chunks]) if ceilings else None,
-                    floor=torch.cat([ch.floor for ch in chunks]) if ceilings else None)
+                    floor=torch.cat([ch.floor for ch in chunks]) if ceilings else None,
+                    dip_tried=sum(ch.dip_tried for ch in chunks),
+                    dip_proven=sum(ch.dip_proven for ch in chunks))
     if prove and exact_dependent:
         _exact_histogram(job, out, exact_dependent, step, workers)
     return out

@@ -82,10 +82,23 @@ class Tuning:
     reach_dependent: float = 0.75  # ... and while at most this share is dependent (a dependent subset
     # fails at both); session 4 robustness table (1.5x -> 1.22x on the cluster pool at ViT)
 
+    dip_pays: float = 1.0  # stage 1b first at the grid's lowest multiplier (the dip) while the matrices
+    # tried there but not proven (a factorisation more each) are at most this many times those proven
+    # there (each spares the grid's lowest point a failed certificate and a proof); by counting
+    # factorisations; general position (k = d = 768, 300 subsets, one thread) 14.9 s -> 11.6 s (#27)
+    dip_first_loose: float = 0.5  # with a dip, stage 1b first where the dependence proofs of the last
+    # chunk left more than this share of its dependent subsets a ceiling above the dip (general position
+    # at k = d: the shortcut's vectors bound most ratios only by about rtol); by counting factorisations
+
     # ---- probes.robust
     eigen_max_k: int = 256  # up to this k, full-rank matrices undecided above rtol get eigenvalues at
     # once: one eigvalsh costs about 3 Cholesky factorisations at k = 197 (5-6 at k = 512-1024) and such a
     # matrix usually takes 3 or more factorisations per grid point (e85b0e8)
+    eigen_span: int = 2  # above eigen_max_k, a matrix whose interval holds this many grid points above
+    # rtol gets its eigenvalues too, instead of a lambda_max bracket and one or two factorisations per
+    # point: grid above rtol, one thread, BERT-like cluster pool (k = 512, 300 subsets) 1.1 s -> 0.83 s,
+    # GPT-2-like cluster pool (k = 1024, 200 subsets) 9.9 s -> 9.5 s, a wash there (reports/benchmarks.md,
+    # issue 27 third step)
 
 
 TUNING = Tuning()
