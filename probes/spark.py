@@ -14,8 +14,10 @@ distortion into the inequality they prove, and each proves the statement the pro
     every subset S with |S| <= lower has sigma_|S|(X_S) > rtol * sigma_1(X_S), i.e. numerical rank |S|.
 
 Notation. x_i are the rows of X, F_k = sqrt(sum of the k largest |x_i|^2), and
-``den_k = min(F_k, sigma_1(X)) >= sigma_1(X_S)`` for every k-subset S (Frobenius norm of X_S, and
-interlacing for a submatrix of rows). ``rtol_k`` is the tolerance of k-subsets plus ``64 (k + d) eps``
+``den_k >= sigma_1(X_S)`` for every k-subset S: the smallest of F_k (Frobenius norm of X_S), sigma_1(X)
+(interlacing for a submatrix of rows) and, for every m, ``sqrt((sum of the k largest |x_i P_m|^2) +
+s_{m+1}^2)`` with P_m the projector on the top m right singular vectors of X (:func:`_split_den`).
+``rtol_k`` is the tolerance of k-subsets plus ``64 (k + d) eps``
 of float64, the allowance that makes a bound hold for the float64 SVD verdicts as well as for exact
 singular values (as in :mod:`probes.bounds`).
 
@@ -41,28 +43,40 @@ cosines of Y~ carry the allowance of :mod:`probes.bounds`.
 (2) Null-space bound (:func:`nullspace_bound`). In exact arithmetic spark(X) >= 1 / alpha with
 ``alpha = max_j max { v_j : X^T v = 0, ||v||_1 <= 1 }`` (a null vector supported on k indices has
 an entry of at least 1/k of its l1 norm). Made valid at rtol with the map A above (any A, e.g. the
-identity or the best whitening): suppose a k-subset S is dependent at rtol. Then
-``sigma_k(Y_S) <= ||A||_2 sigma_k(X_S) <= ||A||_2 rtol_k den_k``, and with the rounding of Y and
-Z_S = D_S^{-1} Y_S, ``sigma_k(Z_S) <= delta_k := (||A||_2 rtol_k den_k + sqrt(k) max|e_i|) / min_i
-|y_i|``. Take a unit c in R^k with ``||Z_S^T c||_2 = sigma_k(Z_S)`` and v = c / ||c||_1 extended by
-zeros: ``||v||_1 = 1`` and ``||Z^T v||_2 <= delta_k / ||c||_1 <= delta_k``. For ANY u_j in R^p (a dual
-certificate of vector j), and either sign of v,
+identity or the best whitening): suppose a k-subset S is dependent at rtol, and take a unit c supported
+on S with ``||X^T c||_2 = sigma_k(X_S) <= rtol_k sigma_1(X_S) <= rtol_k den_k``. Let Y~ = X A + E be the
+computed rows, rho_i = |y~_i|, Z = D^{-1} Y~ their unit rows (D = diag(rho)) and w = D c (w_i = rho_i c_i).
+Then ``Z^T w = Y~^T c = A^T X^T c + E^T c``, so ``||Z^T w||_2 <= t_k := ||A||_2 rtol_k den_k + sqrt(k)
+max|e_i|``. For ANY u_j in R^p (a dual certificate of vector j), with a_j >= ||e_j - Z u_j||_inf and
+b_j >= ||u_j||_2,
 
-    |v_j| = |(e_j - Z u_j)^T v + u_j^T Z^T v| <= ||e_j - Z u_j||_inf + delta_k ||u_j||_2 =: a_j + delta_k b_j,
+    |w_j| = |(e_j - Z u_j)^T w + u_j^T Z^T w| <= a_j W + b_j t_k,   W = ||w||_1 > 0.
 
-so ``1 = sum_{j in S} |v_j| <= sum_{j in S} (a_j + delta_k b_j) <= T_k``, the sum of the k largest
-``a_j + delta_k b_j`` over all N vectors. Contrapositive: if ``T_k < 1``, no k-subset is dependent at
-rtol. (The earlier form, ``max_j (a_j + delta_k b_j) < 1/k``, is the special case where every term is
-replaced by the largest; T_k is never larger, and much smaller when a few vectors have poor
-certificates.) T_k and delta_k grow with k, so k is certified when every k' <= k passes; the bound is
-the largest such k. Every vector first gets a solver-free certificate (its dual vector
+Put lambda = t_k / W. (i) Summing over S: ``1 <= sum_{j in S} (a_j + lambda b_j)``. (ii) The null vector
+cannot concentrate: ``1 = ||c||^2 = sum_{i in S} w_i^2 / rho_i^2 <= W max_{i in S} |w_i| / rho_i^2 <=
+W^2 max_{i in S} min(a_i + b_i lambda, 1) / rho_i^2``, so for some i in S, with tau_i = t_k / rho_i,
+``lambda <= tau_i`` and ``lambda^2 <= tau_i^2 (a_i + b_i lambda)``, i.e. ``lambda <= kappa_i := min(tau_i,
+Lambda_i)``, Lambda_i = tau_i (tau_i b_i + sqrt(tau_i^2 b_i^2 + 4 a_i)) / 2 the positive root. Together:
+
+    1 <= sum_{j in S} (a_j + kappa_S b_j),   kappa_S = max_{i in S} kappa_i.
+
+Contrapositive: if the largest such sum over all k-subsets is below 1, no k-subset is dependent at rtol.
+:func:`_subset_bound` bounds that largest sum: vectors in decreasing order of kappa, each of the first
+:data:`SPREAD_LEADERS` taken as the top member of S together with the k - 1 largest terms ranked after it,
+every other subset at the next kappa. (ii) is what makes the tolerance small: where the certificates
+are good (a_i ~ 0.07), a null vector's entries are each at most ~0.07 of its l1 norm, its l1 norm is
+~sqrt(1 / 0.07) times its l2 norm, and kappa_i ~ tau_i sqrt(a_i) is ~4x below tau_i. Earlier forms of
+this bound used lambda <= max_i tau_i with the smallest rho over all N vectors, and before that
+``max_j (a_j + delta b_j) < 1/k``; for the same certificates both are at least the sum above. The sum
+and the tolerances grow with k, so k is certified when every k' <= k passes; the bound is the largest
+such k. Every vector first gets a solver-free certificate (its dual vector
 against 0 to 8 of its most aligned rows, scaled; :func:`_local_certificates`); then all certificates
-are improved at once by first-order steps on a smoothed ``sum_j ||e_j - Z u_j||_inf + delta ||u_j||``
+are improved at once by first-order steps on a smoothed ``sum_j ||e_j - Z u_j||_inf + kappa_j ||u_j||``
 (:func:`_refine_certificates`; these approach the optimal certificate, ``a_j = max { v_j : Z^T v = 0,
 ||v||_1 <= 1 }`` by LP duality, which one exact linear program per vector would give at several
 seconds each for N = 1000); the vectors among the k + 1 largest terms then get a linear program each: u is
 sought in the span of z_j and its m = :data:`LP_NEIGHBOURS` most aligned rows, u = sum_l beta_l z_l,
-minimising ``||e_j - Z u||_inf + delta sum |beta_l|`` (``||u||_2 <= ||beta||_1`` for unit rows;
+minimising ``||e_j - Z u||_inf + kappa_j sum |beta_l|`` (``||u||_2 <= ||beta||_1`` for unit rows;
 u = z_j / (1 + max_i |cos(z_i, z_j)|) is feasible, so no certificate is worse than the coherence of
 its row), solved by ``scipy.optimize.linprog(method="highs")`` with row generation (rows added while
 the residual over all N rows exceeds the program's value). Nothing the solver returns is trusted: a_j
@@ -103,6 +117,7 @@ REFINE_WORK = (
     200 * 1000**2 * (768 + 32)
 )  # most N^2 (p + 32) x steps per call: 200 steps up to N = 1000, d = 768
 REFINE_MAX_RATIO = 16  # no refinement with more than this many vectors per dimension (alpha stays near 1)
+SPREAD_LEADERS = 32  # vectors of largest cap each taken as the top member of a subset (_subset_bound)
 REFINE_BETAS = (
     50.0,
     3200.0,
@@ -205,9 +220,28 @@ def spectrum(x64: torch.Tensor, rtols: list[float]) -> Spectrum:
         1 + (d + 2 * ks + 8) * EPS64
     )
     sigma1 = float(s[0]) * (1 + 64 * (n_vec + d) * EPS64)  # float64 SVD: backward stable
-    den = torch.clamp(frob, max=sigma1)  # (top,)
+    den = torch.minimum(torch.clamp(frob, max=sigma1), _split_den(x64, s, vh, frob, top))  # (top,)
     rtol = torch.tensor(rtols, dtype=torch.float64, device=x64.device) + 64 * (ks + d) * EPS64
     return Spectrum(x=x64, norms=norms, u=u, s=s, vh=vh, v_norm=v_norm, den=den, rtol=rtol)
+
+
+def _split_den(x64: torch.Tensor, s: torch.Tensor, vh: torch.Tensor, frob: torch.Tensor,
+               top: int) -> torch.Tensor:
+    """(top,) upper bounds on sigma_1(X_S) over the k-subsets S, k = 1..top, from the split at every m of the
+    top m right singular directions (projector P_m) and the rest: ``X_S X_S^T = X_S P_m X_S^T + X_S (I - P_m)
+    X_S^T``, so ``sigma_1(X_S)^2 <= ||X_S P_m||_F^2 + sigma_1(X (I - P_m))^2 <= (sum of the k largest
+    |x_i P_m|^2) + s_{m+1}^2``. m = 0 is sigma_1(X), m = p the Frobenius bound; the minimum over m is kept.
+    Rounding: the computed V is orthonormal up to O(eps) and the SVD backward stable, allowed for by
+    ``256 (d + p) eps`` of F_k on the first part and ``256 (N + d) eps s_1`` on s_{m+1}."""
+    n_vec, d = x64.shape
+    p = s.numel()
+    proj = (x64 @ vh.T) ** 2  # (N, p): squared components along each right singular vector
+    cum = proj.cumsum(dim=1)  # (N, p): |x_i P_m|^2 for m = 1..p
+    head = cum.sort(dim=0, descending=True).values[:top].cumsum(dim=0)  # (top, p): the k largest, summed
+    ms = torch.arange(1, p + 1, dtype=torch.float64, device=x64.device)
+    head = head.sqrt() * (1 + (ms + 2 * top + 8) * EPS64) + 256 * (d + p) * EPS64 * frob[:, None]  # (top, p)
+    tail = torch.cat([s[1:], s.new_zeros(1)]) + 256 * (n_vec + d) * EPS64 * s[0]  # (p,): s_{m+1}
+    return (head**2 + tail[None, :] ** 2).amin(dim=1).sqrt() * (1 + 8 * EPS64)  # (top,)
 
 
 @dataclass(frozen=True)
@@ -220,6 +254,7 @@ class Whitened:
         y_min: a lower bound on min_i |y_i| of the computed Y.
         a_norm: an upper bound on ||A||_2.
         err: an upper bound on max_i |e_i|, the rounding of each row of Y.
+        rho: (N,) lower bounds on each |y_i| of the computed Y (y_min is their minimum).
     """
 
     clip: int
@@ -227,6 +262,7 @@ class Whitened:
     y_min: float
     a_norm: float
     err: float
+    rho: torch.Tensor
 
 
 def whiten(sp: Spectrum, clip: int) -> Whitened:
@@ -237,10 +273,11 @@ def whiten(sp: Spectrum, clip: int) -> Whitened:
     y = sp.x @ a  # (N, p)
     unit, ynorm = unit_rows(y)
     p = y.shape[1]
-    y_min = float(ynorm.min()) * (1 - (p + 8) * EPS64)
+    rho = ynorm * (1 - (p + 8) * EPS64)  # (N,)
+    y_min = float(rho.min())
     a_norm = float(f.max()) * sp.v_norm * (1 + 2 * (p + 4) * EPS64)  # A's own rounding included
     err = (d + 2) * EPS64 * float(sp.norms.max()) * float(torch.linalg.matrix_norm(a)) * (1 + 1e-6)
-    return Whitened(clip=clip, unit=unit, y_min=y_min, a_norm=a_norm, err=err)
+    return Whitened(clip=clip, unit=unit, y_min=y_min, a_norm=a_norm, err=err, rho=rho)
 
 
 def clip_grid(sp: Spectrum) -> list[int]:
@@ -350,41 +387,71 @@ class NullspaceBound:
     note: str = ""
 
 
-def _deltas(w: Whitened, sp: Spectrum) -> torch.Tensor:
-    """(top,) delta_k: a dependent k-subset has sigma_k(Z_S) <= delta_k (module docstring, (2))."""
+def _tolerances(w: Whitened, sp: Spectrum) -> torch.Tensor:
+    """(top,) t_k: a k-subset S dependent at rtol has a unit c supported on S with ||Y^T c||_2 <= t_k, Y the
+    computed whitened rows (module docstring, (2)); t_k / |y_i| is vector i's share of the tolerance."""
     ks = torch.arange(1, sp.rtol.numel() + 1, dtype=torch.float64, device=sp.x.device)
-    return (w.a_norm * sp.rtol * sp.den + torch.sqrt(ks) * w.err) / w.y_min * (1 + 16 * EPS64)
+    return (w.a_norm * sp.rtol * sp.den + torch.sqrt(ks) * w.err) * (1 + 16 * EPS64)
 
 
-def _certificate(z: np.ndarray, cos_j: np.ndarray, j: int, delta: float) -> np.ndarray:
+def _taus(t_k: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
+    """(N,) tau_i = t_k / rho_i rounded up: the tolerance of one k, per vector."""
+    return t_k / rho * (1 + 4 * EPS64)
+
+
+def _caps(a: torch.Tensor, b: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
+    """(N,) kappa_i = min(tau_i, Lambda_i), Lambda_i the positive root of ``lam^2 = tau_i^2 (a_i + b_i lam)``,
+    rounded up: a dependent subset S has lambda <= max_{i in S} kappa_i (module docstring, (2))."""
+    tb = tau * b
+    lam = tau * (tb + torch.sqrt(tb * tb + 4 * a)) / 2
+    return torch.minimum(tau, lam * (1 + 64 * EPS64))
+
+
+def _terms(a: torch.Tensor, b: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
+    """(N,) a_i + kappa_i b_i: what vector i adds to the sum when its own cap decides (used to pick the
+    certificates to improve; the proof is :func:`_subset_bound`)."""
+    return a + _caps(a, b, tau) * b
+
+
+def _certificate(z: np.ndarray, cos_j: np.ndarray, j: int, delta: float,
+                 start: np.ndarray | None = None) -> np.ndarray:
     """A dual certificate u (p,) for vector j: the minimiser of ``||e_j - Z u||_inf + delta ||beta||_1``
-    over u = sum_l beta_l z_l, l in j and its :data:`LP_NEIGHBOURS` most aligned vectors
-    (``||u||_2 <= ||beta||_1``: unit rows). One linear program, variables beta+, beta- (m + 1 each) and
-    t, rows 2 N (dense N x (m + 1)); u = z_j / (1 + mu_j) is feasible, so the certificate is never worse
-    than the coherence of row j."""
+    over u = sum_l beta_l g_l, the unit vectors g_l being z_j, its :data:`LP_NEIGHBOURS` most aligned
+    vectors and, if given, the direction of the certificate ``start`` (p,) that u improves on
+    (``||u||_2 <= ||beta||_1``: unit vectors). One linear program, variables beta+, beta- (m each) and t,
+    rows 2 N (dense N x m); ``start`` (or u = z_j / (1 + mu_j)) is feasible, so the certificate is never
+    worse than it (or than the coherence of row j)."""
     n_vec = z.shape[0]
     near = np.argsort(-np.abs(cos_j), kind="stable")
-    local = np.concatenate([[j], near[near != j][:LP_NEIGHBOURS]])  # (m + 1,)
-    cl = z @ z[local].T  # (N, m + 1)
-    m1 = local.size
+    local = np.concatenate([[j], near[near != j][:LP_NEIGHBOURS]])  # (m,)
+    basis = z[local]  # (m, p)
     e = np.zeros(n_vec)
     e[j] = 1.0
-    u = z[j] / (1 + float(np.abs(cos_j).max(initial=0.0)))  # the coherence certificate of row j
-    best = float(np.abs(e - z @ u).max()) + delta * float(np.linalg.norm(u))
+    if start is not None and float(np.linalg.norm(start)) > 0:
+        basis = np.vstack([basis, start / np.linalg.norm(start)])
+        u = start
+    else:
+        u = z[j] / (1 + float(np.abs(cos_j).max(initial=0.0)))  # the coherence certificate of row j
+    cl = z @ basis.T  # (N, m)
+    m1 = basis.shape[0]
+    first = np.abs(e - z @ u)  # (N,)
+    best = float(first.max()) + delta * float(np.linalg.norm(u))
     cost = np.concatenate([np.full(2 * m1, delta), [1.0]])  # beta+, beta-, t
-    # rows generated: those of largest |cosine| with the local vectors first, then the violated ones
+    # rows generated: the largest residuals of the starting point and the rows of largest |cosine| with
+    # the local vectors first, then the violated ones
     rows = np.union1d(np.argsort(-np.abs(cl).max(axis=1), kind="stable")[:8 * m1], local)
+    rows = np.union1d(rows, np.argsort(-first, kind="stable")[:4 * m1])
     for _ in range(LP_ROUNDS):
-        cr = cl[rows]  # (R, m + 1)
+        cr = cl[rows]  # (R, m)
         ones = np.ones((rows.size, 1))
-        a_ub = np.block([[cr, -cr, -ones], [-cr, cr, -ones]])  # (2R, 2 (m + 1) + 1)
+        a_ub = np.block([[cr, -cr, -ones], [-cr, cr, -ones]])  # (2R, 2 m + 1)
         sol = linprog(cost, A_ub=a_ub, b_ub=np.concatenate([e[rows], -e[rows]]), bounds=(0, None),
                       method="highs")
         if sol.status != 0 or sol.x is None:
             break
         beta = sol.x[:m1] - sol.x[m1:2 * m1]
         resid = np.abs(e - cl @ beta)  # (N,)
-        found = z[local].T @ beta
+        found = basis.T @ beta
         value = float(resid.max()) + delta * float(np.linalg.norm(found))
         if value < best:  # the best certificate met so far (a round may fit its rows but not all N)
             u, best = found, value
@@ -434,17 +501,36 @@ def _evaluate(z: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     return a + allowance * b + 2 * EPS64, b
 
 
-def _largest_k(a: torch.Tensor, b: torch.Tensor, deltas: torch.Tensor) -> int:
-    """Largest k such that, for every k' <= k, the k' largest ``a_j + delta_k' b_j`` sum to less than 1
-    (module docstring, (2)); 1 when k = 2 fails."""
-    top = min(deltas.numel(), a.numel())
-    if top < 2:
-        return 1
-    ks = torch.arange(2, top + 1, device=a.device)
-    values = a[None, :] + deltas[1:top, None] * b[None, :]  # (top - 1, N): row k' - 2 at delta_k'
-    largest = values.topk(top, dim=1).values.cumsum(dim=1)  # (top - 1, top): sums of the m largest
-    sums = largest.gather(1, (ks - 1)[:, None])[:, 0] * (1 + 2 * top * EPS64)  # (top - 1,): m = k'
-    return first_failure(sums < 1.0, ks)
+def _subset_bound(a: torch.Tensor, b: torch.Tensor, kappa: torch.Tensor, k: int) -> float:
+    """A rigorous upper bound on ``max_S sum_{j in S} (a_j + kappa_S b_j)`` over the k-subsets S of the N
+    vectors, kappa_S = max_{i in S} kappa_i (all (N,), 2 <= k <= N). Vectors in decreasing order of
+    kappa: the :data:`SPREAD_LEADERS` first are each taken as the top member of S, with the k - 1 largest
+    terms ranked after it at its kappa; every other subset lies in the rest, at the next kappa."""
+    n_vec = a.numel()
+    order = kappa.argsort(descending=True, stable=True)
+    a_s, b_s, k_s = a[order], b[order], kappa[order]  # (N,) each, kappa descending
+    lead = min(SPREAD_LEADERS, n_vec - k + 1)  # the top member of a k-subset ranks at most N - k
+    ranks = torch.arange(n_vec, device=a.device)
+    vals = a_s[None, :] + k_s[:lead, None] * b_s[None, :]  # (lead, N): row m at the kappa of rank m
+    vals = vals.masked_fill(ranks[None, :] <= ranks[:lead, None], -math.inf)  # only members ranked after m
+    best = float((a_s[:lead] + k_s[:lead] * b_s[:lead] + vals.topk(k - 1, dim=1).values.sum(dim=1)).max())
+    if lead < n_vec - k + 1:  # subsets of the vectors ranked lead and later
+        best = max(best, float((a_s[lead:] + k_s[lead] * b_s[lead:]).topk(k).values.sum()))
+    return best * (1 + 2 * (k + 2) * EPS64)
+
+
+def _largest_k(a: torch.Tensor, b: torch.Tensor, t: torch.Tensor, rho: torch.Tensor) -> int:
+    """Largest k such that every k' <= k is proven: ``_subset_bound`` of the certificates (a_j, b_j) at the
+    caps of tolerance t_k' (``t`` (top,), ``rho`` (N,); module docstring, (2)) is below 1; 1 when k = 2
+    fails."""
+    top = min(t.numel(), a.numel())
+    k = 1
+    while k < top:
+        kappa = _caps(a, b, _taus(t[k], rho))  # for k + 1
+        if _subset_bound(a, b, kappa, k + 1) >= 1.0:
+            break
+        k += 1
+    return k
 
 
 def nullspace_bound(sp: Spectrum, w: Whitened, *, start: int, seconds: float,
@@ -466,10 +552,10 @@ def nullspace_bound(sp: Spectrum, w: Whitened, *, start: int, seconds: float,
             ``REFINE_WORK / (N^2 (p + 32))`` of them, none for N > :data:`REFINE_MAX_RATIO` p.
     """
     top = sp.rtol.numel()
-    deltas = _deltas(w, sp)  # (top,)
-    z = w.unit  # (N, p)
+    t = _tolerances(w, sp)  # (top,)
+    z, rho = w.unit, w.rho  # (N, p), (N,)
     n_vec = z.shape[0]
-    if top < 2 or float(deltas[1]) >= 0.5:
+    if top < 2 or float(t[1]) >= float(rho.max()):  # every tau_i >= 1: no two terms sum below 1
         return NullspaceBound(k=1, alpha=math.nan, solved=0, complete=False,
                               note="the tolerance alone keeps it below 2")
     if n_vec > NULLSPACE_MAX_N:
@@ -479,6 +565,7 @@ def nullspace_bound(sp: Spectrum, w: Whitened, *, start: int, seconds: float,
     cos.fill_diagonal_(0.0)
     order = cos.abs().argsort(dim=1, descending=True)  # (N, N): the most aligned rows first
     target = min(top, max(start + 1, 2))
+    tau = _taus(t[target - 1], rho)  # (N,): the tolerance the certificates are chosen for
     a = b = u = None
     for m in LOCAL_SIZES:
         if m >= n_vec:
@@ -488,7 +575,7 @@ def nullspace_bound(sp: Spectrum, w: Whitened, *, start: int, seconds: float,
         if a is None:
             a, b, u = am, bm, um
         else:
-            better = am + deltas[target - 1] * bm < a + deltas[target - 1] * b
+            better = _terms(am, bm, tau) < _terms(a, b, tau)
             a, b, u = (
                 torch.where(better, am, a),
                 torch.where(better, bm, b),
@@ -496,12 +583,12 @@ def nullspace_bound(sp: Spectrum, w: Whitened, *, start: int, seconds: float,
             )
     p = z.shape[1]
     steps = min(steps, REFINE_WORK // (n_vec**2 * (p + 32))) if n_vec <= REFINE_MAX_RATIO * p else 0
-    if steps > 0 and _largest_k(a, b, deltas) < min(top, n_vec):  # refine every certificate at once
-        ur = _refine_certificates(z, u, float(deltas[target - 1]), steps)
+    if steps > 0 and _largest_k(a, b, t, rho) < min(top, n_vec):  # refine every certificate at once
+        ur = _refine_certificates(z, u, _caps(a, b, tau), steps)
         ar, br = _evaluate(z, ur)
-        better = ar + deltas[target - 1] * br < a + deltas[target - 1] * b
-        a, b = torch.where(better, ar, a), torch.where(better, br, b)
-    k = _largest_k(a, b, deltas)
+        better = _terms(ar, br, tau) < _terms(a, b, tau)
+        a, b, u = torch.where(better, ar, a), torch.where(better, br, b), torch.where(better[:, None], ur, u)
+    k = _largest_k(a, b, t, rho)
     # linear programs for the vectors among the k + 1 largest terms, largest first
     t0 = time.perf_counter()  # the cap is on the programs alone
     zn, cn = z.cpu().numpy(), cos.cpu().numpy()
@@ -512,20 +599,24 @@ def nullspace_bound(sp: Spectrum, w: Whitened, *, start: int, seconds: float,
         if spent > seconds:
             note = f"linear programs stopped at the {seconds:g} s cap after {solved}"
             break
-        value = a + deltas[k] * b  # proving k + 1 needs the k + 1 largest to sum below 1
+        tau = _taus(t[k], rho)  # proving k + 1: the terms at its tolerance
+        value = _terms(a, b, tau)
         largest = value.topk(k + 1).indices
         untried = largest[~tried[largest]]
         if untried.numel() == 0:
             break  # every vector among the k + 1 largest has had its program
         j = int(untried[0])
-        uj = torch.as_tensor(_certificate(zn, cn[j], j, float(deltas[k])), device=z.device)
+        weight = float(_caps(a[j:j + 1], b[j:j + 1], tau[j:j + 1])[0])
+        uj = torch.as_tensor(_certificate(zn, cn[j], j, weight, u[j].cpu().numpy()), device=z.device)
         aj, bj = _evaluate_one(z, uj, j)
         solved += 1
         tried[j] = True
-        if aj + float(deltas[k]) * bj < float(a[j] + deltas[k] * b[j]):
-            a[j], b[j] = aj, bj
-        k = _largest_k(a, b, deltas)
-    alpha = float((a + deltas[min(k, top - 1)] * b).max())
+        aj_t, bj_t = torch.tensor([aj], dtype=a.dtype, device=a.device), torch.tensor([bj], dtype=b.dtype,
+                                                                                        device=b.device)
+        if float(_terms(aj_t, bj_t, tau[j:j + 1])[0]) < float(value[j]):
+            a[j], b[j], u[j] = aj, bj, uj
+        k = _largest_k(a, b, t, rho)
+    alpha = float(_terms(a, b, _taus(t[min(k, top - 1)], rho)).max())
     return NullspaceBound(k=k, alpha=alpha, solved=solved, complete=True, note=note)
 
 
@@ -538,14 +629,14 @@ def _evaluate_one(z: torch.Tensor, u: torch.Tensor, j: int) -> tuple[float, floa
     return float(resid.abs().max()) + 2 * (p + 8) * EPS64 * b + 2 * EPS64, b
 
 
-def _refine_certificates(z: torch.Tensor, u: torch.Tensor, delta: float, steps: int) -> torch.Tensor:
+def _refine_certificates(z: torch.Tensor, u: torch.Tensor, delta: torch.Tensor, steps: int) -> torch.Tensor:
     """Better certificates for every row at once: ``steps`` Adam steps on the smoothed objective
-    ``sum_j smax_beta |e_j - Z u_j| + delta ||u_j||_2`` (smax_beta(r) = log sum_l (e^{beta r_l} +
-    e^{-beta r_l}) / beta, within log(2N) / beta of the max), beta rising geometrically over
-    :data:`REFINE_BETAS`, in float32 from the certificates ``u`` (N, p). Returns (N, p) float64, for each
-    row the best iterate met (measured every 10 steps). Nothing here needs to be exact: the caller keeps
-    a row's new certificate only where its rigorous :func:`_evaluate` is better. Work per step: two
-    (N, N, p) products; memory a few N x N float32 blocks."""
+    ``sum_j smax_beta |e_j - Z u_j| + delta_j ||u_j||_2`` (``delta`` (N,): each row's weight;
+    smax_beta(r) = log sum_l (e^{beta r_l} + e^{-beta r_l}) / beta, within log(2N) / beta of the max),
+    beta rising geometrically over :data:`REFINE_BETAS`, in float32 from the certificates ``u`` (N, p).
+    Returns (N, p) float64, for each row the best iterate met (measured every 10 steps). Nothing here needs
+    to be exact: the caller keeps a row's new certificate only where its rigorous :func:`_evaluate` is
+    better. Work per step: two (N, N, p) products; memory a few N x N float32 blocks."""
     n_vec = z.shape[0]
     zf = z.float()  # (N, p)
     param = u.float().clone()  # (N, p)
@@ -553,6 +644,7 @@ def _refine_certificates(z: torch.Tensor, u: torch.Tensor, delta: float, steps: 
     eye = torch.eye(n_vec, dtype=zf.dtype, device=zf.device)
     best, best_val = u.clone(), torch.full((n_vec,), math.inf, dtype=zf.dtype, device=zf.device)
     lo, hi = REFINE_BETAS
+    delta = delta.to(zf.dtype)  # (N,)
     for step in range(steps + 1):
         resid = eye - param @ zf.T  # (N, N): row j is e_j - Z u_j
         norm = torch.linalg.vector_norm(param, dim=1)  # (N,)
@@ -567,7 +659,7 @@ def _refine_certificates(z: torch.Tensor, u: torch.Tensor, delta: float, steps: 
         beta = lo * (hi / lo) ** (step / max(1, steps - 1))
         plus, minus = torch.exp(beta * (resid - peak)), torch.exp(beta * (-resid - peak))  # (N, N) each
         weight = (plus - minus) / (plus + minus).sum(dim=1, keepdim=True)  # (N, N): d smax / d resid
-        param.grad = -(weight @ zf) + delta * param / norm.clamp_min(1e-30)[:, None]  # (N, p)
+        param.grad = -(weight @ zf) + (delta / norm.clamp_min(1e-30))[:, None] * param  # (N, p)
         for group in opt.param_groups:
             group["lr"] = 0.5 / beta
         opt.step()
