@@ -60,6 +60,12 @@ Lambda_i)``, Lambda_i = tau_i (tau_i b_i + sqrt(tau_i^2 b_i^2 + 4 a_i)) / 2 the 
 
     1 <= sum_{j in S} (a_j + kappa_S b_j),   kappa_S = max_{i in S} kappa_i.
 
+(iii) The same spread, weighted: with pi_i = |w_i| / W (sum_i pi_i = 1, pi_i <= m_i := min(a_i + b_i
+lambda, 1)), ``1 = sum_i w_i^2 / rho_i^2 <= W^2 sum_i pi_i m_i / rho_i^2 <= W^2 H(lambda)``, H(lambda) the
+largest ``sum_i pi_i g_i``, g_i = m_i / rho_i^2, over all such pi on all N vectors (a greedy fill by
+decreasing g_i): ``lambda^2 <= t_k^2 H(lambda)``. A single short vector (small rho_i) can carry only
+m_i of the weight, so this limit, one number for all subsets (:func:`_spread_limit`), is often far below
+that vector's own kappa_i. kappa_S may therefore be replaced by min(kappa_S, that limit).
 Contrapositive: if the largest such sum over all k-subsets is below 1, no k-subset is dependent at rtol.
 :func:`_subset_bound` bounds that largest sum: vectors in decreasing order of kappa, each of the first
 :data:`SPREAD_LEADERS` taken as the top member of S together with the k - 1 largest terms ranked after it,
@@ -117,6 +123,7 @@ REFINE_WORK = (
     200 * 1000**2 * (768 + 32)
 )  # most N^2 (p + 32) x steps per call: 200 steps up to N = 1000, d = 768
 REFINE_MAX_RATIO = 16  # no refinement with more than this many vectors per dimension (alpha stays near 1)
+SPREAD_GRID = 64  # cells of the grid that bounds lambda through the weighted spread (_spread_limit)
 SPREAD_LEADERS = 32  # vectors of largest cap each taken as the top member of a subset (_subset_bound)
 REFINE_BETAS = (
     50.0,
@@ -407,6 +414,30 @@ def _caps(a: torch.Tensor, b: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
     return torch.minimum(tau, lam * (1 + 64 * EPS64))
 
 
+def _spread_limit(a: torch.Tensor, b: torch.Tensor, t_k: float, rho: torch.Tensor) -> float:
+    """An upper bound on every lambda with ``lambda^2 <= t_k^2 H(lambda)``, H the largest ``sum_i pi_i g_i``
+    over 0 <= pi_i <= m_i, sum_i pi_i = 1 (all N vectors), m_i = min(a_i + b_i lambda, 1), g_i = m_i /
+    rho_i^2 (module docstring, (iii)). H increases with lambda, so a cell [l_j, l_{j+1}] of a grid holds no
+    such lambda when ``l_j^2 > t_k^2 H(l_{j+1})``; the bound is the top of the highest cell that is not
+    excluded. The grid spans [0, l_up], l_up from H <= max_i g_i <= max (a_i + b_i lambda) / rho_i^2."""
+    n_vec = a.numel()
+    inv = (1 / rho**2) * (1 + 4 * EPS64)  # (N,)
+    coef_a, coef_b = float((a * inv).max()), float((b * inv).max())
+    t2 = t_k * t_k
+    l_up = (t2 * coef_b + math.sqrt(t2 * t2 * coef_b**2 + 4 * t2 * coef_a)) / 2 * (1 + 64 * EPS64)
+    lams = torch.linspace(0, l_up, SPREAD_GRID + 1, dtype=torch.float64, device=a.device)  # (L,)
+    m = torch.clamp(a[None, :] + lams[:, None] * b[None, :], max=1.0)  # (L, N)
+    g = m * inv[None, :]  # (L, N)
+    g_s, order = g.sort(dim=1, descending=True)
+    caps = m.gather(1, order)  # (L, N): caps in decreasing order of g
+    before = caps.cumsum(dim=1) - caps  # (L, N): caps of the vectors before each
+    share = torch.clamp(torch.minimum(caps, 1 - before), min=0.0)  # (L, N): the greedy fill
+    h = (share * g_s).sum(dim=1) * (1 + 4 * (n_vec + 4) * EPS64)  # (L,)
+    h = torch.where(caps.sum(dim=1) >= 1 - 4 * n_vec * EPS64, h, -math.inf)  # no pi: (i) fails there
+    open_cells = (lams[:-1] ** 2 <= t2 * h[1:] * (1 + 4 * EPS64)).nonzero()
+    return float(lams[int(open_cells[-1]) + 1]) if open_cells.numel() else 0.0
+
+
 def _terms(a: torch.Tensor, b: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
     """(N,) a_i + kappa_i b_i: what vector i adds to the sum when its own cap decides (used to pick the
     certificates to improve; the proof is :func:`_subset_bound`)."""
@@ -526,7 +557,8 @@ def _largest_k(a: torch.Tensor, b: torch.Tensor, t: torch.Tensor, rho: torch.Ten
     top = min(t.numel(), a.numel())
     k = 1
     while k < top:
-        kappa = _caps(a, b, _taus(t[k], rho))  # for k + 1
+        limit = _spread_limit(a, b, float(t[k]), rho)  # for k + 1
+        kappa = torch.clamp(_caps(a, b, _taus(t[k], rho)), max=limit)
         if _subset_bound(a, b, kappa, k + 1) >= 1.0:
             break
         k += 1

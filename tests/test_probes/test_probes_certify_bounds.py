@@ -327,3 +327,29 @@ def test_the_denominators_bound_sigma_1_of_every_subset(seed):
             worst = max(float(torch.linalg.matrix_norm(x[list(s)], ord=2))
                         for s in itertools.combinations(range(10), k))
             assert worst <= float(sp.den[k - 1]), (k, worst, sp.den[k - 1])
+
+
+def test_the_weighted_spread_limits_lambda_where_one_vector_is_short():
+    """(iii) on 20 vectors with a = 0.05, b = 1 at t = 0.1, one of them with rho = 0.25 (tau 0.4, 4x the
+    others): a null vector puts at most a + b lambda of its l1 norm on the short vector, so lambda is
+    bounded by the weighted fill H(lambda) = m (1 + 15 m), m = 0.05 + lambda (largest lambda: 0.05, where
+    0.05^2 = 0.01 x 0.1 x 2.5), not by that vector's own cap (0.2). _spread_limit is at or above that
+    largest lambda (dense search of a direct H) and within one grid cell of it; with it the subsets that
+    hold the short vector sum to ~k x 0.1, and the bound proves 9 where the caps alone (terms 0.25)
+    prove 3."""
+    n = 20
+    a, b = torch.full((n,), 0.05, dtype=torch.float64), torch.ones(n, dtype=torch.float64)
+    rho = torch.ones(n, dtype=torch.float64)
+    rho[0] = 0.25
+    lam = torch.linspace(1e-6, 0.4, 400001, dtype=torch.float64)
+    m = 0.05 + lam
+    feasible = lam**2 <= 0.01 * m * (1 + 15 * m)
+    sup = float(lam[feasible].max())
+    limit = spark._spread_limit(a, b, 0.1, rho)
+    assert sup == pytest.approx(0.05, abs=1e-5) and sup <= limit <= sup + 0.4 / 16, (sup, limit)
+    t = torch.full((n,), 0.1, dtype=torch.float64)
+    assert _largest_k(a, b, t, rho) == 9
+    kappa = _caps(a, b, _taus(t[0], rho))
+    caps_only = max(k for k in range(1, n + 1) if k == 1 or all(
+        _subset_bound(a, b, kappa, j) < 1 for j in range(2, k + 1)))
+    assert caps_only == 3
