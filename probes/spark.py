@@ -557,10 +557,11 @@ def _largest_k(a: torch.Tensor, b: torch.Tensor, t: torch.Tensor, rho: torch.Ten
     top = min(t.numel(), a.numel())
     k = 1
     while k < top:
-        limit = _spread_limit(a, b, float(t[k]), rho)  # for k + 1
-        kappa = torch.clamp(_caps(a, b, _taus(t[k], rho)), max=limit)
-        if _subset_bound(a, b, kappa, k + 1) >= 1.0:
-            break
+        kappa = _caps(a, b, _taus(t[k], rho))  # for k + 1
+        if _subset_bound(a, b, kappa, k + 1) >= 1.0:  # the weighted limit only where the caps fail
+            kappa = torch.clamp(kappa, max=_spread_limit(a, b, float(t[k]), rho))
+            if _subset_bound(a, b, kappa, k + 1) >= 1.0:
+                break
         k += 1
     return k
 
