@@ -81,10 +81,10 @@ are improved at once by first-order steps on a smoothed ``sum_j ||e_j - Z u_j||_
 (:func:`_refine_certificates`; these approach the optimal certificate, ``a_j = max { v_j : Z^T v = 0,
 ||v||_1 <= 1 }`` by LP duality, which one exact linear program per vector would give at several
 seconds each for N = 1000); the vectors among the k + 1 largest terms then get a linear program each: u is
-sought in the span of z_j and its m = :data:`LP_NEIGHBOURS` most aligned rows, u = sum_l beta_l z_l,
-minimising ``||e_j - Z u||_inf + kappa_j sum |beta_l|`` (``||u||_2 <= ||beta||_1`` for unit rows;
-u = z_j / (1 + max_i |cos(z_i, z_j)|) is feasible, so no certificate is worse than the coherence of
-its row), solved by ``scipy.optimize.linprog(method="highs")`` with row generation (rows added while
+sought in the span of the unit vectors g_l: the direction of the vector's current certificate, z_j and
+its m = :data:`LP_NEIGHBOURS` most aligned rows, u = sum_l beta_l g_l, minimising ``||e_j - Z u||_inf +
+kappa_j sum |beta_l|`` (``||u||_2 <= ||beta||_1``; the current certificate is feasible, so a program never
+makes it worse), solved by ``scipy.optimize.linprog(method="highs")`` with row generation (rows added while
 the residual over all N rows exceeds the program's value). Nothing the solver returns is trusted: a_j
 and b_j are evaluated afterwards in float64 over all N rows, with a rounding allowance, and only they
 enter the inequality. LP size: 2 (m + 1) + 1 variables, at most 2 N dense rows (typically a few
