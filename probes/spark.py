@@ -66,6 +66,11 @@ largest ``sum_i pi_i g_i``, g_i = m_i / rho_i^2, over all such pi on all N vecto
 decreasing g_i): ``lambda^2 <= t_k^2 H(lambda)``. A single short vector (small rho_i) can carry only
 m_i of the weight, so this limit, one number for all subsets (:func:`_spread_limit`), is often far below
 that vector's own kappa_i. kappa_S may therefore be replaced by min(kappa_S, that limit).
+(iv) The map's own shape: for any u, ``|u^T Z^T w| = |(A u)^T X^T c + u^T E^T c| <= ||A u||_2 r_k + ||u||_2
+e_k`` with r_k = rtol_k den_k and e_k = sqrt(k) max|e_i|, so every ``b_j t_k`` above may be replaced by
+``beta_j := ||A u_j|| r_k + ||u_j|| e_k <= b_j t_k`` (the same steps with lambda = 1 / W, tau_i = 1 / rho_i
+and b_j -> beta_j; the code does so). For a clipped whitening ``||A u_j|| = ||f * u_j||`` (times ||V||):
+the parts of a certificate along the strong directions, which the map shrank, count at their shrunk size.
 Contrapositive: if the largest such sum over all k-subsets is below 1, no k-subset is dependent at rtol.
 :func:`_subset_bound` bounds that largest sum: vectors in decreasing order of kappa, each of the first
 :data:`SPREAD_LEADERS` taken as the top member of S together with the k - 1 largest terms ranked after it,
@@ -262,6 +267,7 @@ class Whitened:
         a_norm: an upper bound on ||A||_2.
         err: an upper bound on max_i |e_i|, the rounding of each row of Y.
         rho: (N,) lower bounds on each |y_i| of the computed Y (y_min is their minimum).
+        f: (p,) the diagonal of the map (A = V diag(f) as computed).
     """
 
     clip: int
@@ -270,6 +276,7 @@ class Whitened:
     a_norm: float
     err: float
     rho: torch.Tensor
+    f: torch.Tensor
 
 
 def whiten(sp: Spectrum, clip: int) -> Whitened:
@@ -284,7 +291,7 @@ def whiten(sp: Spectrum, clip: int) -> Whitened:
     y_min = float(rho.min())
     a_norm = float(f.max()) * sp.v_norm * (1 + 2 * (p + 4) * EPS64)  # A's own rounding included
     err = (d + 2) * EPS64 * float(sp.norms.max()) * float(torch.linalg.matrix_norm(a)) * (1 + 1e-6)
-    return Whitened(clip=clip, unit=unit, y_min=y_min, a_norm=a_norm, err=err, rho=rho)
+    return Whitened(clip=clip, unit=unit, y_min=y_min, a_norm=a_norm, err=err, rho=rho, f=f)
 
 
 def clip_grid(sp: Spectrum) -> list[int]:
@@ -394,11 +401,20 @@ class NullspaceBound:
     note: str = ""
 
 
-def _tolerances(w: Whitened, sp: Spectrum) -> torch.Tensor:
-    """(top,) t_k: a k-subset S dependent at rtol has a unit c supported on S with ||Y^T c||_2 <= t_k, Y the
-    computed whitened rows (module docstring, (2)); t_k / |y_i| is vector i's share of the tolerance."""
+def _tolerances(sp: Spectrum, w: Whitened) -> tuple[torch.Tensor, torch.Tensor]:
+    """(top,) r_k and e_k: a k-subset S dependent at rtol has a unit c supported on S with ||X^T c||_2 <= r_k
+    and ||E^T c||_2 <= e_k (E the rounding of Y), so ``|u^T Y^T c| <= ||A u|| r_k + ||u|| e_k`` for any u
+    (module docstring, (2))."""
     ks = torch.arange(1, sp.rtol.numel() + 1, dtype=torch.float64, device=sp.x.device)
-    return (w.a_norm * sp.rtol * sp.den + torch.sqrt(ks) * w.err) * (1 + 16 * EPS64)
+    return sp.rtol * sp.den * (1 + 16 * EPS64), torch.sqrt(ks) * w.err * (1 + 16 * EPS64)
+
+
+def _map_norms(u: torch.Tensor, w: Whitened, v_norm: float) -> torch.Tensor:
+    """Upper bounds on ||A u_j||_2 for certificates u (..., p): ``||V diag(f) u|| <= ||V|| ||f * u||``, plus
+    the rounding of the computed A (each entry within eps of V_ij f_j) and of the norm."""
+    p = u.shape[-1]
+    fu = torch.linalg.vector_norm(u * w.f, dim=-1) * v_norm * (1 + 2 * (p + 4) * EPS64)
+    return fu + (p + 8) * EPS64 * v_norm * float(w.f.max()) * torch.linalg.vector_norm(u, dim=-1)
 
 
 def _taus(t_k: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
@@ -445,13 +461,13 @@ def _terms(a: torch.Tensor, b: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
 
 
 def _certificate(z: np.ndarray, cos_j: np.ndarray, j: int, delta: float,
-                 start: np.ndarray | None = None) -> np.ndarray:
-    """A dual certificate u (p,) for vector j: the minimiser of ``||e_j - Z u||_inf + delta ||beta||_1``
-    over u = sum_l beta_l g_l, the unit vectors g_l being z_j, its :data:`LP_NEIGHBOURS` most aligned
-    vectors and, if given, the direction of the certificate ``start`` (p,) that u improves on
-    (``||u||_2 <= ||beta||_1``: unit vectors). One linear program, variables beta+, beta- (m each) and t,
-    rows 2 N (dense N x m); ``start`` (or u = z_j / (1 + mu_j)) is feasible, so the certificate is never
-    worse than it (or than the coherence of row j)."""
+                 start: np.ndarray | None = None, scale: np.ndarray | None = None) -> np.ndarray:
+    """A dual certificate u (p,) for vector j: the minimiser of ``||e_j - Z u||_inf + delta sum_l |beta_l|
+    ||scale * g_l||`` (an upper bound on ``delta ||scale * u||``; scale None: ones) over u = sum_l beta_l
+    g_l, the unit vectors g_l being z_j, its :data:`LP_NEIGHBOURS` most aligned vectors and, if given,
+    the direction of the certificate ``start`` (p,) that u improves on. One linear program, variables
+    beta+, beta- (m each) and t, rows 2 N (dense N x m); ``start`` (or u = z_j / (1 + mu_j)) is feasible,
+    so the certificate is never worse than it (or than the coherence of row j)."""
     n_vec = z.shape[0]
     near = np.argsort(-np.abs(cos_j), kind="stable")
     local = np.concatenate([[j], near[near != j][:LP_NEIGHBOURS]])  # (m,)
@@ -465,9 +481,11 @@ def _certificate(z: np.ndarray, cos_j: np.ndarray, j: int, delta: float,
         u = z[j] / (1 + float(np.abs(cos_j).max(initial=0.0)))  # the coherence certificate of row j
     cl = z @ basis.T  # (N, m)
     m1 = basis.shape[0]
+    scale = np.ones(z.shape[1]) if scale is None else scale
     first = np.abs(e - z @ u)  # (N,)
-    best = float(first.max()) + delta * float(np.linalg.norm(u))
-    cost = np.concatenate([np.full(2 * m1, delta), [1.0]])  # beta+, beta-, t
+    best = float(first.max()) + delta * float(np.linalg.norm(scale * u))
+    weights = delta * np.linalg.norm(basis * scale, axis=1)  # (m,)
+    cost = np.concatenate([weights, weights, [1.0]])  # beta+, beta-, t
     # rows generated: the largest residuals of the starting point and the rows of largest |cosine| with
     # the local vectors first, then the violated ones
     rows = np.union1d(np.argsort(-np.abs(cl).max(axis=1), kind="stable")[:8 * m1], local)
@@ -483,7 +501,7 @@ def _certificate(z: np.ndarray, cos_j: np.ndarray, j: int, delta: float,
         beta = sol.x[:m1] - sol.x[m1:2 * m1]
         resid = np.abs(e - cl @ beta)  # (N,)
         found = basis.T @ beta
-        value = float(resid.max()) + delta * float(np.linalg.norm(found))
+        value = float(resid.max()) + delta * float(np.linalg.norm(scale * found))
         if value < best:  # the best certificate met so far (a round may fit its rows but not all N)
             u, best = found, value
         over = np.flatnonzero(resid > sol.x[-1] * (1 + 1e-9) + 1e-12)
@@ -550,17 +568,18 @@ def _subset_bound(a: torch.Tensor, b: torch.Tensor, kappa: torch.Tensor, k: int)
     return best * (1 + 2 * (k + 2) * EPS64)
 
 
-def _largest_k(a: torch.Tensor, b: torch.Tensor, t: torch.Tensor, rho: torch.Tensor) -> int:
-    """Largest k such that every k' <= k is proven: ``_subset_bound`` of the certificates (a_j, b_j) at the
-    caps of tolerance t_k' (``t`` (top,), ``rho`` (N,); module docstring, (2)) is below 1; 1 when k = 2
-    fails."""
-    top = min(t.numel(), a.numel())
+def _largest_k(a: torch.Tensor, bt: torch.Tensor, rho: torch.Tensor) -> int:
+    """Largest k such that every k' <= k is proven: ``_subset_bound`` of the certificates at their caps is
+    below 1 (module docstring, (2)); ``bt`` (top, N): row k - 1 the tolerance term of each vector for
+    k-subsets (``||A u_j|| r_k + ||u_j|| e_k``), ``rho`` (N,). 1 when k = 2 fails."""
+    top = min(bt.shape[0], a.numel())
+    tau = _taus(torch.ones((), dtype=rho.dtype, device=rho.device), rho)  # (N,): 1 / rho_i
     k = 1
     while k < top:
-        kappa = _caps(a, b, _taus(t[k], rho))  # for k + 1
-        if _subset_bound(a, b, kappa, k + 1) >= 1.0:  # the weighted limit only where the caps fail
-            kappa = torch.clamp(kappa, max=_spread_limit(a, b, float(t[k]), rho))
-            if _subset_bound(a, b, kappa, k + 1) >= 1.0:
+        kappa = _caps(a, bt[k], tau)  # for k + 1
+        if _subset_bound(a, bt[k], kappa, k + 1) >= 1.0:  # the weighted limit only where the caps fail
+            kappa = torch.clamp(kappa, max=_spread_limit(a, bt[k], 1.0, rho))
+            if _subset_bound(a, bt[k], kappa, k + 1) >= 1.0:
                 break
         k += 1
     return k
@@ -585,10 +604,10 @@ def nullspace_bound(sp: Spectrum, w: Whitened, *, start: int, seconds: float,
             ``REFINE_WORK / (N^2 (p + 32))`` of them, none for N > :data:`REFINE_MAX_RATIO` p.
     """
     top = sp.rtol.numel()
-    t = _tolerances(w, sp)  # (top,)
+    r, e = _tolerances(sp, w)  # (top,) each
     z, rho = w.unit, w.rho  # (N, p), (N,)
     n_vec = z.shape[0]
-    if top < 2 or float(t[1]) >= float(rho.max()):  # every tau_i >= 1: no two terms sum below 1
+    if top < 2 or float(w.a_norm * r[1] + e[1]) >= float(rho.max()):  # every tau_i >= 1: k = 2 fails
         return NullspaceBound(k=1, alpha=math.nan, solved=0, complete=False,
                               note="the tolerance alone keeps it below 2")
     if n_vec > NULLSPACE_MAX_N:
@@ -598,33 +617,41 @@ def nullspace_bound(sp: Spectrum, w: Whitened, *, start: int, seconds: float,
     cos.fill_diagonal_(0.0)
     order = cos.abs().argsort(dim=1, descending=True)  # (N, N): the most aligned rows first
     target = min(top, max(start + 1, 2))
-    tau = _taus(t[target - 1], rho)  # (N,): the tolerance the certificates are chosen for
-    a = b = u = None
+    tau = _taus(torch.ones((), dtype=rho.dtype, device=rho.device), rho)  # (N,): 1 / rho_i
+
+    def coef(b: torch.Tensor, b2: torch.Tensor, k: int) -> torch.Tensor:  # (N,): tolerance terms for k
+        return b2 * r[k - 1] + b * e[k - 1]
+
+    def coefs(b: torch.Tensor, b2: torch.Tensor) -> torch.Tensor:  # (top, N): every k
+        return r[:, None] * b2[None, :] + e[:, None] * b[None, :]
+
+    a = b = b2 = u = None
     for m in LOCAL_SIZES:
         if m >= n_vec:
             break
         um = _local_certificates(z, order, m)
         am, bm = _evaluate(z, um)
+        b2m = _map_norms(um, w, sp.v_norm)
         if a is None:
-            a, b, u = am, bm, um
+            a, b, b2, u = am, bm, b2m, um
         else:
-            better = _terms(am, bm, tau) < _terms(a, b, tau)
-            a, b, u = (
-                torch.where(better, am, a),
-                torch.where(better, bm, b),
-                torch.where(better[:, None], um, u),
-            )
+            better = _terms(am, coef(bm, b2m, target), tau) < _terms(a, coef(b, b2, target), tau)
+            a, b = torch.where(better, am, a), torch.where(better, bm, b)
+            b2, u = torch.where(better, b2m, b2), torch.where(better[:, None], um, u)
     p = z.shape[1]
     steps = min(steps, REFINE_WORK // (n_vec**2 * (p + 32))) if n_vec <= REFINE_MAX_RATIO * p else 0
-    if steps > 0 and _largest_k(a, b, t, rho) < min(top, n_vec):  # refine every certificate at once
-        ur = _refine_certificates(z, u, _caps(a, b, tau), steps)
+    if steps > 0 and _largest_k(a, coefs(b, b2), rho) < min(top, n_vec):  # refine every certificate at once
+        weight = _caps(a, coef(b, b2, target), tau) * r[target - 1] * sp.v_norm  # (N,): on ||f * u_j||
+        ur = _refine_certificates(z, u, weight, steps, w.f)
         ar, br = _evaluate(z, ur)
-        better = _terms(ar, br, tau) < _terms(a, b, tau)
-        a, b, u = torch.where(better, ar, a), torch.where(better, br, b), torch.where(better[:, None], ur, u)
-    k = _largest_k(a, b, t, rho)
+        b2r = _map_norms(ur, w, sp.v_norm)
+        better = _terms(ar, coef(br, b2r, target), tau) < _terms(a, coef(b, b2, target), tau)
+        a, b = torch.where(better, ar, a), torch.where(better, br, b)
+        b2, u = torch.where(better, b2r, b2), torch.where(better[:, None], ur, u)
+    k = _largest_k(a, coefs(b, b2), rho)
     # linear programs for the vectors among the k + 1 largest terms, largest first
     t0 = time.perf_counter()  # the cap is on the programs alone
-    zn, cn = z.cpu().numpy(), cos.cpu().numpy()
+    zn, cn, fn = z.cpu().numpy(), cos.cpu().numpy(), w.f.cpu().numpy()
     solved, note = 0, ""
     tried = torch.zeros(n_vec, dtype=torch.bool, device=z.device)
     while seconds > 0 and k < min(top, n_vec):
@@ -632,24 +659,24 @@ def nullspace_bound(sp: Spectrum, w: Whitened, *, start: int, seconds: float,
         if spent > seconds:
             note = f"linear programs stopped at the {seconds:g} s cap after {solved}"
             break
-        tau = _taus(t[k], rho)  # proving k + 1: the terms at its tolerance
-        value = _terms(a, b, tau)
+        ck = coef(b, b2, k + 1)  # proving k + 1: the terms at its tolerance
+        value = _terms(a, ck, tau)
         largest = value.topk(k + 1).indices
         untried = largest[~tried[largest]]
         if untried.numel() == 0:
             break  # every vector among the k + 1 largest has had its program
         j = int(untried[0])
-        weight = float(_caps(a[j:j + 1], b[j:j + 1], tau[j:j + 1])[0])
-        uj = torch.as_tensor(_certificate(zn, cn[j], j, weight, u[j].cpu().numpy()), device=z.device)
+        weight = float(_caps(a[j:j + 1], ck[j:j + 1], tau[j:j + 1])[0]) * float(r[k]) * sp.v_norm
+        uj = torch.as_tensor(_certificate(zn, cn[j], j, weight, u[j].cpu().numpy(), fn), device=z.device)
         aj, bj = _evaluate_one(z, uj, j)
+        b2j = float(_map_norms(uj, w, sp.v_norm))
         solved += 1
         tried[j] = True
-        aj_t, bj_t = torch.tensor([aj], dtype=a.dtype, device=a.device), torch.tensor([bj], dtype=b.dtype,
-                                                                                        device=b.device)
-        if float(_terms(aj_t, bj_t, tau[j:j + 1])[0]) < float(value[j]):
-            a[j], b[j], u[j] = aj, bj, uj
-        k = _largest_k(a, b, t, rho)
-    alpha = float(_terms(a, b, _taus(t[min(k, top - 1)], rho)).max())
+        one = torch.tensor([aj, bj, b2j], dtype=a.dtype, device=a.device)
+        if float(_terms(one[:1], coef(one[1:2], one[2:3], k + 1), tau[j:j + 1])[0]) < float(value[j]):
+            a[j], b[j], b2[j], u[j] = aj, bj, b2j, uj
+        k = _largest_k(a, coefs(b, b2), rho)
+    alpha = float(_terms(a, coef(b, b2, min(k + 1, top)), tau).max())
     return NullspaceBound(k=k, alpha=alpha, solved=solved, complete=True, note=note)
 
 
@@ -662,9 +689,10 @@ def _evaluate_one(z: torch.Tensor, u: torch.Tensor, j: int) -> tuple[float, floa
     return float(resid.abs().max()) + 2 * (p + 8) * EPS64 * b + 2 * EPS64, b
 
 
-def _refine_certificates(z: torch.Tensor, u: torch.Tensor, delta: torch.Tensor, steps: int) -> torch.Tensor:
+def _refine_certificates(z: torch.Tensor, u: torch.Tensor, delta: torch.Tensor, steps: int,
+                         scale: torch.Tensor) -> torch.Tensor:
     """Better certificates for every row at once: ``steps`` Adam steps on the smoothed objective
-    ``sum_j smax_beta |e_j - Z u_j| + delta_j ||u_j||_2`` (``delta`` (N,): each row's weight;
+    ``sum_j smax_beta |e_j - Z u_j| + delta_j ||scale * u_j||_2`` (``delta`` (N,): each row's weight;
     smax_beta(r) = log sum_l (e^{beta r_l} + e^{-beta r_l}) / beta, within log(2N) / beta of the max),
     beta rising geometrically over :data:`REFINE_BETAS`, in float32 from the certificates ``u`` (N, p).
     Returns (N, p) float64, for each row the best iterate met (measured every 10 steps). Nothing here needs
@@ -677,10 +705,10 @@ def _refine_certificates(z: torch.Tensor, u: torch.Tensor, delta: torch.Tensor, 
     eye = torch.eye(n_vec, dtype=zf.dtype, device=zf.device)
     best, best_val = u.clone(), torch.full((n_vec,), math.inf, dtype=zf.dtype, device=zf.device)
     lo, hi = REFINE_BETAS
-    delta = delta.to(zf.dtype)  # (N,)
+    delta, scale = delta.to(zf.dtype), scale.to(zf.dtype)  # (N,), (p,)
     for step in range(steps + 1):
         resid = eye - param @ zf.T  # (N, N): row j is e_j - Z u_j
-        norm = torch.linalg.vector_norm(param, dim=1)  # (N,)
+        norm = torch.linalg.vector_norm(param * scale, dim=1)  # (N,)
         peak = resid.abs().amax(dim=1, keepdim=True)  # (N, 1)
         if step % 10 == 0 or step == steps:
             val = peak[:, 0] + delta * norm
@@ -692,7 +720,7 @@ def _refine_certificates(z: torch.Tensor, u: torch.Tensor, delta: torch.Tensor, 
         beta = lo * (hi / lo) ** (step / max(1, steps - 1))
         plus, minus = torch.exp(beta * (resid - peak)), torch.exp(beta * (-resid - peak))  # (N, N) each
         weight = (plus - minus) / (plus + minus).sum(dim=1, keepdim=True)  # (N, N): d smax / d resid
-        param.grad = -(weight @ zf) + (delta / norm.clamp_min(1e-30))[:, None] * param  # (N, p)
+        param.grad = -(weight @ zf) + (delta / norm.clamp_min(1e-30))[:, None] * param * scale**2  # (N, p)
         for group in opt.param_groups:
             group["lr"] = 0.5 / beta
         opt.step()

@@ -149,9 +149,9 @@ def test_the_sum_of_the_k_largest_terms_certifies_more_than_k_times_the_largest(
     ones, rho = torch.ones(10, dtype=torch.float64), torch.ones(10, dtype=torch.float64)
     a = torch.tensor([0.3] + [0.1] * 9, dtype=torch.float64)
     t = torch.zeros(10, dtype=torch.float64)
-    assert _largest_k(a, ones, t, rho) == 7
-    assert _largest_k(a, ones, t + 0.02, rho) == 7
-    assert _largest_k(torch.full((10,), 0.6, dtype=torch.float64), 0 * ones, t, rho) == 1
+    assert _largest_k(a, t[:, None] * ones, rho) == 7
+    assert _largest_k(a, (t + 0.02)[:, None] * ones, rho) == 7
+    assert _largest_k(torch.full((10,), 0.6, dtype=torch.float64), 0 * t[:, None] * ones, rho) == 1
 
 
 def test_the_spread_of_a_null_vector_shrinks_the_tolerance_term():
@@ -163,7 +163,7 @@ def test_the_spread_of_a_null_vector_shrinks_the_tolerance_term():
     a, b = torch.full((n,), 0.05, dtype=torch.float64), torch.ones(n, dtype=torch.float64)
     tau = torch.full((n,), 0.1, dtype=torch.float64)
     assert float(_caps(a, b, tau)[0]) == pytest.approx(0.1 * (0.1 + math.sqrt(0.21)) / 2, rel=1e-12)
-    assert _largest_k(a, b, tau.clone(), torch.ones(n, dtype=torch.float64)) == 12  # t_k = 0.1, rho = 1
+    assert _largest_k(a, tau[:, None] * b, torch.ones(n, dtype=torch.float64)) == 12  # t_k = 0.1, rho = 1
     far = _caps(torch.tensor([0.9], dtype=torch.float64), torch.ones(1, dtype=torch.float64),
                 torch.tensor([0.5], dtype=torch.float64))
     assert float(far[0]) == 0.5
@@ -268,9 +268,9 @@ def planted(seed: int, n_vec: int, d: int, size: int, rtol: float, factor: float
 @pytest.mark.parametrize("seed", range(4))
 def test_a_dependent_subset_obeys_both_inequalities_of_the_proof(seed):
     """A 3-subset dependent just below rtol (sigma_3 / sigma_1 = 0.999 rtol) among 14 token-like vectors in
-    R^6: for every whitening, its null vector c gives w = D c with ||Z^T w|| <= t_3, lambda = t_3 / ||w||_1
-    is at most the largest cap in the subset, and the terms of the subset sum to at least 1, so the
-    bound never certifies 3."""
+    R^6: for every whitening, its null vector c gives w = D c with ||Z^T w|| <= ||A|| r_3 + e_3 and
+    |u_j^T Z^T w| <= ||A u_j|| r_3 + ||u_j|| e_3 for every certificate, 1 / ||w||_1 is at most the largest
+    cap in the subset, and the terms of the subset sum to at least 1, so the bound never certifies 3."""
     rtol, size = 1e-3, 3
     x = planted(seed, 14, 6, size, rtol, 1 - 1e-3)
     assert int(numerical_rank(x[:size], rtol).rank) == size - 1
@@ -279,16 +279,21 @@ def test_a_dependent_subset_obeys_both_inequalities_of_the_proof(seed):
     c = torch.linalg.svd(x[:size])[0][:, -1]  # (size,): the left singular vector of sigma_3
     for clip in clip_grid(sp):
         w = whiten(sp, clip)
-        t = _tolerances(w, sp)
+        r, e = _tolerances(sp, w)
         order = (w.unit @ w.unit.T).fill_diagonal_(0).abs().argsort(dim=1, descending=True)
-        a, b = _evaluate(w.unit, spark._local_certificates(w.unit, order, 2))
+        u = spark._local_certificates(w.unit, order, 2)
+        a, b = _evaluate(w.unit, u)
+        b2 = spark._map_norms(u, w, sp.v_norm)
+        coef = b2 * r[size - 1] + b * e[size - 1]  # (N,): |u_j^T Z^T w| <= coef_j for this subset's w
         wv = w.rho[:size] * c  # (size,)
-        assert float(torch.linalg.vector_norm(w.unit[:size].T @ wv)) <= float(t[size - 1]) * (1 + 1e-9)
-        lam = float(t[size - 1]) / float(wv.abs().sum())
-        kappa = _caps(a, b, _taus(t[size - 1], w.rho))
+        zw = w.unit[:size].T @ wv  # (p,): Z^T w
+        assert float(torch.linalg.vector_norm(zw)) <= float(w.a_norm * r[size - 1] + e[size - 1]) * (1 + 1e-9)
+        assert bool(((u @ zw).abs() <= coef * (1 + 1e-9)).all())
+        lam = 1 / float(wv.abs().sum())
+        kappa = _caps(a, coef, _taus(torch.tensor(1.0, dtype=torch.float64), w.rho))
         assert lam <= float(kappa[:size].max()) * (1 + 1e-9), (clip, lam, kappa[:size])
-        assert float((a[:size] + kappa[:size].max() * b[:size]).sum()) >= 1 - 1e-9
-        assert _largest_k(a, b, t, w.rho) < size
+        assert float((a[:size] + kappa[:size].max() * coef[:size]).sum()) >= 1 - 1e-9
+        assert _largest_k(a, r[:, None] * b2 + e[:, None] * b, w.rho) < size
         assert nullspace_bound(sp, w, start=1, seconds=5.0).k < size
 
 
@@ -348,8 +353,8 @@ def test_the_weighted_spread_limits_lambda_where_one_vector_is_short():
     limit = spark._spread_limit(a, b, 0.1, rho)
     assert sup == pytest.approx(0.05, abs=1e-5) and sup <= limit <= sup + 0.4 / 16, (sup, limit)
     t = torch.full((n,), 0.1, dtype=torch.float64)
-    assert _largest_k(a, b, t, rho) == 9
-    kappa = _caps(a, b, _taus(t[0], rho))
+    assert _largest_k(a, t[:, None] * b, rho) == 9
+    kappa = _caps(a, t[0] * b, _taus(torch.tensor(1.0, dtype=torch.float64), rho))
     caps_only = max(k for k in range(1, n + 1) if k == 1 or all(
-        _subset_bound(a, b, kappa, j) < 1 for j in range(2, k + 1)))
+        _subset_bound(a, t[0] * b, kappa, j) < 1 for j in range(2, k + 1)))
     assert caps_only == 3
