@@ -14,8 +14,10 @@ distortion into the inequality they prove, and each proves the statement the pro
     every subset S with |S| <= lower has sigma_|S|(X_S) > rtol * sigma_1(X_S), i.e. numerical rank |S|.
 
 Notation. x_i are the rows of X, F_k = sqrt(sum of the k largest |x_i|^2), and
-``den_k = min(F_k, sigma_1(X)) >= sigma_1(X_S)`` for every k-subset S (Frobenius norm of X_S, and
-interlacing for a submatrix of rows). ``rtol_k`` is the tolerance of k-subsets plus ``64 (k + d) eps``
+``den_k >= sigma_1(X_S)`` for every k-subset S: the smallest of F_k (Frobenius norm of X_S), sigma_1(X)
+(interlacing for a submatrix of rows) and, for every m, ``sqrt((sum of the k largest |x_i P_m|^2) +
+s_{m+1}^2)`` with P_m the projector on the top m right singular vectors of X (:func:`_split_den`).
+``rtol_k`` is the tolerance of k-subsets plus ``64 (k + d) eps``
 of float64, the allowance that makes a bound hold for the float64 SVD verdicts as well as for exact
 singular values (as in :mod:`probes.bounds`).
 
@@ -41,30 +43,53 @@ cosines of Y~ carry the allowance of :mod:`probes.bounds`.
 (2) Null-space bound (:func:`nullspace_bound`). In exact arithmetic spark(X) >= 1 / alpha with
 ``alpha = max_j max { v_j : X^T v = 0, ||v||_1 <= 1 }`` (a null vector supported on k indices has
 an entry of at least 1/k of its l1 norm). Made valid at rtol with the map A above (any A, e.g. the
-identity or the best whitening): suppose a k-subset S is dependent at rtol. Then
-``sigma_k(Y_S) <= ||A||_2 sigma_k(X_S) <= ||A||_2 rtol_k den_k``, and with the rounding of Y and
-Z_S = D_S^{-1} Y_S, ``sigma_k(Z_S) <= delta_k := (||A||_2 rtol_k den_k + sqrt(k) max|e_i|) / min_i
-|y_i|``. Take a unit c in R^k with ``||Z_S^T c||_2 = sigma_k(Z_S)`` and v = c / ||c||_1 extended by
-zeros: ``||v||_1 = 1`` and ``||Z^T v||_2 <= delta_k / ||c||_1 <= delta_k``. For ANY u_j in R^p (a dual
-certificate of vector j), and either sign of v,
+identity or the best whitening): suppose a k-subset S is dependent at rtol, and take a unit c supported
+on S with ``||X^T c||_2 = sigma_k(X_S) <= rtol_k sigma_1(X_S) <= rtol_k den_k``. Let Y~ = X A + E be the
+computed rows, rho_i = |y~_i|, Z = D^{-1} Y~ their unit rows (D = diag(rho)) and w = D c (w_i = rho_i c_i).
+Then ``Z^T w = Y~^T c = A^T X^T c + E^T c``, so ``||Z^T w||_2 <= t_k := ||A||_2 rtol_k den_k + sqrt(k)
+max|e_i|``. For ANY u_j in R^p (a dual certificate of vector j), with a_j >= ||e_j - Z u_j||_inf and
+b_j >= ||u_j||_2,
 
-    |v_j| = |(e_j - Z u_j)^T v + u_j^T Z^T v| <= ||e_j - Z u_j||_inf + delta_k ||u_j||_2 =: a_j + delta_k b_j,
+    |w_j| = |(e_j - Z u_j)^T w + u_j^T Z^T w| <= a_j W + b_j t_k,   W = ||w||_1 > 0.
 
-so ``1 = sum_{j in S} |v_j| <= sum_{j in S} (a_j + delta_k b_j) <= T_k``, the sum of the k largest
-``a_j + delta_k b_j`` over all N vectors. Contrapositive: if ``T_k < 1``, no k-subset is dependent at
-rtol. (The earlier form, ``max_j (a_j + delta_k b_j) < 1/k``, is the special case where every term is
-replaced by the largest; T_k is never larger, and much smaller when a few vectors have poor
-certificates.) T_k and delta_k grow with k, so k is certified when every k' <= k passes; the bound is
-the largest such k. Every vector first gets a solver-free certificate (its dual vector
+Put lambda = t_k / W. (i) Summing over S: ``1 <= sum_{j in S} (a_j + lambda b_j)``. (ii) The null vector
+cannot concentrate: ``1 = ||c||^2 = sum_{i in S} w_i^2 / rho_i^2 <= W max_{i in S} |w_i| / rho_i^2 <=
+W^2 max_{i in S} min(a_i + b_i lambda, 1) / rho_i^2``, so for some i in S, with tau_i = t_k / rho_i,
+``lambda <= tau_i`` and ``lambda^2 <= tau_i^2 (a_i + b_i lambda)``, i.e. ``lambda <= kappa_i := min(tau_i,
+Lambda_i)``, Lambda_i = tau_i (tau_i b_i + sqrt(tau_i^2 b_i^2 + 4 a_i)) / 2 the positive root. Together:
+
+    1 <= sum_{j in S} (a_j + kappa_S b_j),   kappa_S = max_{i in S} kappa_i.
+
+(iii) The same spread, weighted: with pi_i = |w_i| / W (sum_i pi_i = 1, pi_i <= m_i := min(a_i + b_i
+lambda, 1)), ``1 = sum_i w_i^2 / rho_i^2 <= W^2 sum_i pi_i m_i / rho_i^2 <= W^2 H(lambda)``, H(lambda) the
+largest ``sum_i pi_i g_i``, g_i = m_i / rho_i^2, over all such pi on all N vectors (a greedy fill by
+decreasing g_i): ``lambda^2 <= t_k^2 H(lambda)``. A single short vector (small rho_i) can carry only
+m_i of the weight, so this limit, one number for all subsets (:func:`_spread_limit`), is often far below
+that vector's own kappa_i. kappa_S may therefore be replaced by min(kappa_S, that limit).
+(iv) The map's own shape: for any u, ``|u^T Z^T w| = |(A u)^T X^T c + u^T E^T c| <= ||A u||_2 r_k + ||u||_2
+e_k`` with r_k = rtol_k den_k and e_k = sqrt(k) max|e_i|, so every ``b_j t_k`` above may be replaced by
+``beta_j := ||A u_j|| r_k + ||u_j|| e_k <= b_j t_k`` (the same steps with lambda = 1 / W, tau_i = 1 / rho_i
+and b_j -> beta_j; the code does so). For a clipped whitening ``||A u_j|| = ||f * u_j||`` (times ||V||):
+the parts of a certificate along the strong directions, which the map shrank, count at their shrunk size.
+Contrapositive: if the largest such sum over all k-subsets is below 1, no k-subset is dependent at rtol.
+:func:`_subset_bound` bounds that largest sum: vectors in decreasing order of kappa, each of the first
+:data:`SPREAD_LEADERS` taken as the top member of S together with the k - 1 largest terms ranked after it,
+every other subset at the next kappa. (ii) is what makes the tolerance small: where the certificates
+are good (a_i ~ 0.07), a null vector's entries are each at most ~0.07 of its l1 norm, its l1 norm is
+~sqrt(1 / 0.07) times its l2 norm, and kappa_i ~ tau_i sqrt(a_i) is ~4x below tau_i. Earlier forms of
+this bound used lambda <= max_i tau_i with the smallest rho over all N vectors, and before that
+``max_j (a_j + delta b_j) < 1/k``; for the same certificates both are at least the sum above. The sum
+and the tolerances grow with k, so k is certified when every k' <= k passes; the bound is the largest
+such k. Every vector first gets a solver-free certificate (its dual vector
 against 0 to 8 of its most aligned rows, scaled; :func:`_local_certificates`); then all certificates
-are improved at once by first-order steps on a smoothed ``sum_j ||e_j - Z u_j||_inf + delta ||u_j||``
+are improved at once by first-order steps on a smoothed ``sum_j ||e_j - Z u_j||_inf + kappa_j ||u_j||``
 (:func:`_refine_certificates`; these approach the optimal certificate, ``a_j = max { v_j : Z^T v = 0,
 ||v||_1 <= 1 }`` by LP duality, which one exact linear program per vector would give at several
 seconds each for N = 1000); the vectors among the k + 1 largest terms then get a linear program each: u is
-sought in the span of z_j and its m = :data:`LP_NEIGHBOURS` most aligned rows, u = sum_l beta_l z_l,
-minimising ``||e_j - Z u||_inf + delta sum |beta_l|`` (``||u||_2 <= ||beta||_1`` for unit rows;
-u = z_j / (1 + max_i |cos(z_i, z_j)|) is feasible, so no certificate is worse than the coherence of
-its row), solved by ``scipy.optimize.linprog(method="highs")`` with row generation (rows added while
+sought in the span of the unit vectors g_l: the direction of the vector's current certificate, z_j and
+its m = :data:`LP_NEIGHBOURS` most aligned rows, u = sum_l beta_l g_l, minimising ``||e_j - Z u||_inf +
+kappa_j sum |beta_l|`` (``||u||_2 <= ||beta||_1``; the current certificate is feasible, so a program never
+makes it worse), solved by ``scipy.optimize.linprog(method="highs")`` with row generation (rows added while
 the residual over all N rows exceeds the program's value). Nothing the solver returns is trusted: a_j
 and b_j are evaluated afterwards in float64 over all N rows, with a rounding allowance, and only they
 enter the inequality. LP size: 2 (m + 1) + 1 variables, at most 2 N dense rows (typically a few
@@ -103,6 +128,8 @@ REFINE_WORK = (
     200 * 1000**2 * (768 + 32)
 )  # most N^2 (p + 32) x steps per call: 200 steps up to N = 1000, d = 768
 REFINE_MAX_RATIO = 16  # no refinement with more than this many vectors per dimension (alpha stays near 1)
+SPREAD_GRID = 64  # cells of the grid that bounds lambda through the weighted spread (_spread_limit)
+SPREAD_LEADERS = 32  # vectors of largest cap each taken as the top member of a subset (_subset_bound)
 REFINE_BETAS = (
     50.0,
     3200.0,
@@ -205,9 +232,28 @@ def spectrum(x64: torch.Tensor, rtols: list[float]) -> Spectrum:
         1 + (d + 2 * ks + 8) * EPS64
     )
     sigma1 = float(s[0]) * (1 + 64 * (n_vec + d) * EPS64)  # float64 SVD: backward stable
-    den = torch.clamp(frob, max=sigma1)  # (top,)
+    den = torch.minimum(torch.clamp(frob, max=sigma1), _split_den(x64, s, vh, frob, top))  # (top,)
     rtol = torch.tensor(rtols, dtype=torch.float64, device=x64.device) + 64 * (ks + d) * EPS64
     return Spectrum(x=x64, norms=norms, u=u, s=s, vh=vh, v_norm=v_norm, den=den, rtol=rtol)
+
+
+def _split_den(x64: torch.Tensor, s: torch.Tensor, vh: torch.Tensor, frob: torch.Tensor,
+               top: int) -> torch.Tensor:
+    """(top,) upper bounds on sigma_1(X_S) over the k-subsets S, k = 1..top, from the split at every m of the
+    top m right singular directions (projector P_m) and the rest: ``X_S X_S^T = X_S P_m X_S^T + X_S (I - P_m)
+    X_S^T``, so ``sigma_1(X_S)^2 <= ||X_S P_m||_F^2 + sigma_1(X (I - P_m))^2 <= (sum of the k largest
+    |x_i P_m|^2) + s_{m+1}^2``. m = 0 is sigma_1(X), m = p the Frobenius bound; the minimum over m is kept.
+    Rounding: the computed V is orthonormal up to O(eps) and the SVD backward stable, allowed for by
+    ``256 (d + p) eps`` of F_k on the first part and ``256 (N + d) eps s_1`` on s_{m+1}."""
+    n_vec, d = x64.shape
+    p = s.numel()
+    proj = (x64 @ vh.T) ** 2  # (N, p): squared components along each right singular vector
+    cum = proj.cumsum(dim=1)  # (N, p): |x_i P_m|^2 for m = 1..p
+    head = cum.sort(dim=0, descending=True).values[:top].cumsum(dim=0)  # (top, p): the k largest, summed
+    ms = torch.arange(1, p + 1, dtype=torch.float64, device=x64.device)
+    head = head.sqrt() * (1 + (ms + 2 * top + 8) * EPS64) + 256 * (d + p) * EPS64 * frob[:, None]  # (top, p)
+    tail = torch.cat([s[1:], s.new_zeros(1)]) + 256 * (n_vec + d) * EPS64 * s[0]  # (p,): s_{m+1}
+    return (head**2 + tail[None, :] ** 2).amin(dim=1).sqrt() * (1 + 8 * EPS64)  # (top,)
 
 
 @dataclass(frozen=True)
@@ -220,6 +266,8 @@ class Whitened:
         y_min: a lower bound on min_i |y_i| of the computed Y.
         a_norm: an upper bound on ||A||_2.
         err: an upper bound on max_i |e_i|, the rounding of each row of Y.
+        rho: (N,) lower bounds on each |y_i| of the computed Y (y_min is their minimum).
+        f: (p,) the diagonal of the map (A = V diag(f) as computed).
     """
 
     clip: int
@@ -227,6 +275,8 @@ class Whitened:
     y_min: float
     a_norm: float
     err: float
+    rho: torch.Tensor
+    f: torch.Tensor
 
 
 def whiten(sp: Spectrum, clip: int) -> Whitened:
@@ -237,10 +287,11 @@ def whiten(sp: Spectrum, clip: int) -> Whitened:
     y = sp.x @ a  # (N, p)
     unit, ynorm = unit_rows(y)
     p = y.shape[1]
-    y_min = float(ynorm.min()) * (1 - (p + 8) * EPS64)
+    rho = ynorm * (1 - (p + 8) * EPS64)  # (N,)
+    y_min = float(rho.min())
     a_norm = float(f.max()) * sp.v_norm * (1 + 2 * (p + 4) * EPS64)  # A's own rounding included
     err = (d + 2) * EPS64 * float(sp.norms.max()) * float(torch.linalg.matrix_norm(a)) * (1 + 1e-6)
-    return Whitened(clip=clip, unit=unit, y_min=y_min, a_norm=a_norm, err=err)
+    return Whitened(clip=clip, unit=unit, y_min=y_min, a_norm=a_norm, err=err, rho=rho, f=f)
 
 
 def clip_grid(sp: Spectrum) -> list[int]:
@@ -350,42 +401,107 @@ class NullspaceBound:
     note: str = ""
 
 
-def _deltas(w: Whitened, sp: Spectrum) -> torch.Tensor:
-    """(top,) delta_k: a dependent k-subset has sigma_k(Z_S) <= delta_k (module docstring, (2))."""
+def _tolerances(sp: Spectrum, w: Whitened) -> tuple[torch.Tensor, torch.Tensor]:
+    """(top,) r_k and e_k: a k-subset S dependent at rtol has a unit c supported on S with ||X^T c||_2 <= r_k
+    and ||E^T c||_2 <= e_k (E the rounding of Y), so ``|u^T Y^T c| <= ||A u|| r_k + ||u|| e_k`` for any u
+    (module docstring, (2))."""
     ks = torch.arange(1, sp.rtol.numel() + 1, dtype=torch.float64, device=sp.x.device)
-    return (w.a_norm * sp.rtol * sp.den + torch.sqrt(ks) * w.err) / w.y_min * (1 + 16 * EPS64)
+    return sp.rtol * sp.den * (1 + 16 * EPS64), torch.sqrt(ks) * w.err * (1 + 16 * EPS64)
 
 
-def _certificate(z: np.ndarray, cos_j: np.ndarray, j: int, delta: float) -> np.ndarray:
-    """A dual certificate u (p,) for vector j: the minimiser of ``||e_j - Z u||_inf + delta ||beta||_1``
-    over u = sum_l beta_l z_l, l in j and its :data:`LP_NEIGHBOURS` most aligned vectors
-    (``||u||_2 <= ||beta||_1``: unit rows). One linear program, variables beta+, beta- (m + 1 each) and
-    t, rows 2 N (dense N x (m + 1)); u = z_j / (1 + mu_j) is feasible, so the certificate is never worse
-    than the coherence of row j."""
+def _map_norms(u: torch.Tensor, w: Whitened, v_norm: float) -> torch.Tensor:
+    """Upper bounds on ||A u_j||_2 for certificates u (..., p): ``||V diag(f) u|| <= ||V|| ||f * u||``, plus
+    the rounding of the computed A (each entry within eps of V_ij f_j) and of the norm."""
+    p = u.shape[-1]
+    fu = torch.linalg.vector_norm(u * w.f, dim=-1) * v_norm * (1 + 2 * (p + 4) * EPS64)
+    return fu + (p + 8) * EPS64 * v_norm * float(w.f.max()) * torch.linalg.vector_norm(u, dim=-1)
+
+
+def _taus(t_k: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
+    """(N,) tau_i = t_k / rho_i rounded up: the tolerance of one k, per vector."""
+    return t_k / rho * (1 + 4 * EPS64)
+
+
+def _caps(a: torch.Tensor, b: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
+    """(N,) kappa_i = min(tau_i, Lambda_i), Lambda_i the positive root of ``lam^2 = tau_i^2 (a_i + b_i lam)``,
+    rounded up: a dependent subset S has lambda <= max_{i in S} kappa_i (module docstring, (2))."""
+    tb = tau * b
+    lam = tau * (tb + torch.sqrt(tb * tb + 4 * a)) / 2
+    return torch.minimum(tau, lam * (1 + 64 * EPS64))
+
+
+def _spread_limit(a: torch.Tensor, b: torch.Tensor, t_k: float, rho: torch.Tensor) -> float:
+    """An upper bound on every lambda with ``lambda^2 <= t_k^2 H(lambda)``, H the largest ``sum_i pi_i g_i``
+    over 0 <= pi_i <= m_i, sum_i pi_i = 1 (all N vectors), m_i = min(a_i + b_i lambda, 1), g_i = m_i /
+    rho_i^2 (module docstring, (iii)). H increases with lambda, so a cell [l_j, l_{j+1}] of a grid holds no
+    such lambda when ``l_j^2 > t_k^2 H(l_{j+1})``; the bound is the top of the highest cell that is not
+    excluded. The grid spans [0, l_up], l_up from H <= max_i g_i <= max (a_i + b_i lambda) / rho_i^2."""
+    n_vec = a.numel()
+    inv = (1 / rho**2) * (1 + 4 * EPS64)  # (N,)
+    coef_a, coef_b = float((a * inv).max()), float((b * inv).max())
+    t2 = t_k * t_k
+    l_up = (t2 * coef_b + math.sqrt(t2 * t2 * coef_b**2 + 4 * t2 * coef_a)) / 2 * (1 + 64 * EPS64)
+    lams = torch.linspace(0, l_up, SPREAD_GRID + 1, dtype=torch.float64, device=a.device)  # (L,)
+    m = torch.clamp(a[None, :] + lams[:, None] * b[None, :], max=1.0)  # (L, N)
+    g = m * inv[None, :]  # (L, N)
+    g_s, order = g.sort(dim=1, descending=True)
+    caps = m.gather(1, order)  # (L, N): caps in decreasing order of g
+    before = caps.cumsum(dim=1) - caps  # (L, N): caps of the vectors before each
+    share = torch.clamp(torch.minimum(caps, 1 - before), min=0.0)  # (L, N): the greedy fill
+    h = (share * g_s).sum(dim=1) * (1 + 4 * (n_vec + 4) * EPS64)  # (L,)
+    h = torch.where(caps.sum(dim=1) >= 1 - 4 * n_vec * EPS64, h, -math.inf)  # no pi: (i) fails there
+    open_cells = (lams[:-1] ** 2 <= t2 * h[1:] * (1 + 4 * EPS64)).nonzero()
+    return float(lams[int(open_cells[-1]) + 1]) if open_cells.numel() else 0.0
+
+
+def _terms(a: torch.Tensor, b: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
+    """(N,) a_i + kappa_i b_i: what vector i adds to the sum when its own cap decides (used to pick the
+    certificates to improve; the proof is :func:`_subset_bound`)."""
+    return a + _caps(a, b, tau) * b
+
+
+def _certificate(z: np.ndarray, cos_j: np.ndarray, j: int, delta: float,
+                 start: np.ndarray | None = None, scale: np.ndarray | None = None) -> np.ndarray:
+    """A dual certificate u (p,) for vector j: the minimiser of ``||e_j - Z u||_inf + delta sum_l |beta_l|
+    ||scale * g_l||`` (an upper bound on ``delta ||scale * u||``; scale None: ones) over u = sum_l beta_l
+    g_l, the unit vectors g_l being z_j, its :data:`LP_NEIGHBOURS` most aligned vectors and, if given,
+    the direction of the certificate ``start`` (p,) that u improves on. One linear program, variables
+    beta+, beta- (m each) and t, rows 2 N (dense N x m); ``start`` (or u = z_j / (1 + mu_j)) is feasible,
+    so the certificate is never worse than it (or than the coherence of row j)."""
     n_vec = z.shape[0]
     near = np.argsort(-np.abs(cos_j), kind="stable")
-    local = np.concatenate([[j], near[near != j][:LP_NEIGHBOURS]])  # (m + 1,)
-    cl = z @ z[local].T  # (N, m + 1)
-    m1 = local.size
+    local = np.concatenate([[j], near[near != j][:LP_NEIGHBOURS]])  # (m,)
+    basis = z[local]  # (m, p)
     e = np.zeros(n_vec)
     e[j] = 1.0
-    u = z[j] / (1 + float(np.abs(cos_j).max(initial=0.0)))  # the coherence certificate of row j
-    best = float(np.abs(e - z @ u).max()) + delta * float(np.linalg.norm(u))
-    cost = np.concatenate([np.full(2 * m1, delta), [1.0]])  # beta+, beta-, t
-    # rows generated: those of largest |cosine| with the local vectors first, then the violated ones
+    if start is not None and float(np.linalg.norm(start)) > 0:
+        basis = np.vstack([basis, start / np.linalg.norm(start)])
+        u = start
+    else:
+        u = z[j] / (1 + float(np.abs(cos_j).max(initial=0.0)))  # the coherence certificate of row j
+    cl = z @ basis.T  # (N, m)
+    m1 = basis.shape[0]
+    scale = np.ones(z.shape[1]) if scale is None else scale
+    first = np.abs(e - z @ u)  # (N,)
+    best = float(first.max()) + delta * float(np.linalg.norm(scale * u))
+    weights = delta * np.linalg.norm(basis * scale, axis=1)  # (m,)
+    cost = np.concatenate([weights, weights, [1.0]])  # beta+, beta-, t
+    # rows generated: the largest residuals of the starting point and the rows of largest |cosine| with
+    # the local vectors first, then the violated ones
     rows = np.union1d(np.argsort(-np.abs(cl).max(axis=1), kind="stable")[:8 * m1], local)
+    rows = np.union1d(rows, np.argsort(-first, kind="stable")[:4 * m1])
     for _ in range(LP_ROUNDS):
-        cr = cl[rows]  # (R, m + 1)
+        cr = cl[rows]  # (R, m)
         ones = np.ones((rows.size, 1))
-        a_ub = np.block([[cr, -cr, -ones], [-cr, cr, -ones]])  # (2R, 2 (m + 1) + 1)
+        a_ub = np.block([[cr, -cr, -ones], [-cr, cr, -ones]])  # (2R, 2 m + 1)
         sol = linprog(cost, A_ub=a_ub, b_ub=np.concatenate([e[rows], -e[rows]]), bounds=(0, None),
                       method="highs")
         if sol.status != 0 or sol.x is None:
             break
         beta = sol.x[:m1] - sol.x[m1:2 * m1]
         resid = np.abs(e - cl @ beta)  # (N,)
-        found = z[local].T @ beta
-        value = float(resid.max()) + delta * float(np.linalg.norm(found))
+        found = basis.T @ beta
+        value = float(resid.max()) + delta * float(np.linalg.norm(scale * found))
         if value < best:  # the best certificate met so far (a round may fit its rows but not all N)
             u, best = found, value
         over = np.flatnonzero(resid > sol.x[-1] * (1 + 1e-9) + 1e-12)
@@ -434,17 +550,39 @@ def _evaluate(z: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     return a + allowance * b + 2 * EPS64, b
 
 
-def _largest_k(a: torch.Tensor, b: torch.Tensor, deltas: torch.Tensor) -> int:
-    """Largest k such that, for every k' <= k, the k' largest ``a_j + delta_k' b_j`` sum to less than 1
-    (module docstring, (2)); 1 when k = 2 fails."""
-    top = min(deltas.numel(), a.numel())
-    if top < 2:
-        return 1
-    ks = torch.arange(2, top + 1, device=a.device)
-    values = a[None, :] + deltas[1:top, None] * b[None, :]  # (top - 1, N): row k' - 2 at delta_k'
-    largest = values.topk(top, dim=1).values.cumsum(dim=1)  # (top - 1, top): sums of the m largest
-    sums = largest.gather(1, (ks - 1)[:, None])[:, 0] * (1 + 2 * top * EPS64)  # (top - 1,): m = k'
-    return first_failure(sums < 1.0, ks)
+def _subset_bound(a: torch.Tensor, b: torch.Tensor, kappa: torch.Tensor, k: int) -> float:
+    """A rigorous upper bound on ``max_S sum_{j in S} (a_j + kappa_S b_j)`` over the k-subsets S of the N
+    vectors, kappa_S = max_{i in S} kappa_i (all (N,), 2 <= k <= N). Vectors in decreasing order of
+    kappa: the :data:`SPREAD_LEADERS` first are each taken as the top member of S, with the k - 1 largest
+    terms ranked after it at its kappa; every other subset lies in the rest, at the next kappa."""
+    n_vec = a.numel()
+    order = kappa.argsort(descending=True, stable=True)
+    a_s, b_s, k_s = a[order], b[order], kappa[order]  # (N,) each, kappa descending
+    lead = min(SPREAD_LEADERS, n_vec - k + 1)  # the top member of a k-subset ranks at most N - k
+    ranks = torch.arange(n_vec, device=a.device)
+    vals = a_s[None, :] + k_s[:lead, None] * b_s[None, :]  # (lead, N): row m at the kappa of rank m
+    vals = vals.masked_fill(ranks[None, :] <= ranks[:lead, None], -math.inf)  # only members ranked after m
+    best = float((a_s[:lead] + k_s[:lead] * b_s[:lead] + vals.topk(k - 1, dim=1).values.sum(dim=1)).max())
+    if lead < n_vec - k + 1:  # subsets of the vectors ranked lead and later
+        best = max(best, float((a_s[lead:] + k_s[lead] * b_s[lead:]).topk(k).values.sum()))
+    return best * (1 + 2 * (k + 2) * EPS64)
+
+
+def _largest_k(a: torch.Tensor, bt: torch.Tensor, rho: torch.Tensor) -> int:
+    """Largest k such that every k' <= k is proven: ``_subset_bound`` of the certificates at their caps is
+    below 1 (module docstring, (2)); ``bt`` (top, N): row k - 1 the tolerance term of each vector for
+    k-subsets (``||A u_j|| r_k + ||u_j|| e_k``), ``rho`` (N,). 1 when k = 2 fails."""
+    top = min(bt.shape[0], a.numel())
+    tau = _taus(torch.ones((), dtype=rho.dtype, device=rho.device), rho)  # (N,): 1 / rho_i
+    k = 1
+    while k < top:
+        kappa = _caps(a, bt[k], tau)  # for k + 1
+        if _subset_bound(a, bt[k], kappa, k + 1) >= 1.0:  # the weighted limit only where the caps fail
+            kappa = torch.clamp(kappa, max=_spread_limit(a, bt[k], 1.0, rho))
+            if _subset_bound(a, bt[k], kappa, k + 1) >= 1.0:
+                break
+        k += 1
+    return k
 
 
 def nullspace_bound(sp: Spectrum, w: Whitened, *, start: int, seconds: float,
@@ -466,10 +604,10 @@ def nullspace_bound(sp: Spectrum, w: Whitened, *, start: int, seconds: float,
             ``REFINE_WORK / (N^2 (p + 32))`` of them, none for N > :data:`REFINE_MAX_RATIO` p.
     """
     top = sp.rtol.numel()
-    deltas = _deltas(w, sp)  # (top,)
-    z = w.unit  # (N, p)
+    r, e = _tolerances(sp, w)  # (top,) each
+    z, rho = w.unit, w.rho  # (N, p), (N,)
     n_vec = z.shape[0]
-    if top < 2 or float(deltas[1]) >= 0.5:
+    if top < 2 or float(w.a_norm * r[1] + e[1]) >= float(rho.max()):  # every tau_i >= 1: k = 2 fails
         return NullspaceBound(k=1, alpha=math.nan, solved=0, complete=False,
                               note="the tolerance alone keeps it below 2")
     if n_vec > NULLSPACE_MAX_N:
@@ -479,32 +617,41 @@ def nullspace_bound(sp: Spectrum, w: Whitened, *, start: int, seconds: float,
     cos.fill_diagonal_(0.0)
     order = cos.abs().argsort(dim=1, descending=True)  # (N, N): the most aligned rows first
     target = min(top, max(start + 1, 2))
-    a = b = u = None
+    tau = _taus(torch.ones((), dtype=rho.dtype, device=rho.device), rho)  # (N,): 1 / rho_i
+
+    def coef(b: torch.Tensor, b2: torch.Tensor, k: int) -> torch.Tensor:  # (N,): tolerance terms for k
+        return b2 * r[k - 1] + b * e[k - 1]
+
+    def coefs(b: torch.Tensor, b2: torch.Tensor) -> torch.Tensor:  # (top, N): every k
+        return r[:, None] * b2[None, :] + e[:, None] * b[None, :]
+
+    a = b = b2 = u = None
     for m in LOCAL_SIZES:
         if m >= n_vec:
             break
         um = _local_certificates(z, order, m)
         am, bm = _evaluate(z, um)
+        b2m = _map_norms(um, w, sp.v_norm)
         if a is None:
-            a, b, u = am, bm, um
+            a, b, b2, u = am, bm, b2m, um
         else:
-            better = am + deltas[target - 1] * bm < a + deltas[target - 1] * b
-            a, b, u = (
-                torch.where(better, am, a),
-                torch.where(better, bm, b),
-                torch.where(better[:, None], um, u),
-            )
+            better = _terms(am, coef(bm, b2m, target), tau) < _terms(a, coef(b, b2, target), tau)
+            a, b = torch.where(better, am, a), torch.where(better, bm, b)
+            b2, u = torch.where(better, b2m, b2), torch.where(better[:, None], um, u)
     p = z.shape[1]
     steps = min(steps, REFINE_WORK // (n_vec**2 * (p + 32))) if n_vec <= REFINE_MAX_RATIO * p else 0
-    if steps > 0 and _largest_k(a, b, deltas) < min(top, n_vec):  # refine every certificate at once
-        ur = _refine_certificates(z, u, float(deltas[target - 1]), steps)
+    if steps > 0 and _largest_k(a, coefs(b, b2), rho) < min(top, n_vec):  # refine every certificate at once
+        weight = _caps(a, coef(b, b2, target), tau) * r[target - 1] * sp.v_norm  # (N,): on ||f * u_j||
+        ur = _refine_certificates(z, u, weight, steps, w.f)
         ar, br = _evaluate(z, ur)
-        better = ar + deltas[target - 1] * br < a + deltas[target - 1] * b
+        b2r = _map_norms(ur, w, sp.v_norm)
+        better = _terms(ar, coef(br, b2r, target), tau) < _terms(a, coef(b, b2, target), tau)
         a, b = torch.where(better, ar, a), torch.where(better, br, b)
-    k = _largest_k(a, b, deltas)
+        b2, u = torch.where(better, b2r, b2), torch.where(better[:, None], ur, u)
+    k = _largest_k(a, coefs(b, b2), rho)
     # linear programs for the vectors among the k + 1 largest terms, largest first
     t0 = time.perf_counter()  # the cap is on the programs alone
-    zn, cn = z.cpu().numpy(), cos.cpu().numpy()
+    zn, cn, fn = z.cpu().numpy(), cos.cpu().numpy(), w.f.cpu().numpy()
     solved, note = 0, ""
     tried = torch.zeros(n_vec, dtype=torch.bool, device=z.device)
     while seconds > 0 and k < min(top, n_vec):
@@ -512,20 +659,24 @@ def nullspace_bound(sp: Spectrum, w: Whitened, *, start: int, seconds: float,
         if spent > seconds:
             note = f"linear programs stopped at the {seconds:g} s cap after {solved}"
             break
-        value = a + deltas[k] * b  # proving k + 1 needs the k + 1 largest to sum below 1
+        ck = coef(b, b2, k + 1)  # proving k + 1: the terms at its tolerance
+        value = _terms(a, ck, tau)
         largest = value.topk(k + 1).indices
         untried = largest[~tried[largest]]
         if untried.numel() == 0:
             break  # every vector among the k + 1 largest has had its program
         j = int(untried[0])
-        uj = torch.as_tensor(_certificate(zn, cn[j], j, float(deltas[k])), device=z.device)
+        weight = float(_caps(a[j:j + 1], ck[j:j + 1], tau[j:j + 1])[0]) * float(r[k]) * sp.v_norm
+        uj = torch.as_tensor(_certificate(zn, cn[j], j, weight, u[j].cpu().numpy(), fn), device=z.device)
         aj, bj = _evaluate_one(z, uj, j)
+        b2j = float(_map_norms(uj, w, sp.v_norm))
         solved += 1
         tried[j] = True
-        if aj + float(deltas[k]) * bj < float(a[j] + deltas[k] * b[j]):
-            a[j], b[j] = aj, bj
-        k = _largest_k(a, b, deltas)
-    alpha = float((a + deltas[min(k, top - 1)] * b).max())
+        one = torch.tensor([aj, bj, b2j], dtype=a.dtype, device=a.device)
+        if float(_terms(one[:1], coef(one[1:2], one[2:3], k + 1), tau[j:j + 1])[0]) < float(value[j]):
+            a[j], b[j], b2[j], u[j] = aj, bj, b2j, uj
+        k = _largest_k(a, coefs(b, b2), rho)
+    alpha = float(_terms(a, coef(b, b2, min(k + 1, top)), tau).max())
     return NullspaceBound(k=k, alpha=alpha, solved=solved, complete=True, note=note)
 
 
@@ -538,14 +689,15 @@ def _evaluate_one(z: torch.Tensor, u: torch.Tensor, j: int) -> tuple[float, floa
     return float(resid.abs().max()) + 2 * (p + 8) * EPS64 * b + 2 * EPS64, b
 
 
-def _refine_certificates(z: torch.Tensor, u: torch.Tensor, delta: float, steps: int) -> torch.Tensor:
+def _refine_certificates(z: torch.Tensor, u: torch.Tensor, delta: torch.Tensor, steps: int,
+                         scale: torch.Tensor) -> torch.Tensor:
     """Better certificates for every row at once: ``steps`` Adam steps on the smoothed objective
-    ``sum_j smax_beta |e_j - Z u_j| + delta ||u_j||_2`` (smax_beta(r) = log sum_l (e^{beta r_l} +
-    e^{-beta r_l}) / beta, within log(2N) / beta of the max), beta rising geometrically over
-    :data:`REFINE_BETAS`, in float32 from the certificates ``u`` (N, p). Returns (N, p) float64, for each
-    row the best iterate met (measured every 10 steps). Nothing here needs to be exact: the caller keeps
-    a row's new certificate only where its rigorous :func:`_evaluate` is better. Work per step: two
-    (N, N, p) products; memory a few N x N float32 blocks."""
+    ``sum_j smax_beta |e_j - Z u_j| + delta_j ||scale * u_j||_2`` (``delta`` (N,): each row's weight;
+    smax_beta(r) = log sum_l (e^{beta r_l} + e^{-beta r_l}) / beta, within log(2N) / beta of the max),
+    beta rising geometrically over :data:`REFINE_BETAS`, in float32 from the certificates ``u`` (N, p).
+    Returns (N, p) float64, for each row the best iterate met (measured every 10 steps). Nothing here needs
+    to be exact: the caller keeps a row's new certificate only where its rigorous :func:`_evaluate` is
+    better. Work per step: two (N, N, p) products; memory a few N x N float32 blocks."""
     n_vec = z.shape[0]
     zf = z.float()  # (N, p)
     param = u.float().clone()  # (N, p)
@@ -553,9 +705,10 @@ def _refine_certificates(z: torch.Tensor, u: torch.Tensor, delta: float, steps: 
     eye = torch.eye(n_vec, dtype=zf.dtype, device=zf.device)
     best, best_val = u.clone(), torch.full((n_vec,), math.inf, dtype=zf.dtype, device=zf.device)
     lo, hi = REFINE_BETAS
+    delta, scale = delta.to(zf.dtype), scale.to(zf.dtype)  # (N,), (p,)
     for step in range(steps + 1):
         resid = eye - param @ zf.T  # (N, N): row j is e_j - Z u_j
-        norm = torch.linalg.vector_norm(param, dim=1)  # (N,)
+        norm = torch.linalg.vector_norm(param * scale, dim=1)  # (N,)
         peak = resid.abs().amax(dim=1, keepdim=True)  # (N, 1)
         if step % 10 == 0 or step == steps:
             val = peak[:, 0] + delta * norm
@@ -567,7 +720,7 @@ def _refine_certificates(z: torch.Tensor, u: torch.Tensor, delta: float, steps: 
         beta = lo * (hi / lo) ** (step / max(1, steps - 1))
         plus, minus = torch.exp(beta * (resid - peak)), torch.exp(beta * (-resid - peak))  # (N, N) each
         weight = (plus - minus) / (plus + minus).sum(dim=1, keepdim=True)  # (N, N): d smax / d resid
-        param.grad = -(weight @ zf) + delta * param / norm.clamp_min(1e-30)[:, None]  # (N, p)
+        param.grad = -(weight @ zf) + (delta / norm.clamp_min(1e-30))[:, None] * param * scale**2  # (N, p)
         for group in opt.param_groups:
             group["lr"] = 0.5 / beta
         opt.step()

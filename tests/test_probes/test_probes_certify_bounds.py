@@ -3,6 +3,7 @@ never above the numerical Kruskal rank, equal to it where the bound can reach it
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -10,10 +11,23 @@ import pytest
 import torch
 from conftest import brute_kruskal_rank
 
+import probes.spark as spark
 from probes.bounds import METHODS, kruskal_lower_bound
 from probes.kruskal import check_witness
-from probes.rank import resolve_rtol
-from probes.spark import _largest_k, clip_grid, nullspace_bound, spectrum, whiten, whitened_bound
+from probes.rank import numerical_rank, resolve_rtol
+from probes.spark import (
+    _caps,
+    _evaluate,
+    _largest_k,
+    _subset_bound,
+    _taus,
+    _tolerances,
+    clip_grid,
+    nullspace_bound,
+    spectrum,
+    whiten,
+    whitened_bound,
+)
 
 EPS64 = float(np.finfo(np.float64).eps)
 
@@ -127,14 +141,51 @@ def test_nullspace_bound_beats_the_gershgorin_bounds_where_the_null_space_is_sma
 
 
 def test_the_sum_of_the_k_largest_terms_certifies_more_than_k_times_the_largest():
-    """Known answer of the counting step: terms 0.3, 0.1 x 9 (delta 0): k times the largest passes
-    only k = 3 (0.9 < 1), the sum of the k largest passes k = 7 (0.3 + 0.6 < 1 <= 0.3 + 0.7)."""
+    """Known answers of the counting step (rho = 1, the same tolerance t for every k): terms 0.3, 0.1 x 9
+    at t = 0: k times the largest passes only k = 3 (0.9 < 1), the sum of the k largest passes k = 7
+    (0.3 + 0.6 < 1 <= 0.3 + 0.7). At t = 0.02 the caps are kappa = 0.02 (0.02 + sqrt(0.02^2 + 4 a)) / 2:
+    0.011156 for a = 0.3 and 0.006528 for a = 0.1; the subsets led by the 0.3 vector sum to
+    0.311156 + (k - 1) 0.111156, below 1 up to k = 7 (with lambda <= t alone: 0.32 + 6 x 0.12 > 1, 6)."""
+    ones, rho = torch.ones(10, dtype=torch.float64), torch.ones(10, dtype=torch.float64)
     a = torch.tensor([0.3] + [0.1] * 9, dtype=torch.float64)
-    deltas = torch.zeros(10, dtype=torch.float64)
-    assert _largest_k(a, torch.ones(10, dtype=torch.float64), deltas) == 7
-    assert _largest_k(a, torch.ones(10, dtype=torch.float64), deltas + 0.02) == 6  # 0.32 + 6 x 0.12 = 1.04
-    assert _largest_k(torch.full((10,), 0.6, dtype=torch.float64), torch.zeros(10, dtype=torch.float64),
-                      deltas) == 1
+    t = torch.zeros(10, dtype=torch.float64)
+    assert _largest_k(a, t[:, None] * ones, rho) == 7
+    assert _largest_k(a, (t + 0.02)[:, None] * ones, rho) == 7
+    assert _largest_k(torch.full((10,), 0.6, dtype=torch.float64), 0 * t[:, None] * ones, rho) == 1
+
+
+def test_the_spread_of_a_null_vector_shrinks_the_tolerance_term():
+    """Known answer of (ii): 20 vectors with a = 0.05, b = 1 at tau = 0.1. A null vector's entries are at
+    most a + b lambda of its l1 norm, so lambda <= Lambda = 0.1 (0.1 + sqrt(0.01 + 0.2)) / 2 = 0.0279129
+    and each term is 0.0779129: k = 12 passes (0.935), 13 does not (1.013). With lambda <= tau alone the
+    terms are 0.15 and k = 6. Where a + tau b >= 1 the cap is tau itself."""
+    n = 20
+    a, b = torch.full((n,), 0.05, dtype=torch.float64), torch.ones(n, dtype=torch.float64)
+    tau = torch.full((n,), 0.1, dtype=torch.float64)
+    assert float(_caps(a, b, tau)[0]) == pytest.approx(0.1 * (0.1 + math.sqrt(0.21)) / 2, rel=1e-12)
+    assert _largest_k(a, tau[:, None] * b, torch.ones(n, dtype=torch.float64)) == 12  # t_k = 0.1, rho = 1
+    far = _caps(torch.tensor([0.9], dtype=torch.float64), torch.ones(1, dtype=torch.float64),
+                torch.tensor([0.5], dtype=torch.float64))
+    assert float(far[0]) == 0.5
+
+
+@pytest.mark.parametrize("leaders", [1, 3, 32])
+@pytest.mark.parametrize("seed", range(4))
+def test_subset_bound_is_never_below_the_largest_subset_sum(monkeypatch, seed, leaders):
+    """_subset_bound against every k-subset of 9 random terms: never below the largest
+    sum_{j in S} (a_j + max_{i in S} kappa_i b_j), and equal to it when every vector is a leader."""
+    monkeypatch.setattr(spark, "SPREAD_LEADERS", leaders)
+    g = torch.Generator().manual_seed(seed)
+    n = 9
+    a, b, kappa = (torch.rand(n, generator=g, dtype=torch.float64) for _ in range(3))
+    kappa[:3] = kappa[0]  # ties
+    for k in range(2, n + 1):
+        truth = max(float((a[list(s)] + kappa[list(s)].max() * b[list(s)]).sum())
+                    for s in itertools.combinations(range(n), k))
+        bound = _subset_bound(a, b, kappa, k)
+        assert bound >= truth * (1 - 1e-12), (k, bound, truth)
+        if leaders >= n:
+            assert bound == pytest.approx(truth, rel=1e-12)
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -203,3 +254,107 @@ def test_without_whitening_the_old_bounds_are_unchanged():
     assert (old.whitened_babel_k, old.nullspace_k) == (1, 1) and new.lower >= old.lower
     row = new.to_dict()
     assert isinstance(row["whitened_babel_k"], int) and isinstance(row["nullspace_programs"], int)
+
+
+def planted(seed: int, n_vec: int, d: int, size: int, rtol: float, factor: float) -> torch.Tensor:
+    """Token-like vectors whose first ``size`` rows have sigma_size / sigma_1 = rtol * factor exactly."""
+    x = token_like(seed, n_vec, d)
+    u, s, vh = torch.linalg.svd(x[:size], full_matrices=False)
+    s[-1] = rtol * factor * s[0]
+    x[:size] = u @ torch.diag(s) @ vh  # (size, d)
+    return x
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_dependent_subset_obeys_both_inequalities_of_the_proof(seed):
+    """A 3-subset dependent just below rtol (sigma_3 / sigma_1 = 0.999 rtol) among 14 token-like vectors in
+    R^6: for every whitening, its null vector c gives w = D c with ||Z^T w|| <= ||A|| r_3 + e_3 and
+    |u_j^T Z^T w| <= ||A u_j|| r_3 + ||u_j|| e_3 for every certificate, 1 / ||w||_1 is at most the largest
+    cap in the subset, and the terms of the subset sum to at least 1, so the bound never certifies 3."""
+    rtol, size = 1e-3, 3
+    x = planted(seed, 14, 6, size, rtol, 1 - 1e-3)
+    assert int(numerical_rank(x[:size], rtol).rank) == size - 1
+    rtols = [rtol] * 6
+    sp = spectrum(x, rtols)
+    c = torch.linalg.svd(x[:size])[0][:, -1]  # (size,): the left singular vector of sigma_3
+    for clip in clip_grid(sp):
+        w = whiten(sp, clip)
+        r, e = _tolerances(sp, w)
+        order = (w.unit @ w.unit.T).fill_diagonal_(0).abs().argsort(dim=1, descending=True)
+        u = spark._local_certificates(w.unit, order, 2)
+        a, b = _evaluate(w.unit, u)
+        b2 = spark._map_norms(u, w, sp.v_norm)
+        coef = b2 * r[size - 1] + b * e[size - 1]  # (N,): |u_j^T Z^T w| <= coef_j for this subset's w
+        wv = w.rho[:size] * c  # (size,)
+        zw = w.unit[:size].T @ wv  # (p,): Z^T w
+        assert float(torch.linalg.vector_norm(zw)) <= float(w.a_norm * r[size - 1] + e[size - 1]) * (1 + 1e-9)
+        assert bool(((u @ zw).abs() <= coef * (1 + 1e-9)).all())
+        lam = 1 / float(wv.abs().sum())
+        kappa = _caps(a, coef, _taus(torch.tensor(1.0, dtype=torch.float64), w.rho))
+        assert lam <= float(kappa[:size].max()) * (1 + 1e-9), (clip, lam, kappa[:size])
+        assert float((a[:size] + kappa[:size].max() * coef[:size]).sum()) >= 1 - 1e-9
+        assert _largest_k(a, r[:, None] * b2 + e[:, None] * b, w.rho) < size
+        assert nullspace_bound(sp, w, start=1, seconds=5.0).k < size
+
+
+@pytest.mark.parametrize("rtol", [1e-3, 1e-2, 0.1])
+@pytest.mark.parametrize("seed", range(5))
+def test_bounds_at_a_loose_tolerance_stay_below_the_brute_force_rank(seed, rtol):
+    """Where the tolerance, not the geometry, decides (rtol up to 0.1, a subset planted at 0.99 rtol):
+    every clip of the null-space bound, linear programs included, and the whole bound stay at or below
+    the brute-force numerical Kruskal rank."""
+    sets = [planted(seed, 11, 6, 2 + seed % 4, rtol, 0.99), token_like(seed, 11, 6),
+            torch.randn(10, 5, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)]
+    for x in sets:
+        truth = brute_kruskal_rank(x, rtol)
+        assert kruskal_lower_bound(x, rtol=rtol, max_subsets=0).lower <= truth
+        if truth >= 1:
+            sp = spectrum(x, [rtol] * min(x.shape))
+            for clip in sorted({0, *clip_grid(sp)}):
+                null = nullspace_bound(sp, whiten(sp, clip), start=1, seconds=5.0)
+                assert null.k <= max(truth, 1), (clip, null, truth)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_denominators_bound_sigma_1_of_every_subset(seed):
+    """den_k >= sigma_1(X_S) for every k-subset S (brute force), on generic, token-like and
+    low-rank-plus-noise sets; the split at the top singular directions is never above the Frobenius and
+    sigma_1(X) bounds."""
+    g = torch.Generator().manual_seed(seed)
+    low = torch.randn(10, 2, generator=g, dtype=torch.float64) @ torch.randn(2, 6, generator=g,
+                                                                            dtype=torch.float64)
+    for x in (torch.randn(10, 6, generator=g, dtype=torch.float64), token_like(seed, 10, 6),
+              low + 1e-3 * torch.randn(10, 6, generator=g, dtype=torch.float64)):
+        sp = spectrum(x, [1e-6] * 6)
+        frob = torch.sqrt(torch.cumsum(sp.norms.sort(descending=True).values[:6] ** 2, 0))
+        assert bool((sp.den <= torch.clamp(frob, max=float(sp.s[0])) * (1 + 1e-12)).all())
+        for k in range(1, 7):
+            worst = max(float(torch.linalg.matrix_norm(x[list(s)], ord=2))
+                        for s in itertools.combinations(range(10), k))
+            assert worst <= float(sp.den[k - 1]), (k, worst, sp.den[k - 1])
+
+
+def test_the_weighted_spread_limits_lambda_where_one_vector_is_short():
+    """(iii) on 20 vectors with a = 0.05, b = 1 at t = 0.1, one of them with rho = 0.25 (tau 0.4, 4x the
+    others): a null vector puts at most a + b lambda of its l1 norm on the short vector, so lambda is
+    bounded by the weighted fill H(lambda) = m (1 + 15 m), m = 0.05 + lambda (largest lambda: 0.05, where
+    0.05^2 = 0.01 x 0.1 x 2.5), not by that vector's own cap (0.2). _spread_limit is at or above that
+    largest lambda (dense search of a direct H) and within one grid cell of it; with it the subsets that
+    hold the short vector sum to ~k x 0.1, and the bound proves 9 where the caps alone (terms 0.25)
+    prove 3."""
+    n = 20
+    a, b = torch.full((n,), 0.05, dtype=torch.float64), torch.ones(n, dtype=torch.float64)
+    rho = torch.ones(n, dtype=torch.float64)
+    rho[0] = 0.25
+    lam = torch.linspace(1e-6, 0.4, 400001, dtype=torch.float64)
+    m = 0.05 + lam
+    feasible = lam**2 <= 0.01 * m * (1 + 15 * m)
+    sup = float(lam[feasible].max())
+    limit = spark._spread_limit(a, b, 0.1, rho)
+    assert sup == pytest.approx(0.05, abs=1e-5) and sup <= limit <= sup + 0.4 / 16, (sup, limit)
+    t = torch.full((n,), 0.1, dtype=torch.float64)
+    assert _largest_k(a, t[:, None] * b, rho) == 9
+    kappa = _caps(a, t[0] * b, _taus(torch.tensor(1.0, dtype=torch.float64), rho))
+    caps_only = max(k for k in range(1, n + 1) if k == 1 or all(
+        _subset_bound(a, t[0] * b, kappa, j) < 1 for j in range(2, k + 1)))
+    assert caps_only == 3
