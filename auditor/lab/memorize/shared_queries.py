@@ -24,9 +24,9 @@ from auditor.core.errors import AuditError
 from auditor.lab.experiment import Experiment, option, table
 from auditor.lab.memorize import plots, train
 from auditor.lab.memorize.data import DataConfig, MemorizeData, derived_seed
-from auditor.lab.memorize.experiment import ROUNDS_HELP, intervals, settings_option, training_settings
+from auditor.lab.memorize.experiment import ROUNDS_HELP, settings_option, training_settings
 from auditor.lab.memorize.train import MemorizeRun, MemorizeSettings, grid, make_units
-from auditor.lab.stats import mean_ci
+from auditor.lab.stats import intervals, mean_ci
 from auditor.lab.sweep import write_table
 
 
