@@ -322,10 +322,12 @@ def _test_subsets(
     exact_dependent: int | None = None,
     bar=None,
     grid: tuple[float, ...] | None = None,
+    threshold: float = 1.0,
 ) -> fast.Decisions:
     """Decide every subset (the progress ``bar``, if any, advances after each chunk). ``grid``: the
     robustness grid that will follow, if any (subsets are certified at its largest multiplier where
-    that is cheap, and dependent ones get ceilings, so that the grid needs few new proofs)."""
+    that is cheap, or near the critical tolerance of the verdict at ``threshold`` where that lies
+    beyond it, and dependent ones get ceilings, so that the grid needs few new proofs)."""
     lam_cap = None if spectrum is None else float(spectrum[0]) ** 2
     top = max(grid) if grid else 1.0
     low = min(grid) if grid else 1.0
@@ -340,6 +342,7 @@ def _test_subsets(
         reach=math.log10(top) * (1 + 1e-6) if top > 1 else None,
         ceilings=grid is not None,
         dip=low * (1 - 1e-6) if low < 1 else None,
+        aim=robust.critical_quantile(threshold, int(subsets.shape[0])) if grid is not None else None,
     )
 
 
@@ -465,7 +468,7 @@ def _kruskal(
     try:
         dec = _test_subsets(x64, idx, rtol, gram, spectrum=spectrum,
                             exact_dependent=None if note else rank_sample, bar=bar,
-                            grid=grid if robustness and not note else None)
+                            grid=grid if robustness and not note else None, threshold=threshold)
     finally:
         if bar is not None:
             bar.close()

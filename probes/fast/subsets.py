@@ -15,7 +15,7 @@ from probes.fast import tuning as tuning_module
 from probes.fast.errors import lam_hi_bound
 from probes.fast.planner import Chunk, Plan, Planner
 from probes.fast.pool import Pool
-from probes.fast.stages import STAGE_KEYS, Decisions, decide, exact_stage
+from probes.fast.stages import STAGE_KEYS, Decisions, decide, exact_stage, floor_certificate
 from probes.fast.threads import map_chunks, run_chunks
 from probes.fast.tuning import Tuning
 
@@ -38,6 +38,7 @@ class _Job:
     first: int  # subsets 0 .. first - 1 get exact ranks where dependent, without a proof first
     tuning: Tuning
     dip: float | None = None  # see :func:`probes.fast.decide`
+    aim: float | None = None  # see :func:`subset_decisions`
 
 
 def _settle(out: Decisions, decided: torch.Tensor, pos: torch.Tensor, dep: torch.Tensor, at: torch.Tensor,
@@ -163,33 +164,79 @@ def _worker_count(workers: int | None, device: torch.device, flop: float, t: Tun
     return max(1, workers)
 
 
+def _certifies(job: _Job, idx: torch.Tensor, margin: float) -> torch.Tensor:
+    """(c,) bool: the float64 certificate of the chunks proves the subsets ``idx`` (c <= the pool's step)
+    full rank with this margin."""
+    gram = job.pool.gram64(idx)
+    return floor_certificate(gram, lam_hi_bound(gram, job.pool.lam_cap, quick=True), job.rtol, job.pool.d,
+                             margin)[0]
+
+
+def _aim(job: _Job, pilot: list[Chunk], reach: float | None, workers: int
+         ) -> tuple[float | None, Decisions | None]:
+    """The reach aimed at the critical tolerance (see ``aim`` in :func:`subset_decisions`): (margin or
+    None, the sample's spectra: a :class:`Decisions` of the first subsets, or None when not taken).
+
+    Skipped when the pilot chunks hold more dependent subsets than the aimed share (then the critical
+    tolerance lies among the dependent subsets, below rtol, where certificates do not reach), and given
+    up when the float64 certificate at the aimed margin fails on a full-rank subset of the sample: its
+    bound on lambda_max (row sums, the pool's sigma_1^2) lies too far above lambda_max on such pools,
+    and a lower aim would only give every subset the same loose lower end."""
+    rank = torch.cat([ch.rank for ch in pilot])
+    k, t = job.subsets.shape[1], job.tuning
+    if t.aim_sample <= 0 or float((rank != k).double().mean()) > job.aim:
+        return None, None
+    m = min(job.subsets.shape[0], max(rank.numel(), t.aim_sample))
+    sample = _spectra(job, torch.arange(m, device=job.subsets.device), -(-m // max(1, workers)), workers)
+    full = sample.rank == k
+    if not bool(full.any()) or float((~full).double().mean()) > job.aim:
+        return None, sample
+    estimate = float(torch.quantile(sample.floor.cpu(), job.aim))  # (a dependent subset's floor is 0)
+    target = estimate * (1 - t.aim_below)
+    if not target > job.rtol:
+        return None, sample
+    margin = math.log10(target / job.rtol)
+    idx = job.subsets[:m][full]
+    if reach is not None and not margin > reach:
+        return None, sample
+    step = job.pool.step
+    if all(bool(_certifies(job, idx[a : a + step], margin).all()) for a in range(0, idx.shape[0], step)):
+        return margin, sample
+    return None, sample
+
+
 def _run(job: _Job, bounds: list[tuple[int, int]], n_pilot: int, planner: Planner, workers: int,
-         on_chunk: Callable[[int], None] | None) -> list[Chunk]:
-    """Every chunk, the pilot chunks first in the calling thread, the others planned by ``planner``."""
+         on_chunk: Callable[[int], None] | None) -> tuple[list[Chunk], Decisions | None]:
+    """Every chunk, the pilot chunks first in the calling thread, the others planned by ``planner``;
+    and the aim's sample (or None)."""
     chunks: list = []
     for j in range(n_pilot):
         chunks.append(decide_chunk(job, *bounds[j], Plan(floor=None, use32=False, dependent_first=False)))
         if on_chunk is not None:
             on_chunk(bounds[j][1] - bounds[j][0])
+    sample = None
+    if job.aim is not None and job.ceilings:
+        reach, sample = _aim(job, chunks, planner.reach, workers)
+        if reach is None:
+            sample = None  # (its upper ends alone would keep the analysis from seeking the lowest ratios)
+        else:
+            planner.reach = reach
     rest = len(bounds) - n_pilot
     if min(workers, rest) > 1:
         run_chunks(bounds, chunks, lambda j, plan: decide_chunk(job, *bounds[j], plan), planner,
                    min(workers, rest), on_chunk, job.tuning.lag)
-        return chunks
+        return chunks, sample
     for j in range(n_pilot, len(bounds)):
         chunks.append(decide_chunk(job, *bounds[j], planner(j, chunks)))
         if on_chunk is not None:
             on_chunk(bounds[j][1] - bounds[j][0])
-    return chunks
+    return chunks, sample
 
 
-def _exact_histogram(job: _Job, out: Decisions, exact_dependent: int, step: int, workers: int) -> None:
-    """Exact ranks for the first ``exact_dependent`` dependent subsets, in subset order: those among
-    subsets 0 .. exact_dependent - 1 got them without a dependence proof (they cannot fall beyond that
-    budget); the others proven dependent get them now."""
+def _spectra(job: _Job, chosen: torch.Tensor, step: int, workers: int) -> Decisions:
+    """Exact ranks and margins of the subsets at ``chosen`` from their spectra (stages 2 and 3), with
+    proven floors and ceilings of sigma_k / sigma_1; chunks of ``step`` on ``workers`` threads."""
     k = job.subsets.shape[1]
-    order = (out.rank != k).nonzero().flatten()[:exact_dependent]
-    chosen = order[out.rank[order] == -1]
     pieces = [(a, min(a + step, chosen.numel())) for a in range(0, chosen.numel(), step)]
     x, device = job.pool.x, job.pool.x.device
 
@@ -201,13 +248,39 @@ def _exact_histogram(job: _Job, out: Decisions, exact_dependent: int, step: int,
                     lam_hi_bound(gram, job.pool.lam_cap), job.rtol, job.pool.d, part)
         return part
 
-    for (a, b), part in zip(pieces, map_chunks(exact, len(pieces), workers), strict=True):
-        out.rank[chosen[a:b]], out.margin[chosen[a:b]] = part.rank, part.margin
-        out.bound[chosen[a:b]] = False
-        if out.ceiling is not None:
-            out.ceiling[chosen[a:b]], out.floor[chosen[a:b]] = part.ceiling, part.floor
-        for key, value in part.stages.items():
-            out.stages[key] += value
+    parts = map_chunks(exact, len(pieces), workers)
+    if not parts:
+        return Decisions.empty(0, k, device, ceilings=True)
+    return Decisions(torch.cat([p.rank for p in parts]), torch.cat([p.margin for p in parts]),
+                     {key: sum(p.stages[key] for p in parts) for key in STAGE_KEYS},
+                     bound=torch.zeros(chosen.numel(), dtype=torch.bool, device=device),
+                     ceiling=torch.cat([p.ceiling for p in parts]), floor=torch.cat([p.floor for p in parts]))
+
+
+def _exact_histogram(job: _Job, out: Decisions, exact_dependent: int, step: int, workers: int) -> None:
+    """Exact ranks for the first ``exact_dependent`` dependent subsets, in subset order: those among
+    subsets 0 .. exact_dependent - 1 got them without a dependence proof (they cannot fall beyond that
+    budget); the others proven dependent get them now."""
+    k = job.subsets.shape[1]
+    order = (out.rank != k).nonzero().flatten()[:exact_dependent]
+    chosen = order[out.rank[order] == -1]
+    if not chosen.numel():
+        return
+    part = _spectra(job, chosen, step, workers)
+    out.rank[chosen], out.margin[chosen] = part.rank, part.margin
+    out.bound[chosen] = False
+    if out.ceiling is not None:
+        out.ceiling[chosen], out.floor[chosen] = part.ceiling, part.floor
+    for key, value in part.stages.items():
+        out.stages[key] += value
+
+
+def _merge_sample(out: Decisions, sample: Decisions) -> None:
+    """The aim's sample (the first subsets) adds the proven floors and ceilings of its spectra; ranks,
+    margins and stage counts stay the test's own."""
+    m = sample.rank.numel()
+    out.floor[:m] = torch.maximum(out.floor[:m], sample.floor)
+    out.ceiling[:m] = torch.minimum(out.ceiling[:m], sample.ceiling)
 
 
 def subset_decisions(
@@ -223,6 +296,7 @@ def subset_decisions(
     reach: float | None = None,
     ceilings: bool = False,
     dip: float | None = None,
+    aim: float | None = None,
 ) -> Decisions:
     """Decide every k-subset of a pool.
 
@@ -242,6 +316,13 @@ def subset_decisions(
             on them). The reach is given up while it does not pay (``Tuning.reach_pays``) or more than
             ``Tuning.reach_dependent`` of a chunk are dependent.
         dip: see :func:`probes.fast.decide`; given up while it does not pay (``Tuning.dip_pays``).
+        aim: with ceilings, the quantile (in [0, 1]) of sigma_k / sigma_1 over the subsets at which the
+            tolerance analysis will look for the critical tolerance. After the pilot chunks, the exact
+            spectra of the first ``Tuning.aim_sample`` subsets (at least the pilot's) estimate it; where
+            the estimate lies above the reach, the reach becomes ``1 - Tuning.aim_below`` of it, so that
+            the certificates themselves bracket the critical tolerance to within 10% (the sample's
+            spectra give the upper end: their floors and ceilings join ``floor`` and ``ceiling``).
+            Ranks do not depend on it.
 
     Returns:
         :class:`Decisions`; certified margins are lower bounds (the margin floor, see
@@ -259,13 +340,13 @@ def subset_decisions(
         return out
     dip = dip if prove and ceilings and dip is not None and 0 < dip < 1 else None
     job = _Job(pool, subsets, rtol, prove, ceilings, exact_dependent if prove and exact_dependent else 0, t,
-               dip)
+               dip, aim if ceilings and aim is not None and 0 <= aim <= 1 else None)
     bounds, n_pilot = _chunk_bounds(s, k, step, t)
     probe = max(1, t.probe_subsets // step)  # chunks between retries of what stopped paying
     planner = Planner(n_pilot, pool.can32, prove, probe, t, reach, k if prove else None, dip)
     pilot = bounds[n_pilot - 1][1]
     workers = _worker_count(workers, vectors64.device, (s - pilot) * k * k * (k + 16), t)
-    chunks = _run(job, bounds, n_pilot, planner, workers, on_chunk)
+    chunks, sample = _run(job, bounds, n_pilot, planner, workers, on_chunk)
     out = Decisions(torch.cat([ch.rank for ch in chunks]), torch.cat([ch.margin for ch in chunks]),
                     {key: sum(ch.stages[key] for ch in chunks) for key in STAGE_KEYS},
                     sum(ch.shortcut for ch in chunks), torch.cat([ch.bound for ch in chunks]),
@@ -273,6 +354,8 @@ def subset_decisions(
                     floor=torch.cat([ch.floor for ch in chunks]) if ceilings else None,
                     dip_tried=sum(ch.dip_tried for ch in chunks),
                     dip_proven=sum(ch.dip_proven for ch in chunks))
+    if sample is not None:
+        _merge_sample(out, sample)
     if prove and exact_dependent:
         _exact_histogram(job, out, exact_dependent, step, workers)
     return out

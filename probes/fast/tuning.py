@@ -90,6 +90,13 @@ class Tuning:
     # chunk left more than this share of its dependent subsets a ceiling above the dip (general position
     # at k = d: the shortcut's vectors bound most ratios only by about rtol); by counting factorisations
 
+    # ---- the aim (certify near the critical tolerance the robustness analysis will bracket)
+    aim_sample: int = 8  # subsets (at least the pilot's; 0: no aim) whose spectra estimate that tolerance; by
+    # reasoning: eight eigvalsh at k = 1024 cost about one second of one core, against the 64 spectra the
+    # bracket's upper end took before (#25, #27)
+    aim_below: float = 0.08  # certify at (1 - this) x the estimate, so that a bracket from the estimate's
+    # ceiling down to the certified level is within robust.FAR_BRACKET_WIDTH (1 / 0.92 = 1.087 <= 1.1)
+
     # ---- probes.robust
     eigen_max_k: int = 256  # up to this k, full-rank matrices undecided above rtol get eigenvalues at
     # once: one eigvalsh costs about 3 Cholesky factorisations at k = 197 (5-6 at k = 512-1024) and such a

@@ -246,3 +246,44 @@ def test_min_margin_grid_and_bracket_of_the_large_k_routes_against_the_svd(monke
     if not res.robustness.margin_bound:
         assert res.min_margin == pytest.approx(expected, abs=slack)
     assert res.robustness.critical_rtol_low <= r.min() * (1 + 1e-9) <= res.robustness.critical_rtol_high
+
+
+def token_pool(n: int, d: int, seed: int) -> torch.Tensor:
+    """Vectors like a pretrained layer's tokens: one common direction, small residuals around it (so
+    the row-sum bound on each subset's lambda_max is tight, and every ratio lies far above rtol)."""
+    g = torch.Generator().manual_seed(seed)
+    mean = torch.randn(1, d, generator=g)
+    return (mean + 1e-2 * torch.randn(n, d, generator=g)).float()
+
+
+@pytest.mark.parametrize("aim", [True, False])
+@pytest.mark.parametrize("threshold", [1.0, 0.99])
+def test_the_aim_brackets_a_far_flip_among_many_subsets_from_the_certificates(aim, threshold, monkeypatch):
+    """More subsets than the far bracket's spectra budget, every ratio far above rtol: with the aim the
+    test certifies near the critical tolerance and the bracket (around the float64 SVD's critical value)
+    closes to 10%, where without it (at a threshold below 1, whose flip is not the one smallest ratio
+    the lowest-bounded subsets' spectra find) it stays open; the verdict, fraction, witness, rank
+    histogram and grid are the same either way."""
+    if not aim:
+        monkeypatch.setattr(probes.fast.tuning, "TUNING",
+                            dataclasses.replace(probes.fast.tuning.TUNING, aim_sample=0))
+    x = token_pool(300, 24, seed=6)
+    k, count, seed = 16, 2000, 1
+    r = np.sort(ratios(x, probes.sample_subsets(300, k, count, seed)))[::-1]  # descending
+    res = probes.assumption1(x, k, subsets=count, seed=seed, threshold=threshold)
+    plain = probes.assumption1(x, k, subsets=count, seed=seed, threshold=threshold, robustness=False)
+    rob = res.robustness
+    truth = r[math.ceil(threshold * count) - 1]
+    slack = ratio_tol(k, 24)
+    assert truth > 20 * res.rtol  # far above the grid
+    assert rob.critical_rtol_low - slack <= truth <= rob.critical_rtol_high + slack
+    assert (res.holds, res.fraction, res.witness, res.rank_counts) == (
+        plain.holds, plain.fraction, plain.witness, plain.rank_counts)
+    assert set(rob.rtol_grid.values()) == {1.0}
+    width = probes.robust.FAR_BRACKET_WIDTH
+    closed = rob.critical_rtol_high <= rob.critical_rtol_low * (1 + width) * (1 + 1e-9)
+    assert closed == (rob.exact(res.rtol) is True)
+    if aim:
+        assert closed
+    elif threshold < 1:
+        assert not closed  # (what the aim is for: the smallest ratio alone the spectra of the lowest find)
