@@ -243,7 +243,8 @@ class _Refiner:
         self.lam_hi = torch.full((src.count,), math.nan, dtype=torch.float64)
         self.spectra = 0
         self.factorised = 0
-        self.above: list[float] = []  # the grid's tolerances above rtol (set by :meth:`grid`)
+        self.above: list[float] = []  # the grid's tolerances above rtol (set by :meth:`grid`) ...
+        self.below: list[float] = []  # ... and below it
 
     # ------------------------------------------------------------------ the tools
     def _workers(self) -> int:
@@ -310,7 +311,10 @@ class _Refiner:
         (:func:`probes.fast.kernels.exposed_ceilings` at the shift t^2 lam_lo, lam_lo <= lambda_max from
         power steps): one factorisation, where the test's proof left a vector that bounds the ratio
         only by about rtol and t lies near the Gram route's resolution (there a proof at t fails, and
-        the fast path would end in exact spectra). Returns the matrices t still has to decide."""
+        the fast path would end in exact spectra). The first chunk goes alone: where it leaves more than
+        ``Tuning.expose_pays`` of its matrices undecided at t (they are full rank there: the verdict's
+        dependence lies between t and rtol), the others are left to the decisions. Returns the
+        matrices t still has to decide."""
         dep = pos[self.hi[pos] <= self.rtol * (1 + _PAD)]
         if not dep.numel():
             return pos
@@ -323,21 +327,37 @@ class _Refiner:
             return fast.kernels.exposed_ceilings(gram, shift, self.src.width,
                                                  rows=lambda p: self.src.rows(dev[p])).cpu()
 
-        for part, ceil in zip(parts, fast.map_chunks(ceilings, len(parts), self._workers()), strict=True):
+        def keep(part: torch.Tensor, ceil: torch.Tensor) -> None:
             self.hi[part] = torch.minimum(self.hi[part], torch.maximum(ceil * (1 + _PAD), self.lo[part]))
+
+        keep(parts[0], ceilings(0))
+        open_share = float((self.hi[parts[0]] > t * (1 - _PAD)).double().mean())
+        if len(parts) > 1 and open_share <= fast.tuning.TUNING.expose_pays:
+            rest = fast.map_chunks(lambda j: ceilings(j + 1), len(parts) - 1, self._workers())
+            for part, ceil in zip(parts[1:], rest, strict=True):
+                keep(part, ceil)
         return pos[(self.lo[pos] < t * (1 + _PAD)) & (self.hi[pos] > t * (1 - _PAD))]
 
     def _eigen_first(self, pos: torch.Tensor, t: float) -> torch.Tensor:
-        """The matrices at ``pos`` that get eigenvalue brackets at a grid point t above rtol instead of
-        factorisations: every one up to ``Tuning.eigen_max_k``; above it, those whose interval still
-        holds ``Tuning.eigen_span`` or more grid tolerances above rtol (t included), each of which would
-        otherwise take a certificate and often a dependence proof, beside a lambda_max bracket."""
+        """The matrices at ``pos`` that get eigenvalue brackets at a grid point t instead of
+        factorisations. Above rtol: every one up to ``Tuning.eigen_max_k``; above it, those whose
+        interval still holds ``Tuning.eigen_span`` or more grid tolerances above rtol (t included), each
+        of which would otherwise take a certificate and often a dependence proof, beside a lambda_max
+        bracket. Below rtol, up to ``Tuning.eigen_max_k``: those whose interval holds that many grid
+        tolerances below rtol (what the dependence proofs left: matrices dependent at rtol but full rank
+        at some of those points, each of which would otherwise take a failed proof and a certificate)."""
         tune = fast.tuning.TUNING
-        if not t > self.rtol or not pos.numel():
+        if not pos.numel() or t == self.rtol:
             return pos[:0]
-        if self.src.k <= tune.eigen_max_k:
-            return pos
-        points = torch.tensor([p for p in self.above if p <= t], dtype=torch.float64)  # (P,)
+        if t > self.rtol:
+            if self.src.k <= tune.eigen_max_k:
+                return pos
+            points = [p for p in self.above if p <= t]
+        elif self.src.k <= tune.eigen_max_k:
+            points = self.below
+        else:
+            return pos[:0]
+        points = torch.tensor(points, dtype=torch.float64)  # (P,)
         lo, hi = self.lo[pos, None], self.hi[pos, None]  # (n, 1)
         span = ((lo < points * (1 + _PAD)) & (hi > points * (1 - _PAD))).sum(-1)  # (n,)
         return pos[span >= tune.eigen_span]
@@ -454,6 +474,7 @@ class _Refiner:
     def grid(self, multipliers: tuple[float, ...]) -> dict[float, float]:
         """{multiplier: share full rank at multiplier x rtol}, exact (see the module docstring)."""
         self.above = [m * self.rtol for m in multipliers if m > 1 and m * self.rtol < 1]
+        self.below = [m * self.rtol for m in multipliers if m < 1]
         for m in _grid_order(multipliers):
             t = m * self.rtol
             if t >= 1 or m == 1:

@@ -98,6 +98,10 @@ class Tuning:
     # ceiling down to the certified level is within robust.FAR_BRACKET_WIDTH (1 / 0.92 = 1.087 <= 1.1)
 
     # ---- probes.robust
+    expose_pays: float = 0.5  # below rtol, ceilings from the rows for every matrix proven dependent at rtol
+    # while the first chunk leaves at most this share of its matrices undecided at the grid point; MiniLM
+    # pretrained block.0 queries (k = 128, every subset dependent at rtol, full rank at 0.3x): each
+    # exposure failed, 1.6 s of one core per grid point for nothing (#27); by counting factorisations
     eigen_max_k: int = 256  # up to this k, full-rank matrices undecided above rtol get eigenvalues at
     # once: one eigvalsh costs about 3 Cholesky factorisations at k = 197 (5-6 at k = 512-1024) and such a
     # matrix usually takes 3 or more factorisations per grid point (e85b0e8)
