@@ -200,7 +200,7 @@ def _from_kruskal(test: str, res: KruskalResult, threshold: float, n: int | None
 def assumption1(
     queries: Array, n: int, *, subsets: int = 5000, seed: int = 0, rtol: float | None = None,
     threshold: float = DEFAULT_THRESHOLD, progress: bool | None = None,
-    robustness: bool = True, rtol_grid: tuple[float, ...] | None = robust.DEFAULT_RTOL_GRID,
+    robustness: bool | str = True, rtol_grid: tuple[float, ...] | None = robust.DEFAULT_RTOL_GRID,
 ) -> AssumptionResult:
     """Assumption 1: the query set has Kruskal rank >= n (sampled at k = n).
 
@@ -220,7 +220,7 @@ def assumption1(
 def assumption3(
     contexts: Array, queries: Array, n: int | None = None, *, subsets: int = 5000, seed: int = 0,
     rtol: float | None = None, threshold: float = DEFAULT_THRESHOLD, progress: bool | None = None,
-    robustness: bool = True, rtol_grid: tuple[float, ...] | None = robust.DEFAULT_RTOL_GRID,
+    robustness: bool | str = True, rtol_grid: tuple[float, ...] | None = robust.DEFAULT_RTOL_GRID,
 ) -> AssumptionResult:
     """Assumption 3: the vectors e(t) + mean_i E(t)_i have Kruskal rank >= n.
 
@@ -254,7 +254,7 @@ def assumption3(
 def general_position(
     vectors: Array, *, subsets: int = 5000, seed: int = 0, rtol: float | None = None,
     threshold: float = DEFAULT_THRESHOLD, n: int | None = None, progress: bool | None = None,
-    robustness: bool = True, rtol_grid: tuple[float, ...] | None = robust.DEFAULT_RTOL_GRID,
+    robustness: bool | str = True, rtol_grid: tuple[float, ...] | None = robust.DEFAULT_RTOL_GRID,
 ) -> AssumptionResult:
     """General position: Kruskal rank = min(N, d), sampled at k = min(N, d). ``vectors``: (N, d).
 
@@ -272,7 +272,7 @@ def general_position(
 
 def assumption2(
     contexts: Array, *, rtol: float | None = None, threshold: float = 1.0, ranks: ContextRanks | None = None,
-    robustness: bool = True, rtol_grid: tuple[float, ...] | None = robust.DEFAULT_RTOL_GRID,
+    robustness: bool | str = True, rtol_grid: tuple[float, ...] | None = robust.DEFAULT_RTOL_GRID,
 ) -> AssumptionResult:
     """Assumption 2: every context matrix (n x d) has rank n.
 
@@ -287,8 +287,7 @@ def assumption2(
     start = time.perf_counter()
     e = _check_contexts(contexts)
     threshold = _check_threshold(threshold)
-    if not isinstance(robustness, bool | np.bool_):
-        raise ValueError(f"robustness must be True or False, got {robustness!r}")
+    robustness = robust.check_robustness(robustness)
     grid = robust.check_rtol_grid(rtol_grid)
     cr = ranks if ranks is not None else context_ranks(e, rtol)
     return assumption2_from_ranks(cr, tuple(e.shape), e.dtype, e.device,
@@ -304,7 +303,7 @@ def assumption2_from_ranks(
     matrices: Callable[[], Any],
     *,
     threshold: float,
-    robustness: bool,
+    robustness: bool | str,
     grid: tuple[float, ...] | None,
     start: float,
 ) -> AssumptionResult:
@@ -324,7 +323,8 @@ def assumption2_from_ranks(
     if robustness and note:
         rob = dataclasses.replace(robust.trivial(grid), margin_bound=margin_bound)
     elif robustness:
-        min_margin, rob = robust.analyse(matrices(), dec, cr.rtol, threshold, grid)
+        min_margin, rob = robust.analyse(matrices(), dec, cr.rtol, threshold, grid,
+                                         exact=robustness == "exact")
     return AssumptionResult(
         holds=not note and fraction >= threshold, fraction=fraction, rtol=cr.rtol, min_margin=min_margin,
         robustness=rob,

@@ -355,7 +355,7 @@ def kruskal_test(
     *,
     rank_sample: int | None = 100,
     progress: bool | None = None,
-    robustness: bool = True,
+    robustness: bool | str = True,
     rtol_grid: tuple[float, ...] | None = robust.DEFAULT_RTOL_GRID,
 ) -> KruskalResult:
     """Test whether random k-subsets of ``vectors`` are linearly independent.
@@ -379,8 +379,12 @@ def kruskal_test(
             k >= 256) when the output is interactive; True: always; False: never.
         robustness: also say how the verdict depends on the tolerance (``critical_rtol`` and its
             bracket, ``verdict_margin``, ``rtol_grid``) and make ``min_margin`` exact where affordable
-            (see :mod:`probes.robust`); False: the plain test, at its plain cost (those fields NaN /
-            None, ``min_margin`` a proven lower bound where ``margin_bound``).
+            (see :mod:`probes.robust`), within work caps that keep its cost near the test's: where they
+            stop, the bracket is the proven one and ``critical_rtol_exact`` False; ``"exact"``: the same
+            without the caps (exact spectra wherever the bracket or the smallest margin still needs
+            them: every bracket closes to 3%, 10% beyond 10x either side, or to float64 resolution; it
+            can cost many times the test); False: the plain test, at its plain cost (those fields NaN
+            / None, ``min_margin`` a proven lower bound where ``margin_bound``).
         rtol_grid: multipliers of rtol at which to report the fraction (default 0.1x to 10x); None:
             no grid. Only with ``robustness``.
 
@@ -396,7 +400,7 @@ def kruskal_test(
 
 
 def checked_kruskal(vectors: Array, k: int, subsets: int, seed: int, rtol: float | None, *,
-                    rank_sample: int | None, progress: bool | None, robustness: bool,
+                    rank_sample: int | None, progress: bool | None, robustness: bool | str,
                     rtol_grid: Any, threshold: float) -> KruskalResult:
     """:func:`kruskal_test` with the share ``threshold`` its ``critical_rtol`` refers to (the
     assumption tests use theirs)."""
@@ -407,11 +411,10 @@ def checked_kruskal(vectors: Array, k: int, subsets: int, seed: int, rtol: float
     seed = check_seed(seed)
     if rank_sample is not None:
         rank_sample = check_int(rank_sample, "rank_sample", minimum=0)
-    if not isinstance(robustness, bool | np.bool_):
-        raise ValueError(f"robustness must be True or False, got {robustness!r}")
+    robustness = robust.check_robustness(robustness)
     grid = robust.check_rtol_grid(rtol_grid)
     return _kruskal(x, None, k, subsets, seed, rtol, rank_sample=rank_sample, progress=progress, start=start,
-                    robustness=bool(robustness), grid=grid, threshold=threshold)
+                    robustness=robustness, grid=grid, threshold=threshold)
 
 
 def _kruskal(
@@ -427,7 +430,7 @@ def _kruskal(
     start: float,
     gram: torch.Tensor | None = None,
     spectrum: torch.Tensor | None = None,
-    robustness: bool = False,
+    robustness: bool | str = False,
     grid: tuple[float, ...] | None = None,
     threshold: float = 1.0,
 ) -> KruskalResult:
@@ -458,8 +461,9 @@ def _kruskal(
     note = ""
     if spectrum is None:
         spectrum = pool_spectrum(x64)
-    if k > 1 and _all_subsets_dependent(x64, k, rtol, spectrum):
-        # Interlacing proves every k-subset dependent: only a sample is needed for the rank histogram.
+    if k > 1 and robustness != "exact" and _all_subsets_dependent(x64, k, rtol, spectrum):
+        # Interlacing proves every k-subset dependent: only a sample is needed for the rank histogram
+        # (not with robustness "exact", whose bracket needs every subset's ratio).
         idx = idx[: 100 if rank_sample is None else max(1, rank_sample)]
         note = (f"every {k}-subset is dependent (sigma_{k} of the whole set is below the smallest "
                 f"possible subset tolerance); rank histogram from {idx.shape[0]} subsets")
@@ -499,7 +503,7 @@ def _kruskal(
         step = fast.subset_step(k)
         pool = fast.Pool(x64, gram, k, rtol, float(spectrum[0]) ** 2, step)
         src = robust.pool_matrices(pool, idx.to(x64.device), x64, step)
-        min_margin, rob = robust.analyse(src, dec, rtol, threshold, grid)
+        min_margin, rob = robust.analyse(src, dec, rtol, threshold, grid, exact=robustness == "exact")
     return KruskalResult(min_margin=min_margin, robustness=rob,
         subsets=tested, exhaustive=exhaustive and not spectrum_proof, spectrum_proof=spectrum_proof,
         full_rank=int(full.sum()),
@@ -624,7 +628,7 @@ def kruskal_sweep(
     refine: int = 6,
     progress: bool | None = None,
     max_seconds: float | None = None,
-    robustness: bool = True,
+    robustness: bool | str = True,
     rtol_grid: tuple[float, ...] | None = robust.DEFAULT_RTOL_GRID,
 ) -> SweepResult:
     """Run :func:`kruskal_test` for every k in ``ks`` (the full-rank fraction curve against k).
@@ -661,7 +665,8 @@ def kruskal_sweep(
         if bar is not None:
             bar.set_postfix(k=k)
         res = _kruskal(x, x64, k, subsets, seed, rtol, progress=False, start=time.perf_counter(),
-                       gram=gram, spectrum=spectrum, robustness=bool(robustness), grid=grid)
+                       gram=gram, spectrum=spectrum, robustness=robust.check_robustness(robustness),
+                       grid=grid)
         if bar is not None:
             bar.update()
         return res
@@ -723,8 +728,7 @@ def _sweep_options(
     subsets = check_int(subsets, "subsets")
     seed = check_seed(seed)
     refine = check_int(refine, "refine", minimum=0)
-    if not isinstance(robustness, bool | np.bool_):
-        raise ValueError(f"robustness must be True or False, got {robustness!r}")
+    robust.check_robustness(robustness)
     grid = robust.check_rtol_grid(rtol_grid)
     if max_seconds is not None and (isinstance(max_seconds, bool) or not isinstance(max_seconds, numbers.Real)
                                     or not 0 < max_seconds < math.inf):

@@ -113,6 +113,15 @@ class Robustness:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
+def check_robustness(value: Any) -> bool | str:
+    """Validate ``robustness``: True, False (also NumPy booleans) or ``"exact"`` (no work caps)."""
+    if isinstance(value, bool | np.bool_):
+        return bool(value)
+    if value == "exact":
+        return "exact"
+    raise ValueError(f"robustness must be True, False or 'exact', got {value!r}")
+
+
 def check_rtol_grid(grid: Any) -> tuple[float, ...] | None:
     """Validate ``rtol_grid``: None (no grid) or a non-empty sequence of positive finite multipliers."""
     if grid is None:
@@ -628,15 +637,16 @@ def _device(src: Matrices) -> torch.device:
 
 
 def analyse(src: Matrices, dec: fast.Decisions, rtol: float, threshold: float, grid: tuple[float, ...] | None,
-            *, max_spectra: int | None = None) -> tuple[float, Robustness]:
+            *, max_spectra: int | None = None, exact: bool = False) -> tuple[float, Robustness]:
     """The smallest margin and the tolerance fields of a verdict from its decisions ``dec`` on the
-    matrices of ``src``."""
+    matrices of ``src``; ``exact``: without the work caps (every matrix may get its spectrum)."""
     count = src.count
     if max_spectra is None:
-        max_spectra = max(_MIN_SPECTRA, count // _SPECTRA_SHARE)
+        max_spectra = 2 * count if exact else max(_MIN_SPECTRA, count // _SPECTRA_SHARE)
     ref = _Refiner(src, dec, rtol)
     rtol_grid = ref.grid(grid) if grid is not None else None
-    critical, low, high = ref.critical(threshold, max_spectra, max(count // _FACTOR_SHARE, _MIN_FACTOR))
+    max_factorised = math.inf if exact else max(count // _FACTOR_SHARE, _MIN_FACTOR)
+    critical, low, high = ref.critical(threshold, max_spectra, max_factorised)
     min_margin, margin_bound = ref.min_margin(dec, max_spectra)
     return min_margin, Robustness(margin_bound=margin_bound, critical_rtol=critical, critical_rtol_low=low,
                                   critical_rtol_high=high, verdict_margin=verdict_distance(critical, rtol),

@@ -287,3 +287,44 @@ def test_the_aim_brackets_a_far_flip_among_many_subsets_from_the_certificates(ai
         assert closed
     elif threshold < 1:
         assert not closed  # (what the aim is for: the smallest ratio alone the spectra of the lowest find)
+
+
+@pytest.mark.parametrize("case", ["far above", "all dependent"])
+def test_exact_robustness_closes_the_brackets_the_work_caps_leave_open(case):
+    """robustness="exact" lifts the work caps: a bracket the default leaves as the proven one closes
+    around the float64 SVD's critical value, and every other number stays as the default gives it."""
+    if case == "far above":  # many subsets near the flip, far above rtol
+        x, k, threshold = spread_pool(60, 12, seed=8), 10, 0.9
+        count, rtol = 2000, None
+    else:  # every subset dependent by interlacing: rank 6 plus noise, k = 8
+        g = torch.Generator().manual_seed(3)
+        x = torch.randn(40, 6, generator=g, dtype=torch.float64) @ torch.randn(6, 12, generator=g,
+                                                                                dtype=torch.float64)
+        x = x + 1e-9 * torch.randn(40, 12, generator=g, dtype=torch.float64)
+        k, threshold, count, rtol = 8, 0.9, 300, 1e-6
+    subsets = probes.sample_subsets(x.shape[0], k, count, 2)
+    r = np.sort(ratios(x, subsets))[::-1]  # descending
+    default = probes.assumption1(x, k, subsets=count, seed=2, threshold=threshold, rtol=rtol)
+    exact = probes.assumption1(x, k, subsets=count, seed=2, threshold=threshold, rtol=rtol,
+                               robustness="exact")
+    truth = r[math.ceil(threshold * count) - 1]
+    rob = exact.robustness
+    assert default.robustness.exact(default.rtol) is False  # (what "exact" is for)
+    assert rob.exact(exact.rtol) is True and rob.margin_bound is False
+    slack = ratio_tol(k, 12)
+    assert rob.critical_rtol_low - slack <= truth <= rob.critical_rtol_high + slack
+    low, high = default.robustness.critical_rtol_low, default.robustness.critical_rtol_high
+    assert low - slack <= truth <= high + slack
+    assert (exact.holds, exact.fraction, exact.witness is None) == (
+        default.holds, default.fraction, default.witness is None)
+    assert exact.robustness.rtol_grid == default.robustness.rtol_grid
+    if case == "far above":
+        assert exact.witness == default.witness and exact.rank_counts == default.rank_counts
+
+
+def test_robustness_accepts_true_false_and_exact_only():
+    x = spread_pool(20, 6, seed=1)
+    for bad in ("yes", 1, None, "Exact"):
+        with pytest.raises(ValueError, match="robustness must be True, False or 'exact'"):
+            probes.kruskal_test(x, 4, subsets=10, robustness=bad)
+    assert probes.kruskal_test(x, 4, subsets=10, robustness=np.bool_(False)).robustness.rtol_grid is None
