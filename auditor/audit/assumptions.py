@@ -41,7 +41,8 @@ class RunOptions:
     seed: int
     rtol: float | None
     threshold: float
-    robustness: bool = True  # critical tolerance, tolerance grid and exact minimum margin (probes.robust)
+    robustness: bool | str = True  # critical tolerance, tolerance grid, exact minimum margin (probes.robust;
+    # "exact": without its work caps)
     tests: tuple[str, ...] = TESTS  # in the order of the rows
 
 

@@ -95,6 +95,14 @@ def _ints(value: str | None) -> tuple[int, ...] | None:
     "the fraction from 0.1x to 10x rtol, and the exact smallest margin (costs about one to three "
     "more factorisation passes per test).",
 )
+@click.option(
+    "--exact-brackets",
+    is_flag=True,
+    default=_D["exact_brackets"],
+    help="Close every critical-tolerance bracket (to 3%, 10% beyond 10x either side of rtol, or to "
+    "float64 resolution) by computing exact spectra wherever the default analysis stops at its work caps "
+    "and reports the proven bracket (critical_rtol_exact False). Can cost many times the tests.",
+)
 @click.option("--weights", "-w", default=",".join(_D["weights"]), show_default=True,
               help="Comma list of random, pretrained, or a save_pretrained folder.")
 @click.option(

@@ -75,6 +75,7 @@ class AuditConfig:
     layers: str | None = None
     memory_budget: float | None = None  # GiB of tokens held at once (None: half the available memory)
     robustness: bool = True  # critical tolerance, tolerance grid and exact minimum margin of every verdict
+    exact_brackets: bool = False  # ... without its work caps: every critical_rtol bracket closed (slower)
 
     def __post_init__(self) -> None:
         bounded("subsets", self.subsets, 1, MAX_SUBSETS)
@@ -103,7 +104,10 @@ class AuditConfig:
             bounded("samples", self.samples, 1, MAX_SIZE)
         if self.context_length is not None:
             bounded("context_length", self.context_length, 1, MAX_SIZE)
-        for name in ("first", "sweep", "save_tokens", "trust_remote_code"):
+        if self.exact_brackets is True and self.robustness is not True:
+            raise AuditError("exact_brackets (--exact-brackets) needs robustness (--robustness), "
+                             "whose brackets it closes")
+        for name in ("first", "sweep", "save_tokens", "trust_remote_code", "robustness", "exact_brackets"):
             if not isinstance(getattr(self, name), bool):
                 raise AuditError(f"{name} must be True or False; got {getattr(self, name)!r}")
         if isinstance(self.threshold, bool) or not isinstance(self.threshold, int | float) or not (

@@ -174,7 +174,7 @@ class ContextReducer:
     """
 
     def __init__(self, num: int, n: int, d: int, dtype: torch.dtype, device: torch.device, *,
-                 tests: tuple[str, ...], rtol: float | None, robustness: bool, geometry: bool,
+                 tests: tuple[str, ...], rtol: float | None, robustness: bool | str, geometry: bool,
                  save: Path | None, chunk: int) -> None:
         if dtype == torch.float64:
             raise ValueError("float64 contexts are tested in memory (Assumption 3 rescales them all at once)")
@@ -304,7 +304,7 @@ class ContextReducer:
 # ---------------------------------------------------------------------------------------------------
 
 
-def assumption2(s: StreamedContexts, *, threshold: float = 1.0, robustness: bool = True,
+def assumption2(s: StreamedContexts, *, threshold: float = 1.0, robustness: bool | str = True,
                 rtol_grid: tuple[float, ...] | None = robust.DEFAULT_RTOL_GRID) -> AssumptionResult:
     """:func:`probes.assumption2` from the streamed ranks (its tolerance analysis reads contexts back)."""
     start = time.perf_counter()

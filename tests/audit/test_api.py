@@ -336,6 +336,8 @@ def test_first_and_threads_are_recorded(vit, images, tmp_path):
         ),
         (["vit-base", "--threads", "0"], "threads must be a positive integer"),
         (["vit-base", "--workers", "2", "--executor", "ray"], "--executor ray needs Ray"),
+        (["vit-base", "--exact-brackets", "--no-robustness"],
+         "exact_brackets (--exact-brackets) needs robustness"),
     ],
 )
 def test_bounds_are_checked_before_any_work(argv, fragment, tmp_path, monkeypatch, capsys):
@@ -499,3 +501,20 @@ def test_tokens_name_an_installed_copy_of_the_weights_not_its_absolute_path():
     loaded = load_model("minilm", "pretrained", device="cpu")
     assert Path(loaded.details["weights_source"]).is_absolute()
     assert _weights_source(loaded) == f"installed copy of {loaded.spec.source}"
+
+
+def test_exact_brackets_reach_the_probes_and_close_every_bracket(vit, images, tmp_path):
+    """--exact-brackets runs the probes with robustness="exact": every critical tolerance of the report is
+    exact, every verdict and fraction as without it, and the option is in config.json."""
+    from auditor.audit.plan import AuditPlan
+
+    assert AuditPlan.of(AuditConfig(exact_brackets=True)).testing.robustness == "exact"
+    assert AuditPlan.of(AuditConfig()).testing.robustness is True
+    assert main(tiny_audit_argv(vit, images, tmp_path / "default")) == 0
+    assert main(tiny_audit_argv(vit, images, tmp_path / "exact", "--exact-brackets")) == 0
+    default, exact = (pd.read_csv(tmp_path / name / "results.csv") for name in ("default", "exact"))
+    assert json.loads((tmp_path / "exact" / "config.json").read_text())["exact_brackets"] is True
+    tested = exact["critical_rtol"].notna()
+    assert tested.any() and exact.loc[tested, "critical_rtol_exact"].all()
+    for column in ("holds", "fraction", "rtol_grid", "witness"):
+        assert exact[column].equals(default[column]), column
