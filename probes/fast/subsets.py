@@ -187,7 +187,8 @@ def _aim(job: _Job, pilot: list[Chunk], reach: float | None, workers: int
     if t.aim_sample <= 0 or float((rank != k).double().mean()) > job.aim:
         return None, None
     m = min(job.subsets.shape[0], max(rank.numel(), t.aim_sample))
-    sample = _spectra(job, torch.arange(m, device=job.subsets.device), -(-m // max(1, workers)), workers)
+    step = min(job.pool.step, -(-m // max(1, workers)))  # (the pool's buffers hold ``step`` blocks)
+    sample = _spectra(job, torch.arange(m, device=job.subsets.device), step, workers)
     full = sample.rank == k
     if not bool(full.any()) or float((~full).double().mean()) > job.aim:
         return None, sample

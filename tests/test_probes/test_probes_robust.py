@@ -256,7 +256,7 @@ def token_pool(n: int, d: int, seed: int) -> torch.Tensor:
     return (mean + 1e-2 * torch.randn(n, d, generator=g)).float()
 
 
-@pytest.mark.parametrize("aim", [True, False])
+@pytest.mark.parametrize("aim", [True, False, "small chunks"])
 @pytest.mark.parametrize("threshold", [1.0, 0.99])
 def test_the_aim_brackets_a_far_flip_among_many_subsets_from_the_certificates(aim, threshold, monkeypatch):
     """More subsets than the far bracket's spectra budget, every ratio far above rtol: with the aim the
@@ -267,6 +267,10 @@ def test_the_aim_brackets_a_far_flip_among_many_subsets_from_the_certificates(ai
     if not aim:
         monkeypatch.setattr(probes.fast.tuning, "TUNING",
                             dataclasses.replace(probes.fast.tuning.TUNING, aim_sample=0))
+    if aim == "small chunks":  # chunks (and the pool's buffers) smaller than the sample, one thread
+        monkeypatch.setattr(probes.fast.tuning, "TUNING",
+                            dataclasses.replace(probes.fast.tuning.TUNING, cache_bytes=8 * 16 * 16 * 5))
+        monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     x = token_pool(300, 24, seed=6)
     k, count, seed = 16, 2000, 1
     r = np.sort(ratios(x, probes.sample_subsets(300, k, count, seed)))[::-1]  # descending
