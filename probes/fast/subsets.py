@@ -172,38 +172,57 @@ def _certifies(job: _Job, idx: torch.Tensor, margin: float) -> torch.Tensor:
                              margin)[0]
 
 
+def _aimed_margin(job: _Job, sample: Decisions, reach: float | None) -> float | None:
+    """The margin the aim certifies at, from the spectra of the subsets 0 .. m - 1 (``sample``), or None
+    where it would not pay: the critical tolerance estimated among dependent subsets or not beyond the
+    reach, or the float64 certificate at it failing on a full-rank subset of the sample."""
+    k, m = job.subsets.shape[1], sample.rank.numel()
+    full = sample.rank == k
+    if not bool(full.any()) or float((~full).double().mean()) > job.aim:
+        return None
+    estimate = float(torch.quantile(sample.floor.cpu(), job.aim))  # (a dependent subset's floor is 0)
+    target = estimate * (1 - job.tuning.aim_below)
+    if not target > job.rtol:
+        return None
+    margin = math.log10(target / job.rtol)
+    if reach is not None and not margin > reach:
+        return None
+    idx, step = job.subsets[:m][full], job.pool.step
+    if all(bool(_certifies(job, idx[a : a + step], margin).all()) for a in range(0, idx.shape[0], step)):
+        return margin
+    return None
+
+
 def _aim(job: _Job, pilot: list[Chunk], reach: float | None, workers: int
          ) -> tuple[float | None, Decisions | None]:
-    """The reach aimed at the critical tolerance (see ``aim`` in :func:`subset_decisions`): (margin or
-    None, the sample's spectra: a :class:`Decisions` of the first subsets, or None when not taken).
+    """The reach aimed at the critical tolerance (see ``aim`` in :func:`subset_decisions`) and the
+    sample's spectra (a :class:`Decisions` of the first subsets), or (None, None).
 
     Skipped when the pilot chunks hold more dependent subsets than the aimed share (then the critical
-    tolerance lies among the dependent subsets, below rtol, where certificates do not reach), and given
-    up when the float64 certificate at the aimed margin fails on a full-rank subset of the sample: its
-    bound on lambda_max (row sums, the pool's sigma_1^2) lies too far above lambda_max on such pools,
-    and a lower aim would only give every subset the same loose lower end."""
+    tolerance lies among the dependent subsets, below rtol, where certificates do not reach). Given up
+    when the float64 certificate at the aimed margin fails on a full-rank subset of the sample: its
+    bound on lambda_max (row sums, the pool's sigma_1^2) then lies too far above lambda_max (random
+    Gaussian pools), and a lower aim would only give every subset the same loose lower end. The first
+    ``Tuning.aim_probe`` subsets are tried alone first, so that such pools pay for a few spectra only."""
     rank = torch.cat([ch.rank for ch in pilot])
     k, t = job.subsets.shape[1], job.tuning
     if t.aim_sample <= 0 or float((rank != k).double().mean()) > job.aim:
         return None, None
     m = min(job.subsets.shape[0], max(rank.numel(), t.aim_sample))
-    step = min(job.pool.step, -(-m // max(1, workers)))  # (the pool's buffers hold ``step`` blocks)
-    sample = _spectra(job, torch.arange(m, device=job.subsets.device), step, workers)
-    full = sample.rank == k
-    if not bool(full.any()) or float((~full).double().mean()) > job.aim:
-        return None, sample
-    estimate = float(torch.quantile(sample.floor.cpu(), job.aim))  # (a dependent subset's floor is 0)
-    target = estimate * (1 - t.aim_below)
-    if not target > job.rtol:
-        return None, sample
-    margin = math.log10(target / job.rtol)
-    idx = job.subsets[:m][full]
-    if reach is not None and not margin > reach:
-        return None, sample
-    step = job.pool.step
-    if all(bool(_certifies(job, idx[a : a + step], margin).all()) for a in range(0, idx.shape[0], step)):
-        return margin, sample
-    return None, sample
+    device = job.subsets.device
+
+    def spectra(a: int, b: int) -> Decisions:
+        step = min(job.pool.step, -(-(b - a) // max(1, workers)))  # (the pool's buffers hold ``step`` blocks)
+        return _spectra(job, torch.arange(a, b, device=device), step, workers)
+
+    probe = min(m, t.aim_probe)
+    sample = spectra(0, probe)
+    if _aimed_margin(job, sample, reach) is None:
+        return None, None
+    if probe < m:
+        sample = _cat_decisions([sample, spectra(probe, m)])
+    margin = _aimed_margin(job, sample, reach)
+    return (margin, sample) if margin is not None else (None, None)
 
 
 def _run(job: _Job, bounds: list[tuple[int, int]], n_pilot: int, planner: Planner, workers: int,
@@ -218,9 +237,7 @@ def _run(job: _Job, bounds: list[tuple[int, int]], n_pilot: int, planner: Planne
     sample = None
     if job.aim is not None and job.ceilings:
         reach, sample = _aim(job, chunks, planner.reach, workers)
-        if reach is None:
-            sample = None  # (its upper ends alone would keep the analysis from seeking the lowest ratios)
-        else:
+        if reach is not None:
             planner.reach = reach
     rest = len(bounds) - n_pilot
     if min(workers, rest) > 1:
@@ -250,12 +267,15 @@ def _spectra(job: _Job, chosen: torch.Tensor, step: int, workers: int) -> Decisi
         return part
 
     parts = map_chunks(exact, len(pieces), workers)
-    if not parts:
-        return Decisions.empty(0, k, device, ceilings=True)
+    return _cat_decisions(parts) if parts else Decisions.empty(0, k, device, ceilings=True)
+
+
+def _cat_decisions(parts: list[Decisions]) -> Decisions:
+    """Exact-stage decisions of consecutive subsets, in one (ranks, margins, floors, ceilings)."""
     return Decisions(torch.cat([p.rank for p in parts]), torch.cat([p.margin for p in parts]),
                      {key: sum(p.stages[key] for p in parts) for key in STAGE_KEYS},
-                     bound=torch.zeros(chosen.numel(), dtype=torch.bool, device=device),
-                     ceiling=torch.cat([p.ceiling for p in parts]), floor=torch.cat([p.floor for p in parts]))
+                     bound=torch.cat([p.bound for p in parts]), ceiling=torch.cat([p.ceiling for p in parts]),
+                     floor=torch.cat([p.floor for p in parts]))
 
 
 def _exact_histogram(job: _Job, out: Decisions, exact_dependent: int, step: int, workers: int) -> None:

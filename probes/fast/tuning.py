@@ -94,6 +94,7 @@ class Tuning:
     aim_sample: int = 8  # subsets (at least the pilot's; 0: no aim) whose spectra estimate that tolerance; by
     # reasoning: eight eigvalsh at k = 1024 cost about one second of one core, against the 64 spectra the
     # bracket's upper end took before (#25, #27)
+    aim_probe: int = 2  # ... of which this many are tried first (the aim is given up on most random pools)
     aim_below: float = 0.08  # certify at (1 - this) x the estimate, so that a bracket from the estimate's
     # ceiling down to the certified level is within robust.FAR_BRACKET_WIDTH (1 / 0.92 = 1.087 <= 1.1)
 
