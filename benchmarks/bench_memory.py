@@ -34,6 +34,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parent.parent
 GIB = 2**30
@@ -125,6 +126,60 @@ def measure(command: list[str], gpu: bool = False) -> tuple[float, float, float]
     return wall, int(peak[1]) * 1024 / GIB, int(peak[2]) / GIB if gpu else float("nan")
 
 
+class Row(NamedTuple):
+    """The measurements of one checkpoint (sizes and memory in GiB, times in seconds; NaN: not measured)."""
+
+    blocks: int
+    params: int
+    disk: float
+    peak: float
+    wall: float
+    base_peak: float
+    base_wall: float
+    load: float  # the machine's 1-minute load when the measurements ended
+    gpu_peak: float
+    base_gpu: float
+
+
+# the columns of the CPU report and of the GPU table (headers of :func:`cells`)
+CPU_COLUMNS = ("blocks", "parameters", "on disk (GiB)", "audit peak RSS (GiB)", "audit / disk",
+               "audit wall (s)", "whole model peak RSS (GiB)", "whole model wall (s)", "load (1 min)")
+GPU_COLUMNS = ("blocks", "parameters", "on disk (GiB)", "audit GPU peak (GiB)", "audit GPU / disk",
+               "audit peak RSS (GiB)", "audit wall (s)", "whole model GPU peak (GiB)",
+               "whole model peak RSS (GiB)", "whole model wall (s)", "load (1 min)")
+BASELINE_COLUMNS = ("whole model GPU peak (GiB)", "whole model peak RSS (GiB)", "whole model wall (s)")
+
+
+def cells(row: Row, baseline_run: bool = True) -> dict[str, str]:
+    """Every column's text for ``row``, by header; the baseline's read "not run" unless ``baseline_run``."""
+    text = {
+        "blocks": f"{row.blocks}",
+        "parameters": f"{row.params / 1e9:.2f}B",
+        "on disk (GiB)": f"{row.disk:.2f}",
+        "audit GPU peak (GiB)": f"{row.gpu_peak:.2f}",
+        "audit GPU / disk": f"{row.gpu_peak / row.disk:.2f}",
+        "audit peak RSS (GiB)": f"{row.peak:.2f}",
+        "audit / disk": f"{row.peak / row.disk:.2f}",
+        "audit wall (s)": f"{row.wall:.0f}",
+        "whole model GPU peak (GiB)": f"{row.base_gpu:.2f}",
+        "whole model peak RSS (GiB)": f"{row.base_peak:.2f}",
+        "whole model wall (s)": f"{row.base_wall:.0f}",
+        "load (1 min)": f"{row.load:.1f}",
+    }
+    if not baseline_run:
+        text.update(dict.fromkeys(BASELINE_COLUMNS, "not run"))
+    return text
+
+
+def table(rows: list[Row], columns: tuple[str, ...], baseline_run: bool = True) -> list[str]:
+    """The markdown table of ``rows`` in ``columns`` (headers of :func:`cells`), all right-aligned."""
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---:|" * len(columns)]
+    for row in rows:
+        text = cells(row, baseline_run)
+        lines.append("| " + " | ".join(text[column] for column in columns) + " |")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", default="1,2,4,6")
@@ -139,7 +194,7 @@ def main() -> None:
     args = parser.parse_args()
     depths = [int(b) for b in args.blocks.split(",")]
     gpu = args.device == "cuda"
-    rows = []
+    rows: list[Row] = []
     audit = [sys.executable, "-m", "auditor.cli"]
     for blocks in depths:
         folder = args.scratch / f"llama-d4096-{blocks}blocks"
@@ -161,9 +216,9 @@ def main() -> None:
                  args.device],
                 gpu,
             )
-        load = os.getloadavg()[0]  # the machine's 1-minute load when the measurements ended
+        load = os.getloadavg()[0]
         rows.append(
-            (blocks, params, on_disk / GIB, peak, wall, base_peak, base_wall, load, gpu_peak, base_gpu))
+            Row(blocks, params, on_disk / GIB, peak, wall, base_peak, base_wall, load, gpu_peak, base_gpu))
         print(
             f"{blocks} blocks, {params / 1e9:.2f}B params, {on_disk / GIB:.2f} GiB on disk (written in "
             f"{written:.0f} s): audit peak RSS {peak:.2f} GiB, GPU {gpu_peak:.2f} GiB, in {wall:.0f} s; "
@@ -182,29 +237,20 @@ def main() -> None:
         write_report(rows, args)
 
 
-def gpu_table(rows, args) -> list[str]:
+def gpu_table(rows: list[Row], args) -> list[str]:
     """The markdown table of a ``--device cuda`` run."""
     import torch
 
     from auditor.core.provenance import provenance
 
     stamp = provenance()
-    lines = [
+    return [
         f"GPU: {torch.cuda.get_device_name(0)}; `python benchmarks/bench_memory.py --device cuda --blocks "
         f"{args.blocks} --samples {args.samples} --threads {args.threads}`; git "
         f"{stamp.get('git_commit', '')[:12]}; {stamp.get('versions', '')}",
         "",
-        "| blocks | parameters | on disk (GiB) | audit GPU peak (GiB) | audit GPU / disk "
-        "| audit peak RSS (GiB) | audit wall (s) | whole model GPU peak (GiB) | whole model peak RSS (GiB) "
-        "| whole model wall (s) | load (1 min) |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        *table(rows, GPU_COLUMNS),
     ]
-    for blocks, params, disk, peak, wall, base_peak, base_wall, load, gpu_peak, base_gpu in rows:
-        lines.append(
-            f"| {blocks} | {params / 1e9:.2f}B | {disk:.2f} | {gpu_peak:.2f} | {gpu_peak / disk:.2f} "
-            f"| {peak:.2f} | {wall:.0f} | {base_gpu:.2f} | {base_peak:.2f} | {base_wall:.0f} | {load:.1f} |"
-        )
-    return lines
 
 
 # A helper that runs one command and prints the peak RSS of that command alone (its only child).
@@ -232,7 +278,7 @@ sys.exit(done.returncode)
 """
 
 
-def write_report(rows, args) -> None:
+def write_report(rows: list[Row], args) -> None:
     from auditor.core.provenance import provenance
 
     stamp = provenance()
@@ -247,17 +293,7 @@ def write_report(rows, args) -> None:
         "`LlamaModel.from_pretrained(DIR)` cast to",
         "float32 and one forward. Peak resident memory of each fresh process (`ru_maxrss`).",
         "",
-        "| blocks | parameters | on disk (GiB) | audit peak RSS (GiB) | audit / disk | audit wall (s) "
-        "| whole model peak RSS (GiB) | whole model wall (s) | load (1 min) |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for blocks, params, disk, peak, wall, base_peak, base_wall, load, *_ in rows:
-        base = "not run | not run" if args.no_baseline else f"{base_peak:.2f} | {base_wall:.0f}"
-        lines.append(
-            f"| {blocks} | {params / 1e9:.2f}B | {disk:.2f} | {peak:.2f} | {peak / disk:.2f} | {wall:.0f} | "
-            f"{base} | {load:.1f} |"
-        )
-    lines += [
+        *table(rows, CPU_COLUMNS, baseline_run=not args.no_baseline),
         "",
         f"Command: `python benchmarks/bench_memory.py --blocks {args.blocks} --samples {args.samples} "
         f"--threads {args.threads}{' --no-baseline' if args.no_baseline else ''}`",

@@ -5,6 +5,7 @@
 - ``tiny_vit(**overrides)``, ``tiny_bert(...)``, ``tiny_gpt2(...)``, ``tiny_timm(...)``: architecture
   overrides for ``load_model(..., config_overrides=...)`` that keep a real family small and fast.
 - ``tiny_model(name, **overrides)``: a random-weight tiny model of a registered family, on the CPU.
+- ``save_tiny_vit(folder, **overrides)``: a seeded random tiny ViT saved as a model folder.
 - ``tiny_memorize(**overrides)``: the config of a seconds-long ``audit memorize`` sweep.
 - ``tiny_audit_argv(model, images, out, *extra)``: the arguments of a seconds-long ``audit MODEL`` run.
 - fixture ``vit_base_random``: the real ViT-base architecture, random weights, shared by the session.
@@ -182,6 +183,17 @@ def tiny_model(name: str, *, seed: int = 0, context_length: int | None = None, *
         context_length=context_length,
         config_overrides=TINY[name](**overrides),
     )
+
+
+def save_tiny_vit(folder: Path, **overrides: Any) -> str:
+    """A random tiny ViT (``tiny_vit(**overrides)``, no pooler) drawn after ``torch.manual_seed(0)`` and
+    saved with ``save_pretrained`` into ``folder``; the folder as a string (a model name for the CLI and the
+    API). The global torch generator is left where the draw ends, as after the same lines inline."""
+    from transformers import ViTConfig, ViTModel
+
+    torch.manual_seed(0)
+    ViTModel(ViTConfig(**tiny_vit(**overrides)), add_pooling_layer=False).save_pretrained(folder)
+    return str(folder)
 
 
 def tiny_memorize(**overrides: Any):

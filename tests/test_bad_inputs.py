@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import shared_data, tiny_gpt2, tiny_memorize, tiny_vit
+from conftest import save_tiny_vit, shared_data, tiny_gpt2, tiny_memorize
 
 from auditor.audit.tokens import Tokens
 from auditor.cli import main
@@ -27,13 +27,12 @@ def files(tmp_path_factory) -> dict[str, Path]:
     """Every malformed input of the suite (and two tiny model folders), in one
     read-only-by-convention tree."""
     from safetensors.torch import save_file
-    from transformers import GPT2Config, GPT2Model, ViTConfig, ViTModel
+    from transformers import GPT2Config, GPT2Model
 
     root = tmp_path_factory.mktemp("bad")
     f: dict[str, Path] = {"root": root}
-    torch.manual_seed(0)
     f["vit"] = root / "tiny-vit"  # n = 17, d = 32, 3 blocks
-    ViTModel(ViTConfig(**tiny_vit()), add_pooling_layer=False).save_pretrained(f["vit"])
+    save_tiny_vit(f["vit"])
     f["gpt2"] = root / "tiny-gpt2"  # d = 32, 128 positions
     GPT2Model(GPT2Config(**tiny_gpt2())).save_pretrained(f["gpt2"])
     for name in ("empty", "zero-byte", "corrupt", "no-txt"):

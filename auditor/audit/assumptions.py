@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import probes
 from auditor.audit.report.catalogue import (
@@ -45,6 +45,12 @@ class RunOptions:
     # "exact": without its work caps)
     tests: tuple[str, ...] = TESTS  # in the order of the rows
 
+    def sampling(self) -> dict[str, Any]:
+        """The keyword arguments of the sampled Kruskal tests of :mod:`probes` (Assumptions 1 and 3,
+        general position) that these options set."""
+        return dict(subsets=self.subsets, seed=self.seed, rtol=self.rtol, threshold=self.threshold,
+                    robustness=self.robustness)
+
 
 # A runner takes contexts (N, n, d) or None, queries (N, d), n and the options; it returns the verdict and,
 # for Assumption 2, the per-context ranks (kept for the plots).
@@ -70,34 +76,16 @@ def _assumption2(contexts: torch.Tensor, queries: torch.Tensor, n: int, options:
 
 def _assumption1(contexts: torch.Tensor | None, queries: torch.Tensor, n: int,
                  options: RunOptions) -> Verdict:
-    return probes.assumption1(queries, n, subsets=options.subsets, seed=options.seed, rtol=options.rtol,
-                              threshold=options.threshold, robustness=options.robustness), None
+    return probes.assumption1(queries, n, **options.sampling()), None
 
 
 def _assumption3(contexts: torch.Tensor, queries: torch.Tensor, n: int, options: RunOptions) -> Verdict:
-    return probes.assumption3(
-        contexts,
-        queries,
-        n,
-        subsets=options.subsets,
-        seed=options.seed,
-        rtol=options.rtol,
-        threshold=options.threshold,
-        robustness=options.robustness,
-    ), None
+    return probes.assumption3(contexts, queries, n, **options.sampling()), None
 
 
 def _general_position(contexts: torch.Tensor | None, queries: torch.Tensor, n: int,
                       options: RunOptions) -> Verdict:
-    return probes.general_position(
-        queries,
-        n=n,
-        subsets=options.subsets,
-        seed=options.seed,
-        rtol=options.rtol,
-        threshold=options.threshold,
-        robustness=options.robustness,
-    ), None
+    return probes.general_position(queries, n=n, **options.sampling()), None
 
 
 _RUNNERS: dict[str, Runner] = {"assumption2": _assumption2, "assumption1": _assumption1,

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 import probes
 from auditor.audit.assumptions import ASSUMPTION_TESTS, QUERY_TESTS, RunOptions
 from auditor.audit.plan import Sweep
-from auditor.audit.report.depth import GEOMETRY_COLUMNS
+from auditor.audit.report.schema import GEOMETRY_COLUMNS
 from auditor.audit.report.tables import stage_frame
 from auditor.audit.stream import StreamedContexts
 from auditor.core.errors import AuditError

@@ -13,7 +13,7 @@ import weakref
 import pandas as pd
 import pytest
 import torch
-from conftest import shared_data, tiny_model, tiny_vit
+from conftest import save_tiny_vit, shared_data, tiny_model
 
 from auditor.audit.config import DEFAULT_REPRESENTATIONS, AuditConfig, parse_layers
 from auditor.audit.extract import extract, plan_passes, token_bytes
@@ -33,12 +33,7 @@ BLOCKS = 4
 @pytest.fixture(scope="module")
 def vit(tmp_path_factory) -> str:
     """A tiny random ViT of 4 blocks saved as a model folder (a model name for the CLI)."""
-    from transformers import ViTConfig, ViTModel
-
-    folder = tmp_path_factory.mktemp("tiny-vit-depth")
-    torch.manual_seed(0)
-    ViTModel(ViTConfig(**tiny_vit(num_hidden_layers=BLOCKS)), add_pooling_layer=False).save_pretrained(folder)
-    return str(folder)
+    return save_tiny_vit(tmp_path_factory.mktemp("tiny-vit-depth"), num_hidden_layers=BLOCKS)
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,7 @@ import json
 
 import pandas as pd
 import pytest
-import torch
-from conftest import NOISY, assert_rows_agree, float32_rel, shared_data, tiny_memorize, tiny_vit
+from conftest import NOISY, assert_rows_agree, float32_rel, save_tiny_vit, shared_data, tiny_memorize
 
 from auditor.audit.runner import AuditConfig, run
 
@@ -24,12 +23,7 @@ PROVENANCE = ["seed", "dtype", "device", "git_commit", "versions"]
 
 @pytest.fixture(scope="module")
 def vit_folder(tmp_path_factory):
-    from transformers import ViTConfig, ViTModel
-
-    folder = tmp_path_factory.mktemp("tiny-vit")
-    torch.manual_seed(0)
-    ViTModel(ViTConfig(**tiny_vit()), add_pooling_layer=False).save_pretrained(folder)
-    return str(folder)
+    return save_tiny_vit(tmp_path_factory.mktemp("tiny-vit"))
 
 
 def audit_rows(model: str, **overrides) -> pd.DataFrame:

@@ -9,8 +9,7 @@ larger one (4 blocks, 20 images of 17 tokens, 20 subsets)."""
 from __future__ import annotations
 
 import pytest
-import torch
-from conftest import shared_data, tiny_vit
+from conftest import save_tiny_vit, shared_data
 
 from auditor.audit.config import AuditConfig
 from auditor.audit.report import plots
@@ -30,12 +29,8 @@ SIZES = {
 @pytest.fixture(scope="module", params=[pytest.param("small"), pytest.param("large", marks=pytest.mark.slow)])
 def depth_report(request, tmp_path_factory):
     """A --layers all audit with a sweep: embedding, random-attention and every block, random weights."""
-    from transformers import ViTConfig, ViTModel
-
     overrides, samples, subsets, ks = SIZES[request.param]
-    folder = tmp_path_factory.mktemp("tiny-vit-figures")
-    torch.manual_seed(0)
-    ViTModel(ViTConfig(**tiny_vit(**overrides)), add_pooling_layer=False).save_pretrained(folder)
+    folder = save_tiny_vit(tmp_path_factory.mktemp("tiny-vit-figures"), **overrides)
     out = tmp_path_factory.mktemp("figures")
     config = AuditConfig(
         model=str(folder),

@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from conftest import shared_data, tiny_audit_argv, tiny_vit
+from conftest import save_tiny_vit, shared_data, tiny_audit_argv
 
 import probes
 from auditor.cli import main
@@ -24,12 +24,7 @@ pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.filterwarnings(
 
 @pytest.fixture(scope="module")
 def vit(tmp_path_factory) -> str:
-    from transformers import ViTConfig, ViTModel
-
-    folder = tmp_path_factory.mktemp("tiny-vit")
-    torch.manual_seed(0)
-    ViTModel(ViTConfig(**tiny_vit()), add_pooling_layer=False).save_pretrained(folder)
-    return str(folder)
+    return save_tiny_vit(tmp_path_factory.mktemp("tiny-vit"))
 
 
 @pytest.fixture

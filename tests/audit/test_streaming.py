@@ -14,7 +14,7 @@ import weakref
 import pandas as pd
 import pytest
 import torch
-from conftest import shared_data, tiny_gpt2, tiny_vit, with_singular_values
+from conftest import save_tiny_vit, shared_data, tiny_gpt2, with_singular_values
 
 import probes
 from auditor.audit.assumptions import RunOptions
@@ -36,13 +36,10 @@ TIMING = ["seconds", "git_commit"]  # what may differ between two runs of the sa
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory) -> dict[str, str]:
-    from transformers import GPT2Config, GPT2Model, ViTConfig, ViTModel
+    from transformers import GPT2Config, GPT2Model
 
     root = tmp_path_factory.mktemp("stream-models")
-    torch.manual_seed(0)
-    ViTModel(ViTConfig(**tiny_vit(num_hidden_layers=2)), add_pooling_layer=False).save_pretrained(
-        root / "vit"
-    )
+    save_tiny_vit(root / "vit", num_hidden_layers=2)
     GPT2Model(GPT2Config(**tiny_gpt2(n_layer=2))).save_pretrained(root / "gpt2")
     return {"vit": str(root / "vit"), "gpt2": str(root / "gpt2")}
 

@@ -19,8 +19,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
-from conftest import shared_data, tiny_vit
+from conftest import save_tiny_vit, shared_data
 
 from auditor.cli import main
 
@@ -38,12 +37,7 @@ KEEP_SUFFIXES = (".pt",)  # training checkpoints: a run resumes from them (garba
 
 @pytest.fixture(scope="module")
 def vit(tmp_path_factory) -> str:
-    from transformers import ViTConfig, ViTModel
-
-    folder = tmp_path_factory.mktemp("tiny-vit")
-    torch.manual_seed(0)
-    ViTModel(ViTConfig(**tiny_vit()), add_pooling_layer=False).save_pretrained(folder)
-    return str(folder)
+    return save_tiny_vit(tmp_path_factory.mktemp("tiny-vit"))
 
 
 @pytest.fixture(scope="module")

@@ -318,16 +318,13 @@ def test_bounds_at_a_loose_tolerance_stay_below_the_brute_force_rank(seed, rtol)
 @pytest.mark.parametrize("seed", range(4))
 def test_the_denominators_bound_sigma_1_of_every_subset(seed):
     """den_k >= sigma_1(X_S) for every k-subset S (brute force), on generic, token-like and
-    low-rank-plus-noise sets; the split at the top singular directions is never above the Frobenius and
-    sigma_1(X) bounds."""
+    low-rank-plus-noise sets."""
     g = torch.Generator().manual_seed(seed)
     low = torch.randn(10, 2, generator=g, dtype=torch.float64) @ torch.randn(2, 6, generator=g,
                                                                             dtype=torch.float64)
     for x in (torch.randn(10, 6, generator=g, dtype=torch.float64), token_like(seed, 10, 6),
               low + 1e-3 * torch.randn(10, 6, generator=g, dtype=torch.float64)):
         sp = spectrum(x, [1e-6] * 6)
-        frob = torch.sqrt(torch.cumsum(sp.norms.sort(descending=True).values[:6] ** 2, 0))
-        assert bool((sp.den <= torch.clamp(frob, max=float(sp.s[0])) * (1 + 1e-12)).all())
         for k in range(1, 7):
             worst = max(float(torch.linalg.matrix_norm(x[list(s)], ord=2))
                         for s in itertools.combinations(range(10), k))

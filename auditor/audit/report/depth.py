@@ -29,17 +29,9 @@ from typing import Any
 import pandas as pd
 
 from auditor.audit.report.catalogue import QUERY_TESTS, representation_depth
+from auditor.audit.report.schema import GEOMETRY_COLUMNS
 
 DEPTH_TESTS = ("assumption1", "assumption2", "assumption3", "general_position")  # their column order
-GEOMETRY_COLUMNS = (
-    "effective_rank",
-    "stable_rank",
-    "anisotropy",
-    "collapse_residual",
-    "effective_rank_centred",
-    "stable_rank_centred",
-    "anisotropy_centred",
-)
 CRITICAL_COLUMNS = (
     "critical_rtol",
     "critical_rtol_low",

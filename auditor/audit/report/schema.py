@@ -29,6 +29,16 @@ from typing import Any
 
 import pandas as pd
 
+# the token geometry of a row's vectors, raw and mean-centred, in their column order
+GEOMETRY_COLUMNS = (
+    "effective_rank",
+    "stable_rank",
+    "anisotropy",
+    "collapse_residual",
+    "effective_rank_centred",
+    "stable_rank_centred",
+    "anisotropy_centred",
+)
 COLUMNS = [
     "model",
     "representation",
@@ -63,13 +73,7 @@ COLUMNS = [
     "krank_upper",
     "duplicates",
     "near_duplicates",
-    "effective_rank",
-    "stable_rank",
-    "anisotropy",
-    "collapse_residual",
-    "effective_rank_centred",
-    "stable_rank_centred",
-    "anisotropy_centred",
+    *GEOMETRY_COLUMNS,
     "rtol",
     "dtype",
     "weights_dtype",
@@ -99,9 +103,8 @@ INT_COLUMNS = (
 )
 BOOL_COLUMNS = ("holds", "exhaustive", "spectrum_proof", "first", "margin_bound", "critical_rtol_exact")
 FLOAT_COLUMNS = ("fraction", "fraction_low", "fraction_high", "threshold", "min_margin", "critical_rtol",
-                 "critical_rtol_low", "critical_rtol_high", "verdict_margin", "effective_rank", "stable_rank",
-                 "anisotropy", "collapse_residual", "effective_rank_centred", "stable_rank_centred",
-                 "anisotropy_centred", "rtol", "seconds")
+                 "critical_rtol_low", "critical_rtol_high", "verdict_margin", *GEOMETRY_COLUMNS, "rtol",
+                 "seconds")
 # read as text: a one-index witness is not a number; the grid is "multiplier:fraction;..."
 TEXT_CELLS = {"rank_counts": str, "witness": str, "rtol_grid": str, "krank_lower_method": str}
 

@@ -123,6 +123,11 @@ def _sampled_cells(depth: pd.DataFrame) -> list[str]:
     return [f">= {int(v)}" if pd.notna(v) and v > 0 else "" for v in values]
 
 
+def _section(title: str, table: str, note: str) -> list[str]:
+    """The lines of one section of summary.md: its heading, a markdown table and the note that reads it."""
+    return [f"## {title}", "", table, "", note, ""]
+
+
 def summary_text(result: AuditResult, plots: list[Path]) -> str:
     """The text of summary.md: the table, how it was made, the time per stage, the sweep's Kruskal ranks,
     the plots."""
@@ -144,11 +149,9 @@ def summary_text(result: AuditResult, plots: list[Path]) -> str:
     ]
     robust = robustness_table(result.rows)
     if not robust.empty:
-        lines += [
-            "## How much each verdict depends on the rank tolerance",
-            "",
+        lines += _section(
+            "How much each verdict depends on the rank tolerance",
             robust.to_markdown(),
-            "",
             "Each fraction is monotone in the tolerance, so every verdict flips at one critical tolerance "
             "(`critical_rtol` in results.csv, with a proven bracket `critical_rtol_low` - "
             "`critical_rtol_high` "
@@ -157,15 +160,12 @@ def summary_text(result: AuditResult, plots: list[Path]) -> str:
             "marked (bound) where the work caps left it wider, 'at least' where no tolerance below 1 was "
             f"proven to flip it. Robust: the verdict survives a change of rtol by {ROBUST_FACTOR:g}x either "
             "way; otherwise it hinges on the tolerance convention and should be quoted with it.",
-            "",
-        ]
+        )
     bounds = bounds_table(result.rows)
     if not bounds.empty:
-        lines += [
-            "## Kruskal rank: interval and two-sided bounds",
-            "",
+        lines += _section(
+            "Kruskal rank: interval and two-sided bounds",
             bounds.to_markdown(),
-            "",
             "Fraction: share of the sampled k-subsets that are full rank, with its Clopper-Pearson 95% "
             "interval. Lower bound: certified for every subset at this tolerance, by the method named "
             "(exhaustive "
@@ -174,46 +174,36 @@ def summary_text(result: AuditResult, plots: list[Path]) -> str:
             "shown as proven. Upper bound: a dependent subset was found "
             "(witness in results.csv). Duplicates: vectors equal to an earlier one / pairs with cosine "
             ">= 0.9999.",
-            "",
-        ]
+        )
     if not result.stages.empty:
-        lines += [
-            "## Time per stage",
-            "",
+        lines += _section(
+            "Time per stage",
             stage_table(result.stages).to_markdown(disable_numparse=True),
-            "",
             "Setup: first imports and the checks of the options against the model. Extraction (per "
             "weights source): loading the model and the inputs, and the forward passes. Each test sums "
             "its runs over the representations (an audit across depth names each layer's tests, and the "
             "token geometry of each layer). Other: the rest of the run up to this report (the report "
             "folder, rows saved as they finish, tokens moved to the test device, and the token geometry "
             "outside an audit across depth).",
-            "",
-        ]
+        )
     if not result.curves.empty:
-        lines += [
-            "## Kruskal rank of the queries (from the sweep)",
-            "",
+        lines += _section(
+            "Kruskal rank of the queries (from the sweep)",
             kruskal_table(result.curves).to_markdown(),
-            "",
             "Sampled estimate: >= the largest k whose sampled subsets (and those of every smaller "
             "tested k) were all full rank (sampling cannot prove it), or < the smallest tested k when that "
             "one already failed. Upper bound: certified by a dependent subset (witness) at the next k. "
             "Bisection added the refined k between the two.",
-            "",
-        ]
+        )
     if not result.depth.empty:
-        lines += [
-            "## Across depth (depth.csv)",
-            "",
+        lines += _section(
+            "Across depth (depth.csv)",
             depth_table(result.depth).to_markdown(index=False, disable_numparse=True),
-            "",
             "Depth 0 is the embedding, depth L + 1 the output of block L. Kruskal rank K of the queries, "
             "as bounds: certified K >= lower (and how it was proven); sampled: >= k where the sampled "
             "k-subsets reached the threshold (sampling cannot prove it), < k where the smallest tested k "
             "failed, = K where the bounds meet; witnessed K <= upper (a dependent subset).",
-            "",
-        ]
+        )
     if plots:
         lines += ["## Plots", *[f"![{p.stem}]({p.name})" for p in plots], ""]
     return "\n".join(lines)
