@@ -456,6 +456,29 @@ def test_stage_1b_ceilings_are_never_below_the_svd_ratio(rows, monkeypatch):
     assert fast.prove_dependent(gram, lam_hi, 1e-3, 9)[1] is None
 
 
+@pytest.mark.parametrize("lead", [3, 8])
+def test_ceilings_matrix_by_matrix_from_an_early_or_a_late_pivot(lead, monkeypatch):
+    """Row ``lead`` nearly a combination of the rows before it, so the factorisation fails there: an
+    early pivot (the leading block copied) or a late one (the factor itself, its trailing diagonal set
+    to 1). Matrix by matrix, the ceilings equal the batched ones up to rounding and bound the SVD ratio."""
+    k, d = 10, 15
+    g = torch.Generator().manual_seed(41 + lead)
+    x = torch.randn(4, k, d, generator=g, dtype=torch.float64)
+    mix = torch.randn(4, 1, lead, generator=g, dtype=torch.float64)
+    x[:, lead] = (mix @ x[:, :lead])[:, 0] + 1e-9 * torch.randn(4, d, generator=g, dtype=torch.float64)
+    gram = x @ x.transpose(1, 2)  # (4, k, k)
+    lam_hi = fast.lam_hi_bound(gram, None)
+    ratio = (lambda sv: sv[:, -1] / sv[:, 0])(torch.linalg.svdvals(x))
+    ceilings = {}
+    for route, loop_k in ROUTES.items():
+        tune(monkeypatch, ceiling_loop_k=loop_k)
+        dep, ceiling = fast.prove_dependent(gram.clone(), lam_hi, 1e-3, d, ceilings=True, rows=lambda p: x[p])
+        assert dep.all()
+        assert torch.all(ceiling >= ratio * (1 - 1e-9)) and torch.all(ceiling < 1e-6)
+        ceilings[route] = ceiling
+    torch.testing.assert_close(ceilings["per-matrix"], ceilings["batched"], rtol=1e-6, atol=0)
+
+
 def test_power_lower_of_one_matrix_is_the_batched_bound():
     """A single (k, k) matrix gets the bound of its batch (0-d), up to rounding, below lambda_max."""
     g = torch.Generator().manual_seed(31)
