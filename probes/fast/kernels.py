@@ -187,7 +187,7 @@ def pivot_ceilings(gram: torch.Tensor, chol: torch.Tensor, pivot: torch.Tensor, 
 
 def _refined_each(gram: torch.Tensor, chol: torch.Tensor, pivot: torch.Tensor, pos: torch.Tensor,
                   trace: torch.Tensor, width: int, v: torch.Tensor | None, r_up: torch.Tensor | None,
-                  pre: int, lam_lo: torch.Tensor | None):
+                  pre: int, lam_lo: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The Gram route of :func:`pivot_ceilings`, matrix by matrix on views (2-D kernels): the refined
     vectors (n, k, 1) of the matrices at ``pos``, the smaller Rayleigh bound R (n,) and lam_lo (n,)."""
     n, k = pos.numel(), gram.shape[-1]
