@@ -76,7 +76,7 @@ class Tuning:
     # and gathered copies cost as much again; at k = 197 (54 per chunk) the loop is 1.2x faster, at
     # k = 128 batched is 1.05x faster, at k = 64 2x (micro-benchmark, one thread). General position at
     # k = d = 768, 1000 subsets, one thread: default call 31.5 s -> 27.0 s (plain 21-22 s; #27). Above
-    # every k: the batched route, whose ceilings are those before #27 bit for bit (the loop's differ by
+    # every k: the batched route, bit for bit the ceilings of the code before it (the loop's differ by
     # the rounding of the refined vectors, about 1e-8 relative either way)
 
     # ---- the reach (certify at the grid's top multiplier, for probes.robust)
