@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import torch
 
+from probes.fast import tuning
 from probes.fast.errors import F64_EPS, cholesky_backward, dependence_slack
 
 Rows = Callable[[torch.Tensor], torch.Tensor]  # positions (t',) in the batch -> their (t', m, d) float64 rows
@@ -84,14 +85,15 @@ def rayleigh_up(gram: torch.Tensor, v: torch.Tensor, trace: torch.Tensor, width:
 def power_lower(gram: torch.Tensor, steps: int = 4, *, vector: bool = False):
     """(t,) lower bounds on lambda_max(G as stored): the largest diagonal entry and the Rayleigh quotient
     after ``steps`` power steps from the all-ones vector (unit v: <= lambda_max up to rounding, which
-    the factor 1 - 4 k eps covers). ``vector``: also return the unit vectors v and G v, each (t, k, 1)."""
+    the factor 1 - 4 k eps covers). ``vector``: also return the unit vectors v and G v, each (t, k, 1).
+    A single (k, k) matrix gives a 0-d bound (matrix-vector products instead of a batched product)."""
     k = gram.shape[-1]
-    v = torch.ones(gram.shape[0], k, 1, dtype=gram.dtype, device=gram.device)
+    v = torch.ones(*gram.shape[:-1], 1, dtype=gram.dtype, device=gram.device)
     for _ in range(max(1, steps)):  # (at least one step: v unit)
         v = gram @ v
-        v = v / v.norm(dim=1, keepdim=True).clamp(min=torch.finfo(gram.dtype).tiny)
+        v = v / v.norm(dim=-2, keepdim=True).clamp(min=torch.finfo(gram.dtype).tiny)
     gv = gram @ v
-    rayleigh = (v.transpose(1, 2) @ gv)[:, 0, 0]
+    rayleigh = (v.mT @ gv)[..., 0, 0]
     lo = torch.maximum(gram.diagonal(dim1=-2, dim2=-1).amax(-1), rayleigh) * (1 - 4 * k * F64_EPS)
     return (lo, v, gv) if vector else lo
 
@@ -107,7 +109,7 @@ def rows_rayleigh_up(x: torch.Tensor, v: torch.Tensor, norms: torch.Tensor) -> t
     gamma_m sum_i |v_i| |x_i|; each norm and the denominator rounded the safe way (generous factors)."""
     t, m, d = x.shape
     u = F64_EPS / 2
-    y = x.transpose(1, 2) @ v  # (t, d, 1)
+    y = v.transpose(1, 2) @ x  # (t, 1, d) = (X^T v)^T (as a batched product, far faster than X^T v)
     spread = (v[:, :, 0].abs() * norms).sum(-1) * (1 + 1.02 * (m + 2) * u)  # (t,) >= sum_i |v_i| |x_i|
     num = torch.linalg.vector_norm(y, dim=(1, 2)) * (1 + 1.01 * (d + 2) * u) + 1.02 * m * u * spread
     den = (v * v).sum((1, 2)) * (1 - 1.01 * (m + 1) * u)
@@ -115,40 +117,61 @@ def rows_rayleigh_up(x: torch.Tensor, v: torch.Tensor, norms: torch.Tensor) -> t
     return torch.where(torch.isfinite(r_up) & (den > 0), r_up, math.inf)
 
 
-def _rows_bound(rows: Rows, v: torch.Tensor, pos: torch.Tensor, diag: torch.Tensor,
-                chunk_bytes: int = 16 * 2**20) -> torch.Tensor:
-    """:func:`rows_rayleigh_up` of the rows ``rows(pos)`` and vectors v (t, k, 1), in pieces of about
-    ``chunk_bytes`` of rows; v is zero beyond the rows given. ``diag`` (t, k): the Gram diagonals, whose
-    square roots (raised by the rounding of a float64 dot product) bound the row norms."""
-    out = []
-    first = rows(pos[:1])  # (1, m, d): the shape of a piece
-    m, d = first.shape[1], first.shape[2]
+def _rows_bound(rows: Rows, v: torch.Tensor, pos: torch.Tensor, diag: torch.Tensor, width: int,
+                chunk_bytes: int = 4 * 2**20) -> torch.Tensor:
+    """:func:`rows_rayleigh_up` of the rows ``rows(pos)`` (each m x ``width``, m the length of v) and
+    vectors v (t, m, 1), in pieces of about ``chunk_bytes`` of rows (small enough that the product reads
+    them from cache: at k = d = 768, one matrix a piece, gathering and reading three 4.7 MB matrices took
+    3.1 ms, one at a time 1.9 ms). ``diag`` (t, m): the Gram diagonals, whose square roots (raised by
+    the rounding of a float64 dot product) bound the row norms."""
+    m, d = v.shape[1], width
     norms = (diag[:, :m] * (1 + 1.01 * (d + 2) * F64_EPS)).sqrt() * (1 + F64_EPS)  # (t, m) >= |x_i|
-    step = max(1, chunk_bytes // max(1, first[0].numel() * 8))
+    step = max(1, chunk_bytes // max(1, m * d * 8))
+    out = []
     for a in range(0, pos.numel(), step):
-        x = first if a == 0 and step == 1 else rows(pos[a : a + step])  # (c, m, d)
+        x = rows(pos[a : a + step])  # (c, m, d)
         c = x.shape[0]
-        out.append(rows_rayleigh_up(x, v[a : a + c, :m], norms[a : a + c]))
+        out.append(rows_rayleigh_up(x, v[a : a + c], norms[a : a + c]))
     return torch.cat(out)
 
 
-def pivot_ceilings(gram: torch.Tensor, chol: torch.Tensor, pivot: torch.Tensor, v: torch.Tensor,
-                   r_up: torch.Tensor, pos: torch.Tensor, trace: torch.Tensor, width: int,
-                   lam_lo: torch.Tensor | None = None, rows: Rows | None = None,
-                   enough: float = 0.0) -> torch.Tensor:
+def pivot_ceilings(gram: torch.Tensor, chol: torch.Tensor, pivot: torch.Tensor, pos: torch.Tensor,
+                   trace: torch.Tensor, width: int, *, v: torch.Tensor | None = None,
+                   r_up: torch.Tensor | None = None, pre: int = 0, lam_lo: torch.Tensor | None = None,
+                   rows: Rows | None = None, enough: float = 0.0) -> torch.Tensor:
     """Proven ceilings on sigma_k / sigma_1 of the rows at ``pos``: sqrt(R / lam_lo) with R the smaller
     Rayleigh bound of the pivot vector v before and after one more refinement step (R >= lambda_min),
-    lam_lo <= lambda_max (:func:`power_lower`, two steps, unless given), and the error of forming G
-    (|G - X X^T|_2 <= gamma_d trace) on both sides. ``r_up``: the bound of v as it is, at ``pos``.
-    ``rows``: positions -> their float64 rows (c, m, d), m at least v's support: then R is also bounded
-    from the rows themselves (:func:`rows_rayleigh_up`), far tighter where the rows are nearly
-    dependent; only where the Gram route's ceiling exceeds ``enough`` (the rows' bound reads k x d rows)."""
+    lam_lo <= lambda_max (:func:`power_lower`, two steps, unless given at ``pos``), and the error of
+    forming G (|G - X X^T|_2 <= gamma_d trace) on both sides. ``v`` (t, k, 1) and ``r_up`` (the bound of
+    v as it is, at ``pos``): the pivot vectors, if computed already; None: computed here from the factors
+    ``chol`` failing at ``pivot``, with ``pre`` refinement steps first. ``rows``: positions -> their
+    float64 rows (c, m, d), m the length of v: then R is also bounded from the rows themselves
+    (:func:`rows_rayleigh_up`), far tighter where the rows are nearly dependent; only where the Gram
+    route's ceiling exceeds ``enough`` (the rows' bound reads k x d rows).
+
+    From ``Tuning.ceiling_loop_k`` on (CPU), matrix by matrix on views of the batch: matrix-vector
+    products and triangular solves, instead of batched products with one column (several times slower
+    there) on gathered copies; the factors at ``pos`` are then overwritten from their pivot on
+    (:func:`_leading_factor`). The bounds are the same; the refined vectors, and so the ceilings, differ
+    between the two by their rounding (on nearly dependent rows about 1e-8 relative, either way)."""
     k = gram.shape[-1]
-    gram, chol, pivot, v, trace = gram[pos], chol[pos], pivot[pos], v[pos], trace[pos]  # one copy each
-    refine(gram, chol, pivot, v, None)
-    best = torch.minimum(r_up, rayleigh_up(gram, v, trace, width, slice(None)))
-    if lam_lo is None:
-        lam_lo = power_lower(gram, steps=2)
+    if gram.device.type == "cpu" and k >= tuning.TUNING.ceiling_loop_k:
+        v, best, lam_lo = _refined_each(gram, chol, pivot, pos, trace, width, v, r_up, pre, lam_lo)
+        diag, trace = gram.diagonal(dim1=-2, dim2=-1)[pos], trace[pos]
+    else:
+        if v is None:
+            cand = torch.zeros(gram.shape[0], dtype=torch.bool, device=gram.device)
+            cand[pos] = True
+            v = pivot_vectors(gram, chol, pivot, cand)
+            for _ in range(pre):  # (each step shrinks the error of v by about s / lambda_min(G_11))
+                refine(gram, chol, pivot, v, pos)
+            r_up = rayleigh_up(gram, v, trace, width, pos)
+        gram, chol, pivot, v, trace = gram[pos], chol[pos], pivot[pos], v[pos], trace[pos]  # one copy each
+        refine(gram, chol, pivot, v, None)
+        best = torch.minimum(r_up, rayleigh_up(gram, v, trace, width, slice(None)))
+        if lam_lo is None:
+            lam_lo = power_lower(gram, steps=2)
+        diag = gram.diagonal(dim1=-2, dim2=-1)
     err = 2.02 * width * F64_EPS * trace
     top = (best + err).clamp(min=0)
     bottom = lam_lo * (1 - 4 * k * F64_EPS) - err
@@ -156,10 +179,93 @@ def pivot_ceilings(gram: torch.Tensor, chol: torch.Tensor, pivot: torch.Tensor, 
     if rows is not None:  # the rows' bound where the Gram route's is not below ``enough``
         loose = (~(out <= enough)).nonzero().flatten()
         if loose.numel():
-            tight = _rows_bound(rows, v[loose], pos[loose], gram.diagonal(dim1=-2, dim2=-1)[loose])
+            tight = _rows_bound(rows, v[loose], pos[loose], diag[loose], width)
             out[loose] = torch.minimum(out[loose], torch.sqrt(tight / bottom[loose].clamp(
                 min=torch.finfo(torch.float64).tiny)) * (1 + 1e-12))
     return torch.where((bottom > 0) & torch.isfinite(out), out.clamp(max=1.0), 1.0)
+
+
+def _refined_each(gram: torch.Tensor, chol: torch.Tensor, pivot: torch.Tensor, pos: torch.Tensor,
+                  trace: torch.Tensor, width: int, v: torch.Tensor | None, r_up: torch.Tensor | None,
+                  pre: int, lam_lo: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The Gram route of :func:`pivot_ceilings`, matrix by matrix on views (2-D kernels): the refined
+    vectors (n, k, 1) of the matrices at ``pos``, the smaller Rayleigh bound R (n,) and lam_lo (n,)."""
+    n, k = pos.numel(), gram.shape[-1]
+    vs = torch.zeros(n, k, 1, dtype=gram.dtype, device=gram.device)
+    best = torch.empty(n, dtype=gram.dtype, device=gram.device)
+    lam = torch.empty(n, dtype=gram.dtype, device=gram.device) if lam_lo is None else lam_lo
+    for a, (i, j) in enumerate(zip(pos.tolist(), pivot[pos].tolist(), strict=True)):
+        g, w = gram[i], vs[a]  # (k, k), (k, 1) views
+        lo = _leading_factor(chol[i], j)
+        if v is None:
+            _vector_one(g, lo, j, w)
+            for _ in range(pre):
+                _refine_one(g, lo, j, w)
+            first = _rayleigh_one(g, w, trace[i], width, j)
+        else:
+            w.copy_(v[i])
+            first = r_up[a]
+        _refine_one(g, lo, j, w)
+        best[a] = torch.minimum(first, _rayleigh_one(g, w, trace[i], width, j))
+        if lam_lo is None:
+            lam[a] = power_lower(g, steps=2)
+    return vs, best, lam
+
+
+def _leading_factor(chol: torch.Tensor, j: int) -> torch.Tensor:
+    """A factor that solves with L11, the leading j x j block of ``chol`` (k, k), without a solve on a
+    strided view (torch copies such a view, transposed, for each solve: several times slower than the
+    solve). Where the block is at least half of a column-major factor: the factor itself, its diagonal
+    from j on set to 1 (in place: its rows from j on are not part of L11), which :func:`_cho_solve`
+    uses with right-hand sides zero from j on; otherwise the block copied column-major (j, j)."""
+    k = chol.shape[-1]
+    if 2 * j >= k and chol.mT.is_contiguous():
+        chol.diagonal()[j:] = 1.0
+        return chol
+    return chol[:j, :j].mT.contiguous().mT
+
+
+def _cho_solve(lo: torch.Tensor, j: int, b: torch.Tensor) -> torch.Tensor:
+    """(j, 1) L11^-T L11^-1 b for b (j, 1), ``lo`` from :func:`_leading_factor`. With the whole factor
+    (k, k): forward substitution on [b; 0] gives [L11^-1 b; y2] (its first j entries read only L11),
+    and back substitution on [L11^-1 b; 0] gives [L11^-T L11^-1 b; 0] (entries from j on are 0 / 1 and
+    add exact zeros above)."""
+    if lo.shape[0] == j:
+        y = torch.linalg.solve_triangular(lo, b, upper=False)
+        return torch.linalg.solve_triangular(lo.mT, y, upper=True)
+    y = torch.zeros(lo.shape[0], 1, dtype=b.dtype, device=b.device)
+    y[:j] = b
+    y = torch.linalg.solve_triangular(lo, y, upper=False)
+    y[j:] = 0.0
+    return torch.linalg.solve_triangular(lo.mT, y, upper=True)[:j]
+
+
+def _vector_one(g: torch.Tensor, lo: torch.Tensor, j: int, out: torch.Tensor) -> None:
+    """:func:`pivot_vectors` of one matrix g (k, k) whose factorisation failed at pivot j, from
+    :func:`_leading_factor`, into ``out`` (k, 1), zero."""
+    out[j] = 1.0
+    if j > 0:
+        out[:j] = -_cho_solve(lo, j, g[:j, j : j + 1].contiguous())
+
+
+def _refine_one(g: torch.Tensor, lo: torch.Tensor, j: int, v: torch.Tensor) -> None:
+    """:func:`refine` of one matrix (in place on v (k, 1)), ``lo`` as in :func:`_vector_one`."""
+    if j == 0:
+        return
+    z = -v[:j]
+    resid = g[:j, j : j + 1] - g[:j, :j] @ z
+    v[:j] = -(z + _cho_solve(lo, j, resid))
+
+
+def _rayleigh_one(g: torch.Tensor, v: torch.Tensor, trace: torch.Tensor, width: int, j: int) -> torch.Tensor:
+    """:func:`rayleigh_up` of one matrix g (k, k) and vector v (k, 1) zero beyond entry j (0-d)."""
+    k, u = g.shape[-1], F64_EPS / 2
+    vp = v[: j + 1]
+    num = (vp * (g[: j + 1, : j + 1] @ vp)).sum()
+    den = (vp * vp).sum()
+    rounding = (2 * (k + 1) + 2 * width) * u * 1.01 * den * trace  # as rayleigh_up (k >= the support)
+    r_up = (num + rounding) / (den * (1 - 2 * k * u))
+    return torch.where(torch.isfinite(r_up), r_up, math.inf)
 
 
 def quick_dependent(gram: torch.Tensor, chol: torch.Tensor, info: torch.Tensor, lam_hi: torch.Tensor,
@@ -224,8 +330,8 @@ def quick_dependent(gram: torch.Tensor, chol: torch.Tensor, info: torch.Tensor, 
         ok = candidates & (r_up < threshold(torch.maximum(dmax, ones)))
     if ceilings and bool(ok.any()):  # (from a leading block: lambda_max >= the largest diagonal entry)
         pos = ok.nonzero().flatten()
-        ceiling[pos] = pivot_ceilings(gram, chol, pivot, v, r_up[pos], pos, trace, width,
-                                      None if full is None else dmax[pos], rows, enough)
+        ceiling[pos] = pivot_ceilings(gram, chol, pivot, pos, trace, width, v=v, r_up=r_up[pos],
+                                      lam_lo=None if full is None else dmax[pos], rows=rows, enough=enough)
     return ok, ceiling
 
 
@@ -243,12 +349,8 @@ def exposed_ceilings(gram: torch.Tensor, shift: torch.Tensor, width: int, rows: 
     cand = (info > 0) & (pivot < k)
     if bool(cand.any()):
         trace = gram.diagonal(dim1=-2, dim2=-1).sum(-1)
-        pos = cand.nonzero().flatten()
-        v = pivot_vectors(gram, chol, pivot, cand)
-        for _ in range(2):  # (each step shrinks the error of v by about s / lambda_min(G_11))
-            refine(gram, chol, pivot, v, pos)
-        r_up = rayleigh_up(gram, v, trace, width, pos)
-        ceiling[pos] = pivot_ceilings(gram, chol, pivot, v, r_up, pos, trace, width, rows=rows)
+        ceiling[cand] = pivot_ceilings(gram, chol, pivot, cand.nonzero().flatten(), trace, width, pre=2,
+                                       rows=rows)
     return ceiling
 
 
@@ -308,10 +410,8 @@ def prove_dependent(gram: torch.Tensor, lam_hi: torch.Tensor, rtol: float, width
     pivot = info.to(torch.int64) - 1
     cand = dep & (info > 0) & (pivot < k)
     if bool(cand.any()):
-        trace = diag.sum(-1)
         pos = cand.nonzero().flatten()
-        vec = pivot_vectors(gram, chol, pivot, cand)
-        r_up = rayleigh_up(gram, vec, trace, width, pos)
-        ceiling[pos] = pivot_ceilings(gram, chol, pivot, vec, r_up, pos, trace, width, lam_lo[pos], rows)
+        ceiling[pos] = pivot_ceilings(gram, chol, pivot, pos, diag.sum(-1), width, lam_lo=lam_lo[pos],
+                                      rows=rows)
     return dep, ceiling
 

@@ -71,6 +71,13 @@ class Tuning:
     # its k x d rows): at the ViT shape the Gram route's ceilings mostly suffice, and reading the rows of
     # every dependent subset took the cluster pool's default call from 1.17x to 1.28x of the plain test
     # (1000 subsets, one thread, CPU time, load 9-10; #27)
+    ceiling_loop_k: int = 160  # from this k on (CPU) the ceilings' kernels run matrix by matrix on views:
+    # a batched product with one column runs at ~1.4 GFLOP/s, 7x slower than a matrix-vector product,
+    # and gathered copies cost as much again; at k = 197 (54 per chunk) the loop is 1.2x faster, at
+    # k = 128 batched is 1.05x faster, at k = 64 2x (micro-benchmark, one thread). General position at
+    # k = d = 768, 1000 subsets, one thread: default call 31.5 s -> 27.0 s (plain 21-22 s; #27). Above
+    # every k: the batched route, bit for bit the ceilings of the code before it (the loop's differ by
+    # the rounding of the refined vectors, about 1e-8 relative either way)
 
     # ---- the reach (certify at the grid's top multiplier, for probes.robust)
     reach_pays: float = 2.0  # keep certifying at the reach while the subsets so far certified at the

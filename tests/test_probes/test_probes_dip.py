@@ -162,10 +162,13 @@ def test_large_k_grid_by_eigenvalues_or_factorisations_equals_numpy(span, monkey
 # ------------------------------------------------------------------ ceilings from the rows (grid below rtol)
 
 
-def test_exposed_ceilings_hold_and_reach_below_the_gram_resolution():
+@pytest.mark.parametrize("loop_k", [10**9, 1])
+def test_exposed_ceilings_hold_and_reach_below_the_gram_resolution(loop_k, monkeypatch):
     """A failed factorisation at t^2 lam_lo exposes a vector whose bound from the rows is a ceiling at
     or above the float64 SVD's ratio, far below the Gram route's resolution for rows dependent up to
-    rounding; where the factorisation succeeds (ratio above t), no ceiling (1)."""
+    rounding; where the factorisation succeeds (ratio above t), no ceiling (1). ``loop_k``: the
+    ceilings' kernels batched or matrix by matrix (``Tuning.ceiling_loop_k``)."""
+    tune(monkeypatch, ceiling_loop_k=loop_k)
     k, d, t = 4, 9, 1e-3
     factors = [0.0, 1e-13, 1e-10, 1e-6, 1e-4, 2e-4, 0.05, 0.3]
     x = torch.stack([with_singular_values([1.0, 0.4, 0.1, f], k, d, seed=i) for i, f in enumerate(factors)])

@@ -262,16 +262,22 @@ def test_without_pool_gram_and_kruskal_test_keep_the_verdicts(small_chunks, monk
 # ------------------------------------------------------------------ ceilings and reach (for probes.robust)
 
 
+ROUTES = {"batched": 10**9, "per-matrix": 1}  # Tuning.ceiling_loop_k for the two routes of the ceilings
+
+
+@pytest.mark.parametrize("route", list(ROUTES))
 @pytest.mark.parametrize("stage_1b", [False, True, "0b"])
 @pytest.mark.parametrize("noise", [0.0, 1e-9, 1e-6, 1e-4])
 def test_ceilings_of_dependent_subsets_are_never_below_the_svd_ratio(
-    noise, stage_1b, small_chunks, monkeypatch
+    noise, stage_1b, route, small_chunks, monkeypatch
 ):
     """Every ceiling is a proven upper bound on sigma_k / sigma_1 (float64 SVD), for subsets dependent
     exactly (float32-rounded subspace) or only near the tolerance; exact dependence gets ceilings far
     below rtol, which is what spares the robustness grid its smallest tolerances. ``stage_1b``: stage
     1b proper gives ceilings too (as it does from k = 384 on); "0b": stage 0b on the leading rows
-    forced on (its ceilings bound lambda_max below by the largest diagonal entry)."""
+    forced on (its ceilings bound lambda_max below by the largest diagonal entry). ``route``: the
+    ceilings' kernels batched or matrix by matrix (``Tuning.ceiling_loop_k``)."""
+    tune(monkeypatch, ceiling_loop_k=ROUTES[route])
     settled_0b = []
     if stage_1b == "0b":
         tune(monkeypatch, lead_pad=1)
@@ -425,17 +431,65 @@ def test_stage_0b_changes_no_rank(exact_dependent, small_chunks, monkeypatch):
     assert (ref.rank[runs[0].rank < 0] < k).all()
 
 
-def test_stage_1b_ceilings_are_never_below_the_svd_ratio():
+@pytest.mark.parametrize("rows", [False, True])
+def test_stage_1b_ceilings_are_never_below_the_svd_ratio(rows, monkeypatch):
+    """Batched and matrix by matrix (``Tuning.ceiling_loop_k``), with and without the rows' bound: the
+    same proven ceilings up to the rounding of the refined vectors, never below the SVD ratio."""
     x, subsets = blocks_pool([with_singular_values([1.0, 0.4, 0.1, f], 4, 9, seed=i)
                               for i, f in enumerate([1e-3, 3e-4, 1e-6, 1e-9, 0.0, 5e-5])])
     gram = (x @ x.T)[subsets[:, :, None], subsets[:, None, :]]
     lam_hi = fast.lam_hi_bound(gram, None)
-    dep, ceiling = fast.prove_dependent(gram, lam_hi, 1e-3, 9, ceilings=True)
     sv = torch.linalg.svdvals(x[subsets])
     ratio = sv[:, -1] / sv[:, 0]
-    assert dep.tolist() == [False, True, True, True, True, True]
-    assert torch.all(ceiling[dep] >= ratio[dep] * (1 - 1e-9)) and torch.all(ceiling[dep] < 1e-3)
+    ceilings = {}
+    for route, loop_k in ROUTES.items():
+        tune(monkeypatch, ceiling_loop_k=loop_k)
+        dep, ceiling = fast.prove_dependent(gram, lam_hi, 1e-3, 9, ceilings=True,
+                                            rows=(lambda p: x[subsets[p]]) if rows else None)
+        assert dep.tolist() == [False, True, True, True, True, True]
+        assert torch.all(ceiling[dep] >= ratio[dep] * (1 - 1e-9)) and torch.all(ceiling[dep] < 1e-3)
+        assert ceiling[0] == 1.0  # (not proven: no ceiling)
+        ceilings[route] = ceiling
+    torch.testing.assert_close(ceilings["per-matrix"], ceilings["batched"], rtol=1e-6, atol=0)
+    if rows:  # exact dependence: the rows put it far below the Gram route's floor, on both routes
+        assert torch.all(ceilings["per-matrix"][4] < 1e-7)
     assert fast.prove_dependent(gram, lam_hi, 1e-3, 9)[1] is None
+
+
+@pytest.mark.parametrize("lead", [3, 8])
+def test_ceilings_matrix_by_matrix_from_an_early_or_a_late_pivot(lead, monkeypatch):
+    """Row ``lead`` nearly a combination of the rows before it, so the factorisation fails there: an
+    early pivot (the leading block copied) or a late one (the factor itself, its trailing diagonal set
+    to 1). Matrix by matrix, the ceilings equal the batched ones up to rounding and bound the SVD ratio."""
+    k, d = 10, 15
+    g = torch.Generator().manual_seed(41 + lead)
+    x = torch.randn(4, k, d, generator=g, dtype=torch.float64)
+    mix = torch.randn(4, 1, lead, generator=g, dtype=torch.float64)
+    x[:, lead] = (mix @ x[:, :lead])[:, 0] + 1e-9 * torch.randn(4, d, generator=g, dtype=torch.float64)
+    gram = x @ x.transpose(1, 2)  # (4, k, k)
+    lam_hi = fast.lam_hi_bound(gram, None)
+    ratio = (lambda sv: sv[:, -1] / sv[:, 0])(torch.linalg.svdvals(x))
+    ceilings = {}
+    for route, loop_k in ROUTES.items():
+        tune(monkeypatch, ceiling_loop_k=loop_k)
+        dep, ceiling = fast.prove_dependent(gram.clone(), lam_hi, 1e-3, d, ceilings=True, rows=lambda p: x[p])
+        assert dep.all()
+        assert torch.all(ceiling >= ratio * (1 - 1e-9)) and torch.all(ceiling < 1e-6)
+        ceilings[route] = ceiling
+    torch.testing.assert_close(ceilings["per-matrix"], ceilings["batched"], rtol=1e-6, atol=0)
+
+
+def test_power_lower_of_one_matrix_is_the_batched_bound():
+    """A single (k, k) matrix gets the bound of its batch (0-d), up to rounding, below lambda_max."""
+    g = torch.Generator().manual_seed(31)
+    x = torch.randn(5, 30, 50, generator=g, dtype=torch.float64)
+    gram = x @ x.transpose(1, 2)  # (5, 30, 30)
+    batched = fast.kernels.power_lower(gram, steps=2)
+    lam_max = torch.linalg.eigvalsh(gram)[:, -1]
+    for i in range(5):
+        one = fast.kernels.power_lower(gram[i], steps=2)
+        assert one.shape == () and float(one) <= float(lam_max[i])
+        assert math.isclose(float(one), float(batched[i]), rel_tol=1e-12)
 
 
 def test_reach_credits_proven_margins_and_leaves_ranks_unchanged(small_chunks):
