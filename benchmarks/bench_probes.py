@@ -41,11 +41,15 @@ import platform
 import threading
 import time
 
-import torch
-from tqdm.auto import tqdm
+# As `audit` and `import probes` do: OpenMP workers sleep rather than spin while they wait, set before
+# torch starts its OpenMP runtime (beside another torch job, spinning teams take turns at a crawl).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import probes
-from probes import fast as fastpath
+import torch  # noqa: E402
+from tqdm.auto import tqdm  # noqa: E402
+
+import probes  # noqa: E402
+from probes import fast as fastpath  # noqa: E402
 
 # name: (N, d, k, default subsets, default loop subsets)
 SHAPES = {
