@@ -652,6 +652,7 @@ def kruskal_sweep(
     n_vec, d = x.shape
     ks, subsets, seed, refine, grid = _sweep_options(ks, n_vec, subsets, seed, refine, max_seconds,
                                                     robustness, rtol_grid)
+    robustness = robust.check_robustness(robustness)  # (valid: checked above; normalised once)
     for k in ks:
         if k <= d:
             _check_memory(min(math.comb(n_vec, k), subsets), k)
@@ -665,8 +666,7 @@ def kruskal_sweep(
         if bar is not None:
             bar.set_postfix(k=k)
         res = _kruskal(x, x64, k, subsets, seed, rtol, progress=False, start=time.perf_counter(),
-                       gram=gram, spectrum=spectrum, robustness=robust.check_robustness(robustness),
-                       grid=grid)
+                       gram=gram, spectrum=spectrum, robustness=robustness, grid=grid)
         if bar is not None:
             bar.update()
         return res

@@ -152,11 +152,16 @@ def required_count(threshold: float, total: int) -> int:
     return need
 
 
+def critical_rank(threshold: float, total: int) -> int:
+    """q: the critical tolerance of a verdict at ``threshold`` over ``total`` matrices is their q-th
+    smallest ratio (with fewer than the required count above it, the verdict fails)."""
+    return total - required_count(threshold, total) + 1
+
+
 def critical_quantile(threshold: float, total: int) -> float:
-    """Where the critical tolerance of a verdict at ``threshold`` over ``total`` matrices sits among their
-    ratios, as a quantile: the q-th smallest ratio is the ((q - 1) / (total - 1))-quantile."""
-    q = total - required_count(threshold, total) + 1
-    return (q - 1) / (total - 1) if total > 1 else 0.0
+    """:func:`critical_rank` as a quantile of the ratios: the q-th smallest is the ((q - 1) / (total -
+    1))-quantile."""
+    return (critical_rank(threshold, total) - 1) / (total - 1) if total > 1 else 0.0
 
 
 def verdict_distance(critical: float, rtol: float) -> float:
@@ -498,7 +503,7 @@ class _Refiner:
     def critical(self, threshold: float, max_spectra: int, max_factorised: int) -> tuple[float, float, float]:
         """(critical_rtol, low, high): the m-th largest ratio and a proven bracket around it."""
         total = self.src.count
-        q = total - required_count(threshold, total) + 1  # the critical value is the q-th smallest ratio
+        q = critical_rank(threshold, total)  # the critical value is the q-th smallest ratio
         toggle = sought = False
         self.factorised = 0  # the grid's decisions do not count against the cap
         for _ in range(_MAX_STEPS):
