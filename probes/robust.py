@@ -33,10 +33,14 @@ the proven floor of that spectrum too), then narrowed only where needed:
   beyond 10x rtol (or below rtol / 10, the default grid's ends: the verdict is far from flipping, and the
   bracket says how far) is narrowed the same way to 10%, while at most ``_FAR_SHARE`` times the spectra
   budget can still be the m-th and the bracket lies above the resolution of the Gram route's
-  certificates (below it, by exact spectra within the budget alone); otherwise it is reported as the
-  proven bracket. A bracket with no upper end yet (only the trivial cap: no ratio exceeds 1) gets one
-  from the exact spectra of the matrices likeliest to lie lowest. :func:`critical_is_exact` says
-  whether the result is known to within its bracket's width or only bounded by it;
+  certificates (below it, by exact spectra within the budget alone). A bracket with no upper end yet
+  (only the trivial cap: no ratio exceeds 1) gets one from the exact spectra of the matrices likeliest
+  to lie lowest. Where more matrices can still be the m-th, they are certified once just below the
+  upper end (one factorisation each), provided the certificate proves the known ratios above that level
+  (it does not where its bound on lambda_max is loose, as on random Gaussian vectors), and what it
+  leaves is narrowed as above; otherwise the bracket is reported as the proven one.
+  :func:`critical_is_exact` says whether the result is known to within its bracket's width or only
+  bounded by it;
 - the smallest margin: branch and bound. Matrices are visited in increasing order of their margin
   bound and given exact float64 spectra (eigenvalues of the Gram matrix, float64 SVD where those are
   not accurate enough) until no bound is below the best exact margin; when that would take more than
@@ -419,9 +423,7 @@ class _Refiner:
         for part in self._chunks(pos):
             dev = part.to(_device(self.src))
             gram = self.src.gram(dev)
-            lam_hi = fast.lam_hi_bound(gram, self.src.lam_cap)
-            known = self.lam_hi[part].to(gram.device)  # (proven brackets kept above rtol; NaN: none)
-            lam_hi = torch.where(known < lam_hi, known, lam_hi)
+            lam_hi = self._lam_hi(part, gram)
             c = part.numel()
             ok, _, _ = fast.floor_certificate(gram, lam_hi, t, width, 0.0)
             ok = ok.cpu()
@@ -504,7 +506,7 @@ class _Refiner:
         """(critical_rtol, low, high): the m-th largest ratio and a proven bracket around it."""
         total = self.src.count
         q = critical_rank(threshold, total)  # the critical value is the q-th smallest ratio
-        toggle = sought = False
+        toggle = sought = swept = False
         self.factorised = 0  # the grid's decisions do not count against the cap
         for _ in range(_MAX_STEPS):
             a = float(self.lo.kthvalue(q).values)
@@ -534,6 +536,14 @@ class _Refiner:
                 if seek and self._upper_end(open_, q, max_spectra):
                     sought = True
                     continue
+                if resolved and b < 1 and not swept:
+                    # once, where the certificate is tight enough: certify every matrix that can still
+                    # be the q-th just below the upper end (what is left is few enough for spectra)
+                    swept = True
+                    t = b / (1 + width / 2)
+                    if self._certificate_pays(t, width):
+                        self.test_at(open_[self.lo[open_] < t], t)
+                        continue
                 break
             if self.spectra + open_.numel() <= max_spectra:
                 self.exact(open_)
@@ -571,6 +581,28 @@ class _Refiner:
             return math.sqrt(a * b), a, b
         # a wide bracket: the end nearest rtol, so that verdict_margin stays a proven lower bound
         return (a if a >= self.rtol else b), a, b
+
+    def _certificate_pays(self, t: float, width: float) -> bool:
+        """Whether the certificate at t proves full rank the matrices whose exact ratio lies clearly
+        above it (up to ``_BATCH`` of them, the lowest): False where its bound on lambda_max is too
+        loose (random Gaussian pools) and certifying every open matrix at t would settle nothing."""
+        known = ((self.ratio >= t * (1 + width)) & ~self.ratio.isnan()).nonzero().flatten()
+        if not known.numel():
+            return False
+        pos = known[self.ratio[known].argsort(stable=True)][:_BATCH]
+        return all(bool(self._certified(part, t).all()) for part in self._chunks(pos))
+
+    def _certified(self, part: torch.Tensor, t: float) -> torch.Tensor:
+        """(c,) bool on the CPU: the shifted Cholesky certificate proves r > t (c <= the chunk step)."""
+        gram = self.src.gram(part.to(_device(self.src)))
+        return fast.floor_certificate(gram, self._lam_hi(part, gram), t, self.src.width, 0.0)[0].cpu()
+
+    def _lam_hi(self, part: torch.Tensor, gram: torch.Tensor) -> torch.Tensor:
+        """(c,) the certificates' bound on lambda_max: the usual one, or the proven bracket kept above
+        rtol where tighter."""
+        lam_hi = fast.lam_hi_bound(gram, self.src.lam_cap)
+        known = self.lam_hi[part].to(gram.device)  # (NaN: none)
+        return torch.where(known < lam_hi, known, lam_hi)
 
     def _upper_end(self, open_: torch.Tensor, q: int, max_spectra: int) -> bool:
         """No upper end yet (only the trivial cap): the exact spectra of the matrices likeliest to lie

@@ -13,6 +13,7 @@ import torch
 
 from probes.fast import tuning as tuning_module
 from probes.fast.errors import lam_hi_bound
+from probes.fast.kernels import power_lower
 from probes.fast.planner import Chunk, Plan, Planner
 from probes.fast.pool import Pool
 from probes.fast.stages import STAGE_KEYS, Decisions, decide, exact_stage, floor_certificate
@@ -176,21 +177,57 @@ def _aimed_margin(job: _Job, sample: Decisions, reach: float | None) -> float | 
     """The margin the aim certifies at, from the spectra of the subsets 0 .. m - 1 (``sample``), or None
     where it would not pay: the critical tolerance estimated among dependent subsets or not beyond the
     reach, or the float64 certificate at it failing on a full-rank subset of the sample."""
-    k, m = job.subsets.shape[1], sample.rank.numel()
+    k, m, t = job.subsets.shape[1], sample.rank.numel(), job.tuning
     full = sample.rank == k
     if not bool(full.any()) or float((~full).double().mean()) > job.aim:
         return None
-    estimate = float(torch.quantile(sample.floor.cpu(), job.aim))  # (a dependent subset's floor is 0)
-    target = estimate * (1 - job.tuning.aim_below)
+    floor = sample.floor.cpu()  # (a dependent subset's floor is 0)
+    over = _aim_over(job)
+    if over * m >= t.aim_hits:
+        # the sample resolves a share above the critical one: aim where about that share fails the
+        # certificate, whose bound on lambda_max sets the ratio each subset can be certified at
+        target = float(torch.quantile(floor * _slack(job, m), over))
+    else:
+        target = float(torch.quantile(floor, job.aim)) * (1 - t.aim_below)
     if not target > job.rtol:
         return None
     margin = math.log10(target / job.rtol)
     if reach is not None and not margin > reach:
         return None
-    idx, step = job.subsets[:m][full], job.pool.step
-    if all(bool(_certifies(job, idx[a : a + step], margin).all()) for a in range(0, idx.shape[0], step)):
+    # the certificate must pass on the sample's subsets clearly above the aim (else its bound on
+    # lambda_max is too loose for the aim to pay)
+    idx, step = job.subsets[:m][full & (floor >= target * (1 + t.aim_below)).to(full.device)], job.pool.step
+    if idx.shape[0] and all(bool(_certifies(job, idx[a : a + step], margin).all())
+                            for a in range(0, idx.shape[0], step)):
         return margin
     return None
+
+
+def _slack(job: _Job, m: int) -> torch.Tensor:
+    """(m,) sqrt(lambda_max estimate / the certificate's bound on it) for the subsets 0 .. m - 1: the
+    share of its ratio at which the certificate can prove a subset full rank (about)."""
+    step, out = job.pool.step, []
+    for a in range(0, m, step):
+        gram = job.pool.gram64(job.subsets[a : min(a + step, m)])
+        lam_hi = lam_hi_bound(gram, job.pool.lam_cap, quick=True)
+        out.append((power_lower(gram, 8) / lam_hi).clamp(max=1).sqrt().cpu())
+    return torch.cat(out)
+
+
+def _aim_over(job: _Job) -> float:
+    """The share of subsets the aim lets fail where the sample resolves it: ``Tuning.aim_over`` times the
+    critical share."""
+    return min(1.0, job.tuning.aim_over * job.aim) if job.aim else 0.0
+
+
+def _aim_size(job: _Job, pilot: int) -> int:
+    """The aim's sample: ``Tuning.aim_sample`` subsets (at least the pilot's), or as many as hold about
+    ``Tuning.aim_hits`` below the share :func:`_aim_over` where that is at most ``Tuning.aim_share`` of
+    the subsets (a larger sample that cannot resolve it would be spectra for nothing)."""
+    s, t = job.subsets.shape[0], job.tuning
+    over = _aim_over(job)
+    want = math.ceil(t.aim_hits / over) if over > 0 else s + 1
+    return min(s, max(pilot, t.aim_sample, want if want <= t.aim_share * s else 0))
 
 
 def _aim(job: _Job, pilot: list[Chunk], reach: float | None, workers: int
@@ -208,7 +245,7 @@ def _aim(job: _Job, pilot: list[Chunk], reach: float | None, workers: int
     k, t = job.subsets.shape[1], job.tuning
     if t.aim_sample <= 0 or float((rank != k).double().mean()) > job.aim:
         return None, None
-    m = min(job.subsets.shape[0], max(rank.numel(), t.aim_sample))
+    m = _aim_size(job, rank.numel())
     device = job.subsets.device
 
     def spectra(a: int, b: int) -> Decisions:
@@ -339,9 +376,12 @@ def subset_decisions(
         dip: see :func:`probes.fast.decide`; given up while it does not pay (``Tuning.dip_pays``).
         aim: with ceilings, the quantile (in [0, 1]) of sigma_k / sigma_1 over the subsets at which the
             tolerance analysis will look for the critical tolerance. After the pilot chunks, the exact
-            spectra of the first ``Tuning.aim_sample`` subsets (at least the pilot's) estimate it; where
-            the estimate lies above the reach, the reach becomes ``1 - Tuning.aim_below`` of it, so that
-            the certificates themselves bracket the critical tolerance to within 10% (the sample's
+            spectra of the first subsets (``Tuning.aim_sample``, at least the pilot's, or more where
+            that resolves ``Tuning.aim_over`` times the quantile, see :func:`_aim_size`) estimate it;
+            where the estimate lies above the reach, the reach becomes that level: the ratio at which
+            about ``aim_over`` times the quantile's share of the sample fails the certificate where the
+            sample resolves it (the q-th smallest ratio then lies among the subsets that fail, which
+            the analysis decomposes), else ``1 - Tuning.aim_below`` of the estimate (the sample's
             spectra give the upper end: their floors and ceilings join ``floor`` and ``ceiling``).
             Ranks do not depend on it.
 

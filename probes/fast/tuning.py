@@ -104,6 +104,15 @@ class Tuning:
     aim_probe: int = 2  # ... of which this many are tried first (the aim is given up on most random pools)
     aim_below: float = 0.08  # certify at (1 - this) x the estimate, so that a bracket from the estimate's
     # ceiling down to the certified level is within robust.FAR_BRACKET_WIDTH (1 / 0.92 = 1.087 <= 1.1)
+    aim_over: float = 6.0  # where the sample resolves it, aim at this many times the critical share instead
+    # (the subsets that fail the aim get exact spectra or proofs, and the q-th smallest ratio lies among
+    # them). MiniLM pretrained tokens, Assumption 3 at threshold 0.99 (q = 51 of 5000 subsets; their 1% to
+    # 10% quantiles lie within 9% of each other): 3 left 26 of the needed 51 failing on block.0 (bracket
+    # 10.2% wide, bound); 6: 64, 239 and 318 fail on block.0, block.5, embedding, every bracket within 10%
+    # (#25)
+    aim_hits: int = 3  # the sample holds about this many subsets below the aimed share (at most
+    aim_share: float = 0.02  # this share of the subsets: else the sample stays at aim_sample), so that its
+    # quantile there is an estimate, not the sample's minimum
 
     # ---- probes.robust
     expose_pays: float = 0.5  # below rtol, ceilings from the rows for every matrix proven dependent at rtol

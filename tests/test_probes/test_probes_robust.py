@@ -293,6 +293,73 @@ def test_the_aim_brackets_a_far_flip_among_many_subsets_from_the_certificates(ai
         assert not closed  # (what the aim is for: the smallest ratio alone the spectra of the lowest find)
 
 
+@pytest.mark.parametrize("over", [6.0, 0.0])
+def test_the_aim_lets_a_few_times_the_critical_share_fail_where_the_ratios_lie_close(over, monkeypatch):
+    """Ratios packed close (the 1% and 10% quantiles within 13%, as on pretrained tokens) at threshold
+    0.99: certifying below the sample's smallest ratio leaves too few subsets below the certified level
+    for the bracket's upper end (``aim_over`` 0: the bracket stays open); aiming where a few times the
+    critical share of the sample fails makes the q-th smallest ratio one of those spectra, and the
+    bracket closes around the float64 SVD's critical value. Verdict, fraction and grid are the same."""
+    monkeypatch.setattr(probes.fast.tuning, "TUNING",
+                        dataclasses.replace(probes.fast.tuning.TUNING, aim_over=over))
+    x = token_pool(400, 64, seed=6)
+    k, count, seed = 32, 5000, 1
+    r = np.sort(ratios(x, probes.sample_subsets(400, k, count, seed)))
+    q = probes.robust.critical_rank(0.99, count)
+    assert r[q - 1] / r[10 * q] > 0.85  # (the quantiles lie close)
+    res = probes.assumption1(x, k, subsets=count, seed=seed)
+    plain = probes.assumption1(x, k, subsets=count, seed=seed, robustness=False)
+    rob, slack = res.robustness, ratio_tol(k, 64)
+    assert rob.critical_rtol_low - slack <= r[q - 1] <= rob.critical_rtol_high + slack
+    assert r[q - 1] > 20 * res.rtol  # far above the grid
+    assert (res.holds, res.fraction, res.witness, res.rank_counts) == (
+        plain.holds, plain.fraction, plain.witness, plain.rank_counts)
+    assert set(rob.rtol_grid.values()) == {1.0}
+    assert rob.exact(res.rtol) is (over > 0)
+
+
+@pytest.mark.parametrize("sweep", [True, False])
+def test_assumption2_far_bracket_closes_by_one_certificate_per_open_context(sweep, monkeypatch):
+    """Contexts whose smallest ratio lies far above rtol and whose margin bounds are loose: the spectra
+    of the lowest-bounded contexts give the upper end, and one certificate per context just below it
+    (where the certificate proves the known ratios above it) closes the bracket to 10% around the float64
+    SVD's smallest ratio; without that sweep it stays the proven, open one."""
+    if not sweep:
+        monkeypatch.setattr(probes.robust._Refiner, "_certificate_pays", lambda self, t, width: False)
+    g = torch.Generator().manual_seed(3)
+    contexts = (torch.randn(1000, 1, 96, generator=g) + 1e-2 * torch.randn(1000, 32, 96, generator=g)).float()
+    sv = np.linalg.svd(contexts.double().numpy(), compute_uv=False)
+    truth = (sv[:, -1] / sv[:, 0]).min()
+    res = probes.assumption2(contexts)
+    rob, slack = res.robustness, ratio_tol(32, 96)
+    assert truth > 20 * res.rtol
+    assert rob.critical_rtol_low - slack <= truth <= rob.critical_rtol_high + slack
+    assert res.fraction == 1.0 and set(rob.rtol_grid.values()) == {1.0}
+    assert rob.exact(res.rtol) is sweep
+
+
+def test_the_sweep_is_skipped_where_the_certificate_is_loose():
+    """Random Gaussian vectors: the row-sum bound on lambda_max lies 2-3x above it, so a certificate
+    just below the upper end proves nothing; the far bracket stays the proven one without a sweep."""
+    calls = []
+    orig = probes.robust._Refiner.test_at
+
+    def spy(self, pos, t):
+        calls.append(pos.numel())
+        return orig(self, pos, t)
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(200, 64, generator=g, dtype=torch.float64)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(probes.robust._Refiner, "test_at", spy)
+        res = probes.assumption1(x, 16, subsets=3000, seed=0)
+    r = np.sort(ratios(x, probes.sample_subsets(200, 16, 3000, 0)))
+    truth = r[probes.robust.critical_rank(0.99, 3000) - 1]
+    rob = res.robustness
+    assert rob.critical_rtol_low <= truth * (1 + 1e-9) and truth <= rob.critical_rtol_high * (1 + 1e-9)
+    assert sum(calls) < 3000 // 4  # (no certificate per subset)
+
+
 @pytest.mark.parametrize("case", ["far above", "all dependent"])
 def test_exact_robustness_closes_the_brackets_the_work_caps_leave_open(case):
     """robustness="exact" lifts the work caps: a bracket the default leaves as the proven one closes
