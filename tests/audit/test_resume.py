@@ -17,6 +17,7 @@ import torch
 from conftest import save_tiny_vit, shared_data, tiny_audit_argv
 
 import probes
+from auditor.audit import runner
 from auditor.cli import main
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.filterwarnings("ignore")]
@@ -203,7 +204,7 @@ def test_a_failed_run_leaves_no_folder_it_created(vit, images, tmp_path, monkeyp
 
 
 def test_a_finished_report_is_reused_only_for_the_same_configuration_and_data(vit, images, tmp_path,
-                                                                              count_assumption1):
+                                                                              count_assumption1, monkeypatch):
     out = tmp_path / "report"
     assert main(tiny_audit_argv(vit, images, out)) == 0 and len(count_assumption1) == 2
     first = pd.read_csv(out / "results.csv")
@@ -231,6 +232,14 @@ def test_a_finished_report_is_reused_only_for_the_same_configuration_and_data(vi
     rows = pd.read_csv(out / "results.csv")
     assert not rows["note"].astype(str).str.contains("reused").any()
     assert rows["data_fingerprint"].iloc[0] != first["data_fingerprint"].iloc[0]
+
+    # same configuration and data, other code (another commit): computed again, stamped with it
+    stamp = runner.provenance()
+    monkeypatch.setattr(runner, "provenance", lambda: {**stamp, "git_commit": "0123456789ab"})
+    assert main(tiny_audit_argv(vit, images, out, "--seed", "1")) == 0 and len(count_assumption1) == 8
+    rows = pd.read_csv(out / "results.csv", dtype={"git_commit": str})
+    assert not rows["note"].astype(str).str.contains("reused").any()
+    assert (rows["git_commit"] == "0123456789ab").all()
 
 
 def test_a_second_interruption_keeps_the_rows_of_the_first(

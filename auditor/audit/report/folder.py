@@ -267,9 +267,10 @@ class RowStore:
     """Rows and curves as they finish; rows reach ``out/results.partial.csv`` at once, so an interrupted
     run keeps them (only once a test has run: skip rows alone are not worth a file).
 
-    ``previous``: finished Kruskal rows of an earlier run with the same configuration, by
-    (representation, weights, test); :meth:`reuse` hands one out only when it was computed on data with
-    the same fingerprint. Rows not consumed yet stay in the partial file, so a second interruption does
+    ``previous``: finished Kruskal rows of an earlier run with the same configuration, computed by the
+    same code and library versions (``stamp``: git commit and versions), by (representation, weights,
+    test); :meth:`reuse` hands one out only when it was computed on data with the same fingerprint.
+    Rows not consumed yet stay in the partial file, so a second interruption does
     not lose them.
     """
 
@@ -294,6 +295,8 @@ class RowStore:
                 "records"
             ):
                 row = {k: v for k, v in row.items() if not _empty(v)}
+                if any(str(row.get(key, "")) != str(value) for key, value in self.stamp.items()):
+                    continue  # computed by other code or library versions: tested again
                 if row.get("data_fingerprint"):
                     self.previous[(row["representation"], row["weights"], row["test"])] = Previous(
                         row, origin
