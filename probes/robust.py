@@ -537,10 +537,11 @@ class _Refiner:
                     sought = True
                     continue
                 if resolved and b < 1 and not swept:
-                    # once, where the certificate is tight enough: certify every matrix that can still
-                    # be the q-th just below the upper end (what is left is few enough for spectra)
+                    # once, where the certificate is tight enough: certify every matrix whose lower end
+                    # still lies below the level that would close the bracket, at that level (what is
+                    # left is few enough for spectra)
                     swept = True
-                    t = b / (1 + width / 2)
+                    t = b / (1 + 0.9 * width)
                     if self._certificate_pays(t, width):
                         self.test_at(open_[self.lo[open_] < t], t)
                         continue
@@ -584,9 +585,10 @@ class _Refiner:
 
     def _certificate_pays(self, t: float, width: float) -> bool:
         """Whether the certificate at t proves full rank the matrices whose exact ratio lies clearly
-        above it (up to ``_BATCH`` of them, the lowest): False where its bound on lambda_max is too
-        loose (random Gaussian pools) and certifying every open matrix at t would settle nothing."""
-        known = ((self.ratio >= t * (1 + width)) & ~self.ratio.isnan()).nonzero().flatten()
+        above it (1 + 2 ``width`` times t or more; up to ``_BATCH`` of them, the lowest): False where its
+        bound on lambda_max is too loose (random Gaussian pools, 2-3x) and certifying every open matrix
+        at t would settle nothing."""
+        known = ((self.ratio >= t * (1 + 2 * width)) & ~self.ratio.isnan()).nonzero().flatten()
         if not known.numel():
             return False
         pos = known[self.ratio[known].argsort(stable=True)][:_BATCH]

@@ -181,14 +181,15 @@ def _aimed_margin(job: _Job, sample: Decisions, reach: float | None) -> float | 
     full = sample.rank == k
     if not bool(full.any()) or float((~full).double().mean()) > job.aim:
         return None
-    floor = sample.floor.cpu()  # (a dependent subset's floor is 0)
+    level = sample.floor.cpu()  # (a dependent subset's floor is 0)
     over = _aim_over(job)
     if over * m >= t.aim_hits:
         # the sample resolves a share above the critical one: aim where about that share fails the
         # certificate, whose bound on lambda_max sets the ratio each subset can be certified at
-        target = float(torch.quantile(floor * _slack(job, m), over))
+        level = level * _slack(job, m)
+        target = float(torch.quantile(level, over))
     else:
-        target = float(torch.quantile(floor, job.aim)) * (1 - t.aim_below)
+        target = float(torch.quantile(level, job.aim)) * (1 - t.aim_below)
     if not target > job.rtol:
         return None
     margin = math.log10(target / job.rtol)
@@ -196,7 +197,7 @@ def _aimed_margin(job: _Job, sample: Decisions, reach: float | None) -> float | 
         return None
     # the certificate must pass on the sample's subsets clearly above the aim (else its bound on
     # lambda_max is too loose for the aim to pay)
-    idx, step = job.subsets[:m][full & (floor >= target * (1 + t.aim_below)).to(full.device)], job.pool.step
+    idx, step = job.subsets[:m][full & (level >= target * (1 + t.aim_below)).to(full.device)], job.pool.step
     if idx.shape[0] and all(bool(_certifies(job, idx[a : a + step], margin).all())
                             for a in range(0, idx.shape[0], step)):
         return margin
