@@ -615,9 +615,11 @@ class _Refiner:
         self.exact(open_[self.lo[open_].argsort(stable=True)][:room])
         return True
 
-    def min_margin(self, dec: fast.Decisions, max_spectra: int) -> tuple[float, bool]:
+    def min_margin(self, dec: fast.Decisions, max_spectra: int, max_factorised: float) -> tuple[float, bool]:
         """The exact smallest margin over matrices with a known rank at rtol, or a proven lower bound
-        (second value True) when more than ``max_spectra`` spectra would be needed."""
+        (second value True) when more than ``max_spectra`` spectra would be needed after one
+        certificate per candidate at the best exact margin (where there are at most ``max_factorised``
+        candidates)."""
         rank, margin = dec.rank.cpu(), dec.margin.cpu().to(torch.float64)
         known = (rank >= 0) & ~margin.isnan()
         if not bool(known.any()):
@@ -631,6 +633,7 @@ class _Refiner:
             have = bound & full & ~self.ratio.isnan() & (self.ratio > 0)
             return torch.where(have, torch.log10(self.ratio.clamp(min=1e-300)) - log_rtol, out)
 
+        certified = False
         while True:
             ex = exact_margins()
             best = float(ex.min())
@@ -639,8 +642,20 @@ class _Refiner:
             candidates = (lb < best).nonzero().flatten()
             if not candidates.numel():
                 return best, False
+            if certified and candidates.numel() <= _BATCH:
+                self.exact(candidates)  # (the few the certificates left: beyond the budget if need be)
+                continue
             if self.spectra >= max_spectra or (math.isfinite(best) and
                                                self.spectra + candidates.numel() > max_spectra):
+                if math.isfinite(best) and not certified and candidates.numel() <= max_factorised:
+                    # (a few: e.g. what failed the aim; where most matrices are candidates, as for
+                    # contexts, whose certified margins are loose, that would cost a factorisation each)
+                    # one certificate each at the best exact ratio: what it proves above cannot be the
+                    # smallest (the subsets that failed the aim of the test, see
+                    # :func:`probes.fast.subset_decisions`, certified only at a lower level)
+                    certified = True
+                    self.test_at(candidates, self.rtol * 10.0**best)
+                    continue
                 # (once one exact margin is known, more candidates than spectra left: not worth trying)
                 return min(best, float(lb[candidates].min())), True
             order = candidates[lb[candidates].argsort(stable=True)]
@@ -686,7 +701,7 @@ def analyse(src: Matrices, dec: fast.Decisions, rtol: float, threshold: float, g
     rtol_grid = ref.grid(grid) if grid is not None else None
     max_factorised = math.inf if exact else max(count // _FACTOR_SHARE, _MIN_FACTOR)
     critical, low, high = ref.critical(threshold, max_spectra, max_factorised)
-    min_margin, margin_bound = ref.min_margin(dec, max_spectra)
+    min_margin, margin_bound = ref.min_margin(dec, max_spectra, math.inf if exact else count // _FACTOR_SHARE)
     return min_margin, Robustness(margin_bound=margin_bound, critical_rtol=critical, critical_rtol_low=low,
                                   critical_rtol_high=high, verdict_margin=verdict_distance(critical, rtol),
                                   rtol_grid=rtol_grid)

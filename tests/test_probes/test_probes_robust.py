@@ -316,6 +316,24 @@ def test_the_aim_lets_a_few_times_the_critical_share_fail_where_the_ratios_lie_c
         plain.holds, plain.fraction, plain.witness, plain.rank_counts)
     assert set(rob.rtol_grid.values()) == {1.0}
     assert rob.exact(res.rtol) is (over > 0)
+    # the smallest margin stays exact: the subsets that failed the aim (certified only at the usual
+    # level) are certified once at the best exact ratio, and the few left get spectra
+    assert rob.margin_bound is False
+    assert res.min_margin == pytest.approx(math.log10(r[0] / res.rtol), abs=slack / r[0])
+
+
+def test_the_smallest_margin_stays_exact_when_more_subsets_fail_the_aim_than_spectra_allow(monkeypatch):
+    """A spectra budget smaller than the subsets that fail the aim (certified only at the usual level,
+    so their lower ends lie below the best exact margin): one certificate each at the best exact ratio
+    rules out all but a few, which get spectra, and the smallest margin is the float64 SVD's, exact."""
+    monkeypatch.setattr(probes.robust, "_SPECTRA_SHARE", 70)  # (71 spectra for 5000 subsets)
+    monkeypatch.setattr(probes.robust, "_MIN_SPECTRA", 16)
+    x = token_pool(400, 64, seed=6)
+    k, count, seed = 32, 5000, 1
+    r = np.sort(ratios(x, probes.sample_subsets(400, k, count, seed)))
+    res = probes.assumption1(x, k, subsets=count, seed=seed)
+    assert res.robustness.margin_bound is False
+    assert res.min_margin == pytest.approx(math.log10(r[0] / res.rtol), abs=ratio_tol(k, 64) / r[0])
 
 
 @pytest.mark.parametrize("sweep", [True, False])
