@@ -648,14 +648,16 @@ class _Refiner:
             if self.spectra >= max_spectra or (math.isfinite(best) and
                                                self.spectra + candidates.numel() > max_spectra):
                 if math.isfinite(best) and not certified and candidates.numel() <= max_factorised:
-                    # (a few: e.g. what failed the aim; where most matrices are candidates, as for
-                    # contexts, whose certified margins are loose, that would cost a factorisation each)
-                    # one certificate each at the best exact ratio: what it proves above cannot be the
-                    # smallest (the subsets that failed the aim of the test, see
-                    # :func:`probes.fast.subset_decisions`, certified only at a lower level)
+                    # a few candidates (e.g. subsets that failed the aim of the test, see
+                    # :func:`probes.fast.subset_decisions`, certified only at a lower level): one
+                    # certificate each at the best exact ratio; what it proves above cannot be the
+                    # smallest. (Not where most matrices are candidates, as contexts with their loose
+                    # certified margins: a factorisation each for little.)
                     certified = True
-                    self.test_at(candidates, self.rtol * 10.0**best)
-                    continue
+                    t = self.rtol * 10.0**best
+                    if self._certificate_pays(t, FAR_BRACKET_WIDTH):  # (not where its bound is loose)
+                        self.test_at(candidates, t)
+                        continue
                 # (once one exact margin is known, more candidates than spectra left: not worth trying)
                 return min(best, float(lb[candidates].min())), True
             order = candidates[lb[candidates].argsort(stable=True)]
