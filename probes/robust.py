@@ -717,15 +717,17 @@ def all_dependent_case(rtol: float, ceiling: float, grid: tuple[float, ...] | No
     rtol_grid = None
     low, high = 0.0, ceiling
     if grid is not None:
-        rtol_grid = {}
-        for m in grid:
+        shares: dict[float, float] = {}
+        for m in sorted(grid):  # (the share is non-increasing in t: 0 at one point, 0 at every larger one)
             t = m * rtol
-            share = 0.0 if t >= ceiling * (1 + _PAD) else fraction_at(t)
-            rtol_grid[float(m)] = share
+            none = t >= ceiling * (1 + _PAD) or (bool(shares) and min(shares.values()) == 0.0)
+            share = 0.0 if none else fraction_at(t)
+            shares[float(m)] = share
             if share >= threshold:
                 low = max(low, t)
             else:
                 high = min(high, t)
+        rtol_grid = {float(m): shares[float(m)] for m in grid}  # (in the caller's order)
     critical = high if not (low > 0 and high <= low * (1 + BRACKET_WIDTH)) else math.sqrt(low * high)
     return Robustness(margin_bound=margin_bound, critical_rtol=critical, critical_rtol_low=low,
                       critical_rtol_high=high, verdict_margin=verdict_distance(critical, rtol),
