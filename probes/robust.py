@@ -545,6 +545,10 @@ class _Refiner:
                     if self._certificate_pays(t, width):
                         self.test_at(open_[self.lo[open_] < t], t)
                         continue
+                below = open_[self.lo[open_] < b / (1 + width)]  # (what keeps the lower end down)
+                if swept and below.numel() and below.numel() <= max(max_spectra - self.spectra, _BATCH):
+                    self.exact(below)  # the few the sweep left (beyond the budget if need be)
+                    continue
                 break
             if self.spectra + open_.numel() <= max_spectra:
                 self.exact(open_)
