@@ -174,9 +174,11 @@ def _certifies(job: _Job, idx: torch.Tensor, margin: float) -> torch.Tensor:
 
 
 def _aimed_margin(job: _Job, sample: Decisions, reach: float | None) -> float | None:
-    """The margin the aim certifies at, from the spectra of the subsets 0 .. m - 1 (``sample``), or None
-    where it would not pay: the critical tolerance estimated among dependent subsets or not beyond the
-    reach, or the float64 certificate at it failing on a full-rank subset of the sample."""
+    """The margin the aim certifies at, from the spectra of the subsets 0 .. m - 1 (``sample``): where the
+    sample resolves :func:`_aim_over`'s share, the level about that share of it cannot be certified at;
+    else ``1 - Tuning.aim_below`` of the ratio at the critical quantile. None where it would not pay: the
+    critical tolerance estimated among dependent subsets or not beyond the reach, or the float64
+    certificate at it failing on a sample subset whose level lies clearly above it."""
     k, m, t = job.subsets.shape[1], sample.rank.numel(), job.tuning
     full = sample.rank == k
     if not bool(full.any()) or float((~full).double().mean()) > job.aim:
