@@ -589,13 +589,13 @@ class _Refiner:
 
     def _certificate_pays(self, t: float, width: float) -> bool:
         """Whether the certificate at t proves full rank the matrices whose exact ratio lies clearly
-        above it (1 + 2 ``width`` times t or more; up to ``_BATCH`` of them, the lowest): False where its
-        bound on lambda_max is too loose (random Gaussian pools, 2-3x) and certifying every open matrix
-        at t would settle nothing."""
-        known = ((self.ratio >= t * (1 + 2 * width)) & ~self.ratio.isnan()).nonzero().flatten()
+        above it (the highest ``_BATCH`` of those known, if they lie ``width`` or more above t): False
+        where its bound on lambda_max is too loose (random Gaussian pools, 2-3x) and certifying every
+        open matrix at t would settle nothing."""
+        known = ((self.ratio >= t * (1 + width)) & ~self.ratio.isnan()).nonzero().flatten()
         if not known.numel():
             return False
-        pos = known[self.ratio[known].argsort(stable=True)][:_BATCH]
+        pos = known[self.ratio[known].argsort(descending=True, stable=True)][:_BATCH]
         return all(bool(self._certified(part, t).all()) for part in self._chunks(pos))
 
     def _certified(self, part: torch.Tensor, t: float) -> torch.Tensor:
