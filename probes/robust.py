@@ -658,7 +658,7 @@ class _Refiner:
                     # smallest. (Not where most matrices are candidates, as contexts with their loose
                     # certified margins: a factorisation each for little.)
                     certified = True
-                    t = self.rtol * 10.0**best
+                    t = self.rtol * 10.0**best * (1 + _PAD)  # (a lower end at t then lies above best)
                     if self._certificate_pays(t, FAR_BRACKET_WIDTH):  # (not where its bound is loose)
                         self.test_at(candidates, t)
                         continue
