@@ -545,10 +545,11 @@ class _Refiner:
                     if self._certificate_pays(t, width):
                         self.test_at(open_[self.lo[open_] < t], t)
                         continue
-                below = open_[self.lo[open_] < b / (1 + width)]  # (what keeps the lower end down)
-                if swept and below.numel() and below.numel() <= max(max_spectra - self.spectra, _BATCH):
-                    self.exact(below)  # the few the sweep left (beyond the budget if need be)
-                    continue
+                if swept:
+                    below = open_[self.lo[open_] < b / (1 + width)]  # (what keeps the lower end down)
+                    if below.numel() and below.numel() <= max(max_spectra - self.spectra, _BATCH):
+                        self.exact(below)  # the few the sweep left (beyond the budget if need be)
+                        continue
                 break
             if self.spectra + open_.numel() <= max_spectra:
                 self.exact(open_)
@@ -722,10 +723,10 @@ def all_dependent_case(rtol: float, ceiling: float, grid: tuple[float, ...] | No
     low, high = 0.0, ceiling
     if grid is not None:
         shares: dict[float, float] = {}
+        share = 1.0
         for m in sorted(grid):  # (the share is non-increasing in t: 0 at one point, 0 at every larger one)
             t = m * rtol
-            none = t >= ceiling * (1 + _PAD) or (bool(shares) and min(shares.values()) == 0.0)
-            share = 0.0 if none else fraction_at(t)
+            share = 0.0 if share == 0.0 or t >= ceiling * (1 + _PAD) else fraction_at(t)
             shares[float(m)] = share
             if share >= threshold:
                 low = max(low, t)
