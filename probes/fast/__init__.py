@@ -14,7 +14,10 @@ lambda_min(G) and sigma_max^2 = lambda_max(G). Each stage decides only what it c
    lie early (from the failing pivot of the subset's stage 0 factorisation, or, for chunks without
    stage 0, from where the shortcut settled the subsets of an earlier chunk), the float64 block of the
    leading rows alone is factorised, and the stage 1b shortcut runs on it with the whole subset's bounds:
-   it proves exactly what stage 1b would prove, reading about (m / k)^2 of the block.
+   it proves exactly what stage 1b would prove, reading about (m / k)^2 of the block. With the
+   tolerance fields, the block is factorised at the grid's lowest multiplier (the dip) first: where
+   the rows are dependent up to rounding, that exposes their null vector, and so a ceiling below
+   the dip, rather than a nearly dependent row before it.
 1. Gram + shifted Cholesky in float64. An upper bound ``lam_hi >= lambda_max`` (min of trace,
    Gershgorin row sum and, for subsets, sigma_1^2 of the pool) gives ``tol_hi >= tol``. If the Cholesky
    factorisation of ``G - (tol_hi^2 + 2 delta) I`` succeeds, then lambda_min > tol^2: the matrix is full

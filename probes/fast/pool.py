@@ -118,7 +118,8 @@ class Pool:
         return ok, info.clone(), gersh_up * (1 + 2 * k * F64_EPS)
 
     def dependent_lead(self, idx: torch.Tensor, size: int, gersh_up: torch.Tensor | None = None,
-                       ceilings: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                       ceilings: bool = False, dip: float | None = None,
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Stage 0b: dependence proven from the leading rows only. Returns (c,) bool: the subsets
         ``idx`` (c, k) proven dependent exactly as stage 1b would prove them, (c,) the failing pivot
         (1-based, 0 where the factorisation succeeded), and (c,) proven ceilings on sigma_k / sigma_1
@@ -132,7 +133,18 @@ class Pool:
         k, its trace and largest diagonal entry (from the pool's diagonal) and an upper bound on the
         lam_hi stage 1b computes (the trace, the pool's cap and, where given, ``gersh_up`` from
         :meth:`certify32`). The vector it tests is zero beyond the block, so its Rayleigh quotient on the
-        block equals the one on the whole Gram matrix. What it leaves goes on to the float64 stages."""
+        block equals the one on the whole Gram matrix. What it leaves goes on to the float64 stages.
+
+        ``dip`` (with ``ceilings``; a multiplier of rtol below 1): the block is factorised first with the
+        smaller shift (dip x rtol)^2 x the largest diagonal entry, which chooses only the vector tested,
+        not what proves it. Where the rows are dependent up to rounding, that factorisation fails at
+        the row that depends on the rows before it, not at an earlier row that is merely nearly
+        dependent at rtol, and the vector it exposes is their null vector: a ceiling far below dip x
+        rtol, which spares the robustness grid's lowest point a factorisation per subset. Where that
+        factorisation fails but its vector proves nothing, the block is factorised again at the usual
+        shift; where it succeeds (the leading rows are full rank at dip x rtol), the subset goes on to
+        the float64 stages, which prove it as stage 0b would have (one factorisation more: the
+        planner gives the dip up where that happens more often than it pays, ``Tuning.dip_pays``)."""
         k, d = self.k, self.d
         idx_np = idx.numpy()
         diag = torch.from_numpy(self.diag64[idx_np])  # (c, k): the blocks' diagonals, as gathered
@@ -147,8 +159,19 @@ class Pool:
                     torch.ones_like(shift))
         rows = np.ascontiguousarray(idx_np[:, :size])  # (c, size)
         lead = torch.from_numpy(self._take(self.g64, rows, self._buffers()["b64"]))  # (c, size, size)
-        chol, info = shifted_cholesky(lead, shift.clamp(min=0))
+        usual = shift.clamp(min=0)
+        dipped = ceilings and dip is not None
+        exposing = torch.minimum(usual, (dip * self.rtol) ** 2 * dmax) if dipped else usual
+        chol, info = shifted_cholesky(lead, exposing)
         dep, ceil = quick_dependent(lead, chol, info, lam_hi, self.rtol, d, shift > 0, ceilings,
                                     full=(trace, dmax, k), rows=lambda p: self.x[idx[p, :size]])
+        again = ((shift > 0) & ~dep & (info > 0)).nonzero().flatten() if dipped else None
+        if again is not None and again.numel():  # (a vector the proof did not take: the usual one)
+            sub = lead[again]  # (a, size, size)
+            chol, info_again = shifted_cholesky(sub, usual[again])
+            dep[again], ceil[again] = quick_dependent(
+                sub, chol, info_again, lam_hi[again], self.rtol, d, shift[again] > 0, ceilings,
+                full=(trace[again], dmax[again], k), rows=lambda p: self.x[idx[again[p], :size]])
+            info[again] = info_again
         return dep, info.to(torch.int64), ceil
 

@@ -57,10 +57,12 @@ def _settle(out: Decisions, decided: torch.Tensor, pos: torch.Tensor, dep: torch
 
 
 def _stage0(job: _Job, idx: torch.Tensor, plan: Plan, first: int, out: Decisions,
-            decided: torch.Tensor) -> float:
-    """Stages 0 and 0b of a chunk, into ``out``; returns the share stage 0 certified."""
+            decided: torch.Tensor) -> tuple[float, torch.Tensor | None]:
+    """Stages 0 and 0b of a chunk, into ``out``; returns the share stage 0 certified and the positions
+    stage 0b tried at the dip (None: none)."""
     c, k = idx.shape
     lead = job.prove and job.pool.numpy
+    dip = plan.dip if job.ceilings else None
     if plan.use32:
         at = plan.reach if plan.reach is not None else plan.floor
         if lead:
@@ -77,13 +79,16 @@ def _stage0(job: _Job, idx: torch.Tensor, plan: Plan, first: int, out: Decisions
             cand[:first] = False  # (those get exact ranks)
             if bool(cand.any()):
                 pos = cand.nonzero().flatten()
-                _settle(out, decided, pos,
-                        *job.pool.dependent_lead(idx[pos], int(need[pos].max()), gersh_up[pos], job.ceilings))
-        return out.stages["cholesky32"] / c
+                lead_of = job.pool.dependent_lead(idx[pos], int(need[pos].max()), gersh_up[pos], job.ceilings,
+                                                  dip=dip)
+                _settle(out, decided, pos, *lead_of)
+                return out.stages["cholesky32"] / c, pos if dip is not None else None
+        return out.stages["cholesky32"] / c, None
     if lead and plan.lead is not None and first < c:
         pos = torch.arange(first, c, device=idx.device)
-        _settle(out, decided, pos, *job.pool.dependent_lead(idx[pos], plan.lead, None, job.ceilings))
-    return 0.0
+        _settle(out, decided, pos, *job.pool.dependent_lead(idx[pos], plan.lead, None, job.ceilings, dip=dip))
+        return 0.0, pos if dip is not None else None
+    return 0.0, None
 
 
 def _stages_1_to_3(job: _Job, idx: torch.Tensor, plan: Plan, first: int, out: Decisions,
@@ -125,9 +130,14 @@ def decide_chunk(job: _Job, a: int, b: int, plan: Plan) -> Chunk:
     first = max(0, min(b, job.first) - a)
     out = Decisions.empty(c, k, idx.device, ceilings=job.ceilings)
     decided = torch.zeros(c, dtype=torch.bool, device=idx.device)
-    rate32 = _stage0(job, idx, plan, first, out, decided)
+    rate32, dipped = _stage0(job, idx, plan, first, out, decided)
+    settled = decided.clone() if dipped is not None else None
     out = _stages_1_to_3(job, idx, plan, first, out, decided)
     rank, margin, bound = out.rank, out.margin, out.bound
+    if dipped is not None:  # stage 0b at the dip: tried on the subsets dependent at rtol, proven below it
+        tried = dipped[rank[dipped] != k]
+        out.dip_tried += int(tried.numel())
+        out.dip_proven += int((settled[tried] & (out.ceiling[tried] <= job.rtol * plan.dip)).sum())
     known = margin[(rank >= 0) & ~margin.isnan()]
     reach_miss = reach_hit = None
     dip_loose = 0.0

@@ -93,6 +93,9 @@ class Tuning:
     # tried there but not proven (a factorisation more each) are at most this many times those proven
     # there (each spares the grid's lowest point a failed certificate and a proof); by counting
     # factorisations; general position (k = d = 768, 300 subsets, one thread) 14.9 s -> 11.6 s (#27)
+    # (stage 0b counts too: its subsets dependent at rtol are tried, those it settles with a ceiling
+    # below the dip proven; cluster pools at k = 197 / 512: 93 / 49 subsets left for the grid's
+    # lowest point -> 12 / 11)
     dip_first_loose: float = 0.5  # with a dip, stage 1b first where the dependence proofs of the last
     # chunk left more than this share of its dependent subsets a ceiling above the dip (general position
     # at k = d: the shortcut's vectors bound most ratios only by about rtol); by counting factorisations

@@ -284,8 +284,8 @@ def test_ceilings_of_dependent_subsets_are_never_below_the_svd_ratio(
         tune(monkeypatch, lead_share=1.0)
         original = fast.Pool.dependent_lead
 
-        def counted(self, *args):
-            out = original(self, *args)
+        def counted(self, *args, **kwargs):
+            out = original(self, *args, **kwargs)
             settled_0b.append(int(out[0].sum()))
             return out
 
@@ -382,6 +382,33 @@ def test_stage_0b_proves_only_what_stage_1b_proves(rtol):
     assert torch.all(ceiling[:4] < 0.1 * rtol)
 
 
+def test_stage_0b_at_the_dip_exposes_the_exact_dependence_not_the_near_one():
+    """A row nearly dependent at about 0.5 rtol comes before a row dependent up to rounding: at the
+    usual shift the factorisation fails at the first and its vector bounds the ratio only by about
+    rtol; at the dip's shift it fails at the second, whose null vector gives a ceiling far below the dip.
+    Both prove the same subsets; every ceiling stays above the float64 SVD ratio."""
+    k, d, lead, rtol = 10, 14, 8, 1e-3
+    g = torch.Generator().manual_seed(21)
+    blocks = []
+    for i in range(6):
+        b = generic(k, d, seed=40 + i)
+        near = b[:3].T @ torch.randn(3, generator=g, dtype=torch.float64)
+        b[3] = near + 0.5 * rtol * near.norm() * generic(1, d, seed=60 + i)[0]  # (nearly dependent)
+        b[lead - 1] = b[: lead - 1].T @ torch.randn(lead - 1, generator=g, dtype=torch.float64)  # (exactly)
+        blocks.append(b)
+    x, subsets = blocks_pool(blocks)
+    pool = pool_of(x, k, rtol)
+    usual = pool.dependent_lead(subsets, lead + 1, ceilings=True)
+    dipped = pool.dependent_lead(subsets, lead + 1, ceilings=True, dip=0.1)
+    assert usual[0].all() and dipped[0].all()
+    sv = torch.linalg.svdvals(x[subsets])
+    ratio = sv[:, -1] / sv[:, 0]
+    assert (usual[1] == 4).all() and (dipped[1] == lead).all()  # the pivots at which they failed
+    assert (usual[2] > 0.1 * rtol).all()  # the near dependence's vector
+    assert (dipped[2] < 0.01 * rtol).all() and (dipped[2] >= ratio * (1 - 1e-9)).all()
+    assert torch.equal(pool.dependent_lead(subsets, lead + 1, dip=0.1)[2], torch.ones(6, dtype=torch.float64))
+
+
 def test_stage_0b_leaves_subsets_whose_dependence_lies_beyond_the_block():
     k, d = 10, 14
     x, subsets = blocks_pool(list(near_dependent_leads(k, d, 9, [0.0] * 6, seed=12)))
@@ -411,8 +438,8 @@ def test_stage_0b_changes_no_rank(exact_dependent, small_chunks, monkeypatch):
     calls = []
     original = fast.Pool.dependent_lead
 
-    def counted(self, idx, size, gersh_up=None, ceilings=False):
-        out = original(self, idx, size, gersh_up, ceilings)
+    def counted(self, idx, size, gersh_up=None, ceilings=False, dip=None):
+        out = original(self, idx, size, gersh_up, ceilings, dip=dip)
         calls.append((int(idx.shape[0]), int(out[0].sum()), gersh_up is None))
         return out
 
