@@ -519,6 +519,50 @@ def test_power_lower_of_one_matrix_is_the_batched_bound():
         assert math.isclose(float(one), float(batched[i]), rel_tol=1e-12)
 
 
+class _CountedGram(torch.Tensor):
+    """A Gram batch that counts the products G @ v taken with it (square left operand)."""
+
+    products = 0
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in ("__matmul__", "matmul"):
+            cls.products += args[0].shape[-1] == args[0].shape[-2] > 1
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def _power_loop(gram: torch.Tensor, steps: int) -> torch.Tensor:
+    """The bound of ``steps`` power steps taken to the end (what power_lower computes when they do not
+    converge)."""
+    v = torch.ones(*gram.shape[:-1], 1, dtype=gram.dtype)
+    for _ in range(steps):
+        v = gram @ v
+        v = v / v.norm(dim=-2, keepdim=True)
+    rayleigh = (v.mT @ (gram @ v))[..., 0, 0]
+    return torch.maximum(gram.diagonal(dim1=-2, dim2=-1).amax(-1), rayleigh) * (1 - 4 * 30 * 2.0**-52)
+
+
+def test_power_lower_stops_where_the_rayleigh_quotients_stop_moving():
+    """Rows with a dominant common direction (real tokens' mean): the power steps stop after three
+    products, with a bound below lambda_max and within 1e-11 of it; random rows never converge in four
+    steps, and their bound is the one of the four steps taken to the end (same kernels, same process)."""
+    g = torch.Generator().manual_seed(32)
+    x = torch.randn(5, 30, 50, generator=g, dtype=torch.float64)
+    mean = 100 * torch.randn(1, 1, 50, generator=g, dtype=torch.float64)
+    for rows, converges in ((x + mean, True), (x, False)):
+        gram = rows @ rows.transpose(1, 2)  # (5, 30, 30)
+        _CountedGram.products = 0
+        bound = fast.kernels.power_lower(gram.as_subclass(_CountedGram), steps=4).as_subclass(torch.Tensor)
+        lam_max = torch.linalg.eigvalsh(gram)[:, -1]
+        assert torch.all(bound <= lam_max)
+        if converges:
+            assert _CountedGram.products == 3
+            assert torch.all(bound >= lam_max * (1 - 1e-11))
+        else:
+            assert _CountedGram.products == 5
+            assert torch.equal(bound, _power_loop(gram, 4))
+
+
 def test_reach_credits_proven_margins_and_leaves_ranks_unchanged(small_chunks):
     """Certifying at a larger margin first (the robustness grid's top) changes no rank, and every
     credited margin stays at or below the exact margin of the float64 SVD."""
