@@ -472,7 +472,7 @@ class _Refiner:
         gram = self.src.gram(dev)
         lam_hi = fast.lam_hi_bound(gram, self.src.lam_cap)
         err = 2 * fast.gram_error(gram, lam_hi, self.src.width)
-        lam = torch.linalg.eigvalsh(gram)  # (c, k) ascending
+        lam = fast.threads.spread(torch.linalg.eigvalsh, gram)  # (c, k) ascending
         lmin, lmax = lam[:, 0].clamp(min=0), lam[:, -1]
         r = (lmin / lmax.clamp(min=tiny)).sqrt()
         r_lo = ((lmin - err).clamp(min=0) / (lmax + err)).sqrt()
@@ -481,7 +481,7 @@ class _Refiner:
         if not svd:
             r[loose] = math.nan
         elif bool(loose.any()):
-            sv = torch.linalg.svdvals(self.src.rows(dev[loose]))  # (h, k)
+            sv = fast.threads.spread(torch.linalg.svdvals, self.src.rows(dev[loose]))  # (h, k)
             sr = torch.where(sv[:, 0] > 0, sv[:, k - 1] / sv[:, 0].clamp(min=tiny), 0.0)
             r[loose], r_lo[loose], r_hi[loose] = sr, sr, sr
         return r.cpu(), r_lo.cpu(), r_hi.cpu()

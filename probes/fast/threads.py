@@ -91,3 +91,19 @@ def map_chunks(work: Callable[[int], Any], count: int, workers: int) -> list:
     run_chunks([(j, j + 1) for j in range(count)], out, lambda j, _plan: work(j), lambda j, done: None,
                 min(workers, count), None, lag=count)
     return out
+
+
+def spread(fn: Callable[[torch.Tensor], torch.Tensor], batch: torch.Tensor) -> torch.Tensor:
+    """``fn(batch)`` for a batched LAPACK routine on small matrices (``eigvalsh``, ``svdvals`` at k of a
+    few hundred), computed in pieces on the calling thread's torch threads, one torch thread each, on
+    the CPU. torch would solve the matrices one after another with every thread inside LAPACK, whose
+    many small parallel regions (about one per column of the reduction) each wait for sleeping threads
+    under the passive OpenMP wait policy that :mod:`probes` sets: at k = 197, 110 eigenvalue problems
+    took 1.1 s that way against 0.09 s with spinning threads (2 cores). Inside a worker (one torch
+    thread) it is ``fn(batch)``."""
+    threads, n = torch.get_num_threads(), batch.shape[0]
+    if batch.device.type != "cpu" or threads <= 1 or n <= 1:
+        return fn(batch)
+    pieces = min(threads, n)
+    cuts = [n * j // pieces for j in range(pieces + 1)]
+    return torch.cat(map_chunks(lambda j: fn(batch[cuts[j] : cuts[j + 1]]), pieces, pieces))

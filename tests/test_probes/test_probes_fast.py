@@ -668,3 +668,36 @@ def test_exactly_dependent_subsets_get_ceilings_below_the_grid_at_wide_shapes():
     assert (
         dec.ceiling[proven] < 0.1 * rtol
     ).double().mean() > 0.9  # (stage 1b proper gives none below k = 384)
+
+
+# ------------------------------------------------------------------ batched LAPACK spread over the threads
+
+
+def test_spread_solves_pieces_on_one_torch_thread_each_with_the_batch_result():
+    """With two torch threads, a batch of eigenvalue problems is solved in two pieces on worker threads
+    with one torch thread each (what spares LAPACK's small parallel regions under the passive wait
+    policy), and the eigenvalues equal the whole batch's to within the float64 rounding of eigvalsh;
+    inside one torch thread (a worker) it is one call."""
+    g = torch.Generator().manual_seed(33)
+    x = torch.randn(7, 40, 60, generator=g, dtype=torch.float64)
+    gram = x @ x.transpose(1, 2)  # (7, 40, 40)
+    seen = []
+
+    def eig(batch: torch.Tensor) -> torch.Tensor:
+        seen.append((batch.shape[0], torch.get_num_threads()))
+        return torch.linalg.eigvalsh(batch)
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        spread_out = fast.threads.spread(eig, gram)
+        assert sorted(seen) == [(3, 1), (4, 1)] and torch.get_num_threads() == 2
+        seen.clear()
+        torch.set_num_threads(1)
+        assert torch.equal(fast.threads.spread(eig, gram), torch.linalg.eigvalsh(gram))
+        assert seen == [(7, 1)]
+    finally:
+        torch.set_num_threads(before)
+    whole = torch.linalg.eigvalsh(gram)
+    scale = whole[:, -1:]  # (7, 1): eigvalsh is backward stable, |error| <= c k eps lambda_max
+    assert torch.all((spread_out - whole).abs() <= 64 * 40 * torch.finfo(torch.float64).eps * scale)
