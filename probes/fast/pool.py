@@ -160,18 +160,23 @@ class Pool:
         rows = np.ascontiguousarray(idx_np[:, :size])  # (c, size)
         lead = torch.from_numpy(self._take(self.g64, rows, self._buffers()["b64"]))  # (c, size, size)
         usual = shift.clamp(min=0)
-        dipped = ceilings and dip is not None
-        exposing = torch.minimum(usual, (dip * self.rtol) ** 2 * dmax) if dipped else usual
-        chol, info = shifted_cholesky(lead, exposing)
-        dep, ceil = quick_dependent(lead, chol, info, lam_hi, self.rtol, d, shift > 0, ceilings,
-                                    full=(trace, dmax, k), rows=lambda p: self.x[idx[p, :size]])
-        again = ((shift > 0) & ~dep & (info > 0)).nonzero().flatten() if dipped else None
-        if again is not None and again.numel():  # (a vector the proof did not take: the usual one)
-            sub = lead[again]  # (a, size, size)
-            chol, info_again = shifted_cholesky(sub, usual[again])
-            dep[again], ceil[again] = quick_dependent(
-                sub, chol, info_again, lam_hi[again], self.rtol, d, shift[again] > 0, ceilings,
-                full=(trace[again], dmax[again], k), rows=lambda p: self.x[idx[again[p], :size]])
-            info[again] = info_again
+
+        def prove(at: torch.Tensor, shifts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            # the shortcut on the blocks at ``at`` (c',), factorised at ``shifts``: (dependent, ceiling, info)
+            blocks = lead if at.numel() == lead.shape[0] else lead[at]  # (c', size, size)
+            chol, info = shifted_cholesky(blocks, shifts)
+            dep, ceil = quick_dependent(blocks, chol, info, lam_hi[at], self.rtol, d, shift[at] > 0, ceilings,
+                                        full=(trace[at], dmax[at], k),
+                                        rows=lambda p: self.x[idx[at[p], :size]])
+            return dep, ceil, info
+
+        every = torch.arange(idx.shape[0])
+        if not (ceilings and dip is not None):
+            dep, ceil, info = prove(every, usual)
+            return dep, info.to(torch.int64), ceil
+        dep, ceil, info = prove(every, torch.minimum(usual, (dip * self.rtol) ** 2 * dmax))
+        again = ((shift > 0) & ~dep & (info > 0)).nonzero().flatten()
+        if again.numel():  # (a vector the proof did not take: the usual one)
+            dep[again], ceil[again], info[again] = prove(again, usual[again])
         return dep, info.to(torch.int64), ceil
 

@@ -527,7 +527,7 @@ class _CountedGram(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         if getattr(func, "__name__", "") in ("__matmul__", "matmul"):
-            cls.products += args[0].shape[-1] == args[0].shape[-2] > 1
+            cls.products += int(args[0].shape[-1] == args[0].shape[-2] > 1)
         return super().__torch_function__(func, types, args, kwargs or {})
 
 
