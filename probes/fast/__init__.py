@@ -77,8 +77,6 @@ The names below are this package's API inside ``probes`` (:mod:`probes.robust`, 
 the streamed audit); modules and names with a leading underscore are not.
 """
 
-import torch
-
 from probes.fast import tuning
 from probes.fast.errors import gram_error, lam_hi_bound
 from probes.fast.kernels import prove_dependent, tight_lambda_max
@@ -93,7 +91,7 @@ from probes.fast.stages import (
     new_stages,
 )
 from probes.fast.subsets import subset_decisions, subset_step
-from probes.fast.threads import map_chunks
+from probes.fast.threads import map_chunks, workers
 from probes.fast.tuning import Tuning
 
 __all__ = [
@@ -102,7 +100,3 @@ __all__ = [
     "subset_step", "tight_lambda_max", "tuning", "workers",
 ]
 
-
-def workers() -> int:
-    """Worker threads for independent chunks on the CPU: ``Tuning.max_workers``, at most torch's threads."""
-    return min(tuning.TUNING.max_workers, torch.get_num_threads())

@@ -131,13 +131,12 @@ def decide_chunk(job: _Job, a: int, b: int, plan: Plan) -> Chunk:
     out = Decisions.empty(c, k, idx.device, ceilings=job.ceilings)
     decided = torch.zeros(c, dtype=torch.bool, device=idx.device)
     rate32, dipped = _stage0(job, idx, plan, first, out, decided)
-    settled = decided.clone() if dipped is not None else None
-    out = _stages_1_to_3(job, idx, plan, first, out, decided)
+    out = _stages_1_to_3(job, idx, plan, first, out, decided)  # (reads ``decided``, stage 0b at ``dipped``)
     rank, margin, bound = out.rank, out.margin, out.bound
     if dipped is not None:  # stage 0b at the dip: tried on the subsets dependent at rtol, proven below it
         tried = dipped[rank[dipped] != k]
         out.dip_tried += int(tried.numel())
-        out.dip_proven += int((settled[tried] & (out.ceiling[tried] <= job.rtol * plan.dip)).sum())
+        out.dip_proven += int((decided[tried] & (out.ceiling[tried] <= job.rtol * plan.dip)).sum())
     known = margin[(rank >= 0) & ~margin.isnan()]
     reach_miss = reach_hit = None
     dip_loose = 0.0

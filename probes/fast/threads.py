@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from probes.fast import tuning
+
 
 def run_chunks(bounds: list[tuple[int, int]], done: list, work: Callable, plan_of: Callable, workers: int,
                on_chunk: Callable[[int], None] | None, lag: int) -> None:
@@ -93,6 +95,11 @@ def map_chunks(work: Callable[[int], Any], count: int, workers: int) -> list:
     return out
 
 
+def workers() -> int:
+    """Worker threads for independent chunks on the CPU: ``Tuning.max_workers``, at most torch's threads."""
+    return min(tuning.TUNING.max_workers, torch.get_num_threads())
+
+
 def spread(fn: Callable[[torch.Tensor], torch.Tensor], batch: torch.Tensor) -> torch.Tensor:
     """``fn(batch)`` for a batched LAPACK routine on small matrices (``eigvalsh``, ``svdvals`` at k of a
     few hundred), computed in pieces on the calling thread's torch threads, one torch thread each, on
@@ -101,9 +108,9 @@ def spread(fn: Callable[[torch.Tensor], torch.Tensor], batch: torch.Tensor) -> t
     under the passive OpenMP wait policy that :mod:`probes` sets: at k = 197, 110 eigenvalue problems
     took 1.1 s that way against 0.09 s with spinning threads (2 cores). Inside a worker (one torch
     thread) it is ``fn(batch)``."""
-    threads, n = torch.get_num_threads(), batch.shape[0]
-    if batch.device.type != "cpu" or threads <= 1 or n <= 1:
+    n = batch.shape[0]
+    pieces = min(workers(), n)
+    if batch.device.type != "cpu" or pieces <= 1:
         return fn(batch)
-    pieces = min(threads, n)
     cuts = [n * j // pieces for j in range(pieces + 1)]
     return torch.cat(map_chunks(lambda j: fn(batch[cuts[j] : cuts[j + 1]]), pieces, pieces))
