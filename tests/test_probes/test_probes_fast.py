@@ -519,6 +519,29 @@ def test_power_lower_of_one_matrix_is_the_batched_bound():
         assert math.isclose(float(one), float(batched[i]), rel_tol=1e-12)
 
 
+def test_products_per_matrix_equal_the_batched_product(monkeypatch):
+    """From ``ceiling_loop_k`` on (CPU) G v is taken matrix by matrix: within the rounding of a length-k
+    dot product of the batched product, and power_lower's bound with it within 1e-12 of the batched
+    route's, below lambda_max."""
+    g = torch.Generator().manual_seed(33)
+    x = torch.randn(6, 40, 70, generator=g, dtype=torch.float64)
+    gram = x @ x.transpose(1, 2)  # (6, 40, 40)
+    v = torch.randn(6, 40, 1, generator=g, dtype=torch.float64)
+    lam_max = torch.linalg.eigvalsh(gram)[:, -1]
+    bounds, calls, mv = {}, [], torch.mv
+    monkeypatch.setattr(torch, "mv", lambda *a, **kw: calls.append(1) or mv(*a, **kw))
+    for route, loop_k in ROUTES.items():
+        tune(monkeypatch, ceiling_loop_k=loop_k)
+        calls.clear()
+        gv = fast.kernels.products(gram, v)
+        assert len(calls) == (6 if route == "per-matrix" else 0)
+        scale = (gram.abs() @ v.abs()).amax()
+        assert gv.shape == v.shape and float((gv - gram @ v).abs().max()) <= 2 * 40 * 2.0**-52 * float(scale)
+        bounds[route] = fast.kernels.power_lower(gram, steps=3)
+        assert torch.all(bounds[route] <= lam_max)
+    torch.testing.assert_close(bounds["per-matrix"], bounds["batched"], rtol=1e-12, atol=0)
+
+
 class _CountedGram(torch.Tensor):
     """A Gram batch that counts the products G @ v taken with it (square left operand)."""
 
