@@ -472,7 +472,7 @@ class _Refiner:
         gram = self.src.gram(dev)
         lam_hi = fast.lam_hi_bound(gram, self.src.lam_cap)
         err = 2 * fast.gram_error(gram, lam_hi, self.src.width)
-        lam = fast.threads.spread(torch.linalg.eigvalsh, gram)  # (c, k) ascending
+        lam = fast.threads.spread(fast.threads.eigvalsh, gram)  # (c, k) ascending
         lmin, lmax = lam[:, 0].clamp(min=0), lam[:, -1]
         r = (lmin / lmax.clamp(min=tiny)).sqrt()
         r_lo = ((lmin - err).clamp(min=0) / (lmax + err)).sqrt()

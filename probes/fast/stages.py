@@ -21,7 +21,7 @@ from probes.fast.kernels import (
     shifted_cholesky,
     tight_lambda_max,
 )
-from probes.fast.threads import spread
+from probes.fast.threads import eigvalsh, spread
 from probes.fast.tuning import Tuning
 from probes.rank import margins_from_singular_values
 
@@ -116,7 +116,7 @@ def exact_stage(gram: torch.Tensor, todo: torch.Tensor, rows: Rows, lam_hi: torc
     ``out.floor`` the proven lower bound sqrt((lambda_k - 2 delta) / (lambda_1 + 2 delta)), or
     (s_k - e) / (s_1 + e)."""
     k, tiny = gram.shape[-1], torch.finfo(gram.dtype).tiny
-    lam = spread(torch.linalg.eigvalsh, gram).flip(-1).clamp(min=0)  # (t, k) descending
+    lam = spread(eigvalsh, gram).flip(-1).clamp(min=0)  # (t, k) descending
     lam_max = lam[:, 0]
     tol2 = rtol**2 * lam_max
     err = gram_error(gram, lam_hi, width)

@@ -117,6 +117,11 @@ class Tuning:
     aim_share: float = 0.02  # this share of the subsets: else the sample stays at aim_sample), so that its
     # quantile there is an estimate, not the sample's minimum
 
+    eigen_numpy: bool = True  # float64 eigenvalues on the CPU by NumPy's LAPACK (OpenBLAS) instead of
+    # torch's (MKL): 1.5-1.7x faster from k = 512 on, 1.1x at k = 197 on the 2-core AMD EPYC machine (one
+    # thread each; :func:`probes.fast.threads.eigvalsh`); general position, exact spectra of 1000
+    # subsets at k = d = 768: see reports/benchmarks.md (#27)
+
     # ---- probes.robust
     expose_pays: float = 0.5  # below rtol, ceilings from the rows for every matrix proven dependent at rtol
     # while the first chunk leaves at most this share of its matrices undecided at the grid point; MiniLM

@@ -11,7 +11,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
 import pytest
+import threadpoolctl
 import torch
 from conftest import with_singular_values
 
@@ -724,3 +726,42 @@ def test_spread_solves_pieces_on_one_torch_thread_each_with_the_batch_result():
     whole = torch.linalg.eigvalsh(gram)
     scale = whole[:, -1:]  # (7, 1): eigvalsh is backward stable, |error| <= c k eps lambda_max
     assert torch.all((spread_out - whole).abs() <= 64 * 40 * torch.finfo(torch.float64).eps * scale)
+
+
+def _blas_threads() -> list[int]:
+    return [info["num_threads"] for info in threadpoolctl.threadpool_info() if info["user_api"] == "blas"]
+
+
+def test_eigvalsh_by_numpy_matches_torch_on_one_blas_thread_and_restores_it(monkeypatch):
+    """The fast path's float64 eigenvalues on the CPU (NumPy's LAPACK) equal torch's within the backward
+    error of a symmetric eigensolver, a few k eps lambda_max; spread over two worker threads, NumPy's BLAS
+    runs on one thread in each, and gets the user's setting back afterwards; with ``eigen_numpy`` off it
+    is torch's routine, bit for bit."""
+    g = torch.Generator().manual_seed(34)
+    x = torch.randn(6, 50, 80, generator=g, dtype=torch.float64)
+    gram = x @ x.transpose(1, 2)  # (6, 50, 50)
+    ref = torch.linalg.eigvalsh(gram)
+    seen, solve = [], np.linalg.eigvalsh
+
+    def spy(a):
+        seen.append(_blas_threads())
+        return solve(a)
+
+    monkeypatch.setattr(np.linalg, "eigvalsh", spy)
+    bound = 8 * 50 * torch.finfo(torch.float64).eps * ref[:, -1:]
+    got = fast.threads.eigvalsh(gram)
+    assert got.dtype == torch.float64 and got.shape == ref.shape
+    assert torch.all((got - ref).abs() <= bound)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    before = _blas_threads()
+    seen.clear()
+    try:
+        assert torch.all((fast.threads.spread(fast.threads.eigvalsh, gram) - ref).abs() <= bound)
+    finally:
+        torch.set_num_threads(threads)
+    assert len(seen) == 2 and all(s and set(s) == {1} for s in seen)
+    assert _blas_threads() == before
+    tune(monkeypatch, eigen_numpy=False)
+    seen.clear()
+    assert torch.equal(fast.threads.eigvalsh(gram), ref) and not seen
