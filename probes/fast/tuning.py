@@ -128,8 +128,9 @@ class Tuning:
     # pretrained block.0 queries (k = 128, every subset dependent at rtol, full rank at 0.3x): each
     # exposure failed, 1.6 s of one core per grid point for nothing (#27); by counting factorisations
     eigen_max_k: int = 256  # up to this k, full-rank matrices undecided above rtol get eigenvalues at
-    # once: one eigvalsh costs about 3 Cholesky factorisations at k = 197 (5-6 at k = 512-1024) and such a
-    # matrix usually takes 3 or more factorisations per grid point (e85b0e8)
+    # once: one eigvalsh costs about 3 Cholesky factorisations at k = 197 (5-6 at k = 512-1024 with torch's
+    # eigvalsh, about 3 with NumPy's, ``eigen_numpy``) and such a matrix usually takes 3 or more
+    # factorisations per grid point (e85b0e8)
     eigen_span: int = 2  # above eigen_max_k, a matrix whose interval holds this many grid points above
     # rtol gets its eigenvalues too, instead of a lambda_max bracket and one or two factorisations per
     # point: grid above rtol, one thread, BERT-like cluster pool (k = 512, 300 subsets) 1.1 s -> 0.83 s,
