@@ -96,8 +96,12 @@ class Planner:
         """Stage 1b first pays when most subsets are dependent and its shortcut (after a failed stage 1
         factorisation) does not settle them (thresholds: ``Tuning.dependent_first_*``); with a dip, also
         where it does but leaves most of them a ceiling above the dip (``Tuning.dip_first_loose``: the
-        grid's lowest point would prove them again; stage 1b at the dip proves both at once)."""
+        grid's lowest point would prove them again; stage 1b at the dip proves both at once). Without
+        dependence proofs (exact ranks for every subset), the exact stages first while more than
+        ``Tuning.exact_first_share`` of the last chunk was dependent."""
         t = self.tuning
+        if not self.prove:  # exact ranks for every subset: the exact stages first where most are dependent
+            return last.dependent_share > t.exact_first_share
         share = t.dependent_first_floor if floor is not None else t.dependent_first_plain
         settled = last.shortcut / max(1, last.stages["cholesky_dependent"])
         loose = dip is not None and last.dip_loose > t.dip_first_loose

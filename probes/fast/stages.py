@@ -306,7 +306,10 @@ def _tighten(st: _State, todo: torch.Tensor) -> torch.Tensor:
 
 def _certify_and_prove(st: _State, todo: torch.Tensor, floor: float | None, reach: float | None,
                        dependent_first: bool) -> torch.Tensor:
-    """Stages 1 and 1b in the planned order; returns what neither decided."""
+    """Stages 1 and 1b in the planned order; returns what neither decided. Without dependence proofs,
+    ``dependent_first`` sends every matrix to the exact stages."""
+    if not st.prove and dependent_first:
+        return todo
     if st.prove and dependent_first:
         todo = _prove(st, _hold(st, todo))
     if usable_floor(floor) and todo.numel():
@@ -356,7 +359,10 @@ def decide(
         exact_dependent: None to compute the exact rank of every matrix; an integer to prove rank
             deficiency by stage 1b and compute exact ranks for the first this many dependent matrices
             (in order; besides those the exact stages decide anyway).
-        dependent_first: run stage 1b before stage 1 (pays off when most matrices are dependent).
+        dependent_first: run stage 1b before stage 1 (pays off when most matrices are dependent);
+            without dependence proofs (``exact_dependent`` None: exact ranks for every matrix), go
+            straight to the exact stages instead (a dependent matrix would pay a failed certificate, a
+            lambda_max bracket and a second certificate before its eigenvalues).
         floor: a margin (decades) to certify at: matrices whose factorisation succeeds with the shift
             raised to it are credited with this margin, without a margin bound of their own (see
             :mod:`probes.fast`). None: a margin bound for every certified matrix.
@@ -395,7 +401,7 @@ def decide(
                 tuning_module.TUNING, dip if dip is not None and 0 < dip < 1 else None,
                 held=torch.zeros(0, dtype=torch.int64, device=gram.device))
     todo = _certify_and_prove(st, torch.arange(c, device=gram.device), floor, reach, dependent_first)
-    if todo.numel() and k > 1 and lam_bounds is None:
+    if todo.numel() and k > 1 and lam_bounds is None and (prove or not dependent_first):
         todo = _tighten(st, todo)
     if st.held.numel():
         todo = torch.cat([todo, st.held]).sort().values

@@ -66,6 +66,13 @@ class Tuning:
     dependent_first_settled: float = 0.5  # ... and the shortcut settled fewer than this share of them;
     # the three by counting factorisations, not measured
 
+    exact_first_share: float = 0.5  # exact ranks for every subset (no dependence proofs): a chunk goes
+    # straight to the exact stages while more than this share of the last chunk was dependent. A
+    # dependent subset otherwise pays a failed certificate, a lambda_max bracket and a second
+    # certificate (about 4 factorisations) before its eigenvalues (about 4 at k = 768), a full-rank one
+    # saves its eigenvalues by its certificate: even near one half. General position (k = d = 768, 1000
+    # subsets, every one dependent): 29.6 s -> see reports/benchmarks.md (#27)
+
     ceiling_enough: float = 0.09  # a dependent subset whose ceiling from its Gram matrix is at most this
     # x rtol (just below the default grid's lowest point, 0.1) gets no ceiling from its rows (which reads
     # its k x d rows): at the ViT shape the Gram route's ceilings mostly suffice, and reading the rows of

@@ -765,3 +765,34 @@ def test_eigvalsh_by_numpy_matches_torch_on_one_blas_thread_and_restores_it(monk
     tune(monkeypatch, eigen_numpy=False)
     seen.clear()
     assert torch.equal(fast.threads.eigvalsh(gram), ref) and not seen
+
+
+def test_exact_ranks_for_every_subset_skip_the_certificates_where_most_are_dependent(small_chunks, monkeypatch):
+    """Without dependence proofs (exact ranks for every subset), once a chunk is mostly dependent the
+    next ones go straight to the exact stages: far fewer factorisations, and the same ranks and margins
+    as with the certificates tried first (``exact_first_share`` 1: never skipped) and as the float64 SVD."""
+    x = cluster_pool(60, 24, 4, seed=35)
+    k, rtol = 12, 1e-3  # (most 12-subsets hold more than 4 of the 30 clustered vectors)
+    subsets = probes.sample_subsets(60, k, 400, seed=36)
+    factorised, cholesky_ex = [], torch.linalg.cholesky_ex
+
+    def spy(a, *args, **kwargs):
+        factorised.append(a.shape[0] if a.dim() == 3 else 1)
+        return cholesky_ex(a, *args, **kwargs)
+
+    monkeypatch.setattr(torch.linalg, "cholesky_ex", spy)
+    runs = {}
+    for share in (1.0, 0.5):
+        tune(monkeypatch, exact_first_share=share)
+        factorised.clear()
+        dec = fast.subset_decisions(x, subsets, rtol, x @ x.T, workers=1)
+        runs[share] = (dec, sum(factorised))
+    (always, n_always), (skipped, n_skipped) = runs[1.0], runs[0.5]
+    assert (skipped.rank < k).double().mean() > 0.5
+    sv = torch.linalg.svdvals(x[subsets])
+    assert torch.equal(skipped.rank, (sv > rtol * sv[:, :1]).sum(-1))
+    assert torch.equal(skipped.rank, always.rank)
+    full = always.rank == k
+    assert torch.equal(skipped.margin[~full], always.margin[~full])
+    assert torch.all(skipped.margin[full] >= always.margin[full] - 1e-12)  # exact where it was a bound
+    assert n_skipped < n_always / 4
