@@ -767,7 +767,7 @@ def test_eigvalsh_by_numpy_matches_torch_on_one_blas_thread_and_restores_it(monk
     assert torch.equal(fast.threads.eigvalsh(gram), ref) and not seen
 
 
-def test_exact_ranks_for_every_subset_skip_the_certificates_where_most_are_dependent(small_chunks, monkeypatch):
+def test_exact_ranks_for_every_subset_skip_certificates_where_most_are_dependent(small_chunks, monkeypatch):
     """Without dependence proofs (exact ranks for every subset), once a chunk is mostly dependent the
     next ones go straight to the exact stages: far fewer factorisations, and the same ranks and margins
     as with the certificates tried first (``exact_first_share`` 1: never skipped) and as the float64 SVD."""
