@@ -747,7 +747,7 @@ def pool_matrices(pool: fast.Pool, subsets: torch.Tensor, x64: torch.Tensor, ste
         return pool.certify32(subsets[pos], math.log10(t / pool.rtol))
 
     return Matrices(count=int(subsets.shape[0]), k=int(subsets.shape[1]), width=int(x64.shape[1]),
-                    gram=lambda pos: pool.gram64(subsets[pos]), rows=lambda pos: x64[subsets[pos]],
+                    gram=lambda pos: pool.gram64(subsets[pos]), rows=lambda pos: pool.rows(subsets[pos]),
                     lam_cap=pool.lam_cap, step=step, device=x64.device,
                     certify32=certify32 if pool.can32 and pool.rtol > 0 else None)
 

@@ -70,10 +70,16 @@ class Pool:
         # indices are valid; clip is the fastest mode
         return np.take(source.reshape(-1), lin, out=out[: c * m * m].reshape(c, m, m), mode="clip")
 
+    def rows(self, idx: torch.Tensor) -> torch.Tensor:
+        """(c, m, d) float64 rows of the subsets (or leading rows) ``idx`` (c, m): one ``index_select``
+        on the flattened indices (about half the time of advanced indexing with a 2-D index)."""
+        c, m = idx.shape
+        return self.x.index_select(0, idx.reshape(-1)).view(c, m, self.d)
+
     def gram64(self, idx: torch.Tensor) -> torch.Tensor:
         """(c, k, k) float64 Gram blocks of the subsets ``idx`` (c, k) (a reused buffer on the CPU)."""
         if self.gram is None:
-            x = self.x[idx]  # (c, k, d)
+            x = self.rows(idx)  # (c, k, d)
             return x @ x.transpose(1, 2)
         if not self.numpy:
             return self.gram[idx[:, :, None], idx[:, None, :]]
@@ -167,7 +173,7 @@ class Pool:
             chol, info = shifted_cholesky(blocks, shifts)
             dep, ceil = quick_dependent(blocks, chol, info, lam_hi[at], self.rtol, d, shift[at] > 0, ceilings,
                                         full=(trace[at], dmax[at], k),
-                                        rows=lambda p: self.x[idx[at[p], :size]])
+                                        rows=lambda p: self.rows(idx[at[p], :size]))
             return dep, ceil, info
 
         every = torch.arange(idx.shape[0])

@@ -104,7 +104,7 @@ def _stages_1_to_3(job: _Job, idx: torch.Tensor, plan: Plan, first: int, out: De
     if job.prove and first > 0:
         early = torch.arange(c, device=idx.device) < first
         early = early if todo is None else early[todo]
-    dec = decide(job.pool.gram64(sub), lambda pos, sub=sub: job.pool.x[sub[pos]], job.rtol, job.pool.d,
+    dec = decide(job.pool.gram64(sub), lambda pos, sub=sub: job.pool.rows(sub[pos]), job.rtol, job.pool.d,
                  lam_cap=job.pool.lam_cap, exact_dependent=0 if job.prove else None,
                  dependent_first=plan.dependent_first, floor=plan.floor, reach=plan.reach,
                  ceilings=job.ceilings, exact_first=early, dip=plan.dip)
@@ -305,13 +305,13 @@ def _spectra(job: _Job, chosen: torch.Tensor, step: int, workers: int) -> Decisi
     proven floors and ceilings of sigma_k / sigma_1; chunks of ``step`` on ``workers`` threads."""
     k = job.subsets.shape[1]
     pieces = [(a, min(a + step, chosen.numel())) for a in range(0, chosen.numel(), step)]
-    x, device = job.pool.x, job.pool.x.device
+    device = job.pool.x.device
 
     def exact(j: int) -> Decisions:
         sub = job.subsets[chosen[pieces[j][0] : pieces[j][1]]]
         gram = job.pool.gram64(sub)
         part = Decisions.empty(sub.shape[0], k, device, ceilings=True)
-        exact_stage(gram, torch.arange(sub.shape[0], device=device), lambda p: x[sub[p]],
+        exact_stage(gram, torch.arange(sub.shape[0], device=device), lambda p: job.pool.rows(sub[p]),
                     lam_hi_bound(gram, job.pool.lam_cap), job.rtol, job.pool.d, part)
         return part
 
