@@ -130,7 +130,8 @@ def _blas_threads(count: int) -> Iterator[None]:
     worker threads of :func:`run_chunks` run, set and restored from the calling thread: its thread
     pool is process-wide, and a BLAS that starts threads of its own inside each worker oversubscribes
     the cores (eight eigenvalue problems at k = 768 on two workers: 244 ms with two BLAS threads
-    each, 119 ms with one)."""
+    each, 119 ms with one). threadpoolctl lets one thread at a time set a process-wide pool: from a
+    worker, while the calling thread holds it, this sets and restores nothing."""
     if _BLAS["controller"] is None:
         _BLAS["controller"] = threadpoolctl.ThreadpoolController()
     limiter = _BLAS["controller"].limit(limits=count, user_api="blas")
@@ -152,4 +153,7 @@ def eigvalsh(gram: torch.Tensor) -> torch.Tensor:
     if (gram.device.type != "cpu" or gram.dtype != torch.float64 or not tuning.TUNING.eigen_numpy
             or gram.requires_grad):
         return torch.linalg.eigvalsh(gram)
-    return torch.from_numpy(np.linalg.eigvalsh(gram.numpy()))
+    # (as many BLAS threads as torch has here: one inside a worker, the user's count outside, e.g.
+    # ``audit --threads 1``; inside :func:`run_chunks` the calling thread has set it already)
+    with _blas_threads(torch.get_num_threads()):
+        return torch.from_numpy(np.linalg.eigvalsh(gram.numpy()))

@@ -735,8 +735,8 @@ def _blas_threads() -> list[int]:
 def test_eigvalsh_by_numpy_matches_torch_on_one_blas_thread_and_restores_it(monkeypatch):
     """The fast path's float64 eigenvalues on the CPU (NumPy's LAPACK) equal torch's within the backward
     error of a symmetric eigensolver, a few k eps lambda_max; spread over two worker threads, NumPy's BLAS
-    runs on one thread in each, and gets the user's setting back afterwards; with ``eigen_numpy`` off it
-    is torch's routine, bit for bit."""
+    runs on one thread in each, on one thread where torch has one, and gets the user's setting back
+    afterwards; with ``eigen_numpy`` off it is torch's routine, bit for bit."""
     g = torch.Generator().manual_seed(34)
     x = torch.randn(6, 50, 80, generator=g, dtype=torch.float64)
     gram = x @ x.transpose(1, 2)  # (6, 50, 50)
@@ -762,6 +762,13 @@ def test_eigvalsh_by_numpy_matches_torch_on_one_blas_thread_and_restores_it(monk
         torch.set_num_threads(threads)
     assert len(seen) == 2 and all(s and set(s) == {1} for s in seen)
     assert _blas_threads() == before
+    seen.clear()
+    torch.set_num_threads(1)  # (as ``audit --threads 1``: one BLAS thread outside the workers too)
+    try:
+        fast.threads.eigvalsh(gram)
+    finally:
+        torch.set_num_threads(threads)
+    assert len(seen) == 1 and seen[0] and set(seen[0]) == {1} and _blas_threads() == before
     tune(monkeypatch, eigen_numpy=False)
     seen.clear()
     assert torch.equal(fast.threads.eigvalsh(gram), ref) and not seen
