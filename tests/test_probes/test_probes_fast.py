@@ -800,6 +800,9 @@ def test_exact_ranks_for_every_subset_skip_certificates_where_most_are_dependent
     assert torch.equal(skipped.rank, (sv > rtol * sv[:, :1]).sum(-1))
     assert torch.equal(skipped.rank, always.rank)
     full = always.rank == k
-    assert torch.equal(skipped.margin[~full], always.margin[~full])
+    # (the two runs may take a dependent subset's spectrum from different routes, eigenvalues or SVD: stage
+    # 2's error band depends on the lambda_max bound, which stage 1c tightens; within both bands the margins
+    # agree to about 1e-8 decades here, err / tol^2 ~ 1e-7)
+    torch.testing.assert_close(skipped.margin[~full], always.margin[~full], rtol=0, atol=1e-6)
     assert torch.all(skipped.margin[full] >= always.margin[full] - 1e-12)  # exact where it was a bound
     assert n_skipped < n_always / 4
