@@ -306,10 +306,7 @@ def _tighten(st: _State, todo: torch.Tensor) -> torch.Tensor:
 
 def _certify_and_prove(st: _State, todo: torch.Tensor, floor: float | None, reach: float | None,
                        dependent_first: bool) -> torch.Tensor:
-    """Stages 1 and 1b in the planned order; returns what neither decided. Without dependence proofs,
-    ``dependent_first`` sends every matrix to the exact stages."""
-    if not st.prove and dependent_first:
-        return todo
+    """Stages 1 and 1b in the planned order; returns what neither decided."""
     if st.prove and dependent_first:
         todo = _prove(st, _hold(st, todo))
     if usable_floor(floor) and todo.numel():
@@ -400,9 +397,11 @@ def decide(
     st = _State(gram, rows, rtol, width, lam_cap, lam_hi, lam_lo, out, prove, ceilings, quick, early,
                 tuning_module.TUNING, dip if dip is not None and 0 < dip < 1 else None,
                 held=torch.zeros(0, dtype=torch.int64, device=gram.device))
-    todo = _certify_and_prove(st, torch.arange(c, device=gram.device), floor, reach, dependent_first)
-    if todo.numel() and k > 1 and lam_bounds is None and (prove or not dependent_first):
-        todo = _tighten(st, todo)
+    todo = torch.arange(c, device=gram.device)
+    if prove or not dependent_first:  # (else exact ranks for every matrix, and the exact stages first)
+        todo = _certify_and_prove(st, todo, floor, reach, dependent_first)
+        if todo.numel() and k > 1 and lam_bounds is None:
+            todo = _tighten(st, todo)
     if st.held.numel():
         todo = torch.cat([todo, st.held]).sort().values
     if todo.numel():

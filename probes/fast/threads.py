@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -121,7 +122,11 @@ def spread(fn: Callable[[torch.Tensor], torch.Tensor], batch: torch.Tensor) -> t
     return torch.cat(map_chunks(lambda j: fn(batch[cuts[j] : cuts[j + 1]]), pieces, pieces))
 
 
-_BLAS: dict[str, Any] = {"controller": None}
+@functools.cache
+def _controller() -> threadpoolctl.ThreadpoolController:
+    """The process's BLAS and OpenMP libraries as threadpoolctl finds them (once: it reads every loaded
+    library)."""
+    return threadpoolctl.ThreadpoolController()
 
 
 @contextlib.contextmanager
@@ -132,9 +137,7 @@ def _blas_threads(count: int) -> Iterator[None]:
     the cores (eight eigenvalue problems at k = 768 on two workers: 244 ms with two BLAS threads
     each, 119 ms with one). threadpoolctl lets one thread at a time set a process-wide pool: from a
     worker, while the calling thread holds it, this sets and restores nothing."""
-    if _BLAS["controller"] is None:
-        _BLAS["controller"] = threadpoolctl.ThreadpoolController()
-    limiter = _BLAS["controller"].limit(limits=count, user_api="blas")
+    limiter = _controller().limit(limits=count, user_api="blas")
     try:
         yield
     finally:
