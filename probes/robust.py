@@ -343,7 +343,7 @@ class _Refiner:
             gram = self.src.gram(dev)  # (c, k, k)
             shift = t**2 * fast.kernels.power_lower(gram)
             return fast.kernels.exposed_ceilings(gram, shift, self.src.width,
-                                                 rows=lambda p: self.src.rows(dev[p])).cpu()
+                                                 rows=fast.Rows.of(self.src.rows).at(dev)).cpu()
 
         def keep(part: torch.Tensor, ceil: torch.Tensor) -> None:
             self.hi[part] = torch.minimum(self.hi[part], torch.maximum(ceil * (1 + _PAD), self.lo[part]))
@@ -437,7 +437,7 @@ class _Refiner:
                     t,
                     width,
                     ceilings=True,
-                    rows=lambda p, here=here, dev=dev: self.src.rows(dev[here[p]]),
+                    rows=fast.Rows.of(self.src.rows).at(dev[here]),
                 )
                 dep, ceil = (
                     dep.cpu(),
@@ -747,7 +747,7 @@ def pool_matrices(pool: fast.Pool, subsets: torch.Tensor, x64: torch.Tensor, ste
         return pool.certify32(subsets[pos], math.log10(t / pool.rtol))
 
     return Matrices(count=int(subsets.shape[0]), k=int(subsets.shape[1]), width=int(x64.shape[1]),
-                    gram=lambda pos: pool.gram64(subsets[pos]), rows=lambda pos: pool.rows(subsets[pos]),
+                    gram=lambda pos: pool.gram64(subsets[pos]), rows=pool.rows_of(subsets),
                     lam_cap=pool.lam_cap, step=step, device=x64.device,
                     certify32=certify32 if pool.can32 and pool.rtol > 0 else None)
 

@@ -79,7 +79,7 @@ the streamed audit); modules and names with a leading underscore are not.
 
 from probes.fast import tuning
 from probes.fast.errors import gram_error, lam_hi_bound
-from probes.fast.kernels import prove_dependent, tight_lambda_max
+from probes.fast.kernels import Rows, prove_dependent, tight_lambda_max
 from probes.fast.pool import Pool
 from probes.fast.stages import (
     STAGE_KEYS,
@@ -95,8 +95,8 @@ from probes.fast.threads import map_chunks, workers
 from probes.fast.tuning import Tuning
 
 __all__ = [
-    "STAGE_KEYS", "Decisions", "Pool", "Tuning", "chunk_size", "decide", "floor_certificate", "gram_error",
-    "lam_hi_bound", "map_chunks", "matrix_decisions", "new_stages", "prove_dependent", "subset_decisions",
-    "subset_step", "tight_lambda_max", "tuning", "workers",
+    "STAGE_KEYS", "Decisions", "Pool", "Rows", "Tuning", "chunk_size", "decide", "floor_certificate",
+    "gram_error", "lam_hi_bound", "map_chunks", "matrix_decisions", "new_stages", "prove_dependent",
+    "subset_decisions", "subset_step", "tight_lambda_max", "tuning", "workers",
 ]
 

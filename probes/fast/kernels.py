@@ -17,7 +17,44 @@ import torch
 from probes.fast import tuning
 from probes.fast.errors import F64_EPS, cholesky_backward, dependence_slack
 
-Rows = Callable[[torch.Tensor], torch.Tensor]  # positions (t',) in the batch -> their (t', m, d) float64 rows
+
+class Rows:
+    """The float64 rows of a batch of matrices, by position in the batch: ``rows(pos)`` gives the (t', m,
+    d) rows at ``pos`` (t',); :meth:`times` the products X^T v that the ceilings need, by ``times(pos, v)``
+    where given (e.g. one product with the whole pool, :meth:`probes.fast.Pool.times`, instead of a
+    gathered copy of every matrix), else from the gathered rows."""
+
+    def __init__(self, take: Callable[[torch.Tensor], torch.Tensor],
+                 times: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None):
+        self._take, self._times = take, times
+
+    @classmethod
+    def of(cls, rows: Rows | Callable[[torch.Tensor], torch.Tensor]) -> Rows:
+        """``rows`` itself, or a plain callable (positions -> rows) wrapped."""
+        return rows if isinstance(rows, Rows) else cls(rows)
+
+    def __call__(self, pos: torch.Tensor) -> torch.Tensor:
+        return self._take(pos)
+
+    @property
+    def gathers(self) -> bool:
+        """Whether :meth:`times` gathers the rows (no product of its own)."""
+        return self._times is None
+
+    def times(self, pos: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """(t', d) fl(X^T v) for the matrices at ``pos`` and vectors v (t', m, 1): each entry a sum of the m
+        products x_ij v_i in some order, plus exact zeros (so its rounding is bounded as an m-term dot
+        product's, Higham eq. 3.11)."""
+        if self._times is not None:
+            return self._times(pos, v)
+        return (v.transpose(1, 2) @ self._take(pos))[:, 0]  # (as a batched product, far faster than X^T v)
+
+    def at(self, index: torch.Tensor) -> Rows:
+        """The rows of the matrices at ``index`` (t',), by position in ``index``."""
+        times = None if self._times is None else (lambda pos, v: self._times(index[pos], v))
+        return Rows(lambda pos: self._take(index[pos]), times)
+
+
 _CONVERGED = 1e-12  # power steps stop once two Rayleigh quotients in a row agree this closely (relative)
 
 
@@ -125,18 +162,25 @@ def power_lower(gram: torch.Tensor, steps: int = 4, *, vector: bool = False):
 
 def rows_rayleigh_up(x: torch.Tensor, v: torch.Tensor, norms: torch.Tensor) -> torch.Tensor:
     """(t,) rigorous upper bounds on |X^T v|^2 / |v|^2 >= lambda_min(X X^T), X = ``x`` (t, m, d) the
-    float64 rows themselves, v (t, m, 1), ``norms`` (t, m) upper bounds on the row norms.
+    float64 rows themselves, v (t, m, 1), ``norms`` (t, m) upper bounds on the row norms
+    (:func:`rayleigh_up_of_product` of the product computed here)."""
+    return rayleigh_up_of_product((v.transpose(1, 2) @ x)[:, 0], v, norms)
+
+
+def rayleigh_up_of_product(y: torch.Tensor, v: torch.Tensor, norms: torch.Tensor) -> torch.Tensor:
+    """(t,) rigorous upper bounds on |X^T v|^2 / |v|^2 >= lambda_min(X X^T) from y = fl(X^T v) (t, d),
+    each entry computed as a dot product of m terms (plus exact zeros), v (t, m, 1), ``norms`` (t, m) upper
+    bounds on the norms of the rows of X.
 
     Unlike a Rayleigh quotient of the Gram matrix, whose rounding (about (k + d) u trace(G)) sets a
     floor far above the smallest eigenvalue of a nearly dependent set, the rounding here enters |X^T v|
     linearly: fl(X^T v) = X^T v + e with |e| <= gamma_m |X|^T |v| elementwise (Higham, Accuracy and
     Stability, eq. 3.11), and | |X|^T |v| | <= sum_i |v_i| |x_i|, so |X^T v| <= |fl(X^T v)| +
     gamma_m sum_i |v_i| |x_i|; each norm and the denominator rounded the safe way (generous factors)."""
-    t, m, d = x.shape
+    m, d = v.shape[1], y.shape[-1]
     u = F64_EPS / 2
-    y = v.transpose(1, 2) @ x  # (t, 1, d) = (X^T v)^T (as a batched product, far faster than X^T v)
     spread = (v[:, :, 0].abs() * norms).sum(-1) * (1 + 1.02 * (m + 2) * u)  # (t,) >= sum_i |v_i| |x_i|
-    num = torch.linalg.vector_norm(y, dim=(1, 2)) * (1 + 1.01 * (d + 2) * u) + 1.02 * m * u * spread
+    num = torch.linalg.vector_norm(y, dim=-1) * (1 + 1.01 * (d + 2) * u) + 1.02 * m * u * spread
     den = (v * v).sum((1, 2)) * (1 - 1.01 * (m + 1) * u)
     r_up = num**2 / den * (1 + 1e-12)
     return torch.where(torch.isfinite(r_up) & (den > 0), r_up, math.inf)
@@ -144,19 +188,20 @@ def rows_rayleigh_up(x: torch.Tensor, v: torch.Tensor, norms: torch.Tensor) -> t
 
 def _rows_bound(rows: Rows, v: torch.Tensor, pos: torch.Tensor, diag: torch.Tensor, width: int,
                 chunk_bytes: int = 4 * 2**20) -> torch.Tensor:
-    """:func:`rows_rayleigh_up` of the rows ``rows(pos)`` (each m x ``width``, m the length of v) and
-    vectors v (t, m, 1), in pieces of about ``chunk_bytes`` of rows (small enough that the product reads
-    them from cache: at k = d = 768, one matrix a piece, gathering and reading three 4.7 MB matrices took
-    3.1 ms, one at a time 1.9 ms). ``diag`` (t, m): the Gram diagonals, whose square roots (raised by
-    the rounding of a float64 dot product) bound the row norms."""
-    m, d = v.shape[1], width
+    """:func:`rayleigh_up_of_product` of the rows at ``pos`` (each m x ``width``, m the length of v) and
+    vectors v (t, m, 1). Where ``rows`` gathers them, in pieces of about ``chunk_bytes`` of rows (small
+    enough that the product reads them from cache: at k = d = 768, one matrix a piece, gathering and
+    reading three 4.7 MB matrices took 3.1 ms, one at a time 1.9 ms). ``diag`` (t, m): the Gram
+    diagonals, whose square roots (raised by the rounding of a float64 dot product) bound the row
+    norms."""
+    rows, (m, d) = Rows.of(rows), (v.shape[1], width)
     norms = (diag[:, :m] * (1 + 1.01 * (d + 2) * F64_EPS)).sqrt() * (1 + F64_EPS)  # (t, m) >= |x_i|
-    step = max(1, chunk_bytes // max(1, m * d * 8))
+    step = max(1, chunk_bytes // max(1, m * d * 8)) if rows.gathers else max(1, pos.numel())
     out = []
     for a in range(0, pos.numel(), step):
-        x = rows(pos[a : a + step])  # (c, m, d)
-        c = x.shape[0]
-        out.append(rows_rayleigh_up(x, v[a : a + c], norms[a : a + c]))
+        c = pos[a : a + step].numel()
+        y = rows.times(pos[a : a + step], v[a : a + c])  # (c, d)
+        out.append(rayleigh_up_of_product(y, v[a : a + c], norms[a : a + c]))
     return torch.cat(out)
 
 

@@ -11,6 +11,7 @@ import threading
 import numpy as np
 import torch
 
+from probes.fast import tuning
 from probes.fast.errors import (
     F32_MAX_K,
     F64_EPS,
@@ -20,7 +21,7 @@ from probes.fast.errors import (
     float32_shift,
     floor_target,
 )
-from probes.fast.kernels import quick_dependent, shifted_cholesky
+from probes.fast.kernels import Rows, quick_dependent, shifted_cholesky
 
 
 class Pool:
@@ -75,6 +76,27 @@ class Pool:
         on the flattened indices (about half the time of advanced indexing with a 2-D index)."""
         c, m = idx.shape
         return self.x.index_select(0, idx.reshape(-1)).view(c, m, self.d)
+
+    def times(self, idx: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """(c, d) fl(X_S^T v) for the subsets (or leading rows) ``idx`` (c, m) and vectors v (c, m, 1).
+
+        Where the pool is small beside m (N <= ``Tuning.times_pool`` m) and each subset's rows are
+        distinct: one product W^T X with the whole (N, d) pool, W (N, c) holding v at each subset's rows
+        and exact zeros elsewhere, instead of a gathered (c, m, d) copy. Each entry is then the sum of its
+        m products and of exact zeros (0 x = 0 and s + 0 = s are exact in IEEE arithmetic), so its rounding
+        is bounded as an m-term dot product's, as :func:`probes.fast.kernels.rayleigh_up_of_product`
+        assumes. Otherwise from the gathered rows."""
+        c, m = idx.shape
+        distinct = m < 2 or not bool((idx.sort(dim=1).values.diff(dim=1) == 0).any())
+        if self.n > tuning.TUNING.times_pool * m or not distinct:
+            return (v.transpose(1, 2) @ self.rows(idx))[:, 0]
+        w = torch.zeros(c, self.n, dtype=self.x.dtype, device=self.x.device)
+        w.scatter_(1, idx, v[:, :, 0])
+        return w @ self.x
+
+    def rows_of(self, idx: torch.Tensor) -> Rows:
+        """The rows of the subsets (or leading rows) ``idx`` (c, m), by position in ``idx``."""
+        return Rows(lambda pos: self.rows(idx[pos]), lambda pos, v: self.times(idx[pos], v))
 
     def gram64(self, idx: torch.Tensor) -> torch.Tensor:
         """(c, k, k) float64 Gram blocks of the subsets ``idx`` (c, k) (a reused buffer on the CPU)."""
@@ -173,7 +195,7 @@ class Pool:
             chol, info = shifted_cholesky(blocks, shifts)
             dep, ceil = quick_dependent(blocks, chol, info, lam_hi[at], self.rtol, d, shift[at] > 0, ceilings,
                                         full=(trace[at], dmax[at], k),
-                                        rows=lambda p: self.rows(idx[at[p], :size]))
+                                        rows=self.rows_of(idx[at, :size]))
             return dep, ceil, info
 
         every = torch.arange(idx.shape[0])

@@ -7,7 +7,6 @@ held back for exact ranks.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -15,6 +14,7 @@ import torch
 from probes.fast import tuning as tuning_module
 from probes.fast.errors import F64_EPS, cholesky_backward, floor_target, gram_error, lam_hi_bound
 from probes.fast.kernels import (
+    Rows,
     power_lower,
     prove_dependent,
     quick_dependent,
@@ -26,7 +26,6 @@ from probes.fast.tuning import Tuning
 from probes.rank import margins_from_singular_values
 
 STAGE_KEYS = ("cholesky", "cholesky_dependent", "eigvalsh", "svd", "cholesky32")
-Rows = Callable[[torch.Tensor], torch.Tensor]  # positions (c',) -> their (c', k, d) float64 rows
 
 
 @dataclass
@@ -213,7 +212,7 @@ def _prove(st: _State, todo: torch.Tensor) -> torch.Tensor:
         if not todo.numel():
             return todo
     dep, ceil = prove_dependent(st.part(st.gram, todo), st.part(st.lam_hi, todo), st.rtol, st.width,
-                                ceilings=want, lam_lo=lam_lo, rows=lambda p: st.rows(todo[p]))
+                                ceilings=want, lam_lo=lam_lo, rows=st.rows.at(todo))
     _mark_dependent(st, todo[dep], ceil[dep] if want else None)
     return todo[~dep]
 
@@ -231,7 +230,7 @@ def _prove_at_dip(st: _State, todo: torch.Tensor, lam_lo: torch.Tensor,
     g, lam_hi = st.part(st.gram, todo), st.part(st.lam_hi, todo)
     t = st.rtol * st.dip
     dep, ceil = prove_dependent(g, lam_hi, t, st.width, ceilings=want, lam_lo=lam_lo,
-                                rows=lambda p: st.rows(todo[p]))
+                                rows=st.rows.at(todo))
     k, u = g.shape[-1], F64_EPS / 2
     diag = g.diagonal(dim1=-2, dim2=-1)
     trace, dmax = diag.sum(-1), diag.amax(-1)
@@ -277,7 +276,7 @@ def _certify(st: _State, stage, todo: torch.Tensor, *args, quick: bool = True) -
     if st.prove and quick and not bool(ok.all()):
         candidates = ~ok if st.early is None else ~ok & ~st.early[todo]  # (early ones: exact ranks instead)
         settled, ceil = quick_dependent(g, chol, info, st.part(st.lam_hi, todo), st.rtol, st.width,
-                                        candidates, st.ceilings, rows=lambda p: st.rows(todo[p]),
+                                        candidates, st.ceilings, rows=st.rows.at(todo),
                                         enough=st.rtol * st.tuning.ceiling_enough)
         _mark_dependent(st, todo[settled], ceil[settled])
         st.out.fail_at[todo[settled]] = info[settled].to(torch.int64)
@@ -394,7 +393,7 @@ def decide(
     else:
         lam_hi = lam_hi_bound(gram, lam_cap, quick=quick)  # exact bound recomputed after the floor stage
     early = exact_first if prove and exact_first is not None and bool(exact_first.any()) else None
-    st = _State(gram, rows, rtol, width, lam_cap, lam_hi, lam_lo, out, prove, ceilings, quick, early,
+    st = _State(gram, Rows.of(rows), rtol, width, lam_cap, lam_hi, lam_lo, out, prove, ceilings, quick, early,
                 tuning_module.TUNING, dip if dip is not None and 0 < dip < 1 else None,
                 held=torch.zeros(0, dtype=torch.int64, device=gram.device))
     todo = torch.arange(c, device=gram.device)

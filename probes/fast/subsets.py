@@ -104,7 +104,7 @@ def _stages_1_to_3(job: _Job, idx: torch.Tensor, plan: Plan, first: int, out: De
     if job.prove and first > 0:
         early = torch.arange(c, device=idx.device) < first
         early = early if todo is None else early[todo]
-    dec = decide(job.pool.gram64(sub), lambda pos, sub=sub: job.pool.rows(sub[pos]), job.rtol, job.pool.d,
+    dec = decide(job.pool.gram64(sub), job.pool.rows_of(sub), job.rtol, job.pool.d,
                  lam_cap=job.pool.lam_cap, exact_dependent=0 if job.prove else None,
                  dependent_first=plan.dependent_first, floor=plan.floor, reach=plan.reach,
                  ceilings=job.ceilings, exact_first=early, dip=plan.dip)

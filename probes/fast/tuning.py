@@ -129,6 +129,12 @@ class Tuning:
     # thread each; :func:`probes.fast.threads.eigvalsh`); general position, exact spectra of 1000
     # subsets at k = d = 768: see reports/benchmarks.md (#27)
 
+    times_pool: float = 8.0  # the products X_S^T v of the ceilings from the rows as one product with the
+    # whole pool (exact zeros outside the subset's rows) while N <= this x m, m the rows per subset: one
+    # thread, 32 vectors, against gathering the rows (per vector): 0.05 / 2.31 ms at N = 1000, k = d = 768;
+    # 0.15 / 0.98 ms at (2000, 1024, 512); 0.18 / 1.58 ms at (2000, 1280, 1024); equal (0.11 / 0.10 ms)
+    # at (2000, 768, 197), N / k = 10 (#27)
+
     # ---- probes.robust
     expose_pays: float = 0.5  # below rtol, ceilings from the rows for every matrix proven dependent at rtol
     # while the first chunk leaves at most this share of its matrices undecided at the grid point; MiniLM

@@ -674,10 +674,39 @@ def test_rows_rayleigh_bound_is_an_upper_bound_far_below_the_gram_floor(noise):
         assert float(r_rows) < 1e-6 * float(r_gram)  # far below the Gram route's rounding floor
 
 
-def test_exactly_dependent_subsets_get_ceilings_below_the_grid_at_wide_shapes():
+def test_pool_products_equal_the_gathered_products_within_dot_product_rounding(monkeypatch):
+    """X_S^T v as one product with the whole pool (exact zeros outside the subset's rows) agrees with the
+    product of the gathered rows within the rounding of two m-term dot products; subsets with a repeated
+    row, and pools larger than ``Tuning.times_pool`` m, take the gathered rows (bit for bit the same
+    call)."""
+    n, d, m = 60, 24, 12
+    x = generic(n, d, 41)
+    pool = pool_of(x, m, 1e-3)
+    g = torch.Generator().manual_seed(42)
+    idx = torch.stack([torch.randperm(n, generator=g)[:m] for _ in range(9)])
+    v = torch.randn(9, m, 1, generator=g, dtype=torch.float64)
+    gathered = (v.transpose(1, 2) @ x[idx])[:, 0]  # (9, d)
+    bound = 2 * 1.01 * m * (fast.errors.F64_EPS / 2) * (v.abs().transpose(1, 2) @ x[idx].abs())[:, 0]
+    assert n <= fast.tuning.TUNING.times_pool * m
+    assert torch.all((pool.times(idx, v) - gathered).abs() <= bound)
+    rows = pool.rows_of(idx)
+    pos = torch.tensor([4, 1])
+    assert torch.equal(rows.times(pos, v[pos]), pool.times(idx[pos], v[pos]))
+    assert torch.equal(rows(pos), x[idx[pos]])
+    repeated = idx.clone()
+    repeated[:, 1] = repeated[:, 0]
+    assert torch.equal(pool.times(repeated, v), (v.transpose(1, 2) @ pool.rows(repeated))[:, 0])
+    tune(monkeypatch, times_pool=1.0)
+    assert torch.equal(pool.times(idx, v), (v.transpose(1, 2) @ pool.rows(idx))[:, 0])
+
+
+@pytest.mark.parametrize("times_pool", [0.0, 8.0])
+def test_exactly_dependent_subsets_get_ceilings_below_the_grid_at_wide_shapes(times_pool, monkeypatch):
     """Cluster pool at a shape where the Gram route's rounding floor (about sqrt((k + d) u trace /
     lambda_max)) lies above 0.1 x rtol: the rows' bound still puts the exactly dependent subsets below it,
-    and never below their SVD ratio."""
+    and never below their SVD ratio; with the rows' products gathered (``times_pool`` 0) or taken from
+    the whole pool (N = 300 <= 8 k)."""
+    tune(monkeypatch, times_pool=times_pool)
     n, d, k = 300, 320, 256
     g = torch.Generator().manual_seed(22)
     x = torch.randn(n, d, generator=g)
