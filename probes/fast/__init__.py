@@ -52,7 +52,10 @@ sigma_k / sigma_1 from the vector its failed factorisation exposes: |X^T v| / |v
 rows themselves (:func:`probes.fast.kernels.rows_rayleigh_up`), whose rounding is about k u |v| |x|
 rather than the Gram route's (k + d) u trace(G), so an exactly dependent subset's ceiling lies near its
 true ratio instead of at the Gram route's floor (which at the paper's large shapes lies above 0.1 x
-rtol). Subsets given exact spectra (stages 2 and 3) get a proven ceiling and floor from them.
+rtol). Where the pool is small beside k (``Tuning.times_pool``), X^T v is one product of the whole pool
+with a vector that is v on the subset's rows and exactly zero elsewhere (:meth:`Pool.times`), so no k x d
+copy is gathered; the added zeros are exact, and the rounding is that of the k-term sums.
+Subsets given exact spectra (stages 2 and 3) get a proven ceiling and floor from them.
 
 Which subsets get rank -1 (and which an exact rank) depends only on the stage 1b test of each subset
 (with the same bound lam_hi, bit for bit, as always), so ranks, verdicts, witnesses and rank histograms
