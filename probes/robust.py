@@ -214,17 +214,21 @@ def margin_summary(dec: fast.Decisions) -> tuple[float, bool]:
 class Matrices:
     """Where the matrices come from: ``gram(pos)`` (c, k, k) float64 Gram blocks of the matrices at
     positions ``pos`` (a fresh tensor or a buffer valid until the next call), ``rows(pos)`` their
-    (c, k, d) float64 rows; ``lam_cap`` bounds every lambda_max (or None)."""
+    (c, k, d) float64 rows (a :class:`probes.fast.Rows`, or a plain callable, which is wrapped in one);
+    ``lam_cap`` bounds every lambda_max (or None)."""
 
     count: int
     k: int
     width: int
     gram: Callable[[torch.Tensor], torch.Tensor]
-    rows: Callable[[torch.Tensor], torch.Tensor]
+    rows: fast.Rows | Callable[[torch.Tensor], torch.Tensor]
     lam_cap: float | None = None
     step: int = 256
     device: torch.device | None = None
     certify32: Callable[[torch.Tensor, float], torch.Tensor] | None = None  # (pos, t) -> r > t proven
+
+    def __post_init__(self) -> None:
+        self.rows = fast.Rows.of(self.rows)
 
 
 class _Refiner:
@@ -343,7 +347,7 @@ class _Refiner:
             gram = self.src.gram(dev)  # (c, k, k)
             shift = t**2 * fast.kernels.power_lower(gram)
             return fast.kernels.exposed_ceilings(gram, shift, self.src.width,
-                                                 rows=fast.Rows.of(self.src.rows).at(dev)).cpu()
+                                                 rows=self.src.rows.at(dev)).cpu()
 
         def keep(part: torch.Tensor, ceil: torch.Tensor) -> None:
             self.hi[part] = torch.minimum(self.hi[part], torch.maximum(ceil * (1 + _PAD), self.lo[part]))
@@ -400,7 +404,7 @@ class _Refiner:
             lam = (lam_lo, lam_hi)
         dec = fast.decide(
             gram,
-            lambda p, dev=dev: self.src.rows(dev[p]),
+            self.src.rows.at(dev),
             t,
             self.src.width,
             lam_cap=self.src.lam_cap,
@@ -437,7 +441,7 @@ class _Refiner:
                     t,
                     width,
                     ceilings=True,
-                    rows=fast.Rows.of(self.src.rows).at(dev[here]),
+                    rows=self.src.rows.at(dev[here]),
                 )
                 dep, ceil = (
                     dep.cpu(),

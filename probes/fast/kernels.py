@@ -47,7 +47,7 @@ class Rows:
         product's, Higham eq. 3.11)."""
         if self._times is not None:
             return self._times(pos, v)
-        return (v.transpose(1, 2) @ self._take(pos))[:, 0]  # (as a batched product, far faster than X^T v)
+        return rows_times(self._take(pos), v)
 
     def at(self, index: torch.Tensor) -> Rows:
         """The rows of the matrices at ``index`` (t',), by position in ``index``."""
@@ -160,11 +160,17 @@ def power_lower(gram: torch.Tensor, steps: int = 4, *, vector: bool = False):
     return (lo, v, gv) if vector else lo
 
 
+def rows_times(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """(t, d) fl(X^T v) for rows x (t, m, d) and vectors v (t, m, 1) (as a batched product v^T X, far
+    faster than X^T v)."""
+    return (v.transpose(1, 2) @ x)[:, 0]
+
+
 def rows_rayleigh_up(x: torch.Tensor, v: torch.Tensor, norms: torch.Tensor) -> torch.Tensor:
     """(t,) rigorous upper bounds on |X^T v|^2 / |v|^2 >= lambda_min(X X^T), X = ``x`` (t, m, d) the
     float64 rows themselves, v (t, m, 1), ``norms`` (t, m) upper bounds on the row norms
     (:func:`rayleigh_up_of_product` of the product computed here)."""
-    return rayleigh_up_of_product((v.transpose(1, 2) @ x)[:, 0], v, norms)
+    return rayleigh_up_of_product(rows_times(x, v), v, norms)
 
 
 def rayleigh_up_of_product(y: torch.Tensor, v: torch.Tensor, norms: torch.Tensor) -> torch.Tensor:
@@ -199,9 +205,8 @@ def _rows_bound(rows: Rows, v: torch.Tensor, pos: torch.Tensor, diag: torch.Tens
     step = max(1, chunk_bytes // max(1, m * d * 8)) if rows.gathers else max(1, pos.numel())
     out = []
     for a in range(0, pos.numel(), step):
-        c = pos[a : a + step].numel()
-        y = rows.times(pos[a : a + step], v[a : a + c])  # (c, d)
-        out.append(rayleigh_up_of_product(y, v[a : a + c], norms[a : a + c]))
+        part = slice(a, a + step)
+        out.append(rayleigh_up_of_product(rows.times(pos[part], v[part]), v[part], norms[part]))
     return torch.cat(out)
 
 

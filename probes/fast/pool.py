@@ -21,7 +21,7 @@ from probes.fast.errors import (
     float32_shift,
     floor_target,
 )
-from probes.fast.kernels import Rows, quick_dependent, shifted_cholesky
+from probes.fast.kernels import Rows, quick_dependent, rows_times, shifted_cholesky
 
 
 class Pool:
@@ -80,23 +80,33 @@ class Pool:
     def times(self, idx: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """(c, d) fl(X_S^T v) for the subsets (or leading rows) ``idx`` (c, m) and vectors v (c, m, 1).
 
-        Where the pool is small beside m (N <= ``Tuning.times_pool`` m) and each subset's rows are
-        distinct: one product W^T X with the whole (N, d) pool, W (N, c) holding v at each subset's rows
-        and exact zeros elsewhere, instead of a gathered (c, m, d) copy. Each entry is then the sum of its
-        m products and of exact zeros (0 x = 0 and s + 0 = s are exact in IEEE arithmetic), so its rounding
-        is bounded as an m-term dot product's, as :func:`probes.fast.kernels.rayleigh_up_of_product`
-        assumes. Otherwise from the gathered rows."""
+        Where the pool is small beside m (:meth:`_whole_pool`) and each subset's rows are distinct: one
+        product W^T X with the whole (N, d) pool, W (N, c) holding v at each subset's rows and exact zeros
+        elsewhere, instead of a gathered (c, m, d) copy. Each entry is then the sum of its m products and
+        of exact zeros (0 x = 0 and s + 0 = s are exact in IEEE arithmetic), so its rounding is bounded as
+        an m-term dot product's, as :func:`probes.fast.kernels.rayleigh_up_of_product` assumes.
+        Otherwise from the gathered rows."""
         c, m = idx.shape
         distinct = m < 2 or not bool((idx.sort(dim=1).values.diff(dim=1) == 0).any())
-        if self.n > tuning.TUNING.times_pool * m or not distinct:
-            return (v.transpose(1, 2) @ self.rows(idx))[:, 0]
+        if not self._whole_pool(m) or not distinct:
+            return rows_times(self.rows(idx), v)
         w = torch.zeros(c, self.n, dtype=self.x.dtype, device=self.x.device)
         w.scatter_(1, idx, v[:, :, 0])
         return w @ self.x
 
+    def _whole_pool(self, m: int) -> bool:
+        """Whether :meth:`times` takes the product with the whole pool for subsets of m rows (it reads less
+        than gathering them: N <= ``Tuning.times_pool`` m)."""
+        return self.n <= tuning.TUNING.times_pool * m
+
     def rows_of(self, idx: torch.Tensor) -> Rows:
-        """The rows of the subsets (or leading rows) ``idx`` (c, m), by position in ``idx``."""
-        return Rows(lambda pos: self.rows(idx[pos]), lambda pos, v: self.times(idx[pos], v))
+        """The rows of the subsets (or leading rows) ``idx`` (c, m), by position in ``idx``; their
+        products from the whole pool where :meth:`times` takes it, else from gathered rows (which
+        :func:`probes.fast.kernels.pivot_ceilings` then gathers a few MB at a time)."""
+        take = lambda pos: self.rows(idx[pos])  # noqa: E731
+        if not self._whole_pool(idx.shape[1]):
+            return Rows(take)
+        return Rows(take, lambda pos, v: self.times(idx[pos], v))
 
     def gram64(self, idx: torch.Tensor) -> torch.Tensor:
         """(c, k, k) float64 Gram blocks of the subsets ``idx`` (c, k) (a reused buffer on the CPU)."""
