@@ -325,9 +325,10 @@ def _test_subsets(
     threshold: float = 1.0,
 ) -> fast.Decisions:
     """Decide every subset (the progress ``bar``, if any, advances after each chunk). ``grid``: the
-    robustness grid that will follow, if any (subsets are certified at its largest multiplier where
-    that is cheap, or near the critical tolerance of the verdict at ``threshold`` where that lies
-    beyond it, and dependent ones get ceilings, so that the grid needs few new proofs)."""
+    robustness grid that will follow (``()`` for the tolerance fields without a grid), None without
+    tolerance fields (subsets are certified at its largest multiplier where that is cheap, or near the
+    critical tolerance of the verdict at ``threshold`` where that lies beyond it, and dependent ones get
+    ceilings, so that the grid and the critical tolerance need few new proofs)."""
     lam_cap = None if spectrum is None else float(spectrum[0]) ** 2
     top = max(grid) if grid else 1.0
     low = min(grid) if grid else 1.0
@@ -472,7 +473,7 @@ def _kruskal(
     try:
         dec = _test_subsets(x64, idx, rtol, gram, spectrum=spectrum,
                             exact_dependent=None if note else rank_sample, bar=bar,
-                            grid=grid if robustness and not note else None, threshold=threshold)
+                            grid=(grid or ()) if robustness and not note else None, threshold=threshold)
     finally:
         if bar is not None:
             bar.close()

@@ -135,6 +135,38 @@ def test_grid_is_optional_and_custom():
         probes.kruskal_test(x, 8, subsets=50, robustness="yes")
 
 
+@pytest.mark.parametrize("threshold", [0.9, 0.3])
+def test_tolerance_fields_without_a_grid_start_from_the_tests_ceilings(threshold, monkeypatch):
+    """With ``rtol_grid=None`` the tolerance fields still follow the test: it must give the dependent
+    subsets their ceilings and aim at the critical tolerance as with a grid (without them the bracket
+    was narrowed by new factorisations: about 2x the plain test at the BERT-large-like cluster pool),
+    and the bracket must still hold the float64 SVD's quantile."""
+    g = torch.Generator().manual_seed(4)
+    x = spread_pool(40, 10, seed=6)
+    x[:20] = torch.randn(20, 4, generator=g, dtype=torch.float64) @ x[20:24]  # a rank-4 cluster
+    k, count, seed = 6, 400, 2
+    seen = []
+    real = probes.fast.subset_decisions
+
+    def spy(*args, **kwargs):
+        seen.append((kwargs.get("ceilings", False), kwargs.get("aim")))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(probes.fast, "subset_decisions", spy)
+    res = probes.assumption1(x, k, subsets=count, seed=seed, threshold=threshold, rtol_grid=None)
+    assert seen and all(ceil and aim is not None for ceil, aim in seen)
+    assert res.robustness.rtol_grid is None
+    r = np.sort(ratios(x, probes.sample_subsets(40, k, count, seed)))[::-1]  # descending
+    assert 0.2 < (r > res.rtol).mean() < 0.95  # dependent and full-rank subsets both
+    truth = r[math.ceil(threshold * count) - 1]
+    slack = ratio_tol(k, 10)
+    assert res.robustness.critical_rtol_low - slack <= truth <= res.robustness.critical_rtol_high + slack
+    assert res.holds == (res.rtol < res.robustness.critical_rtol)
+    seen.clear()
+    probes.assumption1(x, k, subsets=count, seed=seed, threshold=threshold, robustness=False)
+    assert seen == [(False, None)]  # (the plain test: no ceilings, no aim)
+
+
 def test_near_threshold_subsets_are_never_counted_full_rank_when_the_svd_says_dependent():
     """Every subset's ratio is within 2x of rtol on either side, and the grid points 0.5, 1 and 2 sit
     among them (0.5, 1.0 and 2.0 exactly, up to rounding): each grid fraction must still equal the
