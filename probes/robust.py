@@ -263,6 +263,8 @@ class _Refiner:
         # proven brackets of lambda_max (NaN: not computed), kept between the grid points above rtol
         self.lam_lo = torch.full((src.count,), math.nan, dtype=torch.float64)
         self.lam_hi = torch.full((src.count,), math.nan, dtype=torch.float64)
+        self.bracketed = torch.zeros(src.count, dtype=torch.bool)  # eigenvalues computed (:meth:`exact`)
+        self.charged = torch.zeros(src.count, dtype=torch.bool)  # charged to the spectra budget
         self.spectra = 0
         self.factorised = 0
         self.above: list[float] = []  # the grid's tolerances above rtol (set by :meth:`grid`) ...
@@ -456,22 +458,33 @@ class _Refiner:
         rows where the band is wider than 1e-6 (relative). Chunks run on the fast path's worker threads
         on the CPU. ``count``: charge them to the spectra budget of the bracket and the margin;
         ``svd`` False: no SVD, the eigenvalues' proven bracket only (the ratio stays unknown where the
-        bracket is wider)."""
-        parts = list(self._chunks(pos))
-        results = fast.map_chunks(lambda j: self._spectra(parts[j], svd), len(parts), self._workers())
-        for part, (r, r_lo, r_hi) in zip(parts, results, strict=True):
+        bracket is wider). Matrices whose eigenvalues were computed before get only the SVD, where still
+        needed; a matrix is charged to the budget once."""
+        done = self.bracketed[pos]
+        jobs = [(part, False) for part in self._chunks(pos[~done])]  # (positions, the SVD alone)
+        if svd:
+            jobs += [(part, True) for part in self._chunks(pos[done & self.ratio[pos].isnan()])]
+
+        def run(j: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            part, svd_only = jobs[j]
+            return self._svd_ratios(part) if svd_only else self._spectra(part, svd)
+
+        results = fast.map_chunks(run, len(jobs), self._workers())
+        for (part, _), (r, r_lo, r_hi) in zip(jobs, results, strict=True):
             self.ratio[part] = torch.where(r.isnan(), self.ratio[part], r)
             self.lo[part] = torch.maximum(self.lo[part], r_lo * (1 - _PAD))
             self.hi[part] = torch.minimum(self.hi[part], torch.maximum(r_hi * (1 + _PAD), self.lo[part]))
+        self.bracketed[pos] = True
         if count:
-            self.spectra += pos.numel()
+            self.spectra += int((~self.charged[pos]).sum())
+            self.charged[pos] = True
 
     def _spectra(
         self, part: torch.Tensor, svd: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(r, r_lo, r_hi) on the CPU for the matrices at ``part``, r NaN where not known (see
         :meth:`exact`)."""
-        k, tiny = self.src.k, torch.finfo(torch.float64).tiny
+        tiny = torch.finfo(torch.float64).tiny
         dev = part.to(_device(self.src))
         gram = self.src.gram(dev)
         lam_hi = fast.lam_hi_bound(gram, self.src.lam_cap)
@@ -485,10 +498,17 @@ class _Refiner:
         if not svd:
             r[loose] = math.nan
         elif bool(loose.any()):
-            sv = fast.threads.spread(torch.linalg.svdvals, self.src.rows(dev[loose]))  # (h, k)
-            sr = torch.where(sv[:, 0] > 0, sv[:, k - 1] / sv[:, 0].clamp(min=tiny), 0.0)
+            sr = self._svd_ratios(part[loose.cpu()])[0].to(r.device)
             r[loose], r_lo[loose], r_hi[loose] = sr, sr, sr
         return r.cpu(), r_lo.cpu(), r_hi.cpu()
+
+    def _svd_ratios(self, part: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(r, r, r) on the CPU: sigma_k / sigma_1 by the float64 SVD of the rows of the matrices at
+        ``part`` (0 for a zero matrix)."""
+        k, tiny = self.src.k, torch.finfo(torch.float64).tiny
+        sv = fast.threads.spread(torch.linalg.svdvals, self.src.rows(part.to(_device(self.src))))  # (h, k)
+        sr = torch.where(sv[:, 0] > 0, sv[:, k - 1] / sv[:, 0].clamp(min=tiny), 0.0).cpu()
+        return sr, sr, sr
 
     # ------------------------------------------------------------------ the answers
     def grid(self, multipliers: tuple[float, ...]) -> dict[float, float]:
@@ -651,6 +671,10 @@ class _Refiner:
             candidates = (lb < best).nonzero().flatten()
             if not candidates.numel():
                 return best, False
+            paid = candidates[self.bracketed[candidates] & self.charged[candidates]]
+            if paid.numel():  # (their eigenvalues were charged: the SVD completes their spectra)
+                self.exact(paid)
+                continue
             if certified and candidates.numel() <= _BATCH:
                 self.exact(candidates)  # (the few the certificates left: beyond the budget if need be)
                 continue
@@ -670,7 +694,10 @@ class _Refiner:
                 # (once one exact margin is known, more candidates than spectra left: not worth trying)
                 return min(best, float(lb[candidates].min())), True
             order = candidates[lb[candidates].argsort(stable=True)]
-            self.exact(order[: min(_BATCH, max_spectra - self.spectra)])
+            batch = order[: min(_BATCH, max_spectra - self.spectra)]
+            # eigenvalue brackets first: their lower ends settle most candidates for a fraction of an SVD
+            fresh = batch[~self.bracketed[batch]]
+            self.exact(fresh if fresh.numel() else batch, svd=not fresh.numel())
 
 
 def _resolution(k: int, width: int) -> float:

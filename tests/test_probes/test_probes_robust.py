@@ -135,6 +135,31 @@ def test_grid_is_optional_and_custom():
         probes.kruskal_test(x, 8, subsets=50, robustness="yes")
 
 
+def test_spectra_after_eigenvalue_brackets_add_only_the_svd_and_are_charged_once(monkeypatch):
+    """The exact ratios of matrices whose eigenvalues were computed before (a bracket only, where the
+    band is wide) come from the SVD alone; the spectra budget counts each matrix once; the ratios equal
+    NumPy's SVD."""
+    sv = [[1.0, 0.5, f] for f in (0.3, 1e-9, 2e-3, 1e-10)]  # two below the Gram route's resolution
+    mats = torch.stack([with_singular_values(s, 3, 7, seed=i) for i, s in enumerate(sv)])  # (4, 3, 7)
+    src = probes.robust.context_matrices(mats)
+    ref = probes.robust._Refiner(src, probes.fast.matrix_decisions(mats, 1e-4), 1e-4)
+    calls = []
+    spectra = probes.robust._Refiner._spectra
+    monkeypatch.setattr(probes.robust._Refiner, "_spectra",
+                        lambda self, part, svd=True: calls.append(part.tolist()) or spectra(self, part, svd))
+    pos = torch.arange(4)
+    ref.exact(pos, svd=False)
+    assert sorted(sum(calls, [])) == [0, 1, 2, 3] and ref.spectra == 4
+    loose = ref.ratio.isnan()
+    assert loose.tolist() == [False, True, False, True]  # (the bracket alone cannot give those two)
+    calls.clear()
+    ref.exact(pos)
+    assert calls == [] and ref.spectra == 4 and not bool(ref.ratio.isnan().any())
+    truth = np.linalg.svd(mats.numpy(), compute_uv=False)
+    assert np.allclose(ref.ratio.numpy(), truth[:, -1] / truth[:, 0], rtol=0, atol=ratio_tol(3, 7))
+    assert bool((ref.lo <= ref.ratio * (1 + 1e-9)).all() and (ref.ratio <= ref.hi * (1 + 1e-9)).all())
+
+
 @pytest.mark.parametrize("threshold", [0.9, 0.3])
 def test_tolerance_fields_without_a_grid_start_from_the_tests_ceilings(threshold, monkeypatch):
     """With ``rtol_grid=None`` the tolerance fields still follow the test: it must give the dependent
