@@ -50,7 +50,7 @@ import torch  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_probes import SHAPES, anisotropic_pool, header, load, make_pool  # noqa: E402
+from bench_probes import POOLS, SHAPES, anisotropic_pool, checked_names, header, load, make_pool  # noqa: E402
 
 import probes  # noqa: E402
 from probes import fast  # noqa: E402
@@ -60,41 +60,35 @@ _EDGES = (0.0, *DEFAULT_RTOL_GRID, math.inf)  # r / rtol intervals between the g
 _STEP = 8  # blocks per chunk
 
 
-def blocks_of(gram: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """(c, k, k) float64 Gram blocks of the subsets ``idx`` (c, k)."""
-    return gram[idx[:, :, None], idx[:, None, :]]
-
-
-def exact_ratios(gram: torch.Tensor, subsets: torch.Tensor,
-                 lam_cap: float) -> tuple[torch.Tensor, torch.Tensor]:
+def exact_ratios(pool: fast.Pool, subsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(r, slack) per subset: sigma_k / sigma_1 from the eigenvalues of its Gram block, and
     sqrt(lam_hi / lambda_max) for the usual bound lam_hi (a certificate at t with it proves r > t only
     where r > t * slack)."""
     parts = subsets.split(_STEP)
 
     def work(j: int) -> tuple[torch.Tensor, torch.Tensor]:
-        g = blocks_of(gram, parts[j])
+        g = pool.gram64(parts[j])
         lam = fast.threads.eigvalsh(g)
         lmax = lam[:, -1]
         r = (lam[:, 0].clamp(min=0) / lmax).sqrt()
-        return r, (fast.lam_hi_bound(g, lam_cap) / lmax).sqrt()
+        return r, (fast.lam_hi_bound(g, pool.lam_cap) / lmax).sqrt()
 
     out = fast.map_chunks(work, len(parts), fast.workers())
     return torch.cat([r for r, _ in out]), torch.cat([s for _, s in out])
 
 
-def kernel_ms(gram: torch.Tensor, subsets: torch.Tensor, count: int, rtol: float, width: int,
-              lam_cap: float) -> dict[str, float]:
+def kernel_ms(pool: fast.Pool, subsets: torch.Tensor, count: int) -> dict[str, float]:
     """Wall milliseconds per block on the fast path's worker threads (best of two): gathering the
-    block, a float64 Cholesky factorisation, the dependence proof at rtol, the fast path's eigenvalues."""
+    block as the fast path does (:meth:`probes.fast.Pool.gram64`), a float64 Cholesky factorisation, the
+    dependence proof at rtol, the fast path's eigenvalues."""
     idx = subsets[:count]
     parts = idx.split(_STEP)
-    pre = [blocks_of(gram, p) for p in parts]
-    lam_hi = [fast.lam_hi_bound(b, lam_cap) for b in pre]
+    pre = [pool.gram64(p).clone() for p in parts]  # (gram64 fills a buffer it reuses)
+    lam_hi = [fast.lam_hi_bound(b, pool.lam_cap) for b in pre]
     kernels = {
-        "gather": lambda j: blocks_of(gram, parts[j]),
+        "gather": lambda j: pool.gram64(parts[j]),
         "cholesky": lambda j: torch.linalg.cholesky_ex(pre[j]),
-        "proof": lambda j: fast.prove_dependent(pre[j], lam_hi[j], rtol, width),
+        "proof": lambda j: fast.prove_dependent(pre[j], lam_hi[j], pool.rtol, pool.d),
         "eigenvalues": lambda j: fast.threads.eigvalsh(pre[j]),
     }
     out = {}
@@ -109,6 +103,15 @@ def kernel_ms(gram: torch.Tensor, subsets: torch.Tensor, count: int, rtol: float
     return out
 
 
+def pool_of(x: torch.Tensor, k: int) -> fast.Pool:
+    """The fast path's pool of the (N, d) vectors ``x`` for k-subsets: float64 rows and Gram, sigma_1^2
+    as the cap on every lambda_max, rtol = max(k, d) eps of the vectors' dtype."""
+    x64 = x.double()
+    gram = x64 @ x64.T
+    rtol = max(k, x.shape[1]) * torch.finfo(x.dtype).eps
+    return fast.Pool(x64, gram, k, rtol, float(torch.linalg.eigvalsh(gram)[-1]), _STEP)
+
+
 def timed(call) -> tuple[float, object]:
     start = time.perf_counter()
     res = call()
@@ -118,19 +121,16 @@ def timed(call) -> tuple[float, object]:
 def run_pool(shape: str, kind: str, count: int, seed: int) -> None:
     n, d, k, _, _ = SHAPES[shape]
     x = make_pool(kind, n, d, k, seed)
-    rtol = max(k, d) * torch.finfo(x.dtype).eps
-    x64 = x.double()
-    gram = x64 @ x64.T
-    lam_cap = float(torch.linalg.eigvalsh(gram)[-1])
+    pool = pool_of(x, k)
     subsets = probes.sample_subsets(n, k, count, seed=seed)
     before = load()
-    r, slack = exact_ratios(gram, subsets, lam_cap)
-    q = r / rtol
+    r, slack = exact_ratios(pool, subsets)
+    q = r / pool.rtol
     counts = torch.histogram(q.clamp(max=1e300), torch.tensor(_EDGES[:-1] + (1e300,), dtype=torch.float64))
     bins = [int(c) for c in counts.hist]
     inside = int((((q > 0.1) & (q < 1)) | ((q > 2) & (q < 10))).sum())
     open10 = int(((q >= 10) & (q < 10 * slack)).sum())
-    ms = kernel_ms(gram, subsets, min(count, 64), rtol, d, lam_cap)
+    ms = kernel_ms(pool, subsets, min(count, 64))
     plain_s, plain = timed(lambda: probes.kruskal_test(x, k, subsets=count, seed=seed, robustness=False,
                                                        progress=False))
     default_s, default = timed(lambda: probes.kruskal_test(x, k, subsets=count, seed=seed, progress=False))
@@ -153,14 +153,11 @@ def run_pool(shape: str, kind: str, count: int, seed: int) -> None:
 def run_general_position(count: int, seed: int, n: int = 1000, d: int = 768) -> None:
     x = anisotropic_pool(n, d, seed)
     k = d
-    x64 = x.double()
-    gram = x64 @ x64.T
-    rtol = max(k, d) * torch.finfo(x.dtype).eps
-    lam_cap = float(torch.linalg.eigvalsh(gram)[-1])
+    pool = pool_of(x, k)
     subsets = probes.sample_subsets(n, k, count, seed=seed)
     before = load()
-    ms = kernel_ms(gram, subsets, min(count, 64), rtol, d, lam_cap)
-    lam_ratio = exact_ratios(gram, subsets, lam_cap)[0] ** 2
+    ms = kernel_ms(pool, subsets, min(count, 64))
+    lam_ratio = exact_ratios(pool, subsets)[0] ** 2
     f32_floor = (k + 1) * torch.finfo(torch.float32).eps
     f32 = int((lam_ratio > f32_floor).sum())
     exact_s, a = timed(lambda: probes.kruskal_test(x, k, subsets=count, seed=seed, rank_sample=None,
@@ -183,12 +180,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="bert,gpt2", help="comma-separated: " + ", ".join(SHAPES))
-    parser.add_argument("--pools", default="gaussian,cluster", help="comma-separated: gaussian, cluster")
+    parser.add_argument("--pools", default="gaussian,cluster", help="comma-separated: " + ", ".join(POOLS))
     parser.add_argument("--subsets", type=int, default=1000, help="subsets per pool (default 1000)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--general-position", action="store_true",
                         help="general position at k = d = 768 instead (N = 1000)")
     args = parser.parse_args()
+    shapes = checked_names(parser, args.shapes, SHAPES, "shape")
+    pools = checked_names(parser, args.pools, POOLS, "pool")
     header(args, "cpu")
     if args.general_position:
         run_general_position(args.subsets, args.seed)
@@ -198,12 +197,8 @@ def main() -> None:
           "| gather / Cholesky / eigenvalues (ms a block) | plain (s) | default (s) "
           "| least extra for an exact grid (s) | 1.3x allows (s) | load |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for shape in args.shapes.split(","):
-        if shape not in SHAPES:
-            parser.error(f"unknown shape {shape!r}; valid: {', '.join(SHAPES)}")
-        for kind in args.pools.split(","):
-            if kind not in ("gaussian", "cluster"):
-                parser.error(f"unknown pool {kind!r}; valid: gaussian, cluster")
+    for shape in shapes:
+        for kind in pools:
             run_pool(shape, kind, args.subsets, args.seed)
 
 

@@ -319,6 +319,19 @@ def print_robustness(rows: list[dict]) -> None:
         print(f"#   grid: {', '.join(f'{m:g}x {f:.4f}' for m, f in grid.items())}", flush=True)
 
 
+POOLS = ("gaussian", "cluster")  # the kinds of :func:`make_pool`
+
+
+def checked_names(parser: argparse.ArgumentParser, text: str, valid, what: str) -> list[str]:
+    """The comma-separated names of ``text`` (e.g. ``--shapes``), each one of ``valid`` (else the
+    parser's one-line error, before anything runs)."""
+    names = text.split(",")
+    for name in names:
+        if name not in valid:
+            parser.error(f"unknown {what} {name!r}; valid: {', '.join(valid)}")
+    return names
+
+
 def _pool_sizes(text: str) -> dict[str, int]:
     """``bert=1000,gpt2=1500`` -> {"bert": 1000, "gpt2": 1500}."""
     out = {}
@@ -374,6 +387,8 @@ def main() -> None:
         help="best of this many runs of the fast path and of the loop (--robustness: of each call)",
     )
     args = parser.parse_args()
+    shapes = checked_names(parser, args.shapes, SHAPES, "shape")
+    pools = checked_names(parser, args.pools, POOLS, "pool")
     clock = time.process_time if args.cpu_time else time.perf_counter
     header(args, args.device)
     if args.robustness:
@@ -384,9 +399,7 @@ def main() -> None:
                                              args.device, args.repeats, clock, args.rank_sample)])
             return
         rows = []
-        for shape in args.shapes.split(","):
-            if shape not in SHAPES:
-                parser.error(f"unknown shape {shape!r}; valid: {', '.join(SHAPES)}")
+        for shape in shapes:
             n, d, k, default_subsets, _ = SHAPES[shape]
             n = args.pool_size.get(shape, n)
             count = (
@@ -396,7 +409,7 @@ def main() -> None:
             rows += [
                 run_robustness(kind, make_pool(kind, n, d, k, args.seed).to(args.device), k, count, args.seed,
                                args.device, args.repeats, clock, args.rank_sample)
-                for kind in args.pools.split(",")
+                for kind in pools
             ]
         print_robustness(rows)
         return
@@ -421,10 +434,8 @@ def main() -> None:
           "| achieved GFLOP/s (% of f64 peak) | verdicts agree | ranks agree | fast-path stages "
           "| load 1-min (start/fast/end) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for shape in args.shapes.split(","):
-        if shape not in SHAPES:
-            parser.error(f"unknown shape {shape!r}; valid: {', '.join(SHAPES)}")
-        for kind in args.pools.split(","):
+    for shape in shapes:
+        for kind in pools:
             r = run(kind, shape, args, args.device, peak)
             loop = f"{r['loop_s']:.1f}" + (f" (scaled from {r['loop_n']})" if r["extrapolated"] else "")
             stages = ", ".join(f"{k} {v}" for k, v in r["stages"].items() if v)

@@ -265,12 +265,16 @@ class _Refiner:
         self.lam_hi = torch.full((src.count,), math.nan, dtype=torch.float64)
         self.bracketed = torch.zeros(src.count, dtype=torch.bool)  # eigenvalues computed (:meth:`exact`)
         self.charged = torch.zeros(src.count, dtype=torch.bool)  # charged to the spectra budget
-        self.spectra = 0
         self.factorised = 0
         self.above: list[float] = []  # the grid's tolerances above rtol (set by :meth:`grid`) ...
         self.below: list[float] = []  # ... and below it
 
     # ------------------------------------------------------------------ the tools
+    @property
+    def spectra(self) -> int:
+        """Exact spectra charged to the budget of the bracket and the margin (each matrix once)."""
+        return int(self.charged.sum())
+
     def _workers(self) -> int:
         """Worker threads for independent chunks: the fast path's, on the CPU; one elsewhere."""
         return fast.workers() if _device(self.src).type == "cpu" else 1
@@ -476,7 +480,6 @@ class _Refiner:
             self.hi[part] = torch.minimum(self.hi[part], torch.maximum(r_hi * (1 + _PAD), self.lo[part]))
         self.bracketed[pos] = True
         if count:
-            self.spectra += int((~self.charged[pos]).sum())
             self.charged[pos] = True
 
     def _spectra(
