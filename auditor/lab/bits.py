@@ -1,22 +1,29 @@
 """Bits per parameter: every room's capacity in one unit (``audit bits``).
 
-Each room stores something different, so each room counts its own results: its
+Each room stores something different, so each room reads its own results: its
 :class:`~auditor.lab.room.BitsReader` (declared in the room's package, e.g. :mod:`auditor.lab.memorize.bits`)
 claims the result CSVs it wrote and turns them into rows
 
-    room, experiment, config, stored_bits, parameters, bits_per_parameter, formula, converged, source
+    room, experiment, config, stored_bits, entropy_bits, residual_bits, parameters, bits_per_parameter,
+    formula, converged, source
 
-with the formula written out on every row. This module finds the CSVs, asks every room's reader (exactly
-one may claim a CSV; a CSV no room claims holds nothing to count), checks the counts and draws them.
+with the formula written out on every row. Every reader counts with the one definition of
+:mod:`auditor.lab.information`, as the published capacities are counted (Allen-Zhu and Li; Morris et
+al.): ``stored_bits`` = ``entropy_bits`` (H, the entropy of the data's generator, from the task's own
+parameters) - ``residual_bits`` (L, the model's log-loss in bits, or the code correcting its argmax errors),
+clipped to [0, H]. A model at chance stores 0, and no row exceeds the entropy of its data. This module
+finds the CSVs, asks every room's reader (exactly one may claim a CSV; a CSV no room claims holds nothing
+to count), checks the counts and draws them.
 
 ``converged`` is True when the count comes from a run that finished (all memorized, a plateau, an early
 stop at full accuracy, or no training at all), False when it stopped at its step limit, empty when the CSV
 cannot tell. ``audit bits [REPORT_DIRS...]`` finds the result CSVs under the folders, writes ``bits.csv``
 and ``bits.png`` (bits per parameter against parameters, with 2 bits/param (Allen-Zhu and Li, 2024),
-3.6 bits/param (Morris et al., 2025) and, for the attention layers of paper A, the bounds H(n-1)+1 and
-H d_h + d in the same unit). The plot draws the three convergence classes apart (filled: converged; faint
-hollow triangle: step-limited; hollow diamond: convergence not recorded) and the printed summary's headline
-median, min and max use the converged rows only; its "(all rows)" columns say so when they count the others.
+3.6 and 3.5 bits/param (Morris et al., 2025, float32 and bfloat16) and, for the attention layers of paper
+A, the bounds H(n-1)+1 and H d_h + d in the same unit). The plot draws the three convergence classes apart
+(filled: converged; faint hollow triangle: step-limited; hollow diamond: convergence not recorded) and the
+printed summary's headline median, min and max use the converged rows only; its "(all rows)" columns say
+so when they count the others.
 """
 
 from __future__ import annotations
@@ -39,6 +46,8 @@ COLUMNS = (
     "experiment",
     "config",
     "stored_bits",
+    "entropy_bits",
+    "residual_bits",
     "parameters",
     "bits_per_parameter",
     "formula",
@@ -47,7 +56,9 @@ COLUMNS = (
     "bound_bits_paper_a",
     "bound_bits_dana",
 )
-REFERENCES = {"2 bits/param (Allen-Zhu and Li 2024)": 2.0, "3.6 bits/param (Morris et al. 2025)": 3.6}
+REFERENCES = {"2 bits/param (Allen-Zhu and Li 2024)": 2.0,
+              "3.6 bits/param (Morris et al. 2025, float32)": 3.6,
+              "3.5 bits/param (Morris et al. 2025, bfloat16)": 3.5}
 
 
 def unknown_convergence(frame: pd.DataFrame) -> pd.Series:
@@ -71,8 +82,10 @@ def _check_counts(rows: pd.DataFrame, file: Path, room: str) -> None:
     infinite bits per parameter). Names the file and the first bad row (its line in the file)."""
     bits = pd.to_numeric(rows["stored_bits"], errors="coerce").astype(float)
     params = pd.to_numeric(rows["parameters"], errors="coerce").astype(float)
+    entropy = pd.to_numeric(rows["entropy_bits"], errors="coerce").astype(float)
     checks = (
         (~np.isfinite(bits), "stored bits {} (from its counts) are not a finite number"),
+        (bits > entropy * (1 + 1e-12), "stored bits {} exceed the entropy of its data"),
         (bits < 0, "stored bits {} are negative (a negative count, or fewer than 1 class, value or answer)"),
         (~np.isfinite(params), "its parameters {} are not a finite number"),
         (params <= 0, "its parameters {} are not positive"),
@@ -196,21 +209,30 @@ def draw_bits(table: pd.DataFrame, ax: Any) -> Any:
     groups = list(table.groupby(["room", "experiment"], sort=True))
     colors = plt.cm.tab10(np.linspace(0, 1, 10))
     classes = table["converged"].map(convergence_class)
+    bpp_all = pd.to_numeric(table["bits_per_parameter"], errors="coerce")
+    positive = bpp_all[bpp_all > 0]
+    floor = float(positive.min()) / 3 if len(positive) else 1e-3  # where rows storing 0 bits are drawn
     for color, ((room, experiment), part) in zip(colors, groups):
         kind = classes.loc[part.index]
+        bpp = pd.to_numeric(part["bits_per_parameter"], errors="coerce")
         counts = [f"{int((kind == c).sum())} {name}" for c, name in ((CONVERGED, "converged"),
                                                                       (STEP_LIMITED, "step-limited"),
                                                                       (NOT_RECORDED, "not recorded"))
                   if (kind == c).any()]
+        zero = int((bpp == 0).sum())
+        counts += [f"{zero} store 0"] if zero else []
         ax.plot(
             [], [], color=color, lw=5, label=f"{room}: {experiment} ({len(part)} rows: {', '.join(counts)})"
         )
         for name, style in _STYLE.items():
-            rows = part[kind == name]
+            rows = part[(kind == name) & (bpp > 0)]
             if len(rows):
                 ax.scatter(rows["parameters"], rows["bits_per_parameter"], s=16, marker=style["marker"],
                            color=color, facecolors=color if style["filled"] else "none", alpha=style["alpha"],
                            lw=0.8, gid=name)
+        if zero:
+            ax.scatter(part.loc[bpp == 0, "parameters"], np.full(zero, floor), s=14, marker="x", color=color,
+                       lw=0.8, alpha=0.6, gid="zero")
         for column, marker in (("bound_bits_paper_a", "o"), ("bound_bits_dana", "+")):
             bound = pd.to_numeric(part[column], errors="coerce")
             if bound.notna().any():
@@ -228,15 +250,19 @@ def draw_bits(table: pd.DataFrame, ax: Any) -> Any:
             lw=0.8,
             label=_KEY[name],
         )
+    if (bpp_all == 0).any():
+        ax.axhline(floor, color="k", lw=0.4, alpha=0.4)
+        ax.scatter([], [], s=14, marker="x", color="k", lw=0.8,
+                   label="stores 0 bits (no better than chance): drawn on the bottom line")
     ax.scatter([], [], s=9, marker="o", facecolors="none", color="k", lw=0.5,
                label="paper A: H(n-1)+1 examples, same unit (small hollow circle)")
     ax.scatter([], [], s=9, marker="+", color="k", lw=0.5, label="Dana et al.: H d_h + d examples, same unit")
     for label, value in REFERENCES.items():
-        ax.axhline(value, color="gray", ls="--" if value == 2.0 else ":", lw=1, label=label)
+        ax.axhline(value, color="gray", ls={2.0: "--", 3.6: ":"}.get(value, "-."), lw=1, label=label)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("trainable parameters")
-    ax.set_ylabel("bits_per_parameter (stored bits / parameters)")
+    ax.set_ylabel("bits_per_parameter ((H - L)+ / parameters)")
     return ax
 
 
@@ -248,7 +274,8 @@ def plot_bits(table: pd.DataFrame, path: str | Path) -> Path:
     draw_bits(table, ax)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
-    return save(fig, path, title="stored bits per parameter, every room")
+    return save(fig, path,
+                title="stored bits per parameter, every room: the data's entropy less the residual code")
 
 
 @click.command("bits", context_settings={"help_option_names": ["-h", "--help"]})

@@ -1,5 +1,6 @@
-"""Bits per parameter of the capacity room (``audit bits``): memorized x log2(classes), counted like the
-memorize room's layer (d_h = d_v = d on reduced real tokens)."""
+"""Bits of the capacity room (``audit bits``): random labels over ``classes`` on reduced real tokens, counted
+like the memorize room's layer (d_h = d_v = d): N log2(classes) less the code that corrects the labels the
+layer gets wrong, clipped at 0 (:mod:`auditor.lab.information`)."""
 
 from __future__ import annotations
 

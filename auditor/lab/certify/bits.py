@@ -1,25 +1,33 @@
-"""Bits per parameter of the certify room (``audit bits``): guaranteed x REAL_BITS, ``guaranteed`` arbitrary
-real labels fitted exactly, counted at float32 precision (24 significant bits, the layer's dtype)."""
+"""Bits of the certify room (``audit bits``): a certificate trains nothing, it says that ``guaranteed`` of
+the N labels are interpolable (a least-squares readout fits them exactly, whatever they are). Only to
+compare it with trained models is that converted to bits, at the label alphabet the rows name
+(``classes``): the g interpolable labels are free, the other N - g are sent as they are, so stored =
+g log2(classes) of the data's N log2(classes) (:func:`auditor.lab.information.interpolable_stored_bits`),
+never more per label than a class carries."""
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
+from auditor.lab.information import interpolable_stored_bits, uniform_entropy
 from auditor.lab.memorize.bits import layer_parameters, paper_a_bounds
 from auditor.lab.room import BitsReader
 
-REAL_BITS = 24  # significand bits of float32: the precision a certified real label is counted at
-
 
 def certify_bits(frame: pd.DataFrame) -> pd.DataFrame:
-    """Rows of ``audit certify``: guaranteed exact reals at float32 precision (one label per example)."""
+    """Rows of ``audit certify``: ``guaranteed`` labels interpolable, counted at log2(classes) each."""
     parameters = frame.apply(lambda r: layer_parameters(r, d_v=int(r["d_h"])), axis=1)
     config = frame.apply(lambda r: f"weights={r['weights']}, heads={r['heads']}, context={r['context']}, "
                                    f"d_h={r['d_h']}, d={r['d']}, N={r['N']}, seed={r['seed']}", axis=1)
-    paper_a, dana = paper_a_bounds(frame, pd.Series(float(REAL_BITS), index=frame.index))
+    alphabet = frame["classes"].astype(float)
+    stored, residual = interpolable_stored_bits(frame["N"], frame["guaranteed"], alphabet)
+    paper_a, dana = paper_a_bounds(frame, pd.Series(np.log2(alphabet), index=frame.index))
     return pd.DataFrame({"room": "memorize", "experiment": "certify", "config": config,
-                         "stored_bits": frame["guaranteed"] * REAL_BITS, "parameters": parameters,
-                         "formula": f"guaranteed x {REAL_BITS} (exact reals at float32 precision)",
+                         "stored_bits": stored, "entropy_bits": uniform_entropy(frame["N"], alphabet),
+                         "residual_bits": residual, "parameters": parameters,
+                         "formula": "labels interpolable (guaranteed) x log2(classes), compared at the "
+                                    "label alphabet",
                          "converged": True, "bound_bits_paper_a": paper_a, "bound_bits_dana": dana})
 
 

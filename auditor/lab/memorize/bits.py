@@ -1,7 +1,10 @@
-"""Bits per parameter of the memorize room (``audit bits``): memorized x log2(classes) for classification,
-memorized x outputs x log2(1 / (2 error_tolerance)) for regression (a label known to +- error_tolerance in
-[0, 1) is one of that many bins); beside them the paper-A bounds H(n-1)+1 and H d_h + d in the same unit.
-The certify and capacity rooms count their layer with the same helpers."""
+"""Bits of the memorize room (``audit bits``), counted by :mod:`auditor.lab.information`: N random labels
+uniform over ``classes`` hold N log2(classes) bits; a run that gets ``memorized`` of them right by argmax
+stores that less the code correcting the others, log2(N+1) + log2 C(N, E) + E log2(classes), clipped at
+0 (a model at chance stores nothing). Regression labels uniform in [0, 1)^outputs, right within
++- error_tolerance, are counted as one of (1 / (2 error_tolerance))^outputs bins. Beside them the paper-A
+bounds H(n-1)+1 and H d_h + d, in bits of the same labels. The certify and capacity rooms count their
+layer with the same helpers."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from auditor.lab.bits import convergence_flags, unknown_convergence
+from auditor.lab.information import argmax_stored_bits, uniform_entropy
 from auditor.lab.room import BitsReader
 
 
@@ -32,9 +36,21 @@ def attention_converged(frame: pd.DataFrame) -> pd.Series:
 
 def paper_a_bounds(frame: pd.DataFrame, label_bits: pd.Series) -> tuple[pd.Series, pd.Series]:
     """Bits of H(n-1)+1 (Proposition 2's ceiling; Theorem 1 at d_h >= n) and of
-    H d_h + d (Dana et al.) examples."""
+    H d_h + d (Dana et al.) examples, each label counted at ``label_bits`` (log2 of its alphabet)."""
     return ((frame["heads"] * (frame["context"] - 1) + 1) * label_bits,
             (frame["heads"] * frame["d_h"] + frame["d"]) * label_bits)
+
+
+def label_alphabet(frame: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """(alphabet M of one label, regression?) of every row: ``classes``, or (1 / (2 error_tolerance))^outputs
+    bins for regression labels."""
+    regression = frame["task"].eq("regression") if "task" in frame else pd.Series(False, index=frame.index)
+    tolerance = frame["error_tolerance"].astype(float) if "error_tolerance" in frame else pd.Series(
+        np.nan, index=frame.index)
+    outputs = frame["outputs"].astype(float) if "outputs" in frame else pd.Series(1.0, index=frame.index)
+    bins = (1.0 / (2.0 * tolerance.where(regression, 0.25))) ** outputs
+    alphabet = pd.Series(np.where(regression, bins, frame["classes"].astype(float)), index=frame.index)
+    return alphabet, regression
 
 
 def memorize_bits(frame: pd.DataFrame, experiment: str = "memorize") -> pd.DataFrame:
@@ -42,21 +58,14 @@ def memorize_bits(frame: pd.DataFrame, experiment: str = "memorize") -> pd.DataF
     ``audit memorize shared-queries`` (column ``shared_queries``) count under that experiment."""
     if experiment == "memorize" and "shared_queries" in frame:
         experiment = "memorize shared-queries"
-    regression = frame["task"].eq("regression") if "task" in frame else pd.Series(False, index=frame.index)
-    tolerance = (
-        frame["error_tolerance"].astype(float)
-        if "error_tolerance" in frame
-        else pd.Series(np.nan, index=frame.index)
-    )
-    outputs = frame["outputs"] if "outputs" in frame else pd.Series(1, index=frame.index)
-    label_bits = np.where(regression, outputs * np.log2(1.0 / (2.0 * tolerance.where(regression, 0.25))),
-                          np.log2(frame["classes"].astype(float)))
-    label_bits = pd.Series(label_bits, index=frame.index)
+    alphabet, regression = label_alphabet(frame)
+    entropy = uniform_entropy(frame["N"], alphabet)
+    stored, residual = argmax_stored_bits(entropy, frame["N"], frame["memorized"], alphabet)
     parameters = frame["parameters"] if "parameters" in frame else frame.apply(
         lambda r: layer_parameters(r, d_v=int(r["d"]) if "d_v" not in r else None), axis=1)
-    formula = np.where(
-        regression, "memorized x outputs x log2(1 / (2 error_tolerance))", "memorized x log2(classes)"
-    )
+    labels = np.where(regression, "N x outputs x log2(1 / (2 error_tolerance))", "N log2(classes)")
+    formula = pd.Series(labels, index=frame.index) + (
+        " - [log2(N+1) + log2 C(N, E) + E log2 M], E = N - memorized, clipped at 0")
     config = frame.apply(
         lambda r: ", ".join(
             f"{k}={r[k]}"
@@ -65,13 +74,15 @@ def memorize_bits(frame: pd.DataFrame, experiment: str = "memorize") -> pd.DataF
         ),
         axis=1,
     )
-    paper_a, dana = paper_a_bounds(frame, label_bits)
+    paper_a, dana = paper_a_bounds(frame, pd.Series(np.log2(alphabet), index=frame.index))
     return pd.DataFrame(
         {
             "room": "memorize",
             "experiment": experiment,
             "config": config,
-            "stored_bits": frame["memorized"] * label_bits,
+            "stored_bits": stored,
+            "entropy_bits": entropy,
+            "residual_bits": residual,
             "parameters": parameters,
             "formula": formula,
             "converged": attention_converged(frame),
