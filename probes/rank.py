@@ -101,7 +101,13 @@ def resolve_rtol(rtol: float | None, m: int, n: int, dtype: torch.dtype) -> floa
     if rtol is None:
         return default_rtol(m, n, dtype)
     if isinstance(rtol, bool | np.bool_) or not isinstance(rtol, numbers.Real) or not 0 <= rtol < 1:
-        raise ValueError(f"rtol must be a finite number in [0, 1), got {rtol!r}")
+        raise ValueError(f"rtol must be a finite number in (0, 1), got {rtol!r}")
+    if rtol == 0:
+        raise ValueError(
+            "rtol must be a finite number in (0, 1), got 0: at rtol = 0 every nonzero float64 singular "
+            "value counts, rounding noise included, so no rank verdict there can be proven; use a positive "
+            "rtol (None: the default of the data's dtype)"
+        )
     return float(rtol)
 
 
@@ -232,7 +238,8 @@ def numerical_rank(
         :class:`RankResult` with ``rank``, ``margin`` (decades) and ``tol``, shaped like the batch.
 
     Raises:
-        ValueError: not 2-D or more, empty, or non-finite input; rtol outside [0, 1).
+        ValueError: not 2-D or more, empty, or non-finite input; rtol outside (0, 1) (0 is refused:
+            no verdict at it can be proven).
     """
     a = as_tensor(a, "matrix")
     if a.ndim < 2:

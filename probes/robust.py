@@ -88,7 +88,7 @@ class Robustness:
             value would have needed more exact spectra than allowed); False when it is exact.
         critical_rtol: the tolerance at which the verdict flips: it holds at every rtol below and fails
             at every rtol at or above. 0.0 when it fails at every positive rtol (e.g. duplicated
-            vectors), inf when it holds at every rtol in [0, 1). Exact up to the bracket width (3% near
+            vectors), inf when it holds at every rtol in (0, 1). Exact up to the bracket width (3% near
             rtol, 10% beyond 10x either side) where :meth:`exact`; otherwise (the work caps were reached)
             the bracket end nearer to rtol, so that ``verdict_margin`` is a proven lower bound.
         critical_rtol_low, critical_rtol_high: a proven bracket: low <= critical <= high.

@@ -87,6 +87,10 @@ class AuditConfig:
             bounded("threads", self.threads, 1, MAX_THREADS)
         if self.executor not in EXECUTORS:
             raise did_you_mean("executor", self.executor, EXECUTORS)
+        if self.executor != "local" and self.workers == 1 and self.tokens is None:
+            raise AuditError(f"--executor {self.executor} runs the shards of --workers, and workers is 1 "
+                             "(the default): nothing would be distributed; add --workers N (N >= 2) or leave "
+                             "out --executor")
         if self.slurm is not None:
             if not isinstance(self.slurm, SlurmOptions):
                 raise AuditError(
@@ -115,9 +119,9 @@ class AuditConfig:
         ):
             raise AuditError(f"threshold must be a number in (0, 1]; got {self.threshold!r}")
         if self.rtol is not None and (isinstance(self.rtol, bool) or not isinstance(self.rtol, int | float)
-                                      or not 0 <= self.rtol < 1 or math.isnan(self.rtol)):
+                                      or not 0 < self.rtol < 1 or math.isnan(self.rtol)):
             raise AuditError(
-                f"rtol (the relative rank tolerance) must be a number in [0, 1); got {self.rtol!r}"
+                f"rtol (the relative rank tolerance) must be a number in (0, 1); got {self.rtol!r}"
             )
         lo, hi = probes.rank.SEED_RANGE
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not lo <= self.seed <= hi:
@@ -139,10 +143,13 @@ class AuditConfig:
             parse_layers(self.layers, None)  # the form now; the range once the model's block count is known
         if self.memory_budget is not None and (
             isinstance(self.memory_budget, bool) or not isinstance(self.memory_budget, int | float)
-            or not 0 < self.memory_budget < math.inf
+            or not 0 < self.memory_budget <= MAX_MEMORY_BUDGET_GIB
         ):
-            raise AuditError(f"memory_budget (GiB of tokens held at once) must be a positive number; "
-                             f"got {self.memory_budget!r}")
+            raise AuditError(f"memory_budget (GiB of tokens held at once, --memory-budget) must be a number "
+                             f"in (0, {MAX_MEMORY_BUDGET_GIB:,}] (1 PiB); got {self.memory_budget!r}")
+
+
+MAX_MEMORY_BUDGET_GIB = 2**20  # 1 PiB: a larger budget is a typo (and overflows byte counts in numpy)
 
 
 def parse_layers(spec: object, num_layers: int | None) -> list[int]:
