@@ -55,7 +55,14 @@ DEFAULT_TIME = "60"  # minutes per job when --slurm-time is not given
 MAX_PICKLE_GB = 16.0  # the calls of one array, pickled to the shared folder (shards carry their inputs)
 _MANAGED = {"array", "output", "error", "job-name", "partition", "time", "cpus-per-task", "gpus-per-node",
             "gpus", "gpus-per-task", "gres", "signal", "open-mode", "wrap"}
-_FLAG = re.compile(r"--?([A-Za-z][A-Za-z0-9-]*)(?:=(.*))?$", re.S)
+# An extra sbatch flag is data, never shell text: each becomes one ``#SBATCH --name=value`` line of the batch
+# script, so a newline would start a line of its own (a command, or a line that hides the #SBATCH lines
+# after it). Names are letters, digits and dashes; values a single token of these characters (enough for
+# accounts, QOS, memory, constraints such as a100&nvlink, node lists such as node[01-04], mail addresses).
+_FLAG = re.compile(r"--([A-Za-z][A-Za-z0-9-]*)(?:=(.*))?", re.S)
+VALUE_CHARS = "A-Za-z0-9_.,:@%+=/[]&|*~!-"
+_VALUE = re.compile(r"[A-Za-z0-9_.,:@%+=/\[\]&|*~!-]+")
+_PARTITION = re.compile(r"[A-Za-z0-9_.,-]+")  # a partition name, or a comma-separated list of them
 
 
 def require_submitit() -> None:
@@ -95,11 +102,17 @@ def parse_sbatch(flags: Sequence[str]) -> dict[str, Any]:
     option."""
     out: dict[str, Any] = {}
     for raw in flags:
-        match = _FLAG.match(str(raw).strip())
-        if not match or not str(raw).strip().startswith("--"):
+        match = _FLAG.fullmatch(raw.strip()) if isinstance(raw, str) else None
+        if not match:
             raise AuditError(f"--slurm-sbatch takes a long sbatch flag as --name=value or --name (e.g. "
-                             f"--account=abc, --qos=high, --mem=16G, --exclusive); got {raw!r}")
+                             f"--account=abc, --qos=high, --mem=16G, --exclusive), one token without "
+                             f"spaces or newlines; got {raw!r}")
         name, value = match.group(1), match.group(2)
+        if value is not None and not _VALUE.fullmatch(value):
+            raise AuditError(
+                f"--slurm-sbatch {raw!r}: a value is one token of the characters {VALUE_CHARS} (no spaces, "
+                "quotes, newlines or shell characters; it becomes one #SBATCH line, never shell text)"
+            )
         if name in _MANAGED:
             raise AuditError(
                 f"--slurm-sbatch {raw!r}: --{name} is set by the executor; use --slurm-partition, "
@@ -133,8 +146,14 @@ class SlurmOptions:
     extra: dict[str, Any] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.partition is not None and not (isinstance(self.partition, str) and self.partition.strip()):
-            raise AuditError(f"--slurm-partition takes a partition name (see sinfo); got {self.partition!r}")
+        if self.partition is not None and not (isinstance(self.partition, str)
+                                               and _PARTITION.fullmatch(self.partition)):
+            raise AuditError(f"--slurm-partition takes a partition name (letters, digits, _ . - and commas; "
+                             f"see sinfo); got {self.partition!r}")
+        if self.folder is not None and (not isinstance(self.folder, str | os.PathLike) or any(
+                ord(c) < 32 or ord(c) == 127 for c in str(self.folder))):
+            raise AuditError(f"the Slurm log folder must be a path without control characters (newlines "
+                             f"would end up in the batch script); got {self.folder!r}: choose another --out")
         for name, value, low in (
             ("--slurm-cpus", self.cpus_per_task, 1),
             ("--slurm-gpus", self.gpus_per_task, 0),

@@ -275,9 +275,10 @@ class HFAdapter(Adapter):
         raise NotImplementedError
 
     def make_inputs(
-        self, spec: ModelSpec, kind: str, folder: Path | None, config: Any
+        self, spec: ModelSpec, kind: str, folder: Path | None, config: Any, *, trust_remote_code: bool = False
     ) -> tuple[TextTokenizer | None, ImagePreprocessor | None]:
-        """The tokenizer or image preprocessing matching the weights."""
+        """The tokenizer or image preprocessing matching the weights (``trust_remote_code``: a saved
+        tokenizer may run code from the checkpoint)."""
         raise NotImplementedError
 
     def width(self, config: Any) -> int:
@@ -314,12 +315,26 @@ class HFAdapter(Adapter):
         local = spec.local_weights() if spec.local_weights is not None else None
         return str(local) if local is not None else spec.source
 
+    def folder_config(self, folder: Path) -> Any:
+        """The config of a ``save_pretrained`` folder of this family, checked as data
+        (:func:`auditor.models.limits.check_config`) before anything is built from it."""
+        from auditor.models.checkpoint import check_not_quantized
+        from auditor.models.limits import check_config, config_error
+
+        self.check_folder(folder)
+        check_not_quantized(folder)
+        try:
+            with quiet_transformers():
+                config = self.config_class.from_pretrained(str(folder), local_files_only=True)
+        except Exception as err:  # noqa: BLE001 - transformers' validation raises StrictDataclassError & co
+            raise config_error(err, str(folder / "config.json")) from None
+        check_config(config, str(folder / "config.json"))
+        return config
+
     def planned_shape(self, spec, weights, *, context_length, overrides):
         kind = weights_kind(weights)
         if kind == "folder":
-            folder = Path(weights).expanduser()
-            self.check_folder(folder)
-            config = self.config_class.from_pretrained(str(folder))
+            config = self.folder_config(Path(weights).expanduser())
         elif kind == "random":
             config = self.build_config(spec, overrides)
         elif spec.config is not None:
@@ -347,7 +362,17 @@ class HFAdapter(Adapter):
         if kind != "random" and overrides:
             raise AuditError("config overrides apply to weights='random' only")
         if kind == "random":
-            config = self.build_config(spec, overrides)
+            from auditor.models.limits import check_config, config_error
+
+            try:
+                config = self.build_config(spec, overrides)
+            except AuditError:
+                raise
+            except Exception as err:  # noqa: BLE001 - transformers' validation of an overridden field
+                where = f"{spec.name} with config overrides {dict(overrides or {})}"
+                raise config_error(err, where) from None
+            check_config(config, spec.name + (" with config overrides" if overrides else ""),
+                         itemsize=max(4, dtype.itemsize))
             n = self.context_length(config, context_length)  # a bad n fails before the model is built
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
@@ -355,7 +380,7 @@ class HFAdapter(Adapter):
             read_from = f"random init (torch.manual_seed({seed}))"
         else:
             if folder is not None:
-                self.check_folder(folder)
+                self.folder_config(folder)  # checked as data before the model is built from it
             source = str(folder) if folder is not None else self.pretrained_source(spec)
             model = load_pretrained(
                 self.model_class, source, model_kwargs=self.model_kwargs, optional=self.optional_weights
@@ -365,7 +390,8 @@ class HFAdapter(Adapter):
         stored = weights_dtype(model.parameters())  # as initialised, or as the checkpoint holds them
         model = model.to(device=device, dtype=dtype).eval()
         n = self.context_length(config, context_length)
-        tokenizer, preprocessor = self.make_inputs(spec, kind, folder, config)
+        tokenizer, preprocessor = self.make_inputs(spec, kind, folder, config,
+                                                   trust_remote_code=trust_remote_code)
         if tokenizer is not None and tokenizer.vocab_size > int(config.vocab_size):
             raise AuditError(
                 f"{spec.name}: the tokenizer has {tokenizer.vocab_size} ids but the model only "

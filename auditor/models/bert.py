@@ -25,26 +25,32 @@ from auditor.models.base import (
     hub_reachable,
 )
 from auditor.models.registry import register, register_adapter
-from auditor.models.tokenizers import bundled_wordpiece, wrap_hf_tokenizer  # noqa: F401  (re-exported)
+from auditor.models.tokenizers import (  # noqa: F401  (re-exported)
+    bundled_wordpiece,
+    load_tokenizer,
+    wrap_hf_tokenizer,
+)
 
 BERT_DEFAULT_N = 512  # the paper's BERT setting; narrower models: see default_context_length
 BERT_TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
 
 
 def _saved_tokenizer(source: str | Path, local_only: bool, label: str) -> TextTokenizer | None:
+    """A hub or installed tokenizer of the library's own classes (never code from the checkpoint)."""
     try:
-        tok = AutoTokenizer.from_pretrained(str(source), local_files_only=local_only)
+        tok = AutoTokenizer.from_pretrained(str(source), local_files_only=local_only, trust_remote_code=False)
     except (OSError, ValueError):
         return None
     return wrap_hf_tokenizer(tok, label)
 
 
-def bert_tokenizer(spec: ModelSpec, kind: str, folder: Path | None) -> TextTokenizer:
-    """The tokenizer saved with the weights when there is one, else the bundled uncased WordPiece."""
+def bert_tokenizer(spec: ModelSpec, kind: str, folder: Path | None, trust_remote_code: bool = False
+                   ) -> TextTokenizer:
+    """The tokenizer saved with the weights when there is one (a one-line error when it is there but cannot
+    be read, or is custom code without ``trust_remote_code``), else the bundled uncased WordPiece."""
     if folder is not None and any((folder / f).is_file() for f in BERT_TOKENIZER_FILES):
-        found = _saved_tokenizer(folder, local_only=True, label=f"tokenizer saved in {folder.name}/")
-        if found is not None:
-            return found
+        tok = load_tokenizer(str(folder), local_only=True, trust_remote_code=trust_remote_code)
+        return wrap_hf_tokenizer(tok, f"tokenizer saved in {folder.name}/")
     if kind == "pretrained":
         local = spec.local_weights() if spec.local_weights is not None else None
         found = (
@@ -89,8 +95,9 @@ class BertAdapter(HFAdapter):
             )
         return n
 
-    def make_inputs(self, spec: ModelSpec, kind: str, folder: Path | None, config: Any):
-        return bert_tokenizer(spec, kind, folder), None
+    def make_inputs(self, spec: ModelSpec, kind: str, folder: Path | None, config: Any, *,
+                    trust_remote_code: bool = False):
+        return bert_tokenizer(spec, kind, folder, trust_remote_code), None
 
     def forward(self, model, batch) -> None:
         model(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"])

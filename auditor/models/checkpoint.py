@@ -22,16 +22,106 @@ from auditor.core.errors import AuditError
 from auditor.models.hub import WeightsUnavailable, first_line, hub_reachable, quiet_transformers
 
 SAFETENSORS, TORCH_BIN = "model.safetensors", "pytorch_model.bin"
+INDEX_FILE = "model.safetensors.index.json"
 CONVERT_HINT = "convert it to model.safetensors (safetensors.torch.save_file or save_pretrained)"
+
+
+def _roots(folder: Path) -> list[Path]:
+    """Where the files of ``folder`` may lie once links are resolved: the folder itself, and for a Hugging
+    Face cache snapshot (``.../snapshots/<revision>``, whose files link to ``../../blobs``) its blobs."""
+    real = folder.resolve()
+    return [real, real.parent.parent / "blobs"] if real.parent.name == "snapshots" else [real]
+
+
+def inside_folder(folder: Path, path: Path, what: str) -> Path:
+    """``path`` when, links resolved, it lies inside ``folder``; else a one-line AuditError naming it."""
+    real = path.resolve()
+    if not any(real.is_relative_to(root) for root in _roots(folder)):
+        raise AuditError(
+            f"{what} ({path}) resolves to {real}, outside the checkpoint folder {folder}; refused: a "
+            "checkpoint may only read files inside its folder (copy the file in if you trust it)"
+        )
+    return path
+
+
+def shard_name(name: object, index: Path | str) -> str:
+    """A shard name from a safetensors index: a plain file name (no folder part, no ``..``); else a
+    one-line AuditError (an index naming ``../x`` or ``/etc/x`` would read outside the checkpoint)."""
+    if (not isinstance(name, str) or not name.strip() or name in (".", "..") or "/" in name or "\\" in name
+            or "\0" in name or not name.endswith(".safetensors")):
+        raise AuditError(
+            f"{index} names the shard {name!r}, which is not a .safetensors file name beside the index; "
+            "refused: every shard must lie in the checkpoint's folder (fix the index's weight_map)"
+        )
+    return name
+
+
+def read_index(path: Path, where: str | None = None) -> dict[str, str]:
+    """The ``weight_map`` of a safetensors index (tensor name -> shard file name), every shard name checked
+    (:func:`shard_name`); a one-line AuditError for a malformed index."""
+    import json
+
+    label = where or str(path)
+    try:
+        weight_map = json.loads(path.read_text())["weight_map"]
+        if not isinstance(weight_map, dict):
+            raise TypeError(f"weight_map is a {type(weight_map).__name__}, not an object")
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise AuditError(
+            f"{label} is not a safetensors index (an object with a weight_map of tensor -> shard): "
+            f"{first_line(err)}; re-save the checkpoint with save_pretrained"
+        ) from None
+    return {str(key): shard_name(value, label) for key, value in weight_map.items()}
+
+
+QUANTIZED_NAMES = ("weight_scale", "weight_scale_inv", "input_scale", "qweight", "qzeros", "scales",
+                   "weight_zero_point", "SCB")  # tensors only a quantized checkpoint holds
+
+
+def quantized_error(where: Path | str, scheme: object) -> AuditError:
+    """The one line refusing a quantized checkpoint (``scheme``: its quantization_config, or what shows
+    it), naming the scheme."""
+    if isinstance(scheme, dict):
+        method = scheme.get("quant_method") or scheme.get("quant_type") or "unnamed"
+        detail = ", ".join(f"{k} {scheme[k]}" for k in ("fmt", "bits", "weight_block_size") if k in scheme)
+        scheme = f"quant_method {method!r}" + (f" ({detail})" if detail else "")
+    return AuditError(
+        f"{where}: the checkpoint is quantized ({scheme}); the auditor reads unquantized weights only "
+        "(float32, float16 or bfloat16), since its stored numbers are not the model's without their scales: "
+        "audit the model's unquantized release"
+    )
+
+
+def check_not_quantized(folder: Path) -> None:
+    """Refuse a folder whose config.json declares a quantization_config (one line naming the scheme)."""
+    import json
+
+    path = folder / "config.json"
+    try:
+        values = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return  # an unreadable config fails where the config is read, with its own message
+    if isinstance(values, dict) and values.get("quantization_config") is not None:
+        raise quantized_error(path, values["quantization_config"])
 
 
 def weight_files(folder: Path) -> list[Path]:
     """The weights files a ``save_pretrained`` folder holds, in the format that is read: safetensors
-    (single or sharded) when present, else ``pytorch_model*.bin``; sorted by name."""
+    (single or sharded) when present, else ``pytorch_model*.bin``; sorted by name. An index's shards must
+    be plain file names, and every file must lie inside the folder once links are resolved
+    (:func:`inside_folder`): a one-line AuditError otherwise."""
+    index = folder / INDEX_FILE
+    named: set[str] = set()
+    if index.is_file():
+        inside_folder(folder, index, "the safetensors index")
+        named = set(read_index(index).values())
+        for name in sorted(named):
+            inside_folder(folder, folder / name, f"{index}: shard {name!r}")
     for pattern in ("model*.safetensors", "pytorch_model*.bin"):
-        found = sorted(p for p in folder.glob(pattern) if p.is_file())
+        found = sorted({p for p in folder.glob(pattern) if p.is_file()} | {
+            folder / n for n in named if pattern == "model*.safetensors" and (folder / n).is_file()})
         if found:
-            return found
+            return [inside_folder(folder, p, "the weights file") for p in found]
     return []
 
 
@@ -72,6 +162,9 @@ def _tensors(path: Path) -> Iterator[tuple[str, torch.Tensor | None, str]]:
 def check_weight_file(path: Path) -> None:
     """Refuse a weights file with complex or non-finite tensors, or a pickle that is more than tensors."""
     for name, tensor, dtype in _tensors(path):
+        if dtype.upper().startswith(("F8", "FLOAT8")) or name.rsplit(".", 1)[-1] in QUANTIZED_NAMES:
+            raise quantized_error(path, f"tensor {name!r} is stored as {dtype}" if dtype.upper().startswith(
+                ("F8", "FLOAT8")) else f"it holds the quantization tensor {name!r}")
         if tensor is None or tensor.is_complex():
             raise AuditError(
                 f"{path}: tensor {name!r} is complex ({dtype}); model weights must be real numbers"
@@ -106,6 +199,7 @@ def load_pretrained(
     offline = not local and not hub_reachable()
     formats: tuple[bool, ...] = (True, False)  # use_safetensors: safetensors first, then weights-only .bin
     if local:
+        check_not_quantized(folder)
         files = weight_files(folder)
         if not files:
             raise WeightsUnavailable(f"{source}: no {SAFETENSORS} or {TORCH_BIN} in the folder")

@@ -102,7 +102,8 @@ class DecoderAdapter(PartialAdapter):
         self, spec: ModelSpec, kind: str, source: str | None, config: Any, options: Mapping[str, Any]
     ):
         found = (
-            saved_tokenizer(source, folder=kind == "folder", label=f"tokenizer of {source}")
+            saved_tokenizer(source, folder=kind == "folder", label=f"tokenizer of {source}",
+                            trust_remote_code=bool(options.get("trust_remote_code")))
             if source
             else None
         )

@@ -30,7 +30,7 @@ from auditor.models.base import (
     hub_reachable,
 )
 from auditor.models.registry import register, register_adapter
-from auditor.models.tokenizers import gpt2_byte_order, wrap_hf_tokenizer
+from auditor.models.tokenizers import gpt2_byte_order, load_tokenizer, wrap_hf_tokenizer
 
 GPT2_DEFAULT_N = 1024  # the paper's gpt2-large setting; narrower models: see default_context_length
 GPT2_TOKENIZER_ID = "openai-community/gpt2"  # all GPT-2 sizes share one BPE vocabulary
@@ -51,19 +51,18 @@ def byte_fallback_tokenizer() -> TextTokenizer:
     return TextTokenizer(name=BYTE_FALLBACK_NAME, encode_batch=encode_batch, vocab_size=256)
 
 
-def gpt2_tokenizer(spec: ModelSpec, kind: str, folder: Path | None) -> TextTokenizer:
-    """The saved tokenizer of a weights folder, else GPT-2's BPE (hub or cache), else the byte fallback."""
+def gpt2_tokenizer(spec: ModelSpec, kind: str, folder: Path | None, trust_remote_code: bool = False
+                   ) -> TextTokenizer:
+    """The saved tokenizer of a weights folder (a one-line error when it is there but cannot be read, or is
+    custom code without ``trust_remote_code``), else GPT-2's BPE (hub or cache), else the byte fallback."""
     if folder is not None and any((folder / f).is_file() for f in GPT2_TOKENIZER_FILES):
-        try:
-            return wrap_hf_tokenizer(
-                AutoTokenizer.from_pretrained(str(folder)), f"tokenizer saved in {folder.name}/"
-            )
-        except (OSError, ValueError):
-            pass
+        tok = load_tokenizer(str(folder), local_only=True, trust_remote_code=trust_remote_code)
+        return wrap_hf_tokenizer(tok, f"tokenizer saved in {folder.name}/")
     # a weights folder without tokenizer files (e.g. save_pretrained of the model alone) uses GPT-2's BPE
     source = spec.source if kind == "pretrained" and folder is None else GPT2_TOKENIZER_ID
     try:
-        tok = AutoTokenizer.from_pretrained(source, local_files_only=not hub_reachable())
+        tok = AutoTokenizer.from_pretrained(source, local_files_only=not hub_reachable(),
+                                            trust_remote_code=False)
     except (OSError, ValueError):
         return byte_fallback_tokenizer()
     wrapped = wrap_hf_tokenizer(tok, f"{source} BPE")
@@ -91,8 +90,9 @@ class GPT2Adapter(HFAdapter):
     def query_index(self, n: int) -> int:
         return n - 1
 
-    def make_inputs(self, spec: ModelSpec, kind: str, folder: Path | None, config: Any):
-        return gpt2_tokenizer(spec, kind, folder), None
+    def make_inputs(self, spec: ModelSpec, kind: str, folder: Path | None, config: Any, *,
+                    trust_remote_code: bool = False):
+        return gpt2_tokenizer(spec, kind, folder, trust_remote_code), None
 
     def forward(self, model, batch) -> None:
         model(input_ids=batch["input_ids"], use_cache=False)

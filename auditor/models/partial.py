@@ -24,7 +24,6 @@ Memory thus grows with the audited depth, not with the model (see reports/benchm
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import pickle
 import re
@@ -37,6 +36,7 @@ import torch
 from torch import nn
 
 from auditor.core.errors import AuditError
+from auditor.models.checkpoint import inside_folder, read_index
 from auditor.models.hub import WeightsUnavailable, first_line, hub_reachable
 from auditor.models.streamed import SafetensorsFile
 
@@ -124,9 +124,13 @@ class CheckpointReader:
         self._bin: dict[str, torch.Tensor] | None = None
 
     def file(self, name: str) -> Path | None:
+        """The file ``name`` of the checkpoint (None when it has none); in a folder it must lie inside the
+        folder once links are resolved (:func:`auditor.models.checkpoint.inside_folder`)."""
         if self.folder is not None:
             path = self.folder / name
-            return path if path.is_file() else None
+            if not path.is_file():
+                return None
+            return inside_folder(self.folder, path, f"{name} of the checkpoint")
         return _hub_file(self.source, name)
 
     def _index(self) -> dict[str, str]:
@@ -134,18 +138,13 @@ class CheckpointReader:
             return self._where
         index = self.file(INDEX_FILE)
         if index is not None:
-            try:
-                weight_map = json.loads(index.read_text())["weight_map"]
-            except (OSError, ValueError, KeyError, TypeError) as err:
-                raise AuditError(
-                    f"{index} is not a safetensors index (no weight_map): {first_line(err)}"
-                ) from None
-            self._where = {str(k): str(v) for k, v in weight_map.items()}
+            self._where = read_index(index)  # every shard a plain file name beside the index
             return self._where
         single = self.file(SAFETENSORS_FILE)
         files = [single] if single is not None else []
         if self.folder is not None and not files:  # shards without an index: their headers name the tensors
-            files = sorted(self.folder.glob("model*.safetensors"))
+            files = [inside_folder(self.folder, p, "the weights file")
+                     for p in sorted(self.folder.glob("model*.safetensors")) if p.is_file()]
         if files:
             where: dict[str, str] = {}
             for path in files:

@@ -19,6 +19,7 @@ from torch import nn
 
 from auditor.core.errors import AuditError
 from auditor.models.base import HFAdapter, LoadedModel, ModelSpec, apply_overrides, weights_dtype
+from auditor.models.checkpoint import quantized_error
 from auditor.models.hub import (
     WeightsUnavailable,
     first_line,
@@ -26,6 +27,7 @@ from auditor.models.hub import (
     quiet_transformers,
     weights_kind,
 )
+from auditor.models.limits import FIX_HINT, check_config, config_error
 from auditor.models.partial import (
     CheckpointReader,
     PartialModel,
@@ -76,14 +78,26 @@ class PartialAdapter(HFAdapter):
             values = json.loads(path.read_text())
         except (OSError, ValueError) as err:
             raise AuditError(f"cannot read the config of {source!r}: {first_line(err)}") from None
+        if not isinstance(values, dict):
+            raise AuditError(f"{path} holds a {type(values).__name__}, not a config object; {FIX_HINT}")
         found = str(values.get("model_type", ""))
         if found not in self.model_types:
             raise AuditError(f"{source} holds a {found or 'unknown'} model, not a {self.family} model")
+        if values.get("quantization_config") is not None:
+            raise quantized_error(path, values["quantization_config"])
         values = self.tower_dict(values)
         from transformers import CONFIG_MAPPING
 
-        with quiet_transformers():
-            return CONFIG_MAPPING[str(values.get("model_type", found))].from_dict(values)
+        kind = str(values.get("model_type", found))
+        if kind not in CONFIG_MAPPING:
+            raise AuditError(f"{path}: unknown model_type {kind!r} for the {self.family} family; {FIX_HINT}")
+        try:
+            with quiet_transformers():
+                config = CONFIG_MAPPING[kind].from_dict(values)
+        except Exception as err:  # noqa: BLE001 - transformers' validation raises StrictDataclassError & co
+            raise config_error(err, str(path)) from None
+        check_config(self.tower(config), str(path))
+        return config
 
     def tower_dict(self, values: dict[str, Any]) -> dict[str, Any]:
         """The tower's part of a config.json (identity unless the family has towers)."""
@@ -139,7 +153,8 @@ class PartialAdapter(HFAdapter):
     def make_loaded_inputs(self, spec: ModelSpec, kind: str, source: str | None, config: Any,
                            options: Mapping[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
         """(tokenizer, image preprocessor, state) for these weights; ``state`` (e.g. the BOS id used) is kept
-        on the model for :meth:`forward` and handed to :meth:`notes`."""
+        on the model for :meth:`forward` and handed to :meth:`notes`. ``options`` holds the load options
+        and ``trust_remote_code`` (whether a saved tokenizer may run code from the checkpoint)."""
         raise NotImplementedError
 
     def notes(self, config: Any, n: int, state: Mapping[str, Any]) -> dict[str, str]:
@@ -169,7 +184,15 @@ class PartialAdapter(HFAdapter):
             raise AuditError("config overrides apply to weights='random' only")
         reader: CheckpointReader | None = None
         if kind == "random":
-            config = apply_overrides(self.build_config(spec, None), overrides)
+            try:
+                config = apply_overrides(self.build_config(spec, None), overrides)
+            except AuditError:
+                raise
+            except Exception as err:  # noqa: BLE001 - transformers' validation of an overridden field
+                where = f"{spec.name} with config overrides {dict(overrides or {})}"
+                raise config_error(err, where) from None
+            check_config(self.tower(config), f"{spec.name}" + (" with config overrides" if overrides else ""),
+                         itemsize=max(4, dtype.itemsize))
             source = None
             read_from = (
                 f"random init (torch.manual_seed({seed}) outside the blocks, block L from seed ({seed}, L))"
@@ -181,7 +204,8 @@ class PartialAdapter(HFAdapter):
             read_from = source
         tower = self.tower(config)
         n = self.context_length(config, context_length)  # a bad n fails before anything is built
-        tokenizer, preprocessor, state = self.make_loaded_inputs(spec, kind, source, tower, options)
+        tokenizer, preprocessor, state = self.make_loaded_inputs(
+            spec, kind, source, tower, {**options, "trust_remote_code": trust_remote_code})
         vocab = getattr(tower, "vocab_size", None)
         if tokenizer is not None and vocab is not None and tokenizer.vocab_size > int(vocab):
             raise AuditError(

@@ -25,9 +25,11 @@ from auditor.models.base import (
     first_line,
     hub_reachable,
     looks_like_path,
+    quiet_transformers,
     resolve_device,
     resolve_dtype,
 )
+from auditor.models.limits import config_error
 
 _MODELS: dict[str, ModelSpec] = {}
 _ADAPTERS: dict[str, Adapter] = {}  # Hugging Face model_type -> adapter
@@ -83,17 +85,27 @@ def _spec_from_hub(name: str, trust_remote_code: bool = False) -> ModelSpec:
                 f"could not reach the Hugging Face hub to read the config of {name!r}; {_offline_hint()}"
             ) from None
     else:
+        declared = _declared_type(folder) if local else None
+        if declared is not None and declared not in _ADAPTERS:
+            raise _unsupported(name, declared, trust_remote_code)
         try:
-            config = AutoConfig.from_pretrained(
-                str(folder) if local else name, local_files_only=local, trust_remote_code=trust_remote_code
-            )
-        except (OSError, ValueError) as err:
-            raise AuditError(f"cannot read the config of {name!r}: {first_line(err)}") from None
+            with quiet_transformers():
+                config = AutoConfig.from_pretrained(
+                    str(folder) if local else name, local_files_only=local,
+                    trust_remote_code=bool(trust_remote_code),
+                )
+        except AuditError:
+            raise
+        except Exception as err:  # noqa: BLE001 - OSError, ValueError, transformers' StrictDataclassError
+            if "trust_remote_code" in str(err) or "does not recognize this architecture" in str(err):
+                raise _unsupported(name, declared or "unknown", trust_remote_code) from None
+            where = str(folder / "config.json") if local else f"the config of {name!r}"
+            if type(err).__name__.startswith("StrictDataclass"):
+                raise config_error(err, where) from None
+            raise AuditError(f"cannot read {where}: {first_line(err)}") from None
     adapter = _ADAPTERS.get(config.model_type)
     if adapter is None:
-        raise AuditError(
-            f"{name!r} is a {config.model_type!r} model; supported: {', '.join(sorted(_ADAPTERS))}"
-        )
+        raise _unsupported(name, config.model_type, trust_remote_code)
     return ModelSpec(
         name=name,
         adapter=adapter,
@@ -101,6 +113,26 @@ def _spec_from_hub(name: str, trust_remote_code: bool = False) -> ModelSpec:
         config=lambda: type(config).from_dict(config.to_dict()),  # a fresh copy per load
         description=f"{config.model_type} from {'folder' if local else 'the hub'}",
     )
+
+
+def _declared_type(folder: Path) -> str | None:
+    """``model_type`` of a folder's config.json as written (None when unreadable: the load says why)."""
+    import json
+
+    try:
+        values = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return str(values.get("model_type") or "unknown") if isinstance(values, dict) else None
+
+
+def _unsupported(name: str, model_type: str, trust_remote_code: bool) -> AuditError:
+    """A model type no family serves: the families that do, and what --trust-remote-code can and cannot do."""
+    remote = ("--trust-remote-code would let transformers run the model's own code, but only these families' "
+              "layouts can be audited" if not trust_remote_code else
+              "--trust-remote-code does not add a family: only these layouts can be audited")
+    return AuditError(f"{name!r} is a {model_type!r} model, which the auditor has no family for (supported: "
+                      f"{', '.join(sorted(_ADAPTERS))}); {remote}")
 
 
 def resolve(name: str, *, trust_remote_code: bool = False) -> ModelSpec:

@@ -3,10 +3,13 @@ uncased WordPiece vocabulary that ships in the installed MiniLM package (BERT's,
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from auditor.core.errors import AuditError
 from auditor.models.base import TextTokenizer
 from auditor.models.packaged import minilm_package_dir
 
@@ -86,24 +89,78 @@ def byte_tokenizer(offset: int = 0, *, cls_id: int | None = None, sep_id: int | 
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spm.model")
+REMOTE_CODE_HINT = "it runs only with --trust-remote-code (read the folder's Python files before you pass it)"
 
 
-def saved_tokenizer(source: str | None, *, folder: bool, label: str) -> tuple[TextTokenizer, Any] | None:
-    """The tokenizer saved with the weights (a folder or a hub id), wrapped, with the raw Hugging Face
-    tokenizer (to ask how it treats special tokens); None when there is none or it cannot be read."""
-    from pathlib import Path
+def custom_tokenizer_code(folder: Path) -> str | None:
+    """What a saved tokenizer maps ``AutoTokenizer`` to in custom code (``auto_map`` of its
+    ``tokenizer_config.json`` or ``config.json``), or None when it uses the library's own classes."""
+    for name in ("tokenizer_config.json", "config.json"):
+        path = folder / name
+        if not path.is_file():
+            continue
+        try:
+            values = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # an unreadable file fails the load itself, with its own message
+        auto_map = values.get("auto_map") if isinstance(values, dict) else None
+        if isinstance(auto_map, dict) and auto_map.get("AutoTokenizer"):
+            return f"{path.name}: auto_map AutoTokenizer -> {auto_map['AutoTokenizer']}"
+        if name == "tokenizer_config.json" and isinstance(auto_map, list | tuple) and auto_map:
+            return f"{path.name}: auto_map -> {list(auto_map)}"  # the old spelling of the same mapping
+    return None
 
+
+def load_tokenizer(source: str, *, local_only: bool, trust_remote_code: bool) -> Any:
+    """``AutoTokenizer.from_pretrained(source)`` that never runs code from the checkpoint unless
+    ``trust_remote_code`` and never asks on standard input (transformers prompts when the argument is left
+    unset); a one-line AuditError naming the folder when the saved tokenizer maps to custom code without
+    ``trust_remote_code``, or when it cannot be read (no silent fallback: other ids than the weights were
+    trained on would give wrong tokens)."""
     from transformers import AutoTokenizer
 
-    from auditor.models.hub import hub_reachable, quiet_transformers
+    from auditor.models.hub import first_line, quiet_transformers
+
+    folder = Path(source).expanduser()
+    if folder.is_dir() and not trust_remote_code:
+        custom = custom_tokenizer_code(folder)
+        if custom is not None:
+            raise AuditError(f"{folder}: the saved tokenizer is custom code ({custom}); {REMOTE_CODE_HINT}")
+    try:
+        with quiet_transformers():
+            return AutoTokenizer.from_pretrained(
+                source, local_files_only=local_only, trust_remote_code=bool(trust_remote_code)
+            )
+    except Exception as err:  # noqa: BLE001 - OSError, ValueError, ImportError (sentencepiece), JSON errors
+        if "trust_remote_code" in str(err):
+            raise AuditError(f"{source}: the tokenizer is custom code; {REMOTE_CODE_HINT}") from None
+        raise AuditError(
+            f"{source}: the tokenizer saved with the weights cannot be read ({first_line(err)}); the "
+            "weights need their own tokenizer: save it again there (tokenizer.save_pretrained) or repair "
+            "its files"
+        ) from None
+
+
+def saved_tokenizer(source: str | None, *, folder: bool, label: str,
+                    trust_remote_code: bool = False) -> tuple[TextTokenizer, Any] | None:
+    """The tokenizer saved with the weights (a folder or a hub id), wrapped, with the raw Hugging Face
+    tokenizer (to ask how it treats special tokens); None when there is none (a folder without tokenizer
+    files; a hub id whose tokenizer is neither reachable nor cached). A tokenizer that is there but cannot
+    be read, or that is custom code without ``trust_remote_code``, is a one-line AuditError
+    (:func:`load_tokenizer`)."""
+    from auditor.models.hub import hub_reachable
 
     if source is None:
         return None
     if folder and not any((Path(source) / name).is_file() for name in TOKENIZER_FILES):
         return None
-    try:
-        with quiet_transformers():
-            tok = AutoTokenizer.from_pretrained(source, local_files_only=folder or not hub_reachable())
-    except Exception:  # noqa: BLE001 - missing files, offline cache miss, missing sentencepiece: fall back
-        return None
+    if not folder and not hub_reachable():
+        try:
+            tok = load_tokenizer(source, local_only=True, trust_remote_code=trust_remote_code)
+        except AuditError as err:
+            if "custom code" in str(err):
+                raise
+            return None  # offline and not cached: the report names the fallback used instead
+    else:
+        tok = load_tokenizer(source, local_only=folder, trust_remote_code=trust_remote_code)
     return wrap_hf_tokenizer(tok, label), tok

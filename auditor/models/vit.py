@@ -77,7 +77,8 @@ class ViTAdapter(HFAdapter):
             raise AuditError(f"context_length is fixed by the image size for ViT: n = {n}, not {requested}")
         return n
 
-    def make_inputs(self, spec: ModelSpec, kind: str, folder: Path | None, config: Any):
+    def make_inputs(self, spec: ModelSpec, kind: str, folder: Path | None, config: Any, *,
+                    trust_remote_code: bool = False):
         source = folder if kind == "folder" else (spec.source if kind == "pretrained" else None)
         norm = _saved_norm(source)
         return None, vit_preprocessor(int(config.image_size), *(norm or (VIT_MEAN, VIT_STD)))
