@@ -69,7 +69,8 @@ class Representation:
 
 def parse_representation(name: str, num_layers: int) -> Representation:
     """Validate a representation name for a model of ``num_layers`` blocks (negatives count from the end)."""
-    valid = f"valid: {EMBEDDING}, {RANDOM_ATTENTION}, block.0 .. block.{num_layers - 1}"
+    valid = (f"valid: {EMBEDDING}, {RANDOM_ATTENTION}, block.0 .. block.{num_layers - 1}" if num_layers > 0
+             else f"valid: {EMBEDDING}, {RANDOM_ATTENTION} (the model has no blocks)")
     text = str(name).strip()
     if text in (EMBEDDING, RANDOM_ATTENTION):
         return Representation(text, text)

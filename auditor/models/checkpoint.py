@@ -215,6 +215,7 @@ def load_pretrained(
                     use_safetensors=use_safetensors,
                     local_files_only=local or offline,
                     output_loading_info=True,
+                    ignore_mismatched_sizes=True,  # reported below, by name, and refused
                     **model_kwargs,
                 )
         except pickle.UnpicklingError:  # a hub .bin that is more than tensors: never unpickled unsafely
@@ -225,6 +226,14 @@ def load_pretrained(
         except (OSError, ValueError, RuntimeError) as err:
             failures.append(err)
             continue
+        mismatched = list(info.get("mismatched_keys", ()))
+        if mismatched:
+            key, stored, wanted = (list(mismatched[0]) + [None, None])[:3]
+            raise AuditError(
+                f"{source}: tensor {key!r} has shape {list(stored or [])} but the config implies "
+                f"{list(wanted or [])} ({len(mismatched)} such tensors); the weights do not match "
+                "config.json: use the config they were saved with"
+            )
         missing = [k for k in info.get("missing_keys", ()) if not k.startswith(optional)]
         if missing:
             raise WeightsUnavailable(

@@ -28,7 +28,7 @@ import math
 import pickle
 import re
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +36,14 @@ import torch
 from torch import nn
 
 from auditor.core.errors import AuditError
-from auditor.models.checkpoint import inside_folder, read_index
+from auditor.models.checkpoint import QUANTIZED_NAMES, inside_folder, quantized_error, read_index
 from auditor.models.hub import WeightsUnavailable, first_line, hub_reachable
 from auditor.models.streamed import SafetensorsFile
 
 INDEX_FILE = "model.safetensors.index.json"
 SAFETENSORS_FILE = "model.safetensors"
 BIN_FILE = "pytorch_model.bin"
+WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)  # a weight as stored
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -197,6 +198,38 @@ class CheckpointReader:
                 "it is not a checkpoint of this architecture"
             )
 
+    def describe(self, key: str) -> tuple[tuple[int, ...], torch.dtype, str]:
+        """(shape, dtype, where) of tensor ``key`` as stored, from the header alone (no data is read)."""
+        if self._bin is not None:
+            tensor = self._bin[key]
+            return tuple(tensor.shape), tensor.dtype, f"{self.source}/{BIN_FILE}"
+        file = self._entry_file(key)
+        entry = file.entries[key]
+        return entry.shape, entry.dtype, str(file.path)
+
+    def check_stored(self, expected: Mapping[str, tuple[tuple[int, ...], bool]]) -> None:
+        """Refuse, before any tensor is read, a checkpoint whose tensors ``expected`` (checkpoint key ->
+        (the shape the config implies, whether it is a floating weight)) are stored with another shape, as
+        a quantized or non-real dtype, or that holds quantization tensors (scales): one line naming the
+        file and the tensor."""
+        for key in self.keys():
+            if key.rsplit(".", 1)[-1] in QUANTIZED_NAMES:
+                where = self._where.get(key, "") if self._where else ""
+                raise quantized_error(f"{self.source}/{where}", f"it holds the quantization tensor {key!r}")
+        for key, (shape, floating) in expected.items():
+            stored, dtype, where = self.describe(key)
+            if floating and dtype not in WEIGHT_DTYPES:
+                name = str(dtype).removeprefix("torch.")
+                if name.startswith("float8"):
+                    raise quantized_error(where, f"tensor {key!r} is stored as {name}")
+                raise AuditError(f"{where}: tensor {key!r} is stored as {name}; a weight must be float32, "
+                                 "float16, bfloat16 or float64 (re-save the checkpoint in one of these)")
+            if tuple(stored) != tuple(shape):
+                raise AuditError(
+                    f"{where}: tensor {key!r} has shape {list(stored)} but the config implies {list(shape)}; "
+                    "the weights do not match config.json: use the config they were saved with"
+                )
+
     def note_stored(self, names: Sequence[str]) -> None:
         """Count the stored dtypes of ``names`` from their headers (:attr:`weights_dtype`); reads no data."""
         for name in names:
@@ -296,20 +329,22 @@ def checkpoint_names(net: nn.Module, stored: Sequence[str]) -> dict[str, str]:
 
 def checkpoint_prefix(model_keys: Sequence[str], checkpoint_keys: Sequence[str]) -> str:
     """The prefix that maps the cut model's tensor names onto the checkpoint's: '' for a base model saved
-    alone, ``model.`` for a causal LM, ``roberta.`` for a masked LM, ``model.language_model.`` ..."""
+    alone, ``model.`` for a causal LM, ``roberta.`` for a masked LM, ``model.language_model.`` ...: the one
+    under which most of ``model_keys`` are found (so a missing tensor is then reported by its own name)."""
     wanted = set(checkpoint_keys)
-    probe = model_keys[0]
-    candidates = sorted({key[: -len(probe)] for key in checkpoint_keys if key.endswith(probe)}, key=len)
-    for prefix in candidates:
-        if prefix and not prefix.endswith("."):
-            continue
-        if all(prefix + key in wanted for key in model_keys[:8]):
-            return prefix
-    raise WeightsUnavailable(
-        f"the checkpoint has no tensor named like {probe!r} (e.g. it holds {sorted(wanted)[0]!r}); "
-        "it is not a "
-        "checkpoint of this architecture"
-    )
+    counts: Counter[str] = Counter()
+    for key in model_keys:
+        for stored in checkpoint_keys:
+            if stored.endswith(key):
+                prefix = stored[: -len(key)]
+                if not prefix or prefix.endswith("."):
+                    counts[prefix] += 1
+    if not counts:
+        raise WeightsUnavailable(
+            f"the checkpoint has no tensor named like {model_keys[0]!r} (e.g. it holds "
+            f"{sorted(wanted)[0] if wanted else 'nothing'!r}); it is not a checkpoint of this architecture"
+        )
+    return max(counts, key=lambda prefix: (counts[prefix], -len(prefix)))
 
 
 # ---------------------------------------------------------------------------------------------------

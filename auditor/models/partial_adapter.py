@@ -201,6 +201,7 @@ class PartialAdapter(HFAdapter):
             source = str(Path(weights).expanduser()) if kind == "folder" else self.pretrained_source(spec)
             reader = CheckpointReader(source)
             config = self.read_config(source, reader)
+            reader.keys()  # the index and every header checked now, before anything is built or read
             read_from = source
         tower = self.tower(config)
         n = self.context_length(config, context_length)  # a bad n fails before anything is built
@@ -289,6 +290,9 @@ class PartialAdapter(HFAdapter):
                 )
             stored = {name: names_in_file[prefix + name] for name in wanted}
             reader.require(list(stored.values()))
+            made = dict(net.named_parameters()) | dict(net.named_buffers())  # shapes the config implies
+            reader.check_stored({stored[name]: (tuple(made[name].shape), made[name].is_floating_point())
+                                 for name in wanted})  # before any tensor is read
             reader.note_stored(list(stored.values()))
             streamed = set(streamed_names(net, stored) if self.streams(device, reader) else [])
             readers = Readers(reader.load, reader.load_rows, reader.load_span)

@@ -29,7 +29,7 @@ from auditor.models.base import (
     resolve_device,
     resolve_dtype,
 )
-from auditor.models.limits import config_error
+from auditor.models.limits import check_config, config_error
 
 _MODELS: dict[str, ModelSpec] = {}
 _ADAPTERS: dict[str, Adapter] = {}  # Hugging Face model_type -> adapter
@@ -106,6 +106,8 @@ def _spec_from_hub(name: str, trust_remote_code: bool = False) -> ModelSpec:
     adapter = _ADAPTERS.get(config.model_type)
     if adapter is None:
         raise _unsupported(name, config.model_type, trust_remote_code)
+    tower = adapter.tower(config) if hasattr(adapter, "tower") else config
+    check_config(tower, str(folder / "config.json") if local else f"the config of {name!r}")
     return ModelSpec(
         name=name,
         adapter=adapter,

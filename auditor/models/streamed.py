@@ -13,18 +13,19 @@ therefore keeps no weight of a linear layer and no row of the input embedding in
   (Gemma's scaling by sqrt(d)) is kept;
 - everything else (norms, position tables, class tokens, buffers) is small and stays resident.
 
-The files are read with plain reads, not memory-mapped, so pages of tensors the audit does not use never
-count in the process's memory. The price is re-reading the weights for each batch (from the page cache
-after the first), which is small beside a block's forward pass over a batch. Tokens are the same as with
+The files are read through the safetensors library (``safe_open`` and its slices, which check the header
+and every tensor's byte range first), opened for each read and closed after it, so pages of tensors the
+audit does not use never count in the process's memory, nor those of a chunk once it is used. The price
+is re-reading the weights for each batch (from the page cache after the first), which is small beside a
+block's forward pass over a batch. Tokens are the same as with
 resident weights up to float32 rounding (upcasting is exact; a chunked product may sum in another order).
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import math
-import struct
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,94 +51,107 @@ _DTYPES = {
     "F8_E4M3": torch.float8_e4m3fn,
     "F8_E5M2": torch.float8_e5m2,
 }
+REAL_FLOATS = ("F64", "F32", "F16", "BF16")  # what a weight may be stored as (float8 needs its scales)
 
 
 @dataclass(frozen=True)
 class Entry:
-    """Where one tensor lies in a safetensors file: its stored dtype, shape and byte range."""
+    """One tensor of a safetensors file, as its (validated) header describes it."""
 
     dtype: torch.dtype
     shape: tuple[int, ...]
-    begin: int  # absolute byte offset in the file
-    end: int
+    stored: str  # the header's dtype name (F32, BF16, F8_E4M3, ...)
 
 
 class SafetensorsFile:
-    """The header of one safetensors file (8-byte length, JSON) and reads of its tensors or of some rows."""
+    """One safetensors file read through the safetensors library: :func:`safetensors.safe_open` checks the
+    header (its length, its JSON, every tensor's dtype, shape and byte range: inside the file, matching
+    the shape, no overlap and no gap) before anything is read, and its slices read only the bytes asked
+    for. The file is opened for each read and closed after it, so the pages it maps are released at once:
+    only the rows being used count in the process's memory."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        try:
-            with open(path, "rb") as fh:
-                (length,) = struct.unpack("<Q", fh.read(8))
-                header = json.loads(fh.read(length))
-        except (OSError, ValueError, struct.error, MemoryError) as err:
-            raise AuditError(f"{path} is not a readable safetensors file: {err}") from None
-        base = 8 + length
         self.entries: dict[str, Entry] = {}
-        for key, info in header.items():
-            if key == "__metadata__":
-                continue
-            kind = str(info.get("dtype"))
-            if kind.startswith("C"):
-                raise AuditError(
-                    f"{path}: tensor {key!r} is complex ({kind}); model weights must be real numbers"
-                )
-            if kind not in _DTYPES:
-                raise AuditError(f"{path}: tensor {key!r} has dtype {kind}, which the auditor cannot read")
-            begin, end = (int(v) for v in info["data_offsets"])
-            self.entries[key] = Entry(
-                _DTYPES[kind], tuple(int(s) for s in info["shape"]), base + begin, base + end
-            )
+        with self._open() as fh:
+            for key in fh.keys():  # noqa: SIM118 - safe_open is not a mapping
+                view = fh.get_slice(key)
+                kind, shape = str(view.get_dtype()), tuple(int(s) for s in view.get_shape())
+                if kind.startswith("C"):
+                    raise AuditError(
+                        f"{path}: tensor {key!r} is complex ({kind}); model weights must be real numbers"
+                    )
+                if kind not in _DTYPES:
+                    raise AuditError(
+                        f"{path}: tensor {key!r} has dtype {kind}, which the auditor cannot read (valid: "
+                        f"{', '.join(REAL_FLOATS)} for weights)"
+                    )
+                self.entries[key] = Entry(_DTYPES[kind], shape, kind)
+
+    @contextlib.contextmanager
+    def _open(self) -> Iterator[Any]:
+        from safetensors import safe_open
+
+        try:
+            handle = safe_open(str(self.path), framework="pt")
+        except Exception as err:  # noqa: BLE001 - SafetensorError, OSError: one line naming the file
+            raise AuditError(f"{self.path} is not a readable safetensors file ({_one_line(err)}); "
+                             "download or save the checkpoint again") from None
+        try:
+            with handle as fh:
+                yield fh
+        except AuditError:
+            raise
+        except Exception as err:  # noqa: BLE001 - a file changed or cut short after its header was read
+            raise AuditError(f"{self.path}: reading a tensor failed ({_one_line(err)}); the file may have "
+                             "changed or been cut short: download or save the checkpoint again") from None
+
+    def _rows_per_chunk(self, entry: Entry) -> int:
+        row_bytes = max(1, math.prod(entry.shape[1:]) * entry.dtype.itemsize)
+        return max(1, CHUNK_BYTES // row_bytes)
 
     def tensor(self, key: str, dtype: torch.dtype) -> torch.Tensor:
-        """Tensor ``key`` on the CPU, floating ones cast to ``dtype`` chunk by chunk (no stored copy)."""
+        """Tensor ``key`` on the CPU, floating ones cast to ``dtype`` in chunks of rows (no stored copy)."""
         entry = self.entries[key]
         target = dtype if entry.dtype.is_floating_point else entry.dtype
+        if len(entry.shape) == 0 or entry.shape[0] == 0:
+            with self._open() as fh:
+                return fh.get_tensor(key).to(target)
         out = torch.empty(entry.shape, dtype=target)
-        flat = out.view(-1)  # (numel,)
-        size = entry.dtype.itemsize
-        step = max(1, CHUNK_BYTES // size)
-        buffer = torch.empty(min(step, flat.numel()) * size, dtype=torch.uint8)
-        with open(self.path, "rb", buffering=0) as fh:
-            fh.seek(entry.begin)
-            for start in range(0, flat.numel(), step):
-                count = min(step, flat.numel() - start)
-                part = buffer[: count * size]
-                self._fill(fh, part)
-                flat[start : start + count].copy_(part.view(entry.dtype))
+        step = self._rows_per_chunk(entry)
+        for start in range(0, entry.shape[0], step):
+            stop = min(start + step, entry.shape[0])
+            with self._open() as fh:  # closed after each chunk: its mapped pages are released
+                out[start:stop].copy_(fh.get_slice(key)[start:stop])
         return out
 
     def span(self, key: str, start: int, stop: int, dtype: torch.dtype) -> torch.Tensor:
         """Rows ``start:stop`` of the table ``key`` (V, ...) -> (stop - start, ...) in ``dtype``."""
         entry = self.entries[key]
-        row_bytes = math.prod(entry.shape[1:]) * entry.dtype.itemsize
-        buffer = torch.empty((stop - start) * row_bytes, dtype=torch.uint8)
-        with open(self.path, "rb", buffering=0) as fh:
-            fh.seek(entry.begin + start * row_bytes)
-            self._fill(fh, buffer)
-        return buffer.view(entry.dtype).reshape(stop - start, *entry.shape[1:]).to(dtype)
+        if not 0 <= start <= stop <= entry.shape[0]:
+            raise AuditError(f"{self.path}: rows {start}:{stop} of {key!r} asked for, which has "
+                             f"{entry.shape[0]} rows")
+        with self._open() as fh:
+            return fh.get_slice(key)[start:stop].to(dtype)
 
     def rows(self, key: str, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Rows ``ids`` (U,) of the table ``key`` (V, ...) -> (U, ...) in ``dtype``; only those are read."""
         entry = self.entries[key]
-        width = math.prod(entry.shape[1:])
-        row_bytes = width * entry.dtype.itemsize
-        buffer = torch.empty((len(ids), row_bytes), dtype=torch.uint8)  # (U, row bytes)
-        with open(self.path, "rb", buffering=0) as fh:
-            for i, index in enumerate(ids.tolist()):
-                fh.seek(entry.begin + index * row_bytes)
-                self._fill(fh, buffer[i])
-        return buffer.view(entry.dtype).reshape(len(ids), *entry.shape[1:]).to(dtype)  # (U, ...)
+        wanted = ids.tolist()
+        if wanted and not 0 <= min(wanted) <= max(wanted) < entry.shape[0]:
+            raise AuditError(f"{self.path}: rows {min(wanted)}..{max(wanted)} of {key!r} asked for, which "
+                             f"has {entry.shape[0]} rows")
+        out = torch.empty((len(wanted), *entry.shape[1:]), dtype=dtype)  # (U, ...)
+        with self._open() as fh:
+            view = fh.get_slice(key)
+            for i, index in enumerate(wanted):
+                out[i] = view[index : index + 1][0]
+        return out
 
-    def _fill(self, fh: Any, part: torch.Tensor) -> None:
-        view = memoryview(part.numpy()).cast("B")
-        done = 0
-        while done < len(view):
-            got = fh.readinto(view[done:])
-            if not got:
-                raise AuditError(f"{self.path} ends inside a tensor: the file is truncated")
-            done += got
+
+def _one_line(err: BaseException) -> str:
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[0] if lines else type(err).__name__
 
 
 # ---------------------------------------------------------------------------------------------------

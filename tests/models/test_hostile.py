@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 from pathlib import Path
 
 import pytest
 import torch
 import transformers
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from test_families import save, tiny_config
 
 from auditor.cli import main
@@ -208,3 +209,139 @@ def test_an_unreadable_saved_tokenizer_is_an_error_not_a_byte_fallback(model_typ
     word_tokenizer(folder)
     (folder / "tokenizer.json").write_text('{"version": "1.0", "model": ')  # cut short
     refused(lambda: load(folder), str(folder), "tokenizer saved with the weights cannot be read")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Silently wrong numbers: every tensor's shape and dtype are the config's, or nothing is read
+# ---------------------------------------------------------------------------------------------------
+
+
+def tampered(folder: Path, change, model_type: str = "llama", layers: int = 2, config_change=None) -> Path:
+    """A tiny single-file checkpoint whose tensors (and config.json) went through ``change``."""
+    save(tiny_config(model_type, layers=layers), folder)
+    tensors = load_file(folder / "model.safetensors")
+    change(tensors)
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    if config_change is not None:
+        values = json.loads((folder / "config.json").read_text())
+        config_change(values)
+        (folder / "config.json").write_text(json.dumps(values))
+    return folder
+
+
+def test_a_table_with_more_or_fewer_rows_than_the_config_is_refused(tmp_path):
+    grow = tampered(tmp_path / "grow", lambda t: t.update(
+        {"embed_tokens.weight": torch.cat([t["embed_tokens.weight"], t["embed_tokens.weight"][:8]])}))
+    refused(lambda: audit_block0(load(grow)), str(grow / "model.safetensors"), "'embed_tokens.weight'",
+            "has shape [520, 64] but the config implies [512, 64]")
+    shrink = tampered(tmp_path / "shrink", lambda t: t.update(
+        {"embed_tokens.weight": t["embed_tokens.weight"][:300].clone()}))
+    refused(lambda: audit_block0(load(shrink)), "has shape [300, 64] but the config implies [512, 64]")
+    norm = tampered(tmp_path / "norm", lambda t: t.update(
+        {"layers.0.input_layernorm.weight": torch.ones(32)}))
+    refused(lambda: audit_block0(load(norm)), "'layers.0.input_layernorm.weight' has shape [32]")
+
+
+def raw_safetensors(path: Path, header: object, data: bytes = b"", length: int | None = None) -> Path:
+    """A safetensors file written byte by byte: 8-byte little-endian header length, JSON header, data."""
+    text = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(text) if length is None else length) + text + data)
+    return path
+
+
+def test_overlapping_and_malformed_headers_are_refused_by_the_library_in_one_line(tmp_path):
+    folder = tmp_path / "model"
+    save(tiny_config("llama", layers=1), folder)
+    weights = folder / "model.safetensors"
+    entry = {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}
+    cases = {
+        "overlap": ({"embed_tokens.weight": entry, "layers.0.mlp.up_proj.weight": entry}, b"\0" * 16, None),
+        "no data_offsets": ({"embed_tokens.weight": {"dtype": "F32", "shape": [2, 2]}}, b"\0" * 16, None),
+        "list for an entry": ({"embed_tokens.weight": [1, 2]}, b"\0" * 16, None),
+        "header of 2^63 bytes": ({}, b"", 2**63),
+        "offsets past the end": ({"embed_tokens.weight": {**entry, "data_offsets": [0, 64]}}, b"\0" * 16,
+                                 None),
+        "not json": (None, b"", None),
+    }
+    for name, (header, data, length) in cases.items():
+        if header is None:
+            weights.write_bytes(struct.pack("<Q", 5) + b"{nope")
+        else:
+            raw_safetensors(weights, header, data, length)
+        text = refused(lambda: load(folder), str(weights), "not a readable safetensors file")
+        assert "Traceback" not in text, name
+
+
+def test_float8_weights_with_scales_are_refused_naming_the_scheme(tmp_path):
+    def to_float8(t):
+        for key in [k for k in t if k.startswith("layers.") and k.endswith("proj.weight")]:
+            t[key] = t[key].to(torch.float8_e4m3fn)
+            t[key + "_scale"] = torch.ones(())
+
+    quant = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic"}
+    folder = tampered(tmp_path / "fp8", to_float8,
+                      config_change=lambda v: v.update(quantization_config=quant))
+    refused(lambda: load(folder), "quantized", "quant_method 'fp8'", str(folder / "config.json"))
+    no_config = tampered(tmp_path / "fp8-bare", to_float8)  # the scales alone show it
+    refused(lambda: audit_block0(load(no_config)), "quantized", "weight_scale")
+    bare = tampered(tmp_path / "fp8-no-scales", lambda t: t.update(
+        {"layers.0.mlp.up_proj.weight": t["layers.0.mlp.up_proj.weight"].to(torch.float8_e4m3fn)}))
+    refused(lambda: audit_block0(load(bare)), "quantized", "stored as float8_e4m3fn")
+    gpt2 = tampered(tmp_path / "gpt2", lambda t: None, "gpt2", config_change=lambda v: v.update(
+        quantization_config={"quant_method": "bitsandbytes", "bits": 4}))
+    refused(lambda: load(gpt2), "quant_method 'bitsandbytes' (bits 4)")
+
+
+def test_a_missing_block_tensor_is_reported_by_its_own_name(tmp_path):
+    folder = tampered(tmp_path / "model", lambda t: t.pop("layers.1.mlp.down_proj.weight"))
+    loaded = load(folder)
+    audit_block0(loaded)  # block 0 is whole: its audit reads nothing of block 1
+    with pytest.raises(AuditError) as info:
+        loaded.model.ensure(1)
+    assert "layers.1.mlp.down_proj.weight" in one_line(info.value)
+
+
+def test_whole_model_families_refuse_tensors_of_other_shapes(tmp_path):
+    folder = tampered(tmp_path / "gpt2", lambda t: t.update(
+        {"wte.weight": torch.cat([t["wte.weight"], t["wte.weight"][:8]])}), "gpt2")
+    refused(lambda: load(folder), str(folder), "wte.weight")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Configs are data: checked before anything is allocated
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "bert", "gpt2"])
+@pytest.mark.parametrize("change, fragments", [
+    ({"intermediate_size": 10**12, "n_inner": 10**12}, ["more than this machine's", "GiB of memory"]),
+    ({"vocab_size": 10**10}, ["more than this machine's", "vocab_size = 10,000,000,000"]),
+    ({"hidden_size": "64", "n_embd": "64"}, ["expected int, got str (value: '64')"]),
+    ({"num_hidden_layers": 0, "n_layer": 0, "layer_types": []}, ["no blocks to audit"]),
+    ({"num_attention_heads": 5, "n_head": 5}, ["is not a multiple of", "5"]),
+    ({"max_position_embeddings": -1, "n_positions": -1}, ["= -1; valid: 1.."]),
+])
+def test_a_hostile_config_is_one_line_naming_the_field(model_type, change, fragments, tmp_path, capsys):
+    folder = tmp_path / model_type
+    save(tiny_config(model_type, layers=1), folder)
+    values = json.loads((folder / "config.json").read_text())
+    values.update({k: v for k, v in change.items() if k in values})
+    (folder / "config.json").write_text(json.dumps(values))
+    text = refused(lambda: load(folder), str(folder), *fragments)
+    assert "Traceback" not in text
+    cli_refused([str(folder), "-w", str(folder), "--out", str(tmp_path / "r")], capsys, *fragments)
+    assert not (tmp_path / "r").exists()
+
+
+def test_an_unknown_model_type_mentions_trust_remote_code(tmp_path, capsys):
+    folder = tmp_path / "custom"
+    save(tiny_config("llama", layers=1), folder)
+    values = json.loads((folder / "config.json").read_text())
+    values.update(model_type="my_custom_lm", auto_map={"AutoConfig": "configuration_my.MyConfig"})
+    (folder / "config.json").write_text(json.dumps(values))
+    cli_refused([str(folder), "--out", str(tmp_path / "r")], capsys, "'my_custom_lm'", "--trust-remote-code")
+
+
+def test_huge_memory_budget_is_a_clean_error(tmp_path, capsys):
+    cli_refused(["gpt2", "--memory-budget", "1e300", "--out", str(tmp_path / "r")], capsys,
+                "memory_budget", "(0, 1,048,576]")

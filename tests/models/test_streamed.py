@@ -36,8 +36,8 @@ def test_safetensors_reads_whole_tensors_in_chunks_and_single_rows(tmp_path, mon
     ids = torch.tensor([0, 3, 4, 49])
     assert torch.equal(file.rows("table", ids, torch.float32), tensors["table"][ids].float())
     (tmp_path / "cut.safetensors").write_bytes((tmp_path / "t.safetensors").read_bytes()[:-40])
-    with pytest.raises(AuditError, match="ends inside a tensor"):
-        SafetensorsFile(tmp_path / "cut.safetensors").tensor("half", torch.float32)
+    with pytest.raises(AuditError, match="not a readable safetensors file .*file not fully covered"):
+        SafetensorsFile(tmp_path / "cut.safetensors")  # the library's header check: refused before a read
 
 
 @pytest.mark.parametrize("chunk", [None, 1000])
