@@ -1,0 +1,124 @@
+"""``audit lm``: a tiny unit runs and counts its bits right, planted cases of the count and of the plateau
+report, the reader of ``audit bits``, and resume."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from torch.nn import functional as F
+
+from auditor.core.errors import AuditError
+from auditor.lab.bits import bits_table
+from auditor.lab.experiment import run_experiment
+from auditor.lab.lm.experiment import LMConfig, dataset, lm_unit, logloss_bits, plateau_table, slope_fit
+from auditor.lab.lm.model import GPTShape, TinyGPT
+from auditor.lab.room import get
+
+pytestmark = [pytest.mark.fast, pytest.mark.usefixtures("one_thread")]
+EPS32 = float(np.finfo(np.float32).eps)
+
+UNIT = {"experiment": "lm", "model": "1x8", "layers": 1, "d": 8, "heads": 1, "vocab": 16, "seq_len": 8,
+        "sequences": 12, "dataset_factor": 1.0, "seed": 3, "dtype": "float32", "steps": 60, "batch_size": 4,
+        "lr": 1e-2, "evals": 3, "plateau": 0.01, "device": "cpu"}
+
+
+def test_the_parameter_count_is_the_models():
+    for layers, d, heads in ((1, 8, 1), (2, 32, 2), (3, 48, 3)):
+        shape = GPTShape(layers, d, heads, vocab=50, seq_len=10)
+        model = TinyGPT(shape, torch.Generator().manual_seed(0))
+        assert sum(p.numel() for p in model.parameters()) == shape.parameters
+    assert GPTShape(1, 24, 1, 128, 32).parameters == 11_136  # the reference's smallest model
+
+
+def test_a_tiny_unit_runs_and_counts_entropy_less_its_log_loss():
+    row = lm_unit(dict(UNIT))[0]
+    assert row["entropy_bits"] == 12 * 8 * 4.0  # n S log2 V, V = 16
+    expected = max(0.0, row["entropy_bits"] - row["logloss_bits"])
+    assert row["memorized_bits"] == pytest.approx(expected, abs=2e-3)  # both rounded to 3 decimals
+    assert 0 < row["memorized_bits"] <= row["entropy_bits"]  # 60 steps on 12 sequences: something is stored
+    assert row["bits_per_parameter"] == pytest.approx(row["memorized_bits"] / row["parameters"], rel=1e-3)
+    assert [h["step"] for h in row["history"]] == [20, 40, 48, 60]  # evals, and the start of the last fifth
+    assert row["converged"] == (row["final_gain"] < 0.01)
+    again = lm_unit(dict(UNIT))[0]  # seeded: the same unit gives the same row
+    assert again["logloss_bits"] == row["logloss_bits"]
+    half = lm_unit({**UNIT, "dtype": "bfloat16"})[0]
+    assert half["entropy_bits"] == row["entropy_bits"] and half["logloss_bits"] != row["logloss_bits"]
+
+
+def test_the_code_length_is_the_log_loss_in_bits_and_a_uniform_model_stores_nothing():
+    shape = GPTShape(1, 8, 2, vocab=16, seq_len=8)
+    data = dataset({**UNIT, "sequences": 20})
+    model = TinyGPT(shape, torch.Generator().manual_seed(1))
+    # against an independent float64 count: -sum log2 softmax(logits)[token]
+    with torch.no_grad():
+        logp = F.log_softmax(model(data).double(), dim=-1)  # (n, S, V)
+        direct = -float(logp.gather(2, data[..., None]).sum()) / math.log(2)
+    tokens = data.numel()
+    assert logloss_bits(model, data, batch=7) == pytest.approx(direct, rel=8 * EPS32 * math.log2(tokens))
+    # planted: every weight 0 -> every logit 0 -> the uniform distribution, log-loss = n S log2 V exactly
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    entropy = tokens * math.log2(16)
+    code = logloss_bits(model, data)
+    assert code == pytest.approx(entropy, rel=4 * EPS32 * math.log2(tokens))
+    from auditor.lab.information import logloss_stored_bits
+
+    assert float(logloss_stored_bits(entropy, code)[0]) <= 4 * EPS32 * math.log2(tokens) * entropy
+
+
+def _planted(alpha: dict[str, float]) -> pd.DataFrame:
+    """Rows whose memorized bits rise with the data, then sit at alpha x parameters (the planted plateau)."""
+    rows = []
+    for model, parameters in (("a", 1000), ("b", 4000)):
+        for dtype, a in alpha.items():
+            for seed in (0, 1, 2):
+                for sequences, entropy in ((10, 0.5 * a * parameters), (20, 2 * a * parameters),
+                                           (40, 4 * a * parameters)):
+                    stored = min(entropy, a * parameters) * (1 + 0.01 * (seed - 1))
+                    rows.append({"model": model, "parameters": parameters, "dtype": dtype, "seed": seed,
+                                 "sequences": sequences, "entropy_bits": entropy, "memorized_bits": stored,
+                                 "converged": True, "steps": 100})
+    return pd.DataFrame(rows)
+
+
+def test_the_plateau_and_the_slope_recover_a_planted_capacity():
+    frame = _planted({"float32": 3.6, "bfloat16": 3.5})
+    table = plateau_table(frame).set_index(["model", "dtype"])
+    for model in ("a", "b"):
+        for dtype, a in (("float32", 3.6), ("bfloat16", 3.5)):
+            row = table.loc[(model, dtype)]
+            assert row["bits_per_parameter"] == pytest.approx(a)  # seeds at -1%, 0, +1%: mean a
+            assert row["ci_low"] < a < row["ci_high"] and row["capacity_limited"]
+            assert row["sequences"] == 20  # the first size past the plateau (the larger one ties)
+    slope, low, high, points = slope_fit(frame, "float32")
+    assert points == 6 and slope == pytest.approx(3.6, rel=0.011) and low < 3.6 < high
+
+
+def test_bad_settings_are_one_line_errors():
+    with pytest.raises(AuditError, match="LAYERSxWIDTH"):
+        LMConfig(models=("2-64",))
+    with pytest.raises(AuditError, match="training precision"):
+        LMConfig(dtypes=("float16",))
+    with pytest.raises(AuditError, match="multiple of heads"):
+        LMConfig(models=("1x10x3",)).units()
+
+
+def test_a_quick_run_is_counted_by_audit_bits_and_resumes(tmp_path):
+    experiment = get("lm")
+    config = experiment.make("quick")
+    frame, text = run_experiment(experiment, config, tmp_path, plots=True, progress=False)
+    assert len(frame) == 8 and (tmp_path / "memorized.png").stat().st_size > 0
+    assert "float32: capacity =" in text and (tmp_path / "summary.csv").exists()
+    table = bits_table([tmp_path / "results.csv"])
+    assert set(table["experiment"]) == {"lm float32", "lm bfloat16"}
+    assert table["stored_bits"].to_numpy() == pytest.approx(frame["memorized_bits"].to_numpy(), abs=2e-3)
+    assert (table["stored_bits"] <= table["entropy_bits"]).all()
+    stamps = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "units").glob("*.json")}
+    again, _ = run_experiment(experiment, config, tmp_path, plots=False, progress=False)
+    assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "units").glob("*.json")} == stamps  # none rerun
+    assert again["logloss_bits"].tolist() == frame["logloss_bits"].tolist()
