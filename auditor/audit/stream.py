@@ -36,6 +36,7 @@ import torch
 import probes
 from auditor.audit.assumptions import ASSUMPTION_TESTS, RunOptions
 from auditor.audit.tokens import ContextFile, TokenWriter
+from auditor.core.errors import AuditError
 from probes import fast, robust
 from probes.assumptions import (
     AssumptionResult,
@@ -233,9 +234,13 @@ class ContextReducer:
             raise RuntimeError(f"more than the N = {self.shape[0]} contexts announced were streamed")
         if self.spill:
             begin = time.perf_counter()
-            if self.writer is None:
-                self.writer = self._open(dict(meta))
-            self.writer.write(contexts)
+            try:
+                if self.writer is None:
+                    self.writer = self._open(dict(meta))
+                self.writer.write(contexts)
+            except OSError as err:
+                self.abort()  # the unfinished file and its temporary name are removed
+                raise self._write_error(err) from None
             self._timed("file", begin)
         self.queries[self.rows : self.rows + size] = queries
         on_device = contexts.to(self.device)  # (b, n, d)
@@ -255,7 +260,25 @@ class ContextReducer:
         folder = Path(tempfile.gettempdir())
         fd, name = tempfile.mkstemp(dir=folder, prefix="auditor-contexts-", suffix=".safetensors")
         os.close(fd)
-        return TokenWriter(name, num, n, d, self.dtype, meta)
+        try:
+            return TokenWriter(name, num, n, d, self.dtype, meta)
+        except BaseException:
+            Path(name).unlink(missing_ok=True)
+            raise
+
+    def _write_error(self, err: OSError) -> AuditError:
+        """One line for a failed write of the contexts' file: which file, why, and what to do."""
+        num, n, d = self.shape
+        size = num * n * d * self.dtype.itemsize / 2**30
+        reason = err.strerror or str(err)
+        if self.save is not None:
+            return AuditError(f"cannot write the token file {self.save} ({reason}; it takes {size:.2f} GiB); "
+                              "free space there or choose another --out (nothing was left behind)")
+        return AuditError(
+            f"cannot write the contexts' temporary file in {tempfile.gettempdir()} ({reason}; it takes "
+            f"{size:.2f} GiB, for Assumption 2's tolerance analysis); free space there, set TMPDIR to a "
+            "folder with room, or use --no-robustness (nothing was left behind)"
+        )
 
     def abort(self) -> None:
         """Drop everything, an unfinished file included."""
@@ -276,7 +299,11 @@ class ContextReducer:
         file, cleanup = None, None
         if self.writer is not None:
             begin = time.perf_counter()
-            self.writer.finish(queries)
+            try:
+                self.writer.finish(queries)
+            except OSError as err:
+                self.abort()
+                raise self._write_error(err) from None
             self._timed("file", begin)
             file = self.writer.contexts_file()
             if self.save is None:

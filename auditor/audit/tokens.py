@@ -102,8 +102,12 @@ class Tokens:
         try:
             save_file(tensors, str(tmp), metadata={**self.meta, "format": FORMAT})
             os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
+        except BaseException as err:
+            tmp.unlink(missing_ok=True)  # no half-written file, under its name or a temporary one
+            if isinstance(err, Exception) and not isinstance(err, AuditError):  # safetensors' own error
+                reason = _io_reason(err)
+                raise AuditError(f"cannot write the token file {path} ({reason}); free space on its disk "
+                                 "or choose another --out (nothing was left behind)") from None
             raise
 
     @classmethod
@@ -139,6 +143,20 @@ class Tokens:
             if key in meta and meta[key] != str(size):
                 raise AuditError(f"{path}: metadata says {key}={meta[key]} but the tensors have {key}={size}")
         return cls(contexts=contexts, queries=queries, meta=meta)
+
+
+def _io_reason(err: BaseException) -> str:
+    """The reason of a failed write in words: the OS's message for an OSError or for the error code that
+    safetensors quotes (``Os { code: 28, ... }``), else the error's first line."""
+    import re
+
+    if isinstance(err, OSError) and err.errno is not None:
+        return err.strerror or os.strerror(err.errno)
+    code = re.search(r"code: (\d+)", str(err))
+    if code:
+        return os.strerror(int(code.group(1)))
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return lines[0] if lines else type(err).__name__
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -182,7 +200,11 @@ class TokenWriter:
         self.rows = 0
         self.tmp = temporary_path(self.path)
         self._fh = open(self.tmp, "wb")  # noqa: SIM115 - closed by finish or abort
-        self._fh.write(struct.pack("<Q", len(text)) + text)
+        try:
+            self._fh.write(struct.pack("<Q", len(text)) + text)
+        except BaseException:
+            self.abort()  # a full disk at the header: no temporary file left behind
+            raise
 
     def write(self, contexts: torch.Tensor) -> None:
         """Append the contexts (b, n, d) of the next b examples."""
@@ -214,10 +236,14 @@ class TokenWriter:
         return self.path
 
     def abort(self) -> None:
-        """Close and remove the unfinished file."""
-        if not self._fh.closed:
-            self._fh.close()
-        self.tmp.unlink(missing_ok=True)
+        """Close and remove the unfinished file (closing flushes: on a full disk that fails too)."""
+        try:
+            if not self._fh.closed:
+                self._fh.close()
+        except OSError:
+            pass  # the file is closed even so, and removed below
+        finally:
+            self.tmp.unlink(missing_ok=True)
 
     def contexts_file(self) -> ContextFile:
         """The finished file's contexts, read back by example."""

@@ -345,3 +345,58 @@ def test_an_unknown_model_type_mentions_trust_remote_code(tmp_path, capsys):
 def test_huge_memory_budget_is_a_clean_error(tmp_path, capsys):
     cli_refused(["gpt2", "--memory-budget", "1e300", "--out", str(tmp_path / "r")], capsys,
                 "memory_budget", "(0, 1,048,576]")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Faults: a full disk while writing tokens leaves nothing behind and says so in one line
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_files():
+    """Files larger than the returned limit cannot be written (RLIMIT_FSIZE, as a full disk: the write
+    fails with EFBIG instead of ENOSPC); the limit is lifted after the test."""
+    import resource
+    import signal
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a failed write instead of a killed process
+
+    def limit(size: int) -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, hard))
+
+    yield limit
+    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    signal.signal(signal.SIGXFSZ, handler)
+
+
+def test_saving_tokens_on_a_full_disk_is_one_line_and_leaves_no_file(tmp_path, small_files):
+    from auditor.audit.tokens import Tokens
+
+    contexts = torch.randn(64, 8, 16, generator=torch.Generator().manual_seed(0))  # (N, n, d)
+    small_files(4096)
+    with pytest.raises(AuditError) as info:
+        Tokens(contexts, contexts[:, 0].clone(), {"n": "8"}).save(tmp_path / "t.safetensors")
+    assert "cannot write the token file" in one_line(info.value) and str(tmp_path) in str(info.value)
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("limit", [64, 2048])  # the header itself, then a chunk of contexts
+def test_a_full_temporary_folder_while_streaming_is_one_line_and_cleaned(limit, tmp_path, small_files,
+                                                                         monkeypatch):
+    import tempfile
+
+    from auditor.audit.stream import ContextReducer
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gen = torch.Generator().manual_seed(0)
+    reducer = ContextReducer(16, 4, 8, torch.float32, torch.device("cpu"), tests=("assumption2",), rtol=None,
+                             robustness=True, geometry=False, save=None, chunk=8)
+    small_files(limit)
+    with pytest.raises(AuditError) as info:
+        for _ in range(2):
+            reducer.add(torch.randn(8, 4, 8, generator=gen), torch.randn(8, 8, generator=gen), {"n": "4"})
+        reducer.finish()
+    text = one_line(info.value)
+    assert str(tmp_path) in text and "TMPDIR" in text
+    assert not list(tmp_path.iterdir())
