@@ -77,9 +77,9 @@ class LMConfig:
     dtypes: tuple[str, ...] = option(DTYPES, "Training precisions: float32, bfloat16.")
     vocab: int = option(128, "Tokens V (uniform): log2 V bits per token.")
     seq_len: int = option(32, "Tokens per sequence S.")
-    steps: int = option(2000, "Minibatch steps per unit (5% warm-up, then cosine decay).")
-    batch_size: int = option(64, "Sequences per step (the whole dataset when it is smaller).")
-    lr: float = option(3e-3, "Peak AdamW learning rate.", parse="floats")
+    steps: int = option(3000, "Minibatch steps per unit (5% warm-up, then cosine decay).")
+    batch_size: int = option(32, "Sequences per step (the whole dataset when it is smaller).")
+    lr: float = option(1e-2, "Peak AdamW learning rate.", parse="floats")
     evals: int = option(10, "Log-loss measurements on the whole dataset per unit (the history).")
     plateau: float = option(0.01, "Converged: memorized bits grew by less than this share over the last "
                                   "fifth of the steps.", parse="floats")
@@ -144,9 +144,9 @@ class LMUnit:
     dataset_factor: float = 1.0
     seed: int = 0
     dtype: str = "float32"
-    steps: int = 2000
-    batch_size: int = 64
-    lr: float = 3e-3
+    steps: int = 3000
+    batch_size: int = 32
+    lr: float = 1e-2
     evals: int = 10
     plateau: float = 0.01
     device: str = "cpu"
