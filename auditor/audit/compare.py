@@ -24,6 +24,7 @@ import click
 import pandas as pd
 
 from auditor.audit.assumptions import KRUSKAL_TESTS
+from auditor.audit.report.html import compare_html
 from auditor.audit.report.schema import (
     BOOL_COLUMNS,
     FLOAT_COLUMNS,
@@ -52,7 +53,7 @@ COMPARE_COLUMNS = (
     "critical_rtol_high",
     "critical_rtol_exact",
 )
-COMPARE_FILES = ("compare.csv", "compare.md", "compare_kruskal.png", "compare_depth.png")
+COMPARE_FILES = ("compare.csv", "compare.md", "compare_kruskal.png", "compare_depth.png", "report.html")
 
 
 @dataclass(frozen=True)
@@ -323,6 +324,7 @@ def compare(
         staged.text(out / "compare.csv", table.to_csv(index=False))
         staged.text(out / "compare.md", "# Comparison of audit reports\n\n" + "\n".join(
             f"- {r.label}: `{r.folder}`" for r in reports) + "\n\n" + markdown_table(table) + "\n")
+        staged.text(out / "report.html", compare_html(table, reports, out, figures=plots))  # all on one page
         if plots:
             _stage_figures(table, reports, out, staged)
         staged.commit()

@@ -43,6 +43,7 @@ OWNED_FILES = (
     "depth.csv",
     "config.json",
     "summary.md",
+    "report.html",
     "kruskal_curve.png",
     "context_ranks.png",
     "margins.png",

@@ -86,11 +86,13 @@ DEPTH_SHORT = "depth (0 = embedding)"
 Draw = Callable[["AuditResult", Palette], "Figure"]
 
 
-def write_plots(result: AuditResult, out: Path, staged: Staged, *, pdf: bool = True) -> list[Path]:
+def write_plots(result: AuditResult, out: Path, staged: Staged, *, pdf: bool = True,
+                svgs: dict[str, str] | None = None) -> list[Path]:
     """Stage the figures that apply to ``result`` in ``out`` (renamed into place by ``staged.commit()``).
 
     Each figure is a 300 dpi PNG and (``pdf``, the default) a vector PDF of the same name beside it, for
-    a paper. Returns the final paths of the PNGs.
+    a paper. ``svgs``: filled with each figure as inline SVG for report.html, from the same drawing.
+    Returns the final paths of the PNGs.
     """
     palette = palette_of(result)
     paths = []
@@ -105,6 +107,10 @@ def write_plots(result: AuditResult, out: Path, staged: Staged, *, pdf: bool = T
                 staged.write(
                     (out / name).with_suffix(".pdf"), lambda tmp, fig=fig: fig.savefig(tmp, format="pdf")
                 )
+            if svgs is not None:
+                from auditor.audit.report.html import figure_svg
+
+                svgs[name] = figure_svg(fig, f"f{len(svgs)}")
         finally:
             plt.close(fig)
     return paths

@@ -26,19 +26,21 @@ if TYPE_CHECKING:
 
 
 def write_report(result: AuditResult, out: Path, extra_config: dict[str, Any] | None = None) -> list[Path]:
-    """Write results.csv, sweep.csv and depth.csv (if any), config.json, summary.md and the plots into
-    ``out``.
+    """Write results.csv, sweep.csv and depth.csv (if any), config.json, summary.md, the plots and
+    report.html (all of it as one page) into ``out``.
 
     Every file is staged first and renamed into place only when all were written (a link at a target is
     replaced, never written through). ``extra_config``: more keys for config.json (e.g. the torch threads
     used). Returns the paths written; an OSError (full disk, read-only folder) leaves the folder as it was.
     """
+    from auditor.audit.report.html import report_html  # the same, as one self-contained page
     from auditor.audit.report.plots import write_plots  # matplotlib: only when a report is written
 
     out = Path(out)
     config = {k: (list(v) if isinstance(v, tuple) else v) for k, v in result.config.__dict__.items()}
     with Staged() as staged:
-        plots = write_plots(result, out, staged)
+        svgs: dict[str, str] = {}  # the same figures for report.html, drawn once
+        plots = write_plots(result, out, staged, svgs=svgs)
         if not result.curves.empty:
             staged.text(out / "sweep.csv", csv_text(result.curves))
         if not result.depth.empty:
@@ -47,6 +49,7 @@ def write_report(result: AuditResult, out: Path, extra_config: dict[str, Any] | 
             out / "config.json", json.dumps({**config, **(extra_config or {})}, indent=2, default=str) + "\n"
         )
         staged.text(out / "summary.md", summary_text(result, plots))
+        staged.text(out / "report.html", report_html(result, {**config, **(extra_config or {})}, svgs=svgs))
         staged.text(out / "results.csv", csv_text(result.rows))
         return staged.commit()
 
