@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,9 @@ def load_hf_dataset(
     """A dataset split (streamed, for the hub) and its label; unreachable or unknown -> AuditError.
 
     A local folder is read by ``local_builder`` from its files with ``suffixes`` (see
-    :func:`~auditor.data.selection.visible_files`: never ``exclude`` nor an audit report).
+    :func:`~auditor.data.selection.visible_files`: never ``exclude`` nor an audit report) into memory,
+    through a temporary cache removed before this returns (nothing is written outside the temporary folder).
+    A hub dataset is streamed: read as it is consumed, never cached on disk.
     """
     import datasets
 
@@ -46,7 +49,11 @@ def load_hf_dataset(
             )
             if not files:
                 raise AuditError(f"no {', '.join(suffixes)} files under {str(folder)!r}")
-            data = datasets.load_dataset(local_builder, data_files={split: files}, split=split)
+            # the builder's Arrow cache goes to a temporary folder, removed once the split is in memory:
+            # nothing is written to the datasets cache (~/.cache/huggingface/datasets) nor left anywhere
+            with tempfile.TemporaryDirectory(prefix="auditor-datasets-") as cache:
+                data = datasets.load_dataset(local_builder, data_files={split: files}, split=split,
+                                             cache_dir=cache, keep_in_memory=True)
             return data, f"{spec} ({local_builder} builder on local files, split {split})"
         if not hub_reachable():
             raise AuditError(

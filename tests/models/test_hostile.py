@@ -400,3 +400,25 @@ def test_a_full_temporary_folder_while_streaming_is_one_line_and_cleaned(limit, 
     text = one_line(info.value)
     assert str(tmp_path) in text and "TMPDIR" in text
     assert not list(tmp_path.iterdir())
+
+
+def test_a_local_hf_dataset_writes_nothing_to_the_datasets_cache(tmp_path, monkeypatch):
+    import tempfile
+
+    import datasets
+    from conftest import shared_data
+
+    from auditor.data.hf import load_hf_dataset
+
+    text = tmp_path / "text"
+    text.mkdir()
+    (text / "a.txt").write_text(shared_data("wikitext-2/valid.txt").read_text()[:20000])
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    cache = Path(datasets.config.HF_DATASETS_CACHE)
+    before = set(cache.rglob("*")) if cache.exists() else set()
+    data, _ = load_hf_dataset(f"hf:{text}", "text", (".txt",))
+    assert len(data) > 10 and data[0]["text"] is not None  # read into memory: usable after the cache is gone
+    assert (set(cache.rglob("*")) if cache.exists() else set()) == before
+    assert not [p for p in scratch.iterdir() if p.name.startswith("auditor-datasets-")]
