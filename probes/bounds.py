@@ -49,7 +49,7 @@ import torch
 from scipy import stats
 
 from probes.kruskal import kruskal_test, pool64, validate_vectors
-from probes.rank import Array, check_int, numerical_rank, resolve_rtol
+from probes.rank import Array, check_int, numerical_rank, pow2_rescale, resolve_rtol
 from probes.spark import (
     BABEL_FIRST_COLUMNS,
     REFINE_STEPS,
@@ -65,6 +65,7 @@ EPS64 = torch.finfo(torch.float64).eps
 # the proofs behind a lower bound, in the order that breaks ties (the simpler proof first)
 METHODS = ("trivial", "coherence", "babel", "whitened-coherence", "whitened-babel", "nullspace", "exhaustive")
 NULLSPACE_SECONDS = 10.0  # default wall-time cap of the null-space linear programs, per call
+WIDE_RANGE = 2.0**-60  # pools whose smallest norm is below this share of the largest are not whitened
 
 
 def clopper_pearson(successes: int, trials: int, confidence: float = 0.95) -> tuple[float, float]:
@@ -175,10 +176,15 @@ class KruskalLowerBound:
 
 
 def _unit_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Float64 unit rows (zero rows stay zero) and the row norms of the (rescaled) pool."""
-    return unit_rows(
-        pool64(x)
-    )  # (N, d), scaled by a power of two when its squares would underflow or overflow
+    """Float64 unit rows (zero rows stay zero) and the base-2 logarithms of the row norms (-inf for a
+    zero row), each row computed at its own scale where the pool's range needs it: every row is then
+    rescaled by an exact power of two, so that no square underflows (a vector 1e-170 times the largest
+    keeps its direction and its norm) and the cosines are those of the rows as given."""
+    x64 = pool64(x)  # (N, d), one power of two for all when the squares of its largest would leave float64
+    scaled, e = pow2_rescale(x64, (1,))  # (each row its own power of two, where some row needs it)
+    unit, norms = unit_rows(scaled)
+    log2 = torch.log2(norms)
+    return unit, log2 if e is None else log2 + e[:, 0].to(log2.dtype)
 
 
 def _gershgorin_passes(bound: torch.Tensor, ks: torch.Tensor, ratio: float, rtols: torch.Tensor,
@@ -205,15 +211,18 @@ class _RawBounds:
     babel_k: int
     babel_bound: torch.Tensor | None  # (columns,) rigorous upper bounds on mu_1(m), m = 1..columns
     cos: Cosines  # the last cosine pass: coherence and the most coherent pair
-    pair_dependent: bool  # that pair was tested (nothing beyond 1 proven) and is dependent
+    pair_dependent: bool  # nothing beyond 1 proven, and the most coherent pair (or the pair of the
+    # smallest and largest norm) was tested and is dependent
+    pair: tuple[int, int] | None = None  # that dependent pair
 
 
 def _raw_bounds(x: torch.Tensor, unit: torch.Tensor, ratio: float, rtols: list[float],
-                top: int) -> _RawBounds:
+                top: int, log2_norms: torch.Tensor) -> _RawBounds:
     """The coherence and Babel bounds for k = 2..top of the vectors ``x`` (N, d) with unit rows ``unit``
     (N, d) and rounded-down norm ratio ``ratio``; the Babel columns grow until the bound stops passing.
-    When neither proves 2, the most coherent pair is tested with a float64 SVD (the argument and its
-    rounding allowances: the module docstring)."""
+    When neither proves 2, the most coherent pair is tested with a float64 SVD, then the pair of the
+    smallest and the largest norm (``log2_norms`` (N,)), whose ratio sigma_2 / sigma_1 is at most theirs
+    (the argument and its rounding allowances: the module docstring)."""
     d = x.shape[1]
     babel_k = coherence_k = 1
     babel_bound = None
@@ -234,11 +243,15 @@ def _raw_bounds(x: torch.Tensor, unit: torch.Tensor, ratio: float, rtols: list[f
         mu = (cos.coherence + delta) * (1 + 2 * EPS64)
         coherence_k = _gershgorin_passes((ks - 1).double() * mu, ks, ratio, rtol_k, d)
     # the most coherent pair: often dependent (e.g. duplicated vectors), and then nothing proves 2
-    pair_dependent = False
+    pair_dependent, pair = False, None
     if top >= 2 and max(babel_k, coherence_k) == 1:
-        i, j = sorted(cos.pair)
-        pair_dependent = int(numerical_rank(x[[i, j]], rtols[1]).rank) < 2
-    return _RawBounds(coherence_k, babel_k, babel_bound, cos, pair_dependent)
+        spread = (int(log2_norms.argmin()), int(log2_norms.argmax()))
+        pairs = [tuple(sorted(cos.pair)), tuple(sorted(spread))]
+        for i, j in pairs[:1] if pairs[1] == pairs[0] else pairs:
+            if i != j and int(numerical_rank(x[[i, j]], rtols[1]).rank) < 2:
+                pair_dependent, pair = True, (i, j)
+                break
+    return _RawBounds(coherence_k, babel_k, babel_bound, cos, pair_dependent, pair)
 
 
 def _exhaustive_search(x: torch.Tensor, proven: int, top: int, max_subsets: int,
@@ -325,24 +338,29 @@ def kruskal_lower_bound(
     rtols = [resolve_rtol(rtol, k, d, x.dtype) for k in range(1, top + 1)]
     common = dict(k_max=k_max, N=n_vec, d=d, rtol=rtols[0])
 
-    unit, norms = _unit_rows(x)
-    nonzero = bool((x != 0).any(dim=1).all())
-    ratio = float(norms.min() / norms.max()) if nonzero else 0.0
+    unit, log2_norms = _unit_rows(x)
+    zero = ~(x != 0).any(dim=1)
+    # smallest over largest norm, from their logarithms (0 where it lies below float64's range)
+    ratio = 0.0 if bool(zero.any()) else 2.0 ** max(float(log2_norms.min() - log2_norms.max()), -1100.0)
     ratio *= 1 - (d + 8) * EPS64  # each norm carries a relative error below (d / 2 + 2) eps
-    if not nonzero or rtols[0] >= 1:
-        why = "a vector is zero" if not nonzero else f"rtol = {rtols[0]:.3g} >= 1 rejects even single vectors"
-        return _rank_zero(unit, ratio, why, start, common)
+    if bool(zero.any()) or rtols[0] >= 1:
+        first = int(zero.nonzero()[0]) if bool(zero.any()) else 0
+        why = (f"vector {first} is zero" if bool(zero.any())
+               else f"rtol = {rtols[0]:.3g} >= 1 rejects even single vectors")
+        return _rank_zero(unit, ratio, why, start, common, witness=(first,))
 
-    raw = _raw_bounds(x, unit, ratio, rtols, top)
+    raw = _raw_bounds(x, unit, ratio, rtols, top, log2_norms)
     proven = max(raw.babel_k, raw.coherence_k)
     white_c, white_b, null_k, white_mu, programs, extra_note = 1, 1, 1, math.nan, 0, ""
-    if whiten and top >= 2 and proven < top and not raw.pair_dependent:  # (d), (e) while k is left to prove
+    # (d), (e) while k is left to prove, on pools whose norms span at most 1 / WIDE_RANGE (beyond, the
+    # whitened spectra leave float64's range: the exhaustive search and (b), (c) remain)
+    if whiten and top >= 2 and proven < top and not raw.pair_dependent and ratio >= WIDE_RANGE:
         white_c, white_b, null_k, white_mu, programs, extra_note = _whitened_and_nullspace(
             x, rtols, proven, top, float(nullspace_seconds), nullspace_steps)
     exhaustive_k, tested, witness = _exhaustive_search(x, max(proven, white_c, white_b, null_k), top,
                                                        max_subsets, rtol)
     if witness is None and exhaustive_k == 1 and raw.pair_dependent:
-        witness = tuple(sorted(raw.cos.pair))
+        witness = raw.pair
 
     found = {"trivial": 1, "coherence": raw.coherence_k, "babel": raw.babel_k, "whitened-coherence": white_c,
              "whitened-babel": white_b, "nullspace": null_k, "exhaustive": exhaustive_k}
@@ -359,13 +377,15 @@ def kruskal_lower_bound(
         whitened_coherence=white_mu, nullspace_k=null_k, nullspace_programs=programs, note=note, **common)
 
 
-def _rank_zero(unit: torch.Tensor, ratio: float, why: str, start: float,
-               common: dict[str, Any]) -> KruskalLowerBound:
+def _rank_zero(unit: torch.Tensor, ratio: float, why: str, start: float, common: dict[str, Any],
+               witness: tuple[int, ...] | None = None) -> KruskalLowerBound:
     """The exact bound 0 of vectors with unit rows ``unit`` (N, d) where a single vector is already rank
-    deficient (``why``); ``start``: the call's perf_counter, ``common``: k_max, N, d and rtol."""
+    deficient (``why``; ``witness``: that vector); every proof's own field says 0 too. ``start``: the
+    call's perf_counter, ``common``: k_max, N, d and rtol."""
     return KruskalLowerBound(
         lower=0, method="trivial", exact=True, coherence=cosine_pass(unit, 0).coherence, coherence_k=0,
-        babel_k=0, exhaustive_k=0, subsets=unit.shape[0], norm_ratio=max(ratio, 0.0), witness=None,
+        babel_k=0, exhaustive_k=0, whitened_coherence_k=0, whitened_babel_k=0, nullspace_k=0,
+        subsets=unit.shape[0], norm_ratio=max(ratio, 0.0), witness=witness,
         seconds=time.perf_counter() - start, note=f"Kruskal rank 0: {why}", **common)
 
 

@@ -42,6 +42,7 @@ import torch
 from probes import fast, robust
 from probes.rank import (
     Array,
+    abs_max,
     as_tensor,
     check_finite,
     check_int,
@@ -55,6 +56,7 @@ POOL_GRAM_MAX_N = 8192  # above this the (N, N) pool Gram would not pay off; Gra
 MAX_INDEX_BYTES = 2 * 2**30  # memory allowed for the subsets of one test: indices plus per-subset results
 LARGE_SUBSETS = 1000  # automatic progress: more subsets than this ...
 LARGE_K = 256  # ... or subsets at least this large
+TINY_EXPONENT = -400  # subsets of rows whose entries all lie below 2**-400 are decided at their own scale
 
 
 def max_subsets_in_memory(k: int) -> int:
@@ -308,6 +310,58 @@ def all_subsets(n_vectors: int, k: int) -> torch.Tensor:
     return torch.from_numpy(np.fromiter(flat, dtype=np.int64, count=total * k)).reshape(total, k)
 
 
+def tiny_rows(x64: torch.Tensor) -> torch.Tensor | None:
+    """(N,) bool: the rows of the float64 pool whose largest |entry| lies below ``2**TINY_EXPONENT``
+    (zero rows included), or None when there are none (the usual case: one pass over the pool).
+
+    The Gram route's error bounds are relative to each matrix's own trace; underflow adds absolute
+    errors of at most 2^-1022 per operation (even with flush-to-zero), far below them while some row of
+    the matrix has |entry| >= 2^-400 (squares >= 2^-800). A subset made of such tiny rows only is
+    decided at its own scale instead (:func:`_tiny_decisions`): with the pool's scale its squares
+    would underflow (a vector 1e-170 times the largest would have rank 0)."""
+    amax = abs_max(x64, (1,))[:, 0]  # (N,)
+    tiny = amax < 2.0**TINY_EXPONENT
+    return tiny if bool(tiny.any()) else None
+
+
+def tiny_subsets(x64: torch.Tensor, subsets: torch.Tensor) -> torch.Tensor | None:
+    """(S,) bool: the subsets (S, k) made of tiny rows only (:func:`tiny_rows`), or None when none is."""
+    tiny = tiny_rows(x64)
+    if tiny is None:
+        return None
+    mask = tiny[subsets.to(tiny.device)].all(1)
+    return mask if bool(mask.any()) else None
+
+
+def _tiny_decisions(x64: torch.Tensor, subsets: torch.Tensor, rtol: float, ceilings: bool) -> fast.Decisions:
+    """Exact ranks (and, with ``ceilings``, proven floors and ceilings of sigma_k / sigma_1) of subsets of
+    tiny rows, each rescaled by an exact power of two of its own first (ranks and ratios are scale
+    invariant), by the fast path's stages on the rescaled Gram blocks."""
+    rows = x64[subsets.to(x64.device)]  # (t, k, d)
+    scaled, _ = pow2_rescale(rows, (-2, -1))
+    gram = scaled @ scaled.transpose(1, 2)  # (t, k, k)
+    return fast.decide(gram, lambda pos: scaled[pos], rtol, x64.shape[1], ceilings=ceilings)
+
+
+def _merge(parts: list[tuple[torch.Tensor, fast.Decisions]], count: int, k: int, device: torch.device,
+           ceilings: bool) -> fast.Decisions:
+    """One :class:`probes.fast.Decisions` of ``count`` subsets from decisions of disjoint positions."""
+    out = fast.Decisions.empty(count, k, device, ceilings=ceilings)
+    for pos, dec in parts:
+        pos = pos.to(device)
+        out.rank[pos], out.margin[pos], out.bound[pos] = dec.rank, dec.margin, dec.bound
+        if dec.fail_at is not None:
+            out.fail_at[pos] = dec.fail_at
+        if ceilings:
+            out.ceiling[pos], out.floor[pos] = dec.ceiling, dec.floor
+        for key, value in dec.stages.items():
+            out.stages[key] += value
+        out.shortcut += dec.shortcut
+        out.dip_tried += dec.dip_tried
+        out.dip_proven += dec.dip_proven
+    return out
+
+
 def _pool_gram(x64: torch.Tensor) -> torch.Tensor | None:
     return x64 @ x64.T if x64.shape[0] <= POOL_GRAM_MAX_N else None  # (N, N)
 
@@ -329,6 +383,18 @@ def _test_subsets(
     tolerance fields (subsets are certified at its largest multiplier where that is cheap, or near the
     critical tolerance of the verdict at ``threshold`` where that lies beyond it, and dependent ones get
     ceilings, so that the grid and the critical tolerance need few new proofs)."""
+    tiny = tiny_subsets(x64, subsets)
+    if tiny is not None:  # (subsets of tiny rows only: decided at their own scale)
+        k, ceilings = int(subsets.shape[1]), grid is not None
+        rest = (~tiny).nonzero().flatten()
+        parts = [(tiny.nonzero().flatten(), _tiny_decisions(x64, subsets[tiny], rtol, ceilings))]
+        if bar is not None:
+            bar.update(int(tiny.sum()))
+        if rest.numel():
+            parts.append((rest, _test_subsets(x64, subsets[rest], rtol, gram, spectrum=spectrum,
+                                              exact_dependent=exact_dependent, bar=bar, grid=grid,
+                                              threshold=threshold)))
+        return _merge(parts, int(subsets.shape[0]), k, x64.device, ceilings)
     lam_cap = None if spectrum is None else float(spectrum[0]) ** 2
     top = max(grid) if grid else 1.0
     low = min(grid) if grid else 1.0
@@ -503,7 +569,7 @@ def _kruskal(
     elif robustness:
         step = fast.subset_step(k)
         pool = fast.Pool(x64, gram, k, rtol, float(spectrum[0]) ** 2, step)
-        src = robust.pool_matrices(pool, idx.to(x64.device), x64, step)
+        src = robust.pool_matrices(pool, idx.to(x64.device), x64, step, svd_only=tiny_subsets(x64, idx))
         min_margin, rob = robust.analyse(src, dec, rtol, threshold, grid, exact=robustness == "exact")
     return KruskalResult(min_margin=min_margin, robustness=rob,
         subsets=tested, exhaustive=exhaustive and not spectrum_proof, spectrum_proof=spectrum_proof,

@@ -61,6 +61,7 @@ import numpy as np
 import torch
 
 from probes import fast
+from probes.rank import margins_from_singular_values, pow2_rescale
 
 DEFAULT_RTOL_GRID = (0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0)
 BRACKET_WIDTH = 0.03  # relative width of the critical-tolerance bracket sought
@@ -75,6 +76,9 @@ _BATCH = 32
 _FAR = 10.0  # a bracket beyond 10x either side of rtol (the default grid's ends) is narrowed to
 # FAR_BRACKET_WIDTH while at most _FAR_SHARE times the spectra budget can still set it
 _F64_EPS = torch.finfo(torch.float64).eps
+ZERO_LEVEL = 2.0**-40  # a critical tolerance 0.0 is exact when its bracket ends below this: 0 to within what
+# float64 resolves (k eps for k <= 4096), e.g. duplicated vectors (the ratio, 0 in exact arithmetic, is
+# rounding in float64); rows of very different norms can have ratios that small which float64 does resolve
 _FAR_SHARE = 2  # a far bracket is narrowed while at most this many times the spectra budget can set it
 
 
@@ -184,7 +188,7 @@ def critical_is_exact(critical: float, low: float, high: float, rtol: float) -> 
     if any(v is None or (isinstance(v, float) and math.isnan(v)) for v in values):
         return None
     critical, low, high, rtol = map(float, values)
-    if critical == 0.0 and high == 0.0 or critical == math.inf:
+    if critical == 0.0 and high <= ZERO_LEVEL or critical == math.inf:
         return True
     if not low > 0:
         return False
@@ -226,9 +230,13 @@ class Matrices:
     step: int = 256
     device: torch.device | None = None
     certify32: Callable[[torch.Tensor, float], torch.Tensor] | None = None  # (pos, t) -> r > t proven
+    svd_only: torch.Tensor | None = None  # (count,) bool: matrices whose ``gram`` the Gram route cannot
+    # take (subsets of tiny rows, see :func:`probes.kruskal.tiny_rows`): decided by the SVD of their rows
 
     def __post_init__(self) -> None:
         self.rows = fast.Rows.of(self.rows)
+        if self.svd_only is not None:
+            self.svd_only = self.svd_only.cpu()
 
 
 class _Refiner:
@@ -265,6 +273,7 @@ class _Refiner:
         self.lam_hi = torch.full((src.count,), math.nan, dtype=torch.float64)
         self.bracketed = torch.zeros(src.count, dtype=torch.bool)  # eigenvalues computed (:meth:`exact`)
         self.charged = torch.zeros(src.count, dtype=torch.bool)  # charged to the spectra budget
+        self.dep_margin = torch.full((src.count,), math.nan, dtype=torch.float64)  # exact, from an SVD
         self.factorised = 0
         self.above: list[float] = []  # the grid's tolerances above rtol (set by :meth:`grid`) ...
         self.below: list[float] = []  # ... and below it
@@ -288,6 +297,7 @@ class _Refiner:
         (margin floor 0: no margin bounds): float32 certificates first while they pay, then float64
         chunks on the worker threads of the fast path. Whether the dependence proof goes first is
         decided from the first chunk (as the fast path's planner does)."""
+        pos = self._settle(pos)
         if 0 < t < self.rtol and self.src.k > 1:
             pos = self._expose(pos, t)
             if not pos.numel():
@@ -430,7 +440,7 @@ class _Refiner:
         """Proofs only (no spectra): a shifted Cholesky factorisation proves r > t, a failing one at the
         dependence shift proves r < t; matrices neither proves keep their interval."""
         k, width = self.src.k, self.src.width
-        for part in self._chunks(pos):
+        for part in self._chunks(self._settle(pos)):
             dev = part.to(_device(self.src))
             gram = self.src.gram(dev)
             lam_hi = self._lam_hi(part, gram)
@@ -457,6 +467,19 @@ class _Refiner:
                 self.hi[hit] = torch.minimum(self.hi[hit], ceil[dep])
             self.factorised += c
 
+    def _settle(self, pos: torch.Tensor) -> torch.Tensor:
+        """The matrices at ``pos`` that only the SVD of their rows can decide (``Matrices.svd_only``) get
+        their exact ratio; returns the others."""
+        if self.src.svd_only is None or not pos.numel():
+            return pos
+        only = self.src.svd_only[pos]
+        if not bool(only.any()):
+            return pos
+        todo = pos[only & self.ratio[pos].isnan()]
+        if todo.numel():
+            self.exact(todo, count=False)
+        return pos[~only]
+
     def exact(self, pos: torch.Tensor, *, count: bool = True, svd: bool = True) -> None:
         """Exact ratios: eigenvalues of the Gram matrix with a proven error band, float64 SVD of the
         rows where the band is wider than 1e-6 (relative). Chunks run on the fast path's worker threads
@@ -465,6 +488,9 @@ class _Refiner:
         bracket is wider). Matrices whose eigenvalues were computed before get only the SVD, where still
         needed; a matrix is charged to the budget once."""
         done = self.bracketed[pos]
+        if self.src.svd_only is not None:  # (no Gram block to read: the SVD alone)
+            done = done | self.src.svd_only[pos]
+            svd = svd or bool(self.src.svd_only[pos].any())
         jobs = [(part, False) for part in self._chunks(pos[~done])]  # (positions, the SVD alone)
         if svd:
             jobs += [(part, True) for part in self._chunks(pos[done & self.ratio[pos].isnan()])]
@@ -495,9 +521,10 @@ class _Refiner:
         lam = fast.threads.spread(fast.threads.eigvalsh, gram)  # (c, k) ascending
         lmin, lmax = lam[:, 0].clamp(min=0), lam[:, -1]
         r = (lmin / lmax.clamp(min=tiny)).sqrt()
-        r_lo = ((lmin - err).clamp(min=0) / (lmax + err)).sqrt()
+        r_lo = ((lmin - err).clamp(min=0) / (lmax + err).clamp(min=tiny)).sqrt()  # (0 / 0 for a zero matrix)
         r_hi = ((lmin + err) / (lmax - err).clamp(min=tiny)).sqrt()
         loose = ~(r_hi <= r_lo * (1 + 1e-6)) | (lmax <= 0)
+        r_lo, r_hi = r_lo.nan_to_num(0.0), r_hi.nan_to_num(1.0)  # (never NaN: a bound that says nothing)
         if not svd:
             r[loose] = math.nan
         elif bool(loose.any()):
@@ -509,7 +536,8 @@ class _Refiner:
         """(r, r, r) on the CPU: sigma_k / sigma_1 by the float64 SVD of the rows of the matrices at
         ``part`` (0 for a zero matrix)."""
         k, tiny = self.src.k, torch.finfo(torch.float64).tiny
-        sv = fast.threads.spread(torch.linalg.svdvals, self.src.rows(part.to(_device(self.src))))  # (h, k)
+        rows, _ = pow2_rescale(self.src.rows(part.to(_device(self.src))), (-2, -1))  # (each at its own scale)
+        sv = fast.threads.spread(torch.linalg.svdvals, rows)  # (h, k)
         sr = torch.where(sv[:, 0] > 0, sv[:, k - 1] / sv[:, 0].clamp(min=tiny), 0.0).cpu()
         return sr, sr, sr
 
@@ -608,7 +636,7 @@ class _Refiner:
         if a >= 1:
             return math.inf, a, b
         if b <= self.src.k * _F64_EPS:  # below float64 resolution: dependent at every resolvable rtol
-            return 0.0, 0.0, 0.0
+            return 0.0, 0.0, b  # (the bracket still holds the q-th ratio, e.g. 1e-90 of rows 1e-90 apart)
         far = a >= self.rtol * _FAR or b <= self.rtol / _FAR
         if a > 0 and b <= a * (1 + (FAR_BRACKET_WIDTH if far else BRACKET_WIDTH)):
             return math.sqrt(a * b), a, b
@@ -620,7 +648,10 @@ class _Refiner:
         above it (the highest ``_BATCH`` of those known, if they lie ``width`` or more above t): False
         where its bound on lambda_max is too loose (random Gaussian pools, 2-3x) and certifying every
         open matrix at t would settle nothing."""
-        known = ((self.ratio >= t * (1 + width)) & ~self.ratio.isnan()).nonzero().flatten()
+        known = (self.ratio >= t * (1 + width)) & ~self.ratio.isnan()
+        if self.src.svd_only is not None:
+            known &= ~self.src.svd_only
+        known = known.nonzero().flatten()
         if not known.numel():
             return False
         pos = known[self.ratio[known].argsort(descending=True, stable=True)][:_BATCH]
@@ -658,12 +689,21 @@ class _Refiner:
             return math.nan, False
         bound = known & (dec.bound.cpu() if dec.bound is not None else torch.ones_like(known))
         full = rank == self.src.k
+        dependent = bound & ~full  # (a margin the eigenvalues did not resolve: its SVD gives it exactly)
         log_rtol = math.log10(self.rtol) if self.rtol > 0 else -math.inf
 
         def exact_margins() -> torch.Tensor:  # exact margins where known (inf elsewhere)
             out = torch.where(known & ~bound, margin, math.inf)
+            out = torch.where(dependent & ~self.dep_margin.isnan(), self.dep_margin, out)
             have = bound & full & ~self.ratio.isnan() & (self.ratio > 0)
             return torch.where(have, torch.log10(self.ratio.clamp(min=1e-300)) - log_rtol, out)
+
+        def resolve(pos: torch.Tensor, svd: bool = True) -> None:  # exact margins at pos
+            dep = dependent[pos]
+            if bool(dep.any()):
+                self._dependent_margins(pos[dep])
+            if not bool(dep.all()):
+                self.exact(pos[~dep], svd=svd)
 
         certified = False
         while True:
@@ -671,15 +711,16 @@ class _Refiner:
             best = float(ex.min())
             open_ = bound & full & self.ratio.isnan()
             lb = torch.where(open_, torch.log10(self.lo.clamp(min=1e-300)) - log_rtol, math.inf)
+            lb = torch.where(dependent & self.dep_margin.isnan(), margin, lb)
             candidates = (lb < best).nonzero().flatten()
             if not candidates.numel():
                 return best, False
-            paid = candidates[self.bracketed[candidates] & self.charged[candidates]]
+            paid = candidates[self.bracketed[candidates] & self.charged[candidates] & ~dependent[candidates]]
             if paid.numel():  # (their eigenvalues were charged: the SVD completes their spectra)
                 self.exact(paid)
                 continue
             if certified and candidates.numel() <= _BATCH:
-                self.exact(candidates)  # (the few the certificates left: beyond the budget if need be)
+                resolve(candidates)  # (the few the certificates left: beyond the budget if need be)
                 continue
             if self.spectra >= max_spectra or (math.isfinite(best) and
                                                self.spectra + candidates.numel() > max_spectra):
@@ -692,15 +733,28 @@ class _Refiner:
                     certified = True
                     t = self.rtol * 10.0**best * (1 + _PAD)  # (a lower end at t then lies above best)
                     if self._certificate_pays(t, FAR_BRACKET_WIDTH):  # (not where its bound is loose)
-                        self.test_at(candidates, t)
+                        self.test_at(candidates[~dependent[candidates]], t)
                         continue
                 # (once one exact margin is known, more candidates than spectra left: not worth trying)
                 return min(best, float(lb[candidates].min())), True
             order = candidates[lb[candidates].argsort(stable=True)]
             batch = order[: min(_BATCH, max_spectra - self.spectra)]
             # eigenvalue brackets first: their lower ends settle most candidates for a fraction of an SVD
-            fresh = batch[~self.bracketed[batch]]
-            self.exact(fresh if fresh.numel() else batch, svd=not fresh.numel())
+            fresh = batch[~self.bracketed[batch] & ~dependent[batch]]
+            if bool(dependent[batch].any()):
+                resolve(batch[dependent[batch]])
+            if fresh.numel() or not bool(dependent[batch].all()):
+                resolve(fresh if fresh.numel() else batch[~dependent[batch]], svd=not fresh.numel())
+
+    def _dependent_margins(self, pos: torch.Tensor) -> None:
+        """Exact margins of the dependent matrices at ``pos`` from the float64 SVD of their rows (each at
+        its own scale), charged to the spectra budget."""
+        for part in self._chunks(pos):
+            rows, _ = pow2_rescale(self.src.rows(part.to(_device(self.src))), (-2, -1))
+            sv = fast.threads.spread(torch.linalg.svdvals, rows)  # (h, k)
+            _, m = margins_from_singular_values(sv, self.rtol * sv[:, 0])
+            self.dep_margin[part] = m.cpu().to(torch.float64)
+        self.charged[pos] = True
 
 
 def _resolution(k: int, width: int) -> float:
@@ -773,9 +827,11 @@ def all_dependent_case(rtol: float, ceiling: float, grid: tuple[float, ...] | No
                       rtol_grid=rtol_grid)
 
 
-def pool_matrices(pool: fast.Pool, subsets: torch.Tensor, x64: torch.Tensor, step: int) -> Matrices:
+def pool_matrices(pool: fast.Pool, subsets: torch.Tensor, x64: torch.Tensor, step: int,
+                  svd_only: torch.Tensor | None = None) -> Matrices:
     """The k-subsets ``subsets`` (S, k) of a pool (gathered by the fast path's pool, which also gives
-    the float32 certificate of stage 0 where it applies)."""
+    the float32 certificate of stage 0 where it applies); ``svd_only`` (S,) bool: subsets of tiny rows
+    (see :class:`Matrices`), or None."""
 
     def certify32(pos: torch.Tensor, t: float) -> torch.Tensor:  # lambda_min > t^2 lam_hi32, in float32
         return pool.certify32(subsets[pos], math.log10(t / pool.rtol))
@@ -783,7 +839,7 @@ def pool_matrices(pool: fast.Pool, subsets: torch.Tensor, x64: torch.Tensor, ste
     return Matrices(count=int(subsets.shape[0]), k=int(subsets.shape[1]), width=int(x64.shape[1]),
                     gram=lambda pos: pool.gram64(subsets[pos]), rows=pool.rows_of(subsets),
                     lam_cap=pool.lam_cap, step=step, device=x64.device,
-                    certify32=certify32 if pool.can32 and pool.rtol > 0 else None)
+                    certify32=certify32 if pool.can32 and pool.rtol > 0 else None, svd_only=svd_only)
 
 
 def context_matrices(mats: torch.Tensor) -> Matrices:

@@ -55,6 +55,7 @@ class Rows:
         return Rows(lambda pos: self._take(index[pos]), times)
 
 
+_NORMAL = torch.finfo(torch.float64).tiny  # 2^-1022, the smallest normal float64
 _CONVERGED = 1e-12  # power steps stop once two Rayleigh quotients in a row agree this closely (relative)
 
 
@@ -186,9 +187,11 @@ def rayleigh_up_of_product(y: torch.Tensor, v: torch.Tensor, norms: torch.Tensor
     m, d = v.shape[1], y.shape[-1]
     u = F64_EPS / 2
     spread = (v[:, :, 0].abs() * norms).sum(-1) * (1 + 1.02 * (m + 2) * u)  # (t,) >= sum_i |v_i| |x_i|
-    num = torch.linalg.vector_norm(y, dim=-1) * (1 + 1.01 * (d + 2) * u) + 1.02 * m * u * spread
+    # underflow (flush-to-zero included) adds at most 2^-1022 per operation: (m + d + 2) of them per entry
+    floor = (m + d + 2) * d**0.5 * _NORMAL
+    num = torch.linalg.vector_norm(y, dim=-1) * (1 + 1.01 * (d + 2) * u) + 1.02 * m * u * spread + floor
     den = (v * v).sum((1, 2)) * (1 - 1.01 * (m + 1) * u)
-    r_up = num**2 / den * (1 + 1e-12)
+    r_up = (num**2 / den * (1 + 1e-12)).clamp(min=4 * _NORMAL)  # (raising an upper bound keeps it one)
     return torch.where(torch.isfinite(r_up) & (den > 0), r_up, math.inf)
 
 
@@ -201,7 +204,8 @@ def _rows_bound(rows: Rows, v: torch.Tensor, pos: torch.Tensor, diag: torch.Tens
     diagonals, whose square roots (raised by the rounding of a float64 dot product) bound the row
     norms."""
     rows, (m, d) = Rows.of(rows), (v.shape[1], width)
-    norms = (diag[:, :m] * (1 + 1.01 * (d + 2) * F64_EPS)).sqrt() * (1 + F64_EPS)  # (t, m) >= |x_i|
+    # (t, m) >= |x_i|, also where a row's squares underflowed (at most 2^-1022 each)
+    norms = (diag[:, :m] * (1 + 1.01 * (d + 2) * F64_EPS) + d * _NORMAL).sqrt() * (1 + F64_EPS)
     step = max(1, chunk_bytes // max(1, m * d * 8)) if rows.gathers else max(1, pos.numel())
     out = []
     for a in range(0, pos.numel(), step):

@@ -123,8 +123,10 @@ def exact_stage(gram: torch.Tensor, todo: torch.Tensor, rows: Rows, lam_hi: torc
     sv = lam.sqrt()
     r2, m2 = margins_from_singular_values(sv, rtol * sv[:, 0])
     ok = ~ambiguous
+    loose, m_lo = _unresolved_margins(lam, r2, err, rtol)
     out.rank[todo[ok]] = r2[ok]
-    out.margin[todo[ok]] = m2[ok]
+    out.margin[todo[ok]] = torch.where(loose, m_lo, m2)[ok]
+    out.bound[todo[ok]] = loose[ok]
     out.stages["eigvalsh"] += int(ok.sum())
     if out.ceiling is not None:
         bottom = lam_max - 2 * err
@@ -136,6 +138,7 @@ def exact_stage(gram: torch.Tensor, todo: torch.Tensor, rows: Rows, lam_hi: torc
     if hard.numel():
         sv3 = spread(torch.linalg.svdvals, rows(hard))  # (h, k)
         out.rank[hard], out.margin[hard] = margins_from_singular_values(sv3, rtol * sv3[:, 0])
+        out.bound[hard] = False
         out.stages["svd"] += int(hard.numel())
         if out.ceiling is not None:
             e = (k + width) * F64_EPS * sv3[:, 0]
@@ -144,6 +147,37 @@ def exact_stage(gram: torch.Tensor, todo: torch.Tensor, rows: Rows, lam_hi: torc
             out.ceiling[hard] = torch.where((bottom > 0) & torch.isfinite(up), up.clamp(max=1.0), 1.0)
             low = (sv3[:, k - 1] - e).clamp(min=0) / (sv3[:, 0] + e) * (1 - 1e-12)
             out.floor[hard] = torch.where(torch.isfinite(low), low, 0.0)
+
+
+RESOLVED = 1e-6  # an eigenvalue gives an exact margin where its error band moves sigma by at most this
+
+
+def _unresolved_margins(lam: torch.Tensor, rank: torch.Tensor, err: torch.Tensor,
+                        rtol: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where the eigenvalues ``lam`` (t, k) descending, each within ``2 err`` (t,) of the exact one, do not
+    resolve a margin: (t,) bool, True where a deciding eigenvalue (lambda_r kept, lambda_{r+1} dropped)
+    or lambda_1 moves its singular value by more than ``RESOLVED`` (relative) within its band, e.g. a
+    dependent matrix's next singular value below about 1e-8 sigma_1, which eigenvalues of G cannot tell
+    from 0; and (t,) a proven lower bound on the margin from the ends of the bands (the margin there
+    is the SVD's business, see :mod:`probes.robust`)."""
+    t, k = lam.shape
+    tiny = torch.finfo(lam.dtype).tiny
+    band = 2 * err[:, None]  # (t, 1)
+    deciding = torch.zeros_like(lam, dtype=torch.bool)
+    pos = torch.arange(t, device=lam.device)
+    deciding[pos[rank > 0], (rank - 1)[rank > 0]] = True
+    deciding[pos[rank < k], rank[rank < k]] = True
+    deciding[:, 0] = True
+    wide = (lam - band <= 0) | ((lam + band) > (lam - band) * (1 + RESOLVED) ** 2)
+    loose = (deciding & wide).any(-1) & (lam[:, 0] > 0)
+    tol2_hi, tol2_lo = rtol**2 * (lam[:, 0] + band[:, 0]), rtol**2 * (lam[:, 0] - band[:, 0])
+    kept = lam.gather(-1, (rank - 1).clamp(min=0)[:, None])[:, 0]
+    dropped = lam.gather(-1, rank.clamp(max=k - 1)[:, None])[:, 0]
+    low_kept = (kept - band[:, 0]).clamp(min=tiny) / tol2_hi.clamp(min=tiny)
+    low_drop = tol2_lo.clamp(min=tiny) / (dropped + band[:, 0]).clamp(min=tiny)
+    m_kept = torch.where(rank > 0, 0.5 * torch.log10(low_kept), math.inf)
+    m_drop = torch.where(rank < k, 0.5 * torch.log10(low_drop), math.inf)
+    return loose, torch.minimum(m_kept, m_drop).clamp(min=0)
 
 
 # ----------------------------------------------------------------------------- the state and its stages

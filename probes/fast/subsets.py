@@ -137,7 +137,8 @@ def decide_chunk(job: _Job, a: int, b: int, plan: Plan) -> Chunk:
         tried = dipped[rank[dipped] != k]
         out.dip_tried += int(tried.numel())
         out.dip_proven += int((decided[tried] & (out.ceiling[tried] <= job.rtol * plan.dip)).sum())
-    known = margin[(rank >= 0) & ~margin.isnan()]
+    # (the floor: not from a dependent subset's margin bound, which lies below its exact margin)
+    known = margin[(rank >= 0) & ~margin.isnan() & ~(bound & (rank != k))]
     reach_miss = reach_hit = None
     dip_loose = 0.0
     if job.dip is not None and out.ceiling is not None:
@@ -338,7 +339,7 @@ def _exact_histogram(job: _Job, out: Decisions, exact_dependent: int, step: int,
         return
     part = _spectra(job, chosen, step, workers)
     out.rank[chosen], out.margin[chosen] = part.rank, part.margin
-    out.bound[chosen] = False
+    out.bound[chosen] = part.bound
     if out.ceiling is not None:
         out.ceiling[chosen], out.floor[chosen] = part.ceiling, part.floor
     for key, value in part.stages.items():

@@ -54,10 +54,13 @@ def test_lower_bound_never_exceeds_the_kruskal_rank_and_is_exact_when_searched(n
     proven = kruskal_lower_bound(x, max_subsets=0)  # coherence and Babel only
     assert proven.lower <= truth, proven
     assert max(proven.coherence_k, proven.babel_k) <= max(truth, 1)
+    if truth == 0:  # (every proof's own field agrees with the bound)
+        assert max(proven.coherence_k, proven.babel_k, proven.whitened_coherence_k,
+                   proven.whitened_babel_k, proven.nullspace_k, proven.exhaustive_k) == 0, proven
     if proven.exact:
         assert proven.lower == truth
-    if proven.witness is not None:  # the most coherent pair, when dependent
-        assert len(proven.witness) == 2 and check_witness(x, proven.witness)
+    if proven.witness is not None:  # a zero vector, or the most coherent pair when dependent
+        assert len(proven.witness) == proven.lower + 1 and check_witness(x, proven.witness)
     full = kruskal_lower_bound(x)  # these sets are small enough to search exhaustively
     assert (full.lower, full.exact) == (truth, True), full
     if full.witness is not None:
@@ -156,7 +159,7 @@ def test_result_types_and_repr():
     (dict(k_max=0), "k_max must be a positive integer"),
     (dict(k_max=11), "k_max = 11 exceeds the number of vectors N = 10"),
     (dict(max_subsets=-1), "max_subsets must be an integer >= 0"),
-    (dict(rtol=1.5), r"rtol must be a finite number in \[0, 1\)"),
+    (dict(rtol=1.5), r"rtol must be a finite number in \(0, 1\)"),
 ])
 def test_lower_bound_bad_input(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -207,7 +207,16 @@ def test_fast_path_equals_the_float64_pipeline(kind, exact_dependent, small_chun
     # certified margins are proven lower bounds; the minimum is at least the plain pipeline's bound
     full = dec.rank == k
     assert (dec.margin[full] <= ref.margin[full] + 1e-9).all()
-    assert float(dec.margin[known].min()) >= float(plain.margin[plain.rank >= 0].min()) - 1e-12
+    if bool(full.any()):
+        assert float(dec.margin[full].min()) >= float(plain.margin[plain.rank == k].min()) - 1e-12
+    # a dependent subset's margin is exact where its eigenvalues resolve it, else a proven lower bound
+    dependent = known & ~full
+    bound = dependent & dec.bound
+    assert (dec.margin[bound] <= ref.margin[bound] + 1e-9).all()
+    exact = dependent & ~dec.bound
+    # (an exact margin's deciding singular values are resolved to RESOLVED, relative, by their eigenvalues)
+    resolved = 2 * math.log10(1 + 2 * fast.stages.RESOLVED)
+    assert torch.allclose(dec.margin[exact], ref.margin[exact], rtol=0, atol=resolved)
 
 
 def test_threads_and_chunking_do_not_change_anything(small_chunks):
@@ -334,7 +343,8 @@ def test_ceilings_of_dependent_subsets_are_never_below_the_svd_ratio(
     assert proven.sum() > 20
     assert torch.all(dec.ceiling[proven] >= ratio[proven] * (1 - 1e-9))
     # elsewhere: none, except for subsets decided from exact spectra (a ceiling from those)
-    exact = (dec.rank >= 0) & ~dec.bound
+    # (spectra: a margin exact or, where they do not resolve it, a bound; dependent, or with a floor)
+    exact = (dec.rank >= 0) & (~dec.bound | (dec.rank < k) | (dec.floor > 0))
     assert torch.all(torch.isinf(dec.ceiling[~proven & ~exact]))
     if stage_1b is True:
         assert torch.isfinite(dec.ceiling[proven]).all()
@@ -362,7 +372,7 @@ def test_histogram_subsets_get_ceilings_from_their_exact_spectra(small_chunks):
     dec = fast.subset_decisions(x, subsets, rtol, x @ x.T, exact_dependent=8, ceilings=True, workers=2)
     sv = torch.linalg.svdvals(x[subsets])
     ratio = sv[:, -1] / sv[:, 0]
-    histogram = (dec.rank >= 0) & (dec.rank < k) & ~dec.bound
+    histogram = (dec.rank >= 0) & (dec.rank < k)  # (exact ranks: from their spectra)
     assert histogram.sum() >= 8
     assert torch.all(dec.ceiling[histogram] >= ratio[histogram] * (1 - 1e-9))
     assert torch.all(dec.ceiling[histogram] < 0.1 * rtol)
