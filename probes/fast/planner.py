@@ -46,7 +46,8 @@ class Chunk:
     ceiling: torch.Tensor | None = None  # (c,) see :class:`probes.fast.Decisions`
     reach_miss: float | None = None  # with a reach: share certified at the floor but not at the reach
     reach_hit: float | None = None  # ... and share certified at the reach
-    fail_at: torch.Tensor | None = None  # 1-based failing pivots of the subsets the shortcut settled
+    fail_at: torch.Tensor | None = None  # (c,) 1-based failing pivots of the subsets the shortcut settled
+    # (0 elsewhere)
     floor: torch.Tensor | None = None  # (c,) see :class:`probes.fast.Decisions`
     dip_tried: int = 0  # see :class:`probes.fast.Decisions`
     dip_proven: int = 0
@@ -148,9 +149,12 @@ class Planner:
         pivot within ``lead_share`` k (their proof then reads about (m / k)^2 of the block and factorises
         (m / k)^3 of it; the others pay the m x m gather and factorisation once more)."""
         t = self.tuning
-        if self.lead_k is None or use32 or last.fail_at is None or not last.fail_at.numel():
+        if self.lead_k is None or use32 or last.fail_at is None:
             return None
-        at = last.fail_at.sort().values
+        at = last.fail_at[last.fail_at > 0]
+        if not at.numel():
+            return None
+        at = at.sort().values
         # ``lead_quantile`` of them within m rows (integer arithmetic: 0.9 -> 9 (n - 1) // 10)
         m = int(at[round(t.lead_quantile * 1000) * (at.numel() - 1) // 1000]) + t.lead_pad64
         settled = int((at + t.lead_pad64 <= m).sum())

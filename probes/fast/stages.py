@@ -212,14 +212,51 @@ class _State:
         return a if pos.numel() == a.shape[0] else a[pos]
 
 
-def _mark_dependent(st: _State, pos: torch.Tensor, ceil: torch.Tensor | None) -> None:
+def _mark_dependent(st: _State, pos: torch.Tensor, ceil: torch.Tensor | None,
+                    dep: torch.Tensor | None = None) -> None:
+    """Record the matrices at ``pos`` as proven dependent (with ``ceil`` where given); with ``dep`` (a
+    mask like ``pos``, ``ceil`` like it too) only those at ``pos[dep]``, written without reading the
+    mask on the host (masked writes; the count stays on the device until :func:`_read_counts`)."""
     out = st.out
-    out.stages["cholesky_dependent"] += int(pos.numel())
-    out.rank[pos] = -1
-    out.margin[pos] = math.nan
+    if dep is None:
+        out.stages["cholesky_dependent"] += int(pos.numel())
+        out.rank[pos] = -1
+        out.margin[pos] = math.nan
+        if out.ceiling is not None and ceil is not None:
+            out.ceiling[pos] = ceil
+        st.proven.append(pos)
+        return
+    out.stages["cholesky_dependent"] += dep.sum()
+    _set_where(out.rank, pos, dep, -1)
+    _set_where(out.margin, pos, dep, math.nan)
     if out.ceiling is not None and ceil is not None:
-        out.ceiling[pos] = ceil
+        _set_where(out.ceiling, pos, dep, ceil)
     st.proven.append(pos)
+
+
+def _set_where(target: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, value) -> None:
+    """``target[pos[mask]] = value[mask]`` (or the number ``value``), as a masked write at ``pos``: no
+    host read of ``mask`` (a boolean index would read its count)."""
+    target[pos] = torch.where(mask, value, target[pos])
+
+
+def read_counts(out: Decisions, extra: list[torch.Tensor] | None = None) -> list[float]:
+    """The stage counts (and the shortcut and dip counts) that the stages kept on the device, turned into
+    ints in one read back from the device, together with the 0-d tensors ``extra`` (returned as floats:
+    float64, exact for counts)."""
+    keys = [key for key, value in out.stages.items() if isinstance(value, torch.Tensor)]
+    names = [name for name in ("shortcut", "dip_proven") if isinstance(getattr(out, name), torch.Tensor)]
+    extra = extra or []
+    if not keys and not names and not extra:
+        return []
+    values = torch.stack([out.stages[key].double() for key in keys]
+                         + [getattr(out, name).double() for name in names]
+                         + [value.double() for value in extra]).tolist()
+    for key, value in zip(keys, values, strict=False):
+        out.stages[key] = int(value)
+    for name, value in zip(names, values[len(keys):], strict=False):
+        setattr(out, name, int(value))
+    return values[len(keys) + len(names):]
 
 
 def _hold(st: _State, todo: torch.Tensor) -> torch.Tensor:
@@ -247,7 +284,7 @@ def _prove(st: _State, todo: torch.Tensor) -> torch.Tensor:
             return todo
     dep, ceil = prove_dependent(st.part(st.gram, todo), st.part(st.lam_hi, todo), st.rtol, st.width,
                                 ceilings=want, lam_lo=lam_lo, rows=st.rows.at(todo))
-    _mark_dependent(st, todo[dep], ceil[dep] if want else None)
+    _mark_dependent(st, todo, ceil if want else None, dep)
     return todo[~dep]
 
 
@@ -272,19 +309,19 @@ def _prove_at_dip(st: _State, todo: torch.Tensor, lam_lo: torch.Tensor,
             - 2 * k * (k + 1) * u * dmax - cholesky_backward(k, trace, dmax, lam_hi))
     dep &= room > 0
     st.out.dip_tried += int(todo.numel())
-    st.out.dip_proven += int(dep.sum())
-    if bool(dep.any()):
-        top = torch.full_like(lam_lo, t)
-        _mark_dependent(st, todo[dep], (torch.minimum(ceil, top) if want else top)[dep])
-    return todo[~dep], lam_lo[~dep]
+    st.out.dip_proven += dep.sum()
+    top = torch.full_like(lam_lo, t)
+    _mark_dependent(st, todo, torch.minimum(ceil, top) if want else top, dep)
+    left = (~dep).nonzero().flatten()  # (one host read: the matrices left)
+    return todo[left], lam_lo[left]
 
 
 def _at_floor(st: _State, g, todo, lam_hi, floor: float):
     """Stage 1 at a margin floor (or the reach), written into the outcome."""
     ok, chol, info = floor_certificate(g, lam_hi, st.rtol, st.width, floor)
-    st.out.rank[todo[ok]] = g.shape[-1]
-    st.out.margin[todo[ok]] = floor
-    st.out.stages["cholesky"] += int(ok.sum())
+    _set_where(st.out.rank, todo, ok, g.shape[-1])
+    _set_where(st.out.margin, todo, ok, floor)
+    st.out.stages["cholesky"] += ok.sum()
     return ok, chol, info
 
 
@@ -293,7 +330,7 @@ def _with_margin(st: _State, g, todo, lam_hi):
     ok, chol, info, margins = margin_certificate(g, lam_hi, st.rtol, st.width)
     if margins.numel():
         st.out.margin[todo[ok]] = margins
-    st.out.stages["cholesky"] += int(ok.sum())
+    st.out.stages["cholesky"] += ok.sum()
     return ok, chol, info
 
 
@@ -302,21 +339,24 @@ def _certify(st: _State, stage, todo: torch.Tensor, *args, quick: bool = True) -
     the matrix. Returns what is left."""
     g = st.part(st.gram, todo)
     ok, chol, info = stage(st, g, todo, st.part(st.lam_hi, todo), *args)
-    st.out.bound[todo[ok]] = True
-    if st.quick_bound and not bool(ok.all()):  # from here on, the exact bound of the other stages
+    _set_where(st.out.bound, todo, ok, True)
+    failed = (~ok).nonzero().flatten()  # (one host read: where the factorisation failed)
+    if not failed.numel():
+        return failed
+    if st.quick_bound:  # from here on, the exact bound of the other stages
         st.quick_bound = False
-        rest = slice(None) if not bool(ok.any()) else ~ok
-        st.lam_hi[todo[rest]] = lam_hi_bound(g[rest], st.lam_cap)
-    if st.prove and quick and not bool(ok.all()):
+        every = failed.numel() == todo.numel()
+        st.lam_hi[todo[failed]] = lam_hi_bound(g if every else g[failed], st.lam_cap)
+    if st.prove and quick:
         candidates = ~ok if st.early is None else ~ok & ~st.early[todo]  # (early ones: exact ranks instead)
         settled, ceil = quick_dependent(g, chol, info, st.part(st.lam_hi, todo), st.rtol, st.width,
                                         candidates, st.ceilings, rows=st.rows.at(todo),
                                         enough=st.rtol * st.tuning.ceiling_enough)
-        _mark_dependent(st, todo[settled], ceil[settled])
-        st.out.fail_at[todo[settled]] = info[settled].to(torch.int64)
-        st.out.shortcut += int(settled.sum())
-        ok = ok | settled
-    return todo[~ok]
+        _mark_dependent(st, todo, ceil, settled)
+        _set_where(st.out.fail_at, todo, settled, info.to(torch.int64))
+        st.out.shortcut += settled.sum()
+        return todo[~(ok | settled)]
+    return todo[failed]
 
 
 def _tighten(st: _State, todo: torch.Tensor) -> torch.Tensor:
@@ -375,6 +415,7 @@ def decide(
     exact_first: torch.Tensor | None = None,
     lam_bounds: tuple[torch.Tensor, torch.Tensor] | None = None,
     dip: float | None = None,
+    defer_counts: bool = False,
 ) -> Decisions:
     """Ranks and margins of c matrices given their Gram matrices (stages 1 to 3).
 
@@ -413,6 +454,9 @@ def decide(
             stage 1b first tries to prove each matrix dependent at dip x rtol, which proves it dependent
             at rtol exactly as stage 1b would, and (with ``ceilings``) gives it the ceiling dip x rtol,
             so that the grid need not prove it again there. Ranks do not depend on it.
+        defer_counts: leave the counts the stages keep on the device (``stages``, ``shortcut``,
+            ``dip_proven``) as 0-d tensors, for the caller to read with its own (:func:`read_counts`);
+            else they are read back once, at the end.
     """
     c, k, _ = gram.shape
     out = Decisions.empty(c, k, gram.device, ceilings=ceilings)
@@ -444,7 +488,10 @@ def decide(
         # (those of ``exact_first`` have them already): eigenvalues (SVD inside the error band)
         order = (out.rank != k).nonzero().flatten()[:exact_dependent]
         exact = order[out.rank[order] == -1]
-        exact_stage(gram[exact], exact, rows, lam_hi[exact], rtol, width, out)
+        if exact.numel():
+            exact_stage(gram[exact], exact, rows, lam_hi[exact], rtol, width, out)
+    if not defer_counts:
+        read_counts(out)
     return out
 
 

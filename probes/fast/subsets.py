@@ -16,14 +16,17 @@ from probes.fast.errors import lam_hi_bound
 from probes.fast.kernels import power_lower
 from probes.fast.planner import Chunk, Plan, Planner
 from probes.fast.pool import Pool
-from probes.fast.stages import STAGE_KEYS, Decisions, decide, exact_stage, floor_certificate
+from probes.fast.stages import STAGE_KEYS, Decisions, decide, exact_stage, floor_certificate, read_counts
 from probes.fast.threads import map_chunks, run_chunks
 from probes.fast.tuning import Tuning
 
 
-def subset_step(k: int, tuning: Tuning | None = None) -> int:
-    """Subsets per chunk: ``cache_bytes`` of float64 k x k blocks, at most ``max_chunk``."""
+def subset_step(k: int, tuning: Tuning | None = None, device: torch.device | str | None = None) -> int:
+    """Subsets per chunk: ``cache_bytes`` of float64 k x k blocks, at most ``max_chunk``; off the CPU
+    (``device`` given and not the CPU) ``device_bytes``, at most ``device_max_chunk``."""
     t = tuning_module.TUNING if tuning is None else tuning
+    if device is not None and torch.device(device).type != "cpu":
+        return max(1, min(t.device_max_chunk, t.device_bytes // (8 * k * k)))
     return max(1, min(t.max_chunk, t.cache_bytes // (8 * k * k)))
 
 
@@ -57,9 +60,10 @@ def _settle(out: Decisions, decided: torch.Tensor, pos: torch.Tensor, dep: torch
 
 
 def _stage0(job: _Job, idx: torch.Tensor, plan: Plan, first: int, out: Decisions,
-            decided: torch.Tensor) -> tuple[float, torch.Tensor | None]:
-    """Stages 0 and 0b of a chunk, into ``out``; returns the share stage 0 certified and the positions
-    stage 0b tried at the dip (None: none)."""
+            decided: torch.Tensor) -> tuple[float, torch.Tensor | None, bool]:
+    """Stages 0 and 0b of a chunk, into ``out``; returns the share stage 0 certified, the positions
+    stage 0b tried at the dip (None: none), and whether either ran (else ``decided`` is still all False,
+    known without reading it from the device)."""
     c, k = idx.shape
     lead = job.prove and job.pool.numpy
     dip = plan.dip if job.ceilings else None
@@ -82,21 +86,21 @@ def _stage0(job: _Job, idx: torch.Tensor, plan: Plan, first: int, out: Decisions
                 lead_of = job.pool.dependent_lead(idx[pos], int(need[pos].max()), gersh_up[pos], job.ceilings,
                                                   dip=dip)
                 _settle(out, decided, pos, *lead_of)
-                return out.stages["cholesky32"] / c, pos if dip is not None else None
-        return out.stages["cholesky32"] / c, None
+                return out.stages["cholesky32"] / c, pos if dip is not None else None, True
+        return out.stages["cholesky32"] / c, None, True
     if lead and plan.lead is not None and first < c:
         pos = torch.arange(first, c, device=idx.device)
         _settle(out, decided, pos, *job.pool.dependent_lead(idx[pos], plan.lead, None, job.ceilings, dip=dip))
-        return 0.0, pos if dip is not None else None
-    return 0.0, None
+        return 0.0, pos if dip is not None else None, True
+    return 0.0, None, False
 
 
 def _stages_1_to_3(job: _Job, idx: torch.Tensor, plan: Plan, first: int, out: Decisions,
-                   decided: torch.Tensor) -> Decisions:
-    """Stages 1 to 3 on the subsets stages 0 and 0b left, merged into ``out`` (returned: a new object
-    where nothing was decided before)."""
+                   decided: torch.Tensor | None) -> Decisions:
+    """Stages 1 to 3 on the subsets stages 0 and 0b left (``decided``; None: none decided), merged into
+    ``out`` (returned: a new object where nothing was decided before)."""
     c = idx.shape[0]
-    todo = (~decided).nonzero().flatten() if bool(decided.any()) else None
+    todo = (~decided).nonzero().flatten() if decided is not None and bool(decided.any()) else None
     if todo is not None and not todo.numel():
         return out
     sub = idx if todo is None else idx[todo]
@@ -107,7 +111,7 @@ def _stages_1_to_3(job: _Job, idx: torch.Tensor, plan: Plan, first: int, out: De
     dec = decide(job.pool.gram64(sub), job.pool.rows_of(sub), job.rtol, job.pool.d,
                  lam_cap=job.pool.lam_cap, exact_dependent=0 if job.prove else None,
                  dependent_first=plan.dependent_first, floor=plan.floor, reach=plan.reach,
-                 ceilings=job.ceilings, exact_first=early, dip=plan.dip)
+                 ceilings=job.ceilings, exact_first=early, dip=plan.dip, defer_counts=True)
     if todo is None:
         dec.stages = {key: out.stages[key] + value for key, value in dec.stages.items()}
         dec.shortcut += out.shortcut
@@ -130,30 +134,35 @@ def decide_chunk(job: _Job, a: int, b: int, plan: Plan) -> Chunk:
     first = max(0, min(b, job.first) - a)
     out = Decisions.empty(c, k, idx.device, ceilings=job.ceilings)
     decided = torch.zeros(c, dtype=torch.bool, device=idx.device)
-    rate32, dipped = _stage0(job, idx, plan, first, out, decided)
-    out = _stages_1_to_3(job, idx, plan, first, out, decided)  # (reads ``decided``, stage 0b at ``dipped``)
+    rate32, dipped, ran0 = _stage0(job, idx, plan, first, out, decided)
+    out = _stages_1_to_3(job, idx, plan, first, out, decided if ran0 else None)  # (stage 0b at ``dipped``)
     rank, margin, bound = out.rank, out.margin, out.bound
     if dipped is not None:  # stage 0b at the dip: tried on the subsets dependent at rtol, proven below it
         tried = dipped[rank[dipped] != k]
         out.dip_tried += int(tried.numel())
         out.dip_proven += int((decided[tried] & (out.ceiling[tried] <= job.rtol * plan.dip)).sum())
+    # what the plans of later chunks read, in one read from the device: the smallest known margin (inf
+    # if none), the dependent count, and those proven dependent with ceilings above the dip, those
+    # certified below and at the reach
+    known = (rank >= 0) & ~margin.isnan()
+    proven = rank == -1
+    certified = bound & (rank == k)
+    zero = torch.zeros((), dtype=torch.float64, device=rank.device)
+    dipped_job = job.dip is not None and out.ceiling is not None
+    loose = ((out.ceiling > job.rtol * job.dip) & proven).sum() if dipped_job else zero
+    below = (certified & (margin < plan.reach)).sum() if plan.reach is not None else zero
+    at_reach = (certified & (margin >= plan.reach)).sum() if plan.reach is not None else zero
     # (the floor: not from a dependent subset's margin bound, which lies below its exact margin)
-    known = margin[(rank >= 0) & ~margin.isnan() & ~(bound & (rank != k))]
-    reach_miss = reach_hit = None
-    dip_loose = 0.0
-    if job.dip is not None and out.ceiling is not None:
-        proven = rank == -1
-        dip_loose = float((out.ceiling[proven] > job.rtol * job.dip).sum()) / max(1, int(proven.sum()))
-    if plan.reach is not None:
-        certified = bound & (rank == k)
-        reach_miss = float((certified & (margin < plan.reach)).sum()) / c
-        reach_hit = float((certified & (margin >= plan.reach)).sum()) / c
-    return Chunk(rank=rank, margin=margin, stages=out.stages, bound=bound,
-                 min_margin=float(known.min()) if known.numel() else math.inf, tried32=plan.use32,
-                 rate32=rate32, dependent_share=float((rank != k).sum()) / c, shortcut=out.shortcut,
-                 ceiling=out.ceiling, reach_miss=reach_miss, reach_hit=reach_hit,
-                 fail_at=out.fail_at[out.fail_at > 0], floor=out.floor, dip_tried=out.dip_tried,
-                 dip_proven=out.dip_proven, dip_loose=dip_loose)
+    floor_from = known & ~(bound & (rank != k))
+    min_margin, dependent, proven_count, loose, below, at_reach = read_counts(out, [
+        torch.where(floor_from, margin, math.inf).amin(), (rank != k).sum(), proven.sum(), loose, below,
+        at_reach])
+    return Chunk(rank=rank, margin=margin, stages=out.stages, bound=bound, min_margin=min_margin,
+                 tried32=plan.use32, rate32=rate32, dependent_share=dependent / c, shortcut=out.shortcut,
+                 ceiling=out.ceiling, reach_miss=below / c if plan.reach is not None else None,
+                 reach_hit=at_reach / c if plan.reach is not None else None, fail_at=out.fail_at,
+                 floor=out.floor, dip_tried=out.dip_tried, dip_proven=out.dip_proven,
+                 dip_loose=loose / max(1.0, proven_count) if dipped_job else 0.0)
 
 
 def _chunk_bounds(s: int, k: int, step: int, t: Tuning) -> tuple[list[tuple[int, int]], int]:
@@ -405,7 +414,7 @@ def subset_decisions(
     """
     s, k = subsets.shape
     t = tuning_module.TUNING
-    step = subset_step(k, t)
+    step = subset_step(k, t, vectors64.device)
     pool = Pool(vectors64, pool_gram, k, rtol, lam_cap, step)
     prove = exact_dependent is not None and k > 1
     if s == 0:
@@ -417,7 +426,7 @@ def subset_decisions(
                dip, aim if ceilings and aim is not None and 0 <= aim <= 1 else None)
     bounds, n_pilot = _chunk_bounds(s, k, step, t)
     probe = max(1, t.probe_subsets // step)  # chunks between retries of what stopped paying
-    planner = Planner(n_pilot, pool.can32, prove, probe, t, reach, k if prove else None, dip)
+    planner = Planner(n_pilot, pool.can32, prove, probe, t, reach, k if prove and pool.numpy else None, dip)
     pilot = bounds[n_pilot - 1][1]
     workers = _worker_count(workers, vectors64.device, (s - pilot) * k * k * (k + 16), t)
     chunks, sample = _run(job, bounds, n_pilot, planner, workers, on_chunk)

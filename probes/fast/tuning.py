@@ -29,6 +29,12 @@ class Tuning:
     min_parallel_flop: float = 2e8  # below this much Cholesky work the chunks run in the calling thread
     # (thread start-up beside a few ms of work); set by reasoning, not measured
     context_bytes: int = 256 * 2**20  # memory budget of a chunk of contexts (:func:`chunk_size`)
+    device_bytes: int = 2**30  # off the CPU (a GPU): float64 k x k blocks per chunk of subsets instead of
+    # ``cache_bytes`` (3.5k subsets at k = 197, 128 at k = 1024), so that a test runs in a few chunks and
+    # its kernel launches and host reads do not grow with the subsets (each chunk costs a fixed number of
+    # both; tests/test_probes/test_sync_counts.py counts them); the stages hold a few copies of the blocks,
+    # a few GB. Set by reasoning, not measured on a GPU yet (reports/gpu-profile.md)
+    device_max_chunk: int = 2**16  # subsets per chunk at most off the CPU (small k); by reasoning
 
     # ---- the margin floor (module docstring of probes.fast.stages)
     pilot: int = 16  # subsets given their own margin bounds before a floor exists ...
