@@ -41,6 +41,7 @@ from auditor.core.errors import AuditError
 from auditor.lab.stats import is_true
 
 OUT_FILES = ("bits.csv", "bits.png")  # what `audit bits` writes into --out
+DEFAULT_DIRS = ("reports/memorize", "reports/facts", "reports/assoc", "reports/lm/reference")
 COLUMNS = (
     "room",
     "experiment",
@@ -284,11 +285,11 @@ def plot_bits(table: pd.DataFrame, path: str | Path) -> Path:
 @click.option("--plots/--no-plots", default=True, show_default=True, help="Draw bits.png.")
 def bits_command(report_dirs: tuple[str, ...], out: str, plots: bool) -> None:
     """Stored bits per trainable parameter of every room's results (memorize, certify, capacity, facts,
-    recall, assoc), with each row's formula; REPORT_DIRS default to reports/memorize reports/facts
-    reports/assoc."""
+    recall, assoc, lm): the data's entropy less the model's residual code, clipped at 0, with each row's
+    formula; REPORT_DIRS default to reports/memorize reports/facts reports/assoc reports/lm/reference."""
     from auditor.lab.sweep import write_table
 
-    dirs = report_dirs or ("reports/memorize", "reports/facts", "reports/assoc")
+    dirs = report_dirs or tuple(d for d in DEFAULT_DIRS if d != "reports/lm/reference" or Path(d).exists())
     folder = Path(out)
     check_output_folder(folder, OUT_FILES, "audit bits")
     table = bits_table(dirs, root=Path.cwd())
