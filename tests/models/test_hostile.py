@@ -422,3 +422,18 @@ def test_a_local_hf_dataset_writes_nothing_to_the_datasets_cache(tmp_path, monke
     assert len(data) > 10 and data[0]["text"] is not None  # read into memory: usable after the cache is gone
     assert (set(cache.rglob("*")) if cache.exists() else set()) == before
     assert not [p for p in scratch.iterdir() if p.name.startswith("auditor-datasets-")]
+
+
+def test_token_metadata_cannot_put_a_path_into_a_plot_name(tmp_path):
+    from auditor.audit.tokens import Tokens
+
+    contexts = torch.randn(16, 4, 8, generator=torch.Generator().manual_seed(0))  # (N, n, d)
+    tokens = tmp_path / "in" / "evil.safetensors"
+    tokens.parent.mkdir()
+    meta = {"n": "4", "d": "8", "representation": "../../evil"}
+    Tokens(contexts, contexts[:, 0].clone(), meta).save(tokens)
+    out = tmp_path / "a" / "b" / "run"
+    assert main(["capacity", "--tokens", str(tokens), "--scale", "quick", "--threads", "1", "--out",
+                 str(out)]) == 0
+    plots = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*.png"))
+    assert plots == [Path("a/b/run/memorized_vs_heads_evil.png")]

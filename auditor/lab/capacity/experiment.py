@@ -21,6 +21,7 @@ the audit's own extraction (:func:`auditor.audit.sources.extracted`, the same in
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -129,7 +130,7 @@ def assumption_columns(contexts: torch.Tensor, queries: torch.Tensor, n: int, su
     out: dict[str, Any] = {}
     results = {
         1: probes.assumption1(queries, n, subsets=subsets, seed=seed) if n <= queries.shape[0] else None,
-        2: probes.assumption2(contexts),
+        2: probes.assumption2(contexts, threshold=1.0),  # (every context, as the audit asks)
     }
     for a, result in results.items():
         row = {} if result is None else result.to_dict()
@@ -390,7 +391,9 @@ def _plots(frame: pd.DataFrame, out: Path, config: CapacityConfig) -> list[Path]
 
     paths = []
     for name, part in frame.groupby("representation"):
-        paths.append(out / f"memorized_vs_heads_{name}.png")
+        # the name may come from a token file's metadata: only a plain file name, never a path (../x)
+        safe = re.sub(r"[^A-Za-z0-9_.@-]+", "_", str(name)).replace("..", "_").strip("._") or "tokens"
+        paths.append(out / f"memorized_vs_heads_{safe}.png")
         plot_sweep(part, "heads", paths[-1], title=f"{name}: memorized against H")
     return paths
 
