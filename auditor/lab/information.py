@@ -19,10 +19,12 @@ information I(X; model) = H(X) - H(X | model). Neither term needs guessing here:
   - where only the argmax was recorded (E of the N labels wrong, each of M values), L is the correction
     code of :func:`correction_bits`: the count E (log2(N+1) bits: E is one of 0..N), which E labels are
     wrong (log2 C(N, E)) and each wrong label's value (log2 M each): L = log2(N+1) + log2 C(N, E) +
-    E log2 M (:func:`argmax_stored_bits`). A model at chance (E = N (1 - 1/M)) needs
-    L = log2(N+1) + N h(1/M) + N (1 - 1/M) log2 M >= N log2 M = H, so it stores 0; partial recall earns
-    only what it saves over sending the labels, not (correct) x log2 M. A model with every label right still
-    pays log2(N+1) bits to say that none is wrong.
+    E log2 M (:func:`argmax_stored_bits`). A model at chance gets E = N (1 - 1/M) wrong; with
+    log2 C(N, k) >= N h(k/N) - (1/2) log2(8 k (N-k)/N) >= N h(k/N) - (1/2) log2(2N) and the identity
+    N h(1/M) + N (1 - 1/M) log2 M = N log2 M + N (1 - 1/M) log2(M/(M-1)), its code is
+    L - H >= N (1 - 1/M) log2(M/(M-1)) + log2(N+1) - (1/2) log2(2N) > 0 bits longer than the data, so it
+    stores 0; partial recall earns only what it saves over sending the labels, not (correct) x log2 M. A
+    model with every label right still pays log2(N+1) bits to say that none is wrong.
 
 **Clipped at 0** (a model cannot store negative information; H - L < 0 only says this code learned
 nothing from it) and **at most H** (L >= 0), so no row can claim more than the data's entropy.
