@@ -34,6 +34,7 @@ from auditor.audit.report.schema import (
     parse_witness,
     read_rows,
 )
+from auditor.audit.report.schema import COLUMNS as SCHEMA_COLUMNS
 from auditor.core.atomic import Staged, check_output_folder, confined, real_folder
 from auditor.core.errors import AuditError
 
@@ -70,6 +71,7 @@ class Report:
 
 AUDIT_COLUMNS = ("model", "representation", "weights", "test", "status")  # every audit's results.csv has them
 STATUSES = ("ok", "skipped")
+NUMBER_COLUMNS = ("k", "N", "n", "d", "fraction", "threshold", "rtol")  # what every compared row shows
 LAB_COLUMNS = ("unit", "unit_config")  # stamped on every row of a lab sweep's results.csv
 
 
@@ -156,6 +158,14 @@ def check_results_csv(path: str | Path) -> None:
         raise AuditError(
             f"{path}: not an audit's results.csv (no column {', '.join(missing)}); compare takes folders "
             "written by 'audit MODEL'"
+        )
+    absent = [c for c in NUMBER_COLUMNS if c not in columns]  # compare would show these empty: refused
+    if absent:
+        unknown = sorted(columns - set(SCHEMA_COLUMNS))
+        extra = f" and has column(s) {', '.join(unknown)} the schema no longer has" if unknown else ""
+        raise AuditError(
+            f"{path}: no column {', '.join(absent)}{extra} (written by another version of the auditor); "
+            "rerun the audit that wrote it to compare it"
         )
     typed = [
         (i, c)

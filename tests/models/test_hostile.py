@@ -46,7 +46,7 @@ def refused(call, *fragments: str) -> str:
 def cli_refused(argv: list[str], capsys, *fragments: str) -> str:
     """``audit ARGV`` ends with exit 2 and one ``error:`` line holding every fragment, no traceback."""
     capsys.readouterr()  # what the fixtures printed (save_pretrained's progress bars)
-    code = main([*argv, "--quiet"])
+    code = main([*argv, *([] if argv[0] == "compare" else ["--quiet"])])
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), err
@@ -437,3 +437,17 @@ def test_token_metadata_cannot_put_a_path_into_a_plot_name(tmp_path):
                  str(out)]) == 0
     plots = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*.png"))
     assert plots == [Path("a/b/run/memorized_vs_heads_evil.png")]
+
+
+def test_compare_refuses_a_report_whose_rtol_column_the_schema_no_longer_has(tmp_path, capsys):
+    folder = tmp_path / "gpt2"
+    save(tiny_config("gpt2", layers=1), folder)
+    report = tmp_path / "report"
+    assert main([str(folder), "-w", "random", "--samples", "8", "--context-length", "8", "--subsets", "20",
+                 "--no-robustness", "--out", str(report), "--quiet"]) == 0
+    results = report / "results.csv"
+    header, rest = results.read_text().split("\n", 1)
+    results.write_text(header.replace(",rtol,", ",rank_rtol,") + "\n" + rest)  # an older spelling
+    cli_refused(["compare", str(report), str(report), "--out", str(tmp_path / "c")], capsys,
+                str(results), "no column rtol", "rank_rtol")
+    assert not (tmp_path / "c").exists()
