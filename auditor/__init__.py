@@ -12,7 +12,21 @@ the ``audit`` command line does the same and writes a report. The capacity lab l
 :mod:`auditor.lab`.
 """
 
-from probes import _omp  # noqa: F401, I001 -- first: sets the OpenMP wait policy before torch loads
-from auditor.audit.runner import AuditConfig, AuditResult, audit_model, audit_tokens, run
+import os
+import sys
+from typing import Any
+
+if "torch" not in sys.modules:  # the OpenMP wait policy of probes._omp, set before torch loads; without
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # importing probes, so the command line starts
+    os.environ.setdefault("KMP_BLOCKTIME", "0")  # without torch (`audit --help`)
 
 __all__ = ["AuditConfig", "AuditResult", "audit_model", "audit_tokens", "run"]
+
+
+def __getattr__(name: str) -> Any:
+    """The audit's entry points, imported when first used (``import auditor`` itself loads no torch)."""
+    if name in __all__:
+        from auditor.audit import runner
+
+        return getattr(runner, name)
+    raise AttributeError(f"module 'auditor' has no attribute {name!r}")

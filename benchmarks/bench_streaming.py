@@ -113,7 +113,8 @@ def main() -> None:
                 "wall_s": round(wall, 1),
                 "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
                 "load_1min_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
-                "verdicts": {f"{r.representation}/{r.test}": bool(r.holds) for r in result.rows.itertuples()},
+                "verdicts": {f"{r.representation}/{r.test}": bool(r.share_meets_threshold)
+                             for r in result.rows.itertuples()},
             }
         )
     )

@@ -439,7 +439,7 @@ def test_tensors_that_require_grad_give_the_rows_of_their_values():
     rows = audit_tokens(graded, graded[:, 0], subsets=20, progress=False)
     assert (
         rows["fraction"].tolist() == plain["fraction"].tolist()
-        and rows["holds"].tolist() == plain["holds"].tolist()
+        and rows["share_meets_threshold"].tolist() == plain["share_meets_threshold"].tolist()
     )
     result = probes.kruskal_test(graded[:, 0], 3, subsets=20, seed=0)
     assert result.fraction == probes.kruskal_test(contexts[:, 0], 3, subsets=20, seed=0).fraction

@@ -69,9 +69,16 @@ class AssumptionTest(TestSpec):
 Verdict = tuple[probes.AssumptionResult, probes.ContextRanks | None]
 
 
+# Assumption 2 states that every context has rank n, and every context is tested: its share needs all
+# of them (1.0), whatever --threshold says of the sampled Kruskal shares, so its share meets the threshold
+# exactly when its statement is proven (the streamed form, auditor.audit.stream, asks the same).
+ASSUMPTION2_THRESHOLD = 1.0
+
+
 def _assumption2(contexts: torch.Tensor, queries: torch.Tensor, n: int, options: RunOptions) -> Verdict:
     ranks = probes.context_ranks(contexts, rtol=options.rtol)
-    return probes.assumption2(contexts, rtol=options.rtol, ranks=ranks, robustness=options.robustness), ranks
+    return probes.assumption2(contexts, rtol=options.rtol, ranks=ranks, threshold=ASSUMPTION2_THRESHOLD,
+                              robustness=options.robustness), ranks
 
 
 def _assumption1(contexts: torch.Tensor | None, queries: torch.Tensor, n: int,

@@ -1,4 +1,4 @@
-"""Click commands of the audit itself: ``audit MODEL`` and ``audit models``."""
+"""The click command of the audit itself, ``audit MODEL`` (``audit models``: ``auditor.audit.model_list``)."""
 
 from __future__ import annotations
 
@@ -241,19 +241,3 @@ def audit_command(model: str, out: Path | None, quiet: bool, representations: st
         click.echo(f"\ntime per stage:\n{stage_table(result.stages).to_markdown(disable_numparse=True)}")
     depth = f", depth profile in {out}/depth.csv" if not result.depth.empty else ""
     click.echo(f"report: {out}/summary.md (rows in {out}/results.csv{depth})")
-
-
-@click.command("models")
-def models_command() -> None:
-    """List the registered model names (any hub id or timm:<name> works too), each with the context length n
-    an audit with no options uses (text models: the cost rule of --context-length)."""
-    from auditor.audit.plan import AuditPlan, architecture
-    from auditor.models import known_models, resolve
-
-    plan = AuditPlan.of(AuditConfig())
-    for name in known_models():
-        spec = resolve(name)
-        n = plan.context_length(spec, "random")
-        shape = architecture(spec, "random", "random", n)
-        shown = f"n = {shape[0]}" if shape is not None else ""
-        click.echo(f"{name:15s} {spec.family:7s} {shown:8s} {spec.source:45s} {spec.description}")

@@ -4,11 +4,16 @@ A REPORT is a report folder (holding the ``results.csv`` an audit wrote, maybe a
 name, which stands for the folder under ``reports/`` (in the current directory) holding the newest audit of
 exactly that model (``gpt2`` never picks a ``gpt2-large`` report). Every report is checked before any work:
 an empty, truncated or edited CSV, or a lab sweep's results, is refused with one line naming the file.
-The comparison is one table (``compare.csv``, ``compare.md``, also printed): one row per model,
-weights, representation and test with the fraction and its 95% interval, the verdict and the critical rtol
-(the tolerance at which the verdict flips), and overlay figures: the Kruskal fractions by test across the
-reports (``compare_kruskal.png``) and, where reports have a ``depth.csv``, their depth profiles overlaid
-(``compare_depth.png``). Reports written before a column existed still compare: its cells stay empty.
+The comparison says first what each report measured (``compare.md``'s "Reports" table, also printed: the
+model, the data as given, N, n, d, the weights sources tested and the rows it skipped, folded into one cell
+per report) and then one row per report, weights, representation and test that was tested (``compare.csv``
+and ``compare.md``): k, the strict statement (``statement``: refuted / proven / not decided), the fraction
+with its 95% interval, the threshold and whether the share meets it (``share_meets_threshold``), and the
+critical rtol (the tolerance at which the share crosses the threshold). Overlay figures: the fractions of
+every test across the reports, the statements marked (``compare_kruskal.png``), and, where reports have a
+``depth.csv``, their depth profiles overlaid (``compare_depth.png``). Reports written before a column existed
+still compare: its cells stay empty (a report with ``holds`` reads it as ``share_meets_threshold`` and gets
+its statements from its rows).
 """
 
 from __future__ import annotations
@@ -23,12 +28,13 @@ from pathlib import Path
 import click
 import pandas as pd
 
-from auditor.audit.assumptions import KRUSKAL_TESTS
 from auditor.audit.report.html import compare_html
 from auditor.audit.report.schema import (
     BOOL_COLUMNS,
     FLOAT_COLUMNS,
     INT_COLUMNS,
+    LEGACY_COLUMNS,
+    STATEMENTS,
     parse_rank_counts,
     parse_rtol_grid,
     parse_witness,
@@ -41,13 +47,20 @@ from auditor.core.errors import AuditError
 COMPARE_COLUMNS = (
     "report",
     "model",
+    "data_source",
+    "N",
+    "n",
+    "d",
     "weights",
     "representation",
     "test",
+    "k",
+    "statement",
     "fraction",
     "fraction_low",
     "fraction_high",
-    "verdict",
+    "threshold",
+    "share_meets_threshold",
     "rtol",
     "critical_rtol",
     "critical_rtol_low",
@@ -55,6 +68,7 @@ COMPARE_COLUMNS = (
     "critical_rtol_exact",
 )
 COMPARE_FILES = ("compare.csv", "compare.md", "compare_kruskal.png", "compare_depth.png", "report.html")
+REPORT_COLUMNS = ("report", "folder", "model", "data", "N", "n", "d", "weights", "tested", "skipped")
 
 
 @dataclass(frozen=True)
@@ -119,10 +133,12 @@ def _bad_cell(column: str, value: str) -> str | None:
         return None
     if column == "status":
         return None if value in STATUSES else f"a status ({' or '.join(STATUSES)})"
+    if column == "statement":
+        return None if value in STATEMENTS else f"a statement ({', '.join(STATEMENTS)})"
     try:
         if column in INT_COLUMNS:
             return None if float(value).is_integer() else "an integer"
-        if column in BOOL_COLUMNS:
+        if column in BOOL_COLUMNS or column in LEGACY_COLUMNS:
             return None if value.strip().lower() in ("true", "false") else "True or False"
         if column in FLOAT_COLUMNS:
             float(value)
@@ -161,7 +177,7 @@ def check_results_csv(path: str | Path) -> None:
         )
     absent = [c for c in NUMBER_COLUMNS if c not in columns]  # compare would show these empty: refused
     if absent:
-        unknown = sorted(columns - set(SCHEMA_COLUMNS))
+        unknown = sorted(columns - set(SCHEMA_COLUMNS) - set(LEGACY_COLUMNS))
         extra = f" and has column(s) {', '.join(unknown)} the schema no longer has" if unknown else ""
         raise AuditError(
             f"{path}: no column {', '.join(absent)}{extra} (written by another version of the auditor); "
@@ -170,7 +186,8 @@ def check_results_csv(path: str | Path) -> None:
     typed = [
         (i, c)
         for i, c in enumerate(header)
-        if c in (*INT_COLUMNS, *BOOL_COLUMNS, *FLOAT_COLUMNS, "rank_counts", "witness", "rtol_grid", "status")
+        if c in (*INT_COLUMNS, *BOOL_COLUMNS, *LEGACY_COLUMNS, *FLOAT_COLUMNS, "rank_counts", "witness",
+                 "rtol_grid", "status", "statement")
     ]
     for line, cells in rows:
         for i, column in typed:
@@ -239,60 +256,93 @@ def resolve_report(reference: str | Path, root: str | Path | None = None) -> tup
 
 
 def compare_table(reports: Sequence[Report]) -> pd.DataFrame:
-    """One row per report x weights x representation x test (columns :data:`COMPARE_COLUMNS`)."""
+    """One row per report x weights x representation x test that was tested (columns
+    :data:`COMPARE_COLUMNS`); skipped rows are folded into :func:`report_table`."""
     records = []
     for report in reports:
         rows = read_rows(report.folder / "results.csv")
-        for row in rows.to_dict("records"):
-            ok = row.get("status") == "ok"
-            holds = row.get("holds")
-            records.append(
-                {
-                    "report": str(report.folder),
-                    "model": row.get("model"),
-                    "weights": row.get("weights"),
-                    "representation": row.get("representation"),
-                    "test": row.get("test"),
-                    "fraction": row.get("fraction") if ok else None,
-                    "fraction_low": row.get("fraction_low") if ok else None,
-                    "fraction_high": row.get("fraction_high") if ok else None,
-                    "verdict": ("holds" if holds else "fails") if ok and not pd.isna(holds) else "skipped",
-                    "rtol": row.get("rtol"),
-                    **{
-                        key: row.get(key) if ok else None
-                        for key in (
-                            "critical_rtol",
-                            "critical_rtol_low",
-                            "critical_rtol_high",
-                            "critical_rtol_exact",
-                        )
-                    },
-                }
-            )
+        for row in rows[rows["status"] == "ok"].to_dict("records"):
+            records.append({key: row.get(key) for key in COMPARE_COLUMNS if key != "report"}
+                           | {"report": str(report.folder)})
     table = pd.DataFrame(records, columns=list(COMPARE_COLUMNS))
-    for key in ("fraction", "fraction_low", "fraction_high", "rtol", "critical_rtol", "critical_rtol_low",
-                "critical_rtol_high"):
+    for key in ("fraction", "fraction_low", "fraction_high", "threshold", "rtol", "critical_rtol",
+                "critical_rtol_low", "critical_rtol_high"):
         table[key] = pd.to_numeric(table[key], errors="coerce").astype(float)
-    table["critical_rtol_exact"] = pd.array([None if v is None or pd.isna(v) else bool(v)
-                                             for v in table["critical_rtol_exact"]], dtype="boolean")
+    for key in ("N", "n", "d", "k"):
+        table[key] = pd.array([None if v is None or pd.isna(v) else int(v) for v in table[key]],
+                              dtype="Int64")
+    for key in ("share_meets_threshold", "critical_rtol_exact"):
+        table[key] = pd.array([None if v is None or pd.isna(v) else bool(v) for v in table[key]],
+                              dtype="boolean")
     return table
 
 
-def markdown_table(table: pd.DataFrame) -> str:
-    """The table for people: the fraction with its interval in one cell, numbers rounded."""
+def report_table(reports: Sequence[Report]) -> pd.DataFrame:
+    """One row per report (columns :data:`REPORT_COLUMNS`): what it measured (model, data as given, N, n,
+    d, the weights sources tested, how many rows) and its skipped rows folded into one cell (``12 rows of
+    pretrained: weights unavailable``)."""
+    from auditor.audit.report.tables import skipped_text
+
+    records = []
+    for report in reports:
+        rows = read_rows(report.folder / "results.csv")
+        ok, skipped = rows[rows["status"] == "ok"], rows[rows["status"] != "ok"]
+        first = ok.iloc[0] if not ok.empty else rows.iloc[0]
+
+        def values(key: str, frame: pd.DataFrame = ok) -> str:
+            found = [str(int(v)) if isinstance(v, int | float) and float(v).is_integer() else str(v)
+                     for v in dict.fromkeys(frame[key].dropna())] if key in frame else []
+            return ", ".join(found)
+
+        folded = []
+        for weights, part in skipped.groupby("weights", sort=False):
+            reasons = sorted({skipped_text(r).removeprefix("skipped: ") for r in part.to_dict("records")})
+            folded.append(f"{len(part)} rows of {weights}: {', '.join(reasons)}")
+        records.append({
+            "report": report.label, "folder": str(report.folder), "model": first.get("model"),
+            "data": first.get("data_source"), "N": values("N"), "n": values("n"), "d": values("d"),
+            "weights": values("weights"), "tested": len(ok), "skipped": "; ".join(folded),
+        })
+    return pd.DataFrame(records, columns=list(REPORT_COLUMNS))
+
+
+def markdown_table(table: pd.DataFrame, labels: dict[str, str] | None = None) -> str:
+    """The rows for people: the statement first, then the fraction with its interval and its threshold, the
+    critical rtol as a multiple of rtol; ``labels``: report folder -> the name it is shown under."""
+    labels = labels or {}
+    records = table.to_dict("records")
     shown = pd.DataFrame(
         {
-            "model": table["model"],
+            "report": [labels.get(str(r), str(r)) for r in table["report"]],
             "weights": table["weights"],
             "representation": table["representation"],
             "test": table["test"],
-            "fraction [95% interval]": [_fraction_cell(r) for r in table.to_dict("records")],
-            "verdict": table["verdict"],
+            "k": [_int(v) for v in table["k"]],
+            "statement": [r["statement"] if isinstance(r["statement"], str) else "" for r in records],
+            "fraction [95% interval]": [_fraction_cell(r) for r in records],
+            "threshold": [
+                "" if pd.isna(r["threshold"]) else f"{r['threshold']:g}" + (
+                    "" if pd.isna(r["share_meets_threshold"])
+                    else " met" if r["share_meets_threshold"] else " not met")
+                for r in records
+            ],
             "rtol": [_g(v) for v in table["rtol"]],
-            "critical rtol / rtol": [_critical_cell(r) for r in table.to_dict("records")],
+            "critical rtol / rtol": [_critical_cell(r) for r in records],
         }
     )
     return shown.to_markdown(index=False, disable_numparse=True)
+
+
+def reports_markdown(reports_frame: pd.DataFrame) -> str:
+    """The "Reports" table for people: what each report measured, and what it skipped."""
+    shown = reports_frame.drop(columns=["folder"]).rename(columns={"tested": "rows tested",
+                                                                  "skipped": "rows skipped"})
+    shown["rows skipped"] = [s or "none" for s in shown["rows skipped"]]
+    return shown.to_markdown(index=False, disable_numparse=True)
+
+
+def _int(value) -> str:
+    return "" if value is None or pd.isna(value) else str(int(value))
 
 
 def compare(
@@ -304,7 +354,8 @@ def compare(
     echo=None,
 ) -> pd.DataFrame:
     """Compare the reports named by ``references`` (folders or model names); write the table and figures
-    into ``out`` (default ``reports/compare-<timestamp>`` under ``root``) and return the table.
+    into ``out`` (default ``reports/compare-<timestamp>`` under ``root``) and return the table
+    (:func:`compare_table`; the text of compare.md in its ``attrs["markdown"]``).
 
     ``echo``: called with each note (which folder a model name picked, where the files went).
     """
@@ -324,6 +375,7 @@ def compare(
         folders.append(folder)
     reports = _labelled(folders)
     table = compare_table(reports)
+    described = report_table(reports)
     try:
         real_folder(out)
     except OSError as err:
@@ -332,8 +384,8 @@ def compare(
         ) from None
     with confined(out), Staged() as staged:
         staged.text(out / "compare.csv", table.to_csv(index=False))
-        staged.text(out / "compare.md", "# Comparison of audit reports\n\n" + "\n".join(
-            f"- {r.label}: `{r.folder}`" for r in reports) + "\n\n" + markdown_table(table) + "\n")
+        table.attrs["markdown"] = compare_markdown(table, described, reports)
+        staged.text(out / "compare.md", table.attrs["markdown"])
         staged.text(out / "report.html", compare_html(table, reports, out, figures=plots))  # all on one page
         if plots:
             _stage_figures(table, reports, out, staged)
@@ -343,17 +395,36 @@ def compare(
     return table
 
 
+def compare_markdown(table: pd.DataFrame, described: pd.DataFrame, reports: Sequence[Report]) -> str:
+    """The text of compare.md: what each report measured, then the tested rows."""
+    labels = {str(r.folder): r.label for r in reports}
+    return "\n".join([
+        "# Comparison of audit reports", "",
+        "## Reports", "",
+        "\n".join(f"- {r.label}: `{r.folder}`" for r in reports), "",
+        reports_markdown(described), "",
+        "## Tested rows", "",
+        "Statement: the strict statement at the row's rtol (Kruskal rank >= k; for Assumption 2, every "
+        "context of rank n): refuted by a witness, proven by a certified bound (or every subset enumerated), "
+        "or not decided. The fraction is the share of full-rank sampled k-subsets (rank-n contexts) with its "
+        "95% interval; the threshold is what that share is compared with, never a proof of the statement.",
+        "",
+        markdown_table(table, labels), "",
+    ])
+
+
 def _stage_figures(table: pd.DataFrame, reports: Sequence[Report], out: Path, staged: Staged) -> None:
     import matplotlib.pyplot as plt  # only when drawing: `audit compare --no-plots` stays light
 
     from auditor.audit.report.compare_plots import depth_overlay, kruskal_by_test
+    from auditor.audit.report.depth import read_depth
     from auditor.audit.report.style import DPI, figure_style
 
     labels = {str(r.folder): r.label for r in reports}
     drawings = []
-    if (table["test"].isin(KRUSKAL_TESTS) & table["fraction"].notna()).any():
+    if table["fraction"].notna().any():
         drawings.append(("compare_kruskal.png", lambda: kruskal_by_test(table, labels)))
-    depths = {r.label: pd.read_csv(r.depth_csv) for r in reports if r.depth_csv.is_file()}
+    depths = {r.label: read_depth(r.depth_csv) for r in reports if r.depth_csv.is_file()}
     depths = {label: frame for label, frame in depths.items() if not frame.empty and "depth" in frame.columns}
     if depths:
         drawings.append(("compare_depth.png", lambda: depth_overlay(depths)))
@@ -410,8 +481,8 @@ def _g(value: float) -> str:
 )
 @click.option("--plots/--no-plots", default=True, show_default=True, help="Draw the overlay figures.")
 def compare_command(reports: tuple[str, ...], out: str | None, plots: bool) -> None:
-    """Put audit reports side by side: one table of fractions, verdicts and critical rtol, and overlay
-    figures.
+    """Put audit reports side by side: what each measured (model, data, N, n, d, weights, skipped rows),
+    one table of statements, fractions against their thresholds and critical rtol, and overlay figures.
 
     Each REPORT is a report folder (with the results.csv an audit wrote) or a model name, meaning the folder
     under reports/ (in the current directory) with the newest audit of exactly that model.
@@ -420,4 +491,4 @@ def compare_command(reports: tuple[str, ...], out: str | None, plots: bool) -> N
     Example:  audit compare minilm reports/vit-base-imagenet1000 --out reports/compare-minilm-vit
     """
     table = compare(reports, out, plots=plots, echo=lambda msg: click.echo(msg, err=True))
-    click.echo(markdown_table(table))
+    click.echo(table.attrs["markdown"].split("\n", 2)[2])  # compare.md without its title

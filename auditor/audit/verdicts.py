@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 import probes
 from auditor.audit.assumptions import ASSUMPTION_TESTS, QUERY_TESTS, RunOptions
 from auditor.audit.plan import Sweep
-from auditor.audit.report.schema import GEOMETRY_COLUMNS
+from auditor.audit.report.schema import GEOMETRY_COLUMNS, statement_of
 from auditor.audit.report.tables import stage_frame
 from auditor.audit.stream import StreamedContexts
 from auditor.core.errors import AuditError
@@ -79,7 +79,6 @@ _ROW_FIELDS = (
     "n",
     "d",
     "fraction",
-    "holds",
     "threshold",
     "min_margin",
     "subsets",
@@ -118,7 +117,7 @@ def _test_row(result: probes.AssumptionResult) -> dict[str, Any]:
     """The row of one verdict, typed (``rank_counts`` a dict, ``witness`` a list) until the CSV writer."""
     d = result.to_dict()
     return {**{key: d[key] for key in _ROW_FIELDS}, **{key: d[key] for key in _TOLERANCE_FIELDS if key in d},
-            "status": "ok", "seconds": round(d["seconds"], 3)}
+            "share_meets_threshold": d["holds"], "status": "ok", "seconds": round(d["seconds"], 3)}
 
 
 def _probes_module(name: str) -> ModuleType | None:
@@ -278,6 +277,8 @@ def run_tests(
                     tested = _mixed(contexts, queries) if vectors == "mixed" else queries
                     shared[vectors] = VectorBounds(tested)
                 row = {**row, **kruskal_extras(row, shared[vectors])}
+            if row.get("status") == "ok":  # the strict statement, from every bound the row now carries
+                row = {**row, "statement": statement_of(row)}
         rows.append(row)
         if on_row is not None:
             on_row(row)

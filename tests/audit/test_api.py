@@ -31,7 +31,7 @@ MEASURED = [
     "n",
     "d",
     "fraction",
-    "holds",
+    "share_meets_threshold",
     "min_margin",
     "subsets",
     "exhaustive",
@@ -81,7 +81,7 @@ def common(**overrides):
 def check_typed(rows: pd.DataFrame) -> None:
     for column in ("k", "N", "n", "d", "subsets", "seed"):
         assert rows[column].dtype == "Int64", column
-    for column in ("holds", "exhaustive"):
+    for column in ("share_meets_threshold", "exhaustive"):
         assert rows[column].dtype == "boolean", column
     for counts, witness in zip(rows["rank_counts"], rows["witness"], strict=True):
         assert counts is None or (isinstance(counts, dict) and all(type(r) is int for r in counts))
@@ -102,7 +102,8 @@ def test_audit_tokens_gives_the_rows_of_the_probes_typed(tmp_path):
     assert list(rows["test"]) == ["assumption2", "assumption1", "assumption3", "general_position"]
     expected = probes.assumption1(queries, 4, subsets=50, seed=3).to_dict()
     a1 = rows.set_index("test").loc["assumption1"]
-    assert (a1.fraction, bool(a1.holds), a1.k, a1.subsets) == (expected["fraction"], expected["holds"], 4, 50)
+    assert (a1.fraction, bool(a1.share_meets_threshold), a1.k, a1.subsets) == (
+        expected["fraction"], expected["holds"], 4, 50)
     assert (rows["model"] == "tensors").all() and (rows["representation"] == "tokens").all()
 
     from auditor.audit.report.schema import read_rows
@@ -117,7 +118,8 @@ def test_audit_tokens_witness_and_histogram_for_identical_queries():
     rows = auditor.audit_tokens(None, queries, n=3, subsets=20, progress=False)
     assert list(rows["test"]) == ["assumption1", "general_position"]
     a1 = rows.iloc[0]
-    assert not a1.holds and min(a1.rank_counts) == 1 and len(a1.witness) == 3
+    assert not a1.share_meets_threshold and a1.statement == "refuted"
+    assert min(a1.rank_counts) == 1 and len(a1.witness) == 3
     assert torch.linalg.matrix_rank(queries[a1.witness]).item() == 1  # the witness is a dependent subset
 
 
@@ -516,5 +518,5 @@ def test_exact_brackets_reach_the_probes_and_close_every_bracket(vit, images, tm
     assert json.loads((tmp_path / "exact" / "config.json").read_text())["exact_brackets"] is True
     tested = exact["critical_rtol"].notna()
     assert tested.any() and exact.loc[tested, "critical_rtol_exact"].all()
-    for column in ("holds", "fraction", "rtol_grid", "witness"):
+    for column in ("share_meets_threshold", "statement", "fraction", "rtol_grid", "witness"):
         assert exact[column].equals(default[column]), column

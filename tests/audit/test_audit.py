@@ -36,20 +36,22 @@ def vit_audit(tmp_path_factory):
 def test_vit_embedding_fails_assumption1_because_cls_tokens_are_identical(vit_audit):
     rows = vit_audit[0].rows
     a1 = verdict(rows, "embedding", "assumption1")
-    assert a1.status == "ok" and a1.fraction == 0.0 and not a1.holds
+    assert a1.status == "ok" and a1.fraction == 0.0 and not a1.share_meets_threshold
+    assert a1.statement == "refuted"
     assert a1.rank_counts == {1: 100}  # identical CLS tokens: every subset provably rank 1 (100 sampled)
     assert "every 197-subset is dependent" in a1.note
     assert a1.k == a1.n == 197 and a1.d == 768 and a1.N == 240
     a2 = verdict(rows, "embedding", "assumption2")
-    assert a2.holds and a2.fraction == 1.0 and a2.rank_counts == {197: 240}
-    assert verdict(rows, "embedding", "assumption3").holds  # query + mean context repairs it
+    assert a2.share_meets_threshold and a2.fraction == 1.0 and a2.rank_counts == {197: 240}
+    assert a2.statement == "proven" and a2.threshold == 1.0  # every context, whatever --threshold
+    assert verdict(rows, "embedding", "assumption3").share_meets_threshold  # query + mean context repairs it
 
 
 def test_vit_random_block0_satisfies_assumption1(vit_audit):
     rows = vit_audit[0].rows
     a1 = verdict(rows, "block.0", "assumption1")
-    assert a1.holds and a1.fraction == 1.0 and a1.witness is None
-    assert verdict(rows, "block.0", "assumption2").holds
+    assert a1.share_meets_threshold and a1.fraction == 1.0 and a1.witness is None
+    assert verdict(rows, "block.0", "assumption2").share_meets_threshold
     gp = verdict(rows, "block.0", "general_position")
     assert gp.k == 240 and 0.0 <= gp.fraction <= 1.0
 
@@ -61,9 +63,9 @@ def test_vit_report_files_and_provenance(vit_audit):
         assert (out / name).is_file(), name
     saved = pd.read_csv(out / "results.csv")
     assert len(saved) == 2 * 4
-    for column in ("model", "representation", "layer", "weights", "test", "k", "N", "n", "d", "fraction",
-                   "holds", "min_margin", "rtol", "dtype", "device", "data_source", "seed", "git_commit",
-                   "versions", "seconds", "tokenizer"):
+    for column in ("model", "representation", "layer", "weights", "test", "k", "N", "n", "d", "statement",
+                   "fraction", "share_meets_threshold", "min_margin", "rtol", "dtype", "device",
+                   "data_source", "seed", "git_commit", "versions", "seconds", "tokenizer"):
         assert column in saved.columns, column
     curve = pd.read_csv(out / "sweep.csv")  # the sweep carries the same provenance as the rows
     for column in ("git_commit", "versions", "seed"):
@@ -73,7 +75,8 @@ def test_vit_report_files_and_provenance(vit_audit):
     assert saved["layer"].tolist()[0] == "hidden_states[0]"
     assert "imagenet-sample" in saved["data_source"].iloc[0]
     summary = (out / "summary.md").read_text()
-    assert "| embedding @ random" in summary and "fails: 0.0000 (rank 1)" in summary
+    assert "| embedding @ random" in summary and "holds" not in summary
+    assert "refuted: Kruskal rank < 2 (witness); 0% of 197-subsets full rank (rank 1;" in summary
     curve = result.curves
     assert set(curve.loc[~curve["refined"], "k"]) == {50, 197, 240}
     embedding = curve[curve.representation == "embedding"].set_index("k")
@@ -108,8 +111,9 @@ def test_random_text_models_on_wikitext(model, tmp_path):
     )
     assert set(rows["status"]) == {"ok"}
     assert (rows["n"] == 32).all() and (rows["d"] == 768).all() and (rows["N"] == 80).all()
-    assert verdict(rows, "block.0", "assumption2").holds
-    assert verdict(rows, "block.0", "assumption1").holds  # encoded tokens are in general position at k = n
+    assert verdict(rows, "block.0", "assumption2").share_meets_threshold
+    # encoded tokens are in general position at k = n
+    assert verdict(rows, "block.0", "assumption1").share_meets_threshold
     tokenizer = rows["tokenizer"].iloc[0]
     assert (
         ("bytes" in tokenizer)
@@ -134,7 +138,7 @@ def test_minilm_with_real_pretrained_weights(tmp_path):
     )
     assert set(rows["status"]) == {"ok"} and (rows["weights"] == "pretrained").all()
     assert (rows["d"] == 384).all() and (rows["n"] == 48).all()
-    assert verdict(rows, "block.0", "assumption2", "pretrained").holds
+    assert verdict(rows, "block.0", "assumption2", "pretrained").share_meets_threshold
     # BERT-family embeddings: every [CLS] query is the same token at the same position
     assert verdict(rows, "embedding", "assumption1", "pretrained").fraction == 0.0
 
@@ -192,7 +196,7 @@ def test_corrupt_and_grayscale_images_are_counted_not_fatal(tmp_path):
     result = run(AuditConfig(model="vit-base", data=str(folder), representations=("embedding",),
                              weights=("random",), tests=("assumption2",)), progress=False)
     row = result.rows.iloc[0]
-    assert row.N == 7 and row.holds
+    assert row.N == 7 and row.share_meets_threshold
     counts = json.loads(row.data_counts)
     assert counts["skipped_unreadable"] == 2 and counts["converted_grayscale"] == 1
 
@@ -203,7 +207,8 @@ def test_sharded_extraction_gives_the_same_rows(tmp_path):
                   weights=("random",), tests=("assumption2", "general_position"), batch_size=4, device="cpu")
     one = run(AuditConfig(model="vit-base", **common), progress=False).rows
     two = run(AuditConfig(model="vit-base", workers=2, executor="local", **common), progress=False).rows
-    numeric = ["k", "N", "n", "d", "fraction", "holds", "min_margin", "rank_counts", "witness"]
+    numeric = ["k", "N", "n", "d", "statement", "fraction", "share_meets_threshold", "min_margin",
+               "rank_counts", "witness"]
     # exact: workers take this process's thread count and shards end on batch boundaries (same shapes)
     pd.testing.assert_frame_equal(one[numeric], two[numeric])
 

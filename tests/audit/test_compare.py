@@ -30,14 +30,15 @@ def _report(folder: Path, seed: int) -> pd.DataFrame:
 
 
 def _expected(rows: pd.DataFrame) -> list[tuple]:
-    return [(r["representation"], r["weights"], r["test"],
-             "skipped" if r["status"] != "ok" else ("holds" if r["holds"] else "fails"),
-             None if r["status"] != "ok" else float(r["fraction"])) for r in rows.to_dict("records")]
+    """The tested rows of a report as compare shows them (skipped rows are folded into the reports table)."""
+    return [(r["representation"], r["weights"], r["test"], r["k"], r["statement"],
+             bool(r["share_meets_threshold"]), float(r["fraction"]))
+            for r in rows.to_dict("records") if r["status"] == "ok"]
 
 
 def _got(table: pd.DataFrame) -> list[tuple]:
-    return [(r["representation"], r["weights"], r["test"], r["verdict"],
-             None if pd.isna(r["fraction"]) else r["fraction"]) for r in table.to_dict("records")]
+    return [(r["representation"], r["weights"], r["test"], r["k"], r["statement"],
+             bool(r["share_meets_threshold"]), r["fraction"]) for r in table.to_dict("records")]
 
 
 def test_two_audits_compare_row_for_row(tmp_path):
@@ -54,7 +55,9 @@ def test_two_audits_compare_row_for_row(tmp_path):
     assert _got(table) == _expected(first) + _expected(second)
     assert set(table["model"]) == {"tensors"}
     written = pd.read_csv(tmp_path / "cmp" / "compare.csv")
-    assert list(written["verdict"]) == list(table["verdict"])
+    assert list(written["statement"]) == list(table["statement"])
+    assert list(written["share_meets_threshold"]) == list(table["share_meets_threshold"])
+    assert set(written[["N", "n", "d"]].itertuples(index=False, name=None)) == {(16, 3, 6)}
     markdown = (tmp_path / "cmp" / "compare.md").read_text()
     assert (
         "tensors (tensors-a)" in markdown and "tensors (tensors-b)" in markdown
@@ -109,8 +112,10 @@ def test_a_committed_report_compares_with_a_report_written_before_the_new_column
     assert _got(table) == expected
     minilm = table[table["report"].astype(str).str.endswith("minilm-wikitext2")]
     minilm = minilm.set_index(["representation", "weights", "test"])
-    assert minilm.loc[("random-attention", "pretrained", "assumption1"), "verdict"] == "holds"
-    assert minilm.loc[("embedding", "pretrained", "assumption1"), "verdict"] == "fails"
+    assert minilm.loc[("random-attention", "pretrained", "assumption1"), "share_meets_threshold"]
+    assert minilm.loc[("random-attention", "pretrained", "assumption1"), "statement"] == "not decided"
+    assert not minilm.loc[("embedding", "pretrained", "assumption1"), "share_meets_threshold"]
+    assert minilm.loc[("embedding", "pretrained", "assumption1"), "statement"] == "refuted"
     assert minilm["critical_rtol"].notna().all()
     older = table[table["report"].astype(str).str.endswith("minilm-old")]
     assert older["fraction_low"].isna().all() and older["critical_rtol"].isna().all()  # older files: empty

@@ -198,7 +198,8 @@ def test_depth_csv_has_one_row_per_layer_in_the_shared_columns(depth_run):
     assert list(depth["depth"]) == list(range(BLOCKS + 1))
     tests = ["assumption1", "assumption2", "assumption3", "general_position"]
     expected = ["model", "weights", "representation", "depth", "N", "n", "d", "rtol",
-                *(f"{t}_{c}" for t in tests for c in ("fraction", "holds", *CRITICAL_COLUMNS)),
+                *(f"{t}_{c}" for t in tests
+                  for c in ("statement", "fraction", "share_meets_threshold", *CRITICAL_COLUMNS)),
                 *KRANK_COLUMNS, *GEOMETRY_COLUMNS, *PROVENANCE_COLUMNS]
     assert list(depth.columns) == expected
     written = pd.read_csv(out / "depth.csv")
@@ -208,25 +209,29 @@ def test_depth_csv_has_one_row_per_layer_in_the_shared_columns(depth_run):
         mine = rows[rows["representation"] == profile["representation"]].set_index("test")
         for test in tests:
             assert profile[f"{test}_fraction"] == mine.loc[test, "fraction"]
-            assert profile[f"{test}_holds"] == mine.loc[test, "holds"]
+            assert profile[f"{test}_share_meets_threshold"] == mine.loc[test, "share_meets_threshold"]
+            assert profile[f"{test}_statement"] == mine.loc[test, "statement"]
             assert profile[f"{test}_critical_rtol_low"] == mine.loc[test, "critical_rtol_low"]
             assert profile[f"{test}_critical_rtol_exact"] == mine.loc[test, "critical_rtol_exact"]
-        holds = [int(mine.loc[t, "k"]) for t in ("assumption1", "general_position") if mine.loc[t, "holds"]]
-        fails = [
-            int(mine.loc[t, "k"]) for t in ("assumption1", "general_position") if not mine.loc[t, "holds"]
-        ]
+        # the sampled estimate: the largest tested k whose statement no witness refutes
+        standing = [int(mine.loc[t, "k"]) for t in ("assumption1", "general_position")
+                    if mine.loc[t, "statement"] != "refuted"]
+        fails = [int(mine.loc[t, "k"]) for t in ("assumption1", "general_position")
+                 if mine.loc[t, "statement"] == "refuted"]
         if profile["krank_exact"]:  # the bounds meet: K itself, never a bound
             assert profile["krank_estimate"] == profile["krank_lower"] == profile["krank_upper"]
             assert profile["krank_sampled"] == f"= {profile['krank_upper']}"
-        elif holds:
-            assert profile["krank_estimate"] == max(holds) and profile["krank_sampled"] == f">= {max(holds)}"
+        elif standing:
+            assert profile["krank_estimate"] == max(standing)
+            assert profile["krank_sampled"] == f">= {max(standing)}"
         else:  # no tested k held: "< k", never 0
             assert pd.isna(profile["krank_estimate"]) and profile["krank_sampled"] == f"< {min(fails)}"
         for column in GEOMETRY_COLUMNS:  # the geometry is the group's: equal on every row of it
             assert mine[column].nunique(dropna=False) == 1 and profile[column] == mine[column].iloc[0]
     embedding = depth.iloc[0]
     # identical CLS tokens: the Kruskal rank is exactly 1 (certified and witnessed), not a sampled 0
-    assert not embedding["assumption1_holds"] and embedding["krank_exact"]
+    assert not embedding["assumption1_share_meets_threshold"] and embedding["krank_exact"]
+    assert embedding["assumption1_statement"] == "refuted"
     assert embedding["krank_estimate"] == embedding["krank_lower"] == embedding["krank_upper"] == 1
     assert embedding["anisotropy"] == pytest.approx(1.0) and embedding["anisotropy_centred"] == 0.0
     assert embedding["stable_rank_centred"] == 0.0  # nothing is left of identical tokens once centred

@@ -60,13 +60,14 @@ def check_row_properties(rows: pd.DataFrame, num: int, subsets: int) -> None:
             assert test == "assumption2" and row["status"] == "ok" and row["subsets"] == num
             assert row["fraction"] * num == pytest.approx(round(row["fraction"] * num))
         if row["status"] != "ok":
-            assert pd.isna(row["fraction"]) and pd.isna(row["holds"])
+            assert pd.isna(row["fraction"]) and pd.isna(row["share_meets_threshold"])
+            assert row["statement"] is None
             continue
         if test != "assumption2":
             assert row["subsets"] == min(subsets, math.comb(num, k)), row
         assert row["fraction_low"] <= row["fraction"] <= row["fraction_high"]
         assert 0.0 <= row["fraction"] <= 1.0
-        assert bool(row["holds"]) == (row["fraction"] >= row["threshold"])
+        assert bool(row["share_meets_threshold"]) == (row["fraction"] >= row["threshold"])
         if row["subsets"] == math.comb(num, k) and test != "assumption2":  # every subset tested: no doubt
             assert row["fraction_low"] == row["fraction"] == row["fraction_high"]
         lower, upper = row["krank_lower"], row["krank_upper"]
@@ -128,5 +129,5 @@ def test_subset_counts_at_the_edges_of_all_subsets(num):
             if row["status"] == "ok" and row["test"] != "assumption2":
                 assert row["subsets"] == min(subsets, math.comb(num, row["k"])), (subsets, row)
                 assert row["fraction_low"] <= row["fraction"] <= row["fraction_high"]
-                assert bool(row["holds"]) == (row["fraction"] >= row["threshold"])
+                assert bool(row["share_meets_threshold"]) == (row["fraction"] >= row["threshold"])
         assert rows["anisotropy"].isna().all() == (num == 1)

@@ -43,7 +43,8 @@ def _rows(new_columns: bool = True) -> pd.DataFrame:
             for test in TESTS:
                 row = {"model": "tiny", "representation": rep, "weights": w, "test": test, "status": "ok",
                        "k": n if test != "general_position" else d, "N": N, "n": n, "d": d, "fraction": 0.5,
-                       "holds": False, "threshold": 1.0 if test == "assumption2" else 0.99, "rtol": 1e-6,
+                       "share_meets_threshold": False, "threshold": 1.0 if test == "assumption2" else 0.99,
+                       "rtol": 1e-6,
                        "dtype": "float32", "subsets": 100, "exhaustive": False}
                 if new_columns:
                     row |= {
@@ -83,7 +84,7 @@ def _depth() -> pd.DataFrame:
                     "d": d,
                     "rtol": 1e-6,
                     "assumption1_fraction": 1.0,
-                    "assumption1_holds": True,
+                    "assumption1_share_meets_threshold": True,
                     "assumption1_critical_rtol": 1e-4,
                     "general_position_fraction": 0.0,
                     "krank_estimate": 10 - depth,

@@ -173,6 +173,7 @@ def test_a_full_disk_while_plotting_leaves_no_png_and_keeps_the_rows_for_a_resum
         "context_ranks.png",
         "margins.pdf",
         "margins.png",
+        "report.html",
         "results.csv",
         "rtol_sweep.pdf",
         "rtol_sweep.png",
@@ -218,8 +219,9 @@ def test_a_finished_report_is_reused_only_for_the_same_configuration_and_data(vi
     a1 = again[again.test == "assumption1"]
     assert a1["note"].str.endswith("reused from the finished run's results.csv").all()
     pd.testing.assert_frame_equal(
-        a1[["fraction", "holds", "rank_counts", "witness", "min_margin"]],
-        first[first.test == "assumption1"][["fraction", "holds", "rank_counts", "witness", "min_margin"]],
+        a1[["fraction", "share_meets_threshold", "statement", "rank_counts", "witness", "min_margin"]],
+        first[first.test == "assumption1"][["fraction", "share_meets_threshold", "statement", "rank_counts",
+                                            "witness", "min_margin"]],
     )
 
     # another config
@@ -281,8 +283,9 @@ def test_a_run_without_sweep_or_tokens_removes_the_previous_ones(vit, images, tm
     assert {"sweep.csv", "kruskal_curve.png", "tokens"} <= {p.name for p in out.iterdir()}
     assert main(tiny_audit_argv(vit, images, out)) == 0
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "context_ranks.pdf", "context_ranks.png",
-                                                     "margins.pdf", "margins.png", "notes.md", "results.csv",
-                                                     "rtol_sweep.pdf", "rtol_sweep.png", "summary.md"]
+                                                     "margins.pdf", "margins.png", "notes.md", "report.html",
+                                                     "results.csv", "rtol_sweep.pdf", "rtol_sweep.png",
+                                                     "summary.md"]
     summary = (out / "summary.md").read_text()
     assert "kruskal_curve" not in summary and "Kruskal rank of the queries" not in summary
     assert json.loads((out / "config.json").read_text())["sweep"] is False

@@ -15,7 +15,6 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from auditor.audit.report.catalogue import KRUSKAL_TESTS  # noqa: E402
 from auditor.audit.report.style import (  # noqa: E402
     COLUMN_WIDTH,
     OTHER_COLORS,
@@ -31,8 +30,11 @@ from auditor.audit.report.style import (  # noqa: E402
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-SHORT_TITLES = {"assumption1": "Assump. 1\n(k = n)", "assumption3": "Assump. 3\n(k = n)",
-                "general_position": "general pos.\n(k = min(N,d))"}  # three panels in 3.5 inches
+SHORT_TITLES = {"assumption2": "A2\nrank n", "assumption1": "A1\nk = n", "assumption3": "A3\nk = n",
+                "general_position": "gen.\npos."}  # four panels in 3.5 inches
+# the strict statement of a row, marked over its fraction: (marker, size, label)
+STATEMENT_MARKS = {"refuted": ("x", 5, "statement refuted (witness)"),
+                   "proven": ("o", 7, "statement proven (certified)")}
 DEPTH_PANELS = {  # depth.csv column -> y label (with its unit), drawn when a report has it
     "krank_lower": "Kruskal rank K\n(vectors)",  # the proven interval, with the sampled estimate in it
     "assumption2_fraction": "Assumption 2\nfraction",
@@ -45,13 +47,16 @@ DEPTH_PANELS = {  # depth.csv column -> y label (with its unit), drawn when a re
 
 
 def kruskal_by_test(table: pd.DataFrame, labels: Mapping[str, str]) -> Figure:
-    """Dot plot: one panel per Kruskal test, one line of the y axis per report x representation @ weights,
-    the fraction with its 95% interval (where the report has it); colour = representation, marker = weights.
+    """Dot plot: one panel per test (Assumption 2 and the Kruskal tests), one line of the y axis per
+    report x representation @ weights, the fraction with its 95% interval (where the report has it);
+    colour = representation, marker = weights; a black cross over a point whose strict statement a witness
+    refutes, a black ring around one whose statement is proven (none: not decided).
 
     ``table``: the rows of :func:`auditor.audit.compare.compare_table`; ``labels``: report folder -> its name.
     """
-    kruskal = table[table["test"].isin(KRUSKAL_TESTS) & table["fraction"].notna()]
-    tests = [t for t in KRUSKAL_TESTS if t in set(kruskal["test"])]
+    kruskal = table[table["test"].isin(list(SHORT_TITLES)) & table["fraction"].notna()]
+    tests = [t for t in SHORT_TITLES if t in set(kruskal["test"])]
+    marked: dict[str, None] = {}
     keys = list(
         dict.fromkeys(zip(kruskal["report"], kruskal["representation"], kruskal["weights"], strict=True))
     )
@@ -79,18 +84,29 @@ def kruskal_by_test(table: pd.DataFrame, labels: Mapping[str, str]) -> Figure:
                 ax.plot([row["fraction_low"], row["fraction_high"]], [y, y], color=style["color"], lw=1.5)
             ax.plot(row["fraction"], y, ls="", marker=style["marker"], ms=4, color=style["color"],
                     markerfacecolor=style["markerfacecolor"], markeredgecolor=style["color"])
+            statement = row.get("statement")
+            if isinstance(statement, str) and statement in STATEMENT_MARKS:
+                marker, size, _ = STATEMENT_MARKS[statement]
+                marked[statement] = None
+                ax.plot(row["fraction"], y, ls="", marker=marker, ms=size, markerfacecolor="none",
+                        markeredgecolor="black", markeredgewidth=0.7, zorder=4)
         ax.set_title(SHORT_TITLES[test], fontsize=7)
-        ax.set_xlim(-0.05, 1.05)
-        ax.set_xticks([0, 0.5, 1], ["0", "0.5", "1"])
-    axes[0][len(tests) // 2].set_xlabel("share of full-rank k-subsets")
+        ax.set_xlim(-0.08, 1.08)
+        ax.set_xticks([0, 1], ["0", "1"])
+        ax.set_xlabel("share")
     separators = [i - 0.5 for i in range(1, len(keys)) if keys[i][0] != keys[i - 1][0]]
     for ax in axes[0]:
         for y in separators:
             ax.axhline(y, color=REFERENCE_COLOR, lw=0.6)
     axes[0][0].set_yticks(range(len(keys)), [f"{labels.get(r, r)}: {rep}" for r, rep, _ in keys])
     axes[0][0].set_ylim(len(keys) - 0.5, -0.5)
-    fig.suptitle("Kruskal tests across reports")
+    fig.suptitle("assumption tests across reports: share of full-rank k-subsets\n(A2: of rank-n contexts; "
+                 "A1, A3: Assumptions 1, 3; general position: k = min(N, d))", fontsize=7)
     handles = palette.handles(kruskal["representation"], kruskal["weights"])
+    for statement in marked:
+        marker, size, label = STATEMENT_MARKS[statement]
+        handles.append(Line2D([], [], ls="", marker=marker, ms=size, markerfacecolor="none",
+                              markeredgecolor="black", markeredgewidth=0.7, label=label))
     if kruskal["fraction_low"].notna().any():
         handles.append(Line2D([], [], color="0.4", lw=1.5, label="95% interval (Clopper-Pearson)"))
     legend_below(fig, handles)

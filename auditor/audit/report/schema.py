@@ -1,9 +1,20 @@
 """The rows of an audit: their columns, their types in Python and their text form in ``results.csv``.
 
 In memory (the DataFrame ``auditor.audit_model`` returns) a row is typed: counts are nullable integers
-(``Int64``: ``k``, ``N``, ``n``, ``d``, ``subsets``, ``seed``), verdicts nullable booleans (``holds``,
-``exhaustive``, ``first``), ``rank_counts`` a ``{rank: count}`` dict and ``witness`` a list of example
-indices (None when no subset was found dependent). Skipped rows hold ``<NA>`` where nothing was measured.
+(``Int64``: ``k``, ``N``, ``n``, ``d``, ``subsets``, ``seed``), flags nullable booleans
+(``share_meets_threshold``, ``exhaustive``, ``first``), ``rank_counts`` a ``{rank: count}`` dict and
+``witness`` a list of example indices (None when no subset was found dependent). Skipped rows hold ``<NA>``
+where nothing was measured.
+
+Each tested row says two things, in this order. ``statement``: the strict statement of the assumption at the
+row's rtol (for a Kruskal test "Kruskal rank >= k", for Assumption 2 "every context has rank n") is
+``refuted`` (a witness disproves it: a dependent k-subset, a certified upper bound below k, a rank-deficient
+context), ``proven`` (the certified lower bound ``krank_lower`` >= k, every k-subset enumerated full rank,
+every context of rank n) or ``not decided`` (sampling found no dependent subset, and nothing proves there is
+none). ``share_meets_threshold``: whether the share of full-rank subsets (rank-n contexts), ``fraction``,
+reaches ``threshold``; a share can meet its threshold while a witness refutes the statement.
+Files written before these columns had ``holds`` (the same flag as ``share_meets_threshold``):
+:func:`read_rows` maps it and derives ``statement`` from the row (:func:`statement_of`).
 
 In ``results.csv`` the histogram is written ``rank:count;rank:count`` and the witness as space-separated
 indices, so a report stays readable as text; :func:`read_rows` turns such a file back into typed rows.
@@ -50,10 +61,11 @@ COLUMNS = [
     "N",
     "n",
     "d",
+    "statement",
     "fraction",
     "fraction_low",
     "fraction_high",
-    "holds",
+    "share_meets_threshold",
     "threshold",
     "min_margin",
     "margin_bound",
@@ -101,12 +113,18 @@ INT_COLUMNS = (
     "duplicates",
     "near_duplicates",
 )
-BOOL_COLUMNS = ("holds", "exhaustive", "spectrum_proof", "first", "margin_bound", "critical_rtol_exact")
+BOOL_COLUMNS = ("share_meets_threshold", "exhaustive", "spectrum_proof", "first", "margin_bound",
+                "critical_rtol_exact")
 FLOAT_COLUMNS = ("fraction", "fraction_low", "fraction_high", "threshold", "min_margin", "critical_rtol",
                  "critical_rtol_low", "critical_rtol_high", "verdict_margin", *GEOMETRY_COLUMNS, "rtol",
                  "seconds")
 # read as text: a one-index witness is not a number; the grid is "multiplier:fraction;..."
-TEXT_CELLS = {"rank_counts": str, "witness": str, "rtol_grid": str, "krank_lower_method": str}
+TEXT_CELLS = {"rank_counts": str, "witness": str, "rtol_grid": str, "krank_lower_method": str,
+              "statement": str}
+# the strict statement of a row (Kruskal rank >= k; every context of rank n), in the ``statement`` column
+REFUTED, PROVEN, NOT_DECIDED = "refuted", "proven", "not decided"
+STATEMENTS = (REFUTED, PROVEN, NOT_DECIDED)
+LEGACY_COLUMNS = {"holds": "share_meets_threshold"}  # a column of files written before -> its name now
 
 
 def _missing(value: Any) -> bool:
@@ -172,9 +190,49 @@ def _boolean(value: Any) -> bool | None:
     return bool(value)
 
 
+def statement_of(row: Mapping[str, Any]) -> str | None:
+    """The strict statement of a tested row at its rtol: ``refuted``, ``proven`` or ``not decided``; None for
+    a row with nothing measured (skipped).
+
+    A Kruskal test (k-subsets of N vectors) states "Kruskal rank >= k". It is refuted by one dependent
+    k-subset (a ``witness``, any sampled subset below full rank, every subset proven dependent by the pool's
+    spectrum) or by a witnessed upper bound ``krank_upper`` < k; proven by the certified lower bound
+    ``krank_lower`` >= k or by every k-subset enumerated and full rank; otherwise not decided (sampling
+    cannot prove it). Assumption 2 states "every context has rank n"; every context is tested, so it is
+    proven when all reached rank n and refuted by any that did not.
+    """
+    from auditor.audit.report.catalogue import TEST_SPECS
+
+    status = row.get("status")
+    if _missing(row.get("fraction")) or (not _missing(status) and status != "ok"):
+        return None
+    fraction = float(row["fraction"])
+    spec = TEST_SPECS.get(str(row.get("test")))
+    if spec is not None and not spec.kruskal:
+        return PROVEN if fraction >= 1.0 else REFUTED
+
+    def count(key: str) -> int | None:
+        value = row.get(key)
+        return None if _missing(value) else int(value)
+
+    k, lower, upper = count("k"), count("krank_lower"), count("krank_upper")
+    if (parse_witness(row.get("witness")) is not None or fraction < 1.0 or _boolean(row.get("spectrum_proof"))
+            or (k is not None and upper is not None and upper < k)):
+        return REFUTED
+    if k is not None and ((lower is not None and lower >= k) or _boolean(row.get("exhaustive"))):
+        return PROVEN
+    return NOT_DECIDED
+
+
 def typed_record(record: Mapping[str, Any]) -> dict[str, Any]:
-    """One row with its structured fields typed (from a probes result or a CSV line)."""
+    """One row with its structured fields typed (from a probes result or a CSV line); a row written before
+    ``share_meets_threshold`` and ``statement`` gets them (from ``holds``; :func:`statement_of`)."""
     out = dict(record)
+    for old, new in LEGACY_COLUMNS.items():
+        if old in out:
+            value = out.pop(old)
+            if _missing(out.get(new)):
+                out[new] = value
     if "rank_counts" in out:
         out["rank_counts"] = parse_rank_counts(out["rank_counts"])
     if "witness" in out:
@@ -189,6 +247,8 @@ def typed_record(record: Mapping[str, Any]) -> dict[str, Any]:
             out[key] = _boolean(out[key])
     if _missing(out.get("critical_rtol_exact")) and not _missing(out.get("critical_rtol")):
         out["critical_rtol_exact"] = critical_exact(out)  # a file written before the column
+    if _missing(out.get("statement")):
+        out["statement"] = statement_of(out)
     return out
 
 
@@ -228,6 +288,8 @@ def rows_frame(records: Iterable[Mapping[str, Any]], stamp: Mapping[str, Any] | 
         frame[key] = pd.array([_boolean(v) for v in frame[key]], dtype="boolean")
     for key in FLOAT_COLUMNS:
         frame[key] = pd.to_numeric(frame[key], errors="coerce").astype("float64")
+    frame["statement"] = pd.Series([None if _missing(v) else str(v) for v in frame["statement"]],
+                                   index=frame.index, dtype=object)
     for key in ("rank_counts", "witness", "rtol_grid"):  # Python objects; None where nothing was measured
         frame[key] = pd.Series(
             [None if _missing(v) else v for v in frame[key]], index=frame.index, dtype=object

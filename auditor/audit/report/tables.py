@@ -9,7 +9,13 @@ from typing import Any
 import pandas as pd
 
 from auditor.audit.report.catalogue import TEST_SPECS, TEST_TITLES
-from auditor.audit.report.schema import critical_exact, parse_rank_counts
+from auditor.audit.report.schema import (
+    PROVEN,
+    REFUTED,
+    critical_exact,
+    parse_rank_counts,
+    statement_of,
+)
 
 STAGE_COLUMNS = ("stage", "seconds", "share")
 OTHER_STAGE = "other"  # wall time outside the named stages (model checks, report folder, moving tokens)
@@ -23,26 +29,104 @@ def _rank_span(counts: Any) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks[0]}-{ranks[-1]}"
 
 
-def cell(row: pd.Series) -> str:
-    """One table cell: verdict, fraction and, where it failed, the ranks seen."""
-    if row.get("status") == "skipped":
-        note = str(row.get("note", ""))
-        if note.startswith("weights unavailable"):
-            return "skipped: no weights"
-        if note.startswith("N = "):
-            return "skipped: N < k"
-        return "skipped"
-    mark = "holds" if bool(row["holds"]) else "fails"
-    test = TEST_SPECS.get(row["test"])
-    if test is not None and not test.kruskal:  # every context tested: say how many reached rank n
-        full = round(float(row["fraction"]) * int(row["N"]))
-        text = f"{mark}: {full}/{int(row['N'])} rank n"
+def skipped_text(row: pd.Series | Mapping[str, Any]) -> str:
+    """Why a skipped row has no verdict, in two or three words (``skipped: weights unavailable``)."""
+    note = str(row.get("note", ""))
+    if note.startswith("weights unavailable"):
+        return "skipped: weights unavailable"
+    if note.startswith("N = "):
+        return "skipped: N < k"
+    return "skipped"
+
+
+def percent(fraction: float) -> str:
+    """A share in percent with as many decimals as it takes to keep it off 0% and 100% unless it is one."""
+    value = 100 * float(fraction)
+    if value in (0.0, 100.0):
+        return f"{value:.0f}%"
+    digits = 1
+    while digits < 8 and (round(value, digits) in (0.0, 100.0)):
+        digits += 1
+    return f"{value:.{digits}f}%"
+
+
+def statement_text(row: pd.Series | Mapping[str, Any]) -> str:
+    """The strict statement of a tested row and what decided it: ``refuted: Kruskal rank < 197 (witness)``,
+    ``proven: Kruskal rank >= 197 (certified)``, ``not decided: Kruskal rank >= 197``; Assumption 2:
+    ``proven: all 240 contexts of rank n`` or ``refuted: 3 of 240 contexts below rank n``. "" for a row
+    without a verdict."""
+    statement = row.get("statement")
+    if not isinstance(statement, str):
+        statement = statement_of(dict(row))
+    if statement is None:
+        return ""
+    test = TEST_SPECS.get(str(row.get("test")))
+    if test is not None and not test.kruskal:
+        num = int(row["N"])
+        short = num - round(float(row["fraction"]) * num)
+        return (f"proven: all {num} contexts of rank n" if statement == PROVEN
+                else f"refuted: {short} of {num} contexts below rank n")
+    k = int(row["k"])
+    if statement == REFUTED:
+        return f"refuted: Kruskal rank < {_refuted_below(row, k)} (witness)"
+    if statement == PROVEN:
+        exhaustive = _flag(row.get("exhaustive"))
+        return f"proven: Kruskal rank >= {k} ({'all subsets full rank' if exhaustive else 'certified'})"
+    return f"not decided: Kruskal rank >= {k}"
+
+
+def _refuted_below(row: pd.Series | Mapping[str, Any], k: int) -> int:
+    """The m of "Kruskal rank < m" a row's witnesses prove: k, or less where a smaller dependent subset
+    was found (``krank_upper`` + 1)."""
+    upper = row.get("krank_upper")
+    return min(k, int(upper) + 1) if _number(upper) else k
+
+
+def _number(value: Any) -> bool:
+    return value is not None and not pd.isna(value)
+
+
+def _flag(value: Any) -> bool:
+    return value is not None and not pd.isna(value) and bool(value)
+
+
+def share_text(row: pd.Series | Mapping[str, Any]) -> str:
+    """The measured share with its threshold named as such: ``99.55% of 5000 sampled 197-subsets full rank,
+    threshold 0.99 met``; a share below full rank adds the ranks seen. Assumption 2, whose statement already
+    counts the contexts and whose threshold is all of them, gives only the ranks seen below n. "" for a row
+    without a fraction."""
+    fraction = row.get("fraction")
+    if fraction is None or pd.isna(fraction):
+        return ""
+    fraction = float(fraction)
+    span = _rank_span(row.get("rank_counts")) if fraction < 1 else ""
+    test = TEST_SPECS.get(str(row.get("test")))
+    if test is not None and not test.kruskal:
+        return f"context {span}" if span else ""
+    k, subsets = int(row["k"]), row.get("subsets")
+    count = f"{int(subsets)} " if _number(subsets) else ""
+    if _flag(row.get("exhaustive")):
+        scope = f"the one {k}-subset" if count == "1 " else f"all {count}{k}-subsets"
     else:
-        text = f"{mark}: {float(row['fraction']):.4f}"
-    if not bool(row["holds"]):
-        span = _rank_span(row.get("rank_counts"))
-        text += f" ({span})" if span else ""
+        scope = f"{k}-subsets" if _flag(row.get("spectrum_proof")) else f"{count}sampled {k}-subsets"
+    text = f"{percent(fraction)} of {scope} full rank"
+    notes = [span] if span else []
+    if _flag(row.get("spectrum_proof")):
+        notes.append("all dependent by the pool's spectrum")
+    text += f" ({'; '.join(notes)})" if notes else ""
+    threshold, met = row.get("threshold"), row.get("share_meets_threshold")
+    if _number(threshold):
+        text += f", threshold {float(threshold):g}"
+        if _number(met):
+            text += " met" if bool(met) else " not met"
     return text
+
+
+def cell(row: pd.Series) -> str:
+    """One table cell: the strict statement first, then the share with its threshold."""
+    if row.get("status") == "skipped":
+        return skipped_text(row)
+    return "; ".join(part for part in (statement_text(row), share_text(row)) if part)
 
 
 def summary_table(rows: pd.DataFrame) -> pd.DataFrame:
@@ -73,15 +157,18 @@ def _span(low: float, high: float) -> str:
 
 
 def robustness(row: pd.Series) -> str:
-    """How far the rank tolerance can move before a row's verdict flips, in words ("" when unknown).
+    """How far the rank tolerance can move before a row's share crosses its threshold, in words ("" when
+    unknown).
 
-    The critical tolerance c is the rtol at which the verdict flips (the fraction is monotone in rtol):
-    a verdict that holds keeps holding for every rtol below c, one that fails keeps failing above it.
-    c is known within a proven bracket [low, high]; the words quote the bracket (as multiples of rtol)
-    and call a verdict robust when it survives a change of the tolerance by ``ROBUST_FACTOR`` either way,
-    judged on the conservative end of the bracket.
+    The critical tolerance c is the rtol at which the share crosses the threshold (the fraction is monotone
+    in rtol): a share that meets it keeps meeting it for every rtol below c, one below it stays below above
+    c. c is known within a proven bracket [low, high]; the words quote the bracket (as multiples of rtol)
+    and call the comparison robust when it survives a change of the tolerance by ``ROBUST_FACTOR`` either
+    way, judged on the conservative end of the bracket. They speak of the share, never of the strict
+    statement (:func:`statement_text`), which a witness can refute while the share meets its threshold.
     """
-    if row.get("status") == "skipped" or pd.isna(row.get("holds")):
+    met = row.get("share_meets_threshold")
+    if row.get("status") == "skipped" or met is None or pd.isna(met):
         return ""
     critical, rtol = row.get("critical_rtol"), row.get("rtol")
     if critical is None or rtol is None or pd.isna(critical) or pd.isna(rtol) or not float(rtol) > 0:
@@ -91,17 +178,17 @@ def robustness(row: pd.Series) -> str:
     low = ratio if low is None or pd.isna(low) else float(low) / float(rtol)
     high = ratio if high is None or pd.isna(high) else float(high) / float(rtol)
     bound = "" if _is_exact(row) is not False else " (bound)"
-    if bool(row["holds"]):
+    if bool(met):
         word = "robust" if low >= ROBUST_FACTOR else "hinges on the tolerance"
         if high == float("inf") or _trivial_cap(high, float(rtol)):  # no tolerance was proven to make it fail
-            return f"{word}: holds at every rtol up to {_times(low)} at least"
-        return f"{word}: holds up to {_span(low, high)} rtol, fails above{bound}"
+            return f"{word}: share meets the threshold at every rtol up to {_times(low)} at least"
+        return f"{word}: share meets the threshold up to {_span(low, high)} rtol, falls below above{bound}"
     word = "robust" if high <= 1 / ROBUST_FACTOR else "hinges on the tolerance"
-    if low <= 0:  # no positive tolerance was proven to make it hold
+    if low <= 0:  # no positive tolerance was proven to make it meet the threshold
         if critical == 0 and _is_exact(row):
-            return f"{word}: fails at every rtol float64 can resolve"
-        return f"{word}: fails at every rtol down to {_times(high)} at least"
-    return f"{word}: fails at rtol, holds below {_span(low, high)} rtol{bound}"
+            return f"{word}: share below the threshold at every rtol float64 can resolve"
+        return f"{word}: share below the threshold at every rtol down to {_times(high)} at least"
+    return f"{word}: share below the threshold at rtol, meets it below {_span(low, high)} rtol{bound}"
 
 
 def _trivial_cap(high: float, rtol: float) -> bool:
@@ -142,8 +229,11 @@ def critical_cell(row: pd.Series) -> str:
     bracket), ``2-3x (bound)`` (a wider proven bracket), ``>= 14x`` (no tolerance below 1 proven to
     flip it), ``<= 0.1x`` (none above 0 proven to), ``0 (no rtol resolves it)``; "" without one."""
     critical, rtol = row.get("critical_rtol"), row.get("rtol")
-    if critical is None or rtol is None or pd.isna(critical) or pd.isna(rtol) or not float(rtol) > 0:
-        return ""
+    low, high = row.get("critical_rtol_low"), row.get("critical_rtol_high")
+    known = not (critical is None or pd.isna(critical))
+    bracket = not (low is None or high is None or pd.isna(low) or pd.isna(high))
+    if rtol is None or pd.isna(rtol) or not float(rtol) > 0 or not (known or bracket):
+        return ""  # (critical_rtol is empty where only its bracket is known)
     return _bracket_cell(row)
 
 
@@ -165,8 +255,8 @@ def _bracket_cell(row: pd.Series) -> str:
 
 
 def bounds_table(rows: pd.DataFrame) -> pd.DataFrame:
-    """One line per Kruskal row: fraction with its Clopper-Pearson interval, the certified lower and the
-    witnessed upper bound on the Kruskal rank, duplicates, the critical tolerance."""
+    """One line per Kruskal row: the strict statement, the fraction with its Clopper-Pearson interval, the
+    certified lower and the witnessed upper bound on the Kruskal rank, duplicates, the critical tolerance."""
     if rows.empty or "fraction_low" not in rows:
         return pd.DataFrame()
     keep = rows[(rows["status"] == "ok") & rows["test"].map(lambda t: t in TEST_SPECS
@@ -177,6 +267,7 @@ def bounds_table(rows: pd.DataFrame) -> pd.DataFrame:
         out.append({
             "representation @ weights": f"{row['representation']} @ {row['weights']}",
             "test": row["test"], "k": int(row["k"]),
+            "statement: Kruskal rank >= k": statement_of(dict(row)) or "",
             "fraction [95% CI]": interval_cell(row) or f"{float(row['fraction']):.4f}",
             "Kruskal rank >= (certified)": "" if pd.isna(lower) else f"{int(lower)} ({method})",
             "Kruskal rank <= (witness)": "" if pd.isna(upper) else str(int(upper)),
@@ -222,6 +313,15 @@ def stage_frame(seconds: Mapping[str, float], wall: float) -> pd.DataFrame:
     return pd.DataFrame({"stage": list(named), "seconds": list(named.values()),
                          "share": [s / total if total > 0 else 0.0 for s in named.values()]},
                         columns=list(STAGE_COLUMNS))
+
+
+def test_seconds(stages: pd.DataFrame) -> float:
+    """The seconds of the stages that are tests (``assumption1``, ``assumption1 (block.3)``, ...) in a
+    ``stage | seconds | share`` frame: what the time-per-stage table gives the tests, bounds included."""
+    if stages.empty:
+        return 0.0
+    names = stages["stage"].astype(str).str.split(" ").str[0]
+    return float(pd.to_numeric(stages.loc[names.isin(list(TEST_SPECS)), "seconds"]).sum())
 
 
 def stage_table(stages: pd.DataFrame) -> pd.DataFrame:

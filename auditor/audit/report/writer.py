@@ -18,6 +18,7 @@ from auditor.audit.report.tables import (
     robustness_table,
     stage_table,
     summary_table,
+    test_seconds,
 )
 from auditor.core.atomic import Staged
 
@@ -73,7 +74,8 @@ def _provenance_lines(result: AuditResult) -> list[str]:
         f"- N = {val('N')}, n = {val('n')}, d = {val('d')}; weights_dtype (weights held in): "
         f"{_weights_dtypes(ok)}; dtype (tokens computed in): {val('dtype')}; tests ran on: {val('device')}",
         f"- Kruskal tests: {config.subsets} random k-subsets (all of them when C(N, k) is smaller), seed "
-        f"{config.seed}; holds at >= {config.threshold:g} full rank (Assumption 2: every context)",
+        f"{config.seed}; threshold of the full-rank share {config.threshold:g} (Assumption 2: 1, every "
+        "context)",
         f"- rank tolerance: sigma > sigma_max x rtol, rtol = {rtol}",
         f"- git commit: {val('git_commit')}; versions: {val('versions')}",
     ]
@@ -135,34 +137,46 @@ def summary_text(result: AuditResult, plots: list[Path]) -> str:
     """The text of summary.md: the table, how it was made, the time per stage, the sweep's Kruskal ranks,
     the plots."""
     table = summary_table(result.rows)
-    total = float(pd.to_numeric(result.rows.get("seconds"), errors="coerce").fillna(0).sum())
+    if result.stages.empty:  # no clock (tokens given as tensors): the tests' own seconds, from their rows
+        total = float(pd.to_numeric(result.rows.get("seconds"), errors="coerce").fillna(0).sum())
+        took = f"- rank tests took {total:.1f} s in total"
+    else:  # the same seconds as the test stages of the table below (bounds and geometry included)
+        wall = float(pd.to_numeric(result.stages["seconds"]).sum())
+        took = (f"- rank tests took {test_seconds(result.stages):.1f} s of the run's {wall:.1f} s (the "
+                "test stages and the sum of the time-per-stage table below)")
     lines = [
         f"# Assumption audit: {result.config.model}",
         "",
         table.to_markdown() if not table.empty else "(no rows)",
         "",
-        "Fractions are the share of full-rank sampled k-subsets (Assumptions 1, 3, general position) or of "
-        "rank-n contexts (Assumption 2); an assumption holds when the share reaches the threshold. A Kruskal "
-        "test that fails comes with a witness subset in results.csv.",
+        "Each cell gives first the strict statement at the row's rank tolerance (Assumptions 1, 3 and "
+        "general position: Kruskal rank >= k; Assumption 2: every context has rank n, column `statement`): "
+        "refuted (a dependent subset, or a rank-deficient context, disproves it; its indices are the "
+        "`witness` in results.csv), proven (a certified lower bound on the Kruskal rank reaches k, every "
+        "k-subset was enumerated full rank, or every context has rank n) or not decided (no dependent subset "
+        "was found, and none was proven impossible: sampling cannot prove the statement). Then the measured "
+        "share, full-rank sampled k-subsets or rank-n contexts, and whether it meets its threshold (column "
+        "`share_meets_threshold`): a share can meet the threshold while a witness refutes the statement.",
         "",
         "## How this was made",
         *_provenance_lines(result),
-        f"- rank tests took {total:.1f} s in total",
+        took,
         "",
     ]
     robust = robustness_table(result.rows)
     if not robust.empty:
         lines += _section(
-            "How much each verdict depends on the rank tolerance",
+            "How much each share's comparison with its threshold depends on the rank tolerance",
             robust.to_markdown(),
-            "Each fraction is monotone in the tolerance, so every verdict flips at one critical tolerance "
-            "(`critical_rtol` in results.csv, with a proven bracket `critical_rtol_low` - "
-            "`critical_rtol_high` "
-            "and `critical_rtol_exact`; `rtol_grid` holds the fraction from 0.1x to 10x rtol). A bracket is "
-            "quoted as it was proven: one number where it is narrow (3% near rtol, 10% beyond 10x), a range "
-            "marked (bound) where the work caps left it wider, 'at least' where no tolerance below 1 was "
-            f"proven to flip it. Robust: the verdict survives a change of rtol by {ROBUST_FACTOR:g}x either "
-            "way; otherwise it hinges on the tolerance convention and should be quoted with it.",
+            "Each fraction is monotone in the tolerance, so its comparison with the threshold flips at one "
+            "critical tolerance (`critical_rtol` in results.csv, with a proven bracket `critical_rtol_low` - "
+            "`critical_rtol_high` and `critical_rtol_exact`; `rtol_grid` gives the fraction from 0.1x to 10x "
+            "rtol). A bracket is quoted as it was proven: one number where it is narrow (3% near rtol, 10% "
+            "beyond 10x), a range marked (bound) where the work caps left it wider, 'at least' where no "
+            "tolerance below 1 was proven to flip it. Robust: the comparison survives a change of rtol by "
+            f"{ROBUST_FACTOR:g}x either way; otherwise it hinges on the tolerance convention and should be "
+            "quoted with it. This speaks of the share only: a witness refutes the strict statement at this "
+            "rtol whatever the share.",
         )
     bounds = bounds_table(result.rows)
     if not bounds.empty:
