@@ -76,6 +76,13 @@ def pivot_vectors(gram: torch.Tensor, chol: torch.Tensor, pivot: torch.Tensor,
     """(t, k, 1): v = [-z; 1; 0] with z ~ G_11^-1 g_j at each candidate's failing pivot j, from the
     factor of G_11 - s I (zero elsewhere)."""
     t, k, _ = gram.shape
+    if _batched_pivots(gram):  # every matrix at once: no read of its pivots
+        cols = torch.arange(k, device=gram.device)[None, :]  # (1, k)
+        inside = candidates[:, None] & (cols < pivot[:, None])  # (t, k): the rows before the pivot
+        col = gram.gather(2, pivot.clamp(0, k - 1)[:, None, None].expand(t, k, 1))  # (t, k, 1): column j
+        z = _leading_solve(chol, inside, torch.where(inside[..., None], col, 0.0))
+        at = candidates[:, None] & (cols == pivot[:, None])
+        return torch.where(inside[..., None], -z, at[..., None].to(gram.dtype))
     v = torch.zeros(t, k, 1, dtype=gram.dtype, device=gram.device)
     for j in pivot[candidates].unique().tolist():
         group = candidates & (pivot == j)
@@ -88,10 +95,41 @@ def pivot_vectors(gram: torch.Tensor, chol: torch.Tensor, pivot: torch.Tensor,
     return v
 
 
+def _batched_pivots(gram: torch.Tensor) -> bool:
+    """Whether :func:`pivot_vectors` and :func:`refine` solve every matrix at once (k x k triangular
+    solves with the identity from each pivot on) instead of one group per distinct pivot on its leading
+    block: off the CPU, where the groups would read the pivots back to the host and launch a few
+    kernels each (up to k groups per chunk), or where ``Tuning.batched_pivots`` asks (tests of that
+    route on the CPU). Same vectors up to the rounding of the solves (the bounds that use them are
+    rigorous for any vector)."""
+    return gram.device.type != "cpu" or tuning.TUNING.batched_pivots
+
+
+def _leading_solve(chol: torch.Tensor, inside: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """(t, k, 1) L_11^-T L_11^-1 b_1 of each matrix's leading block (``inside`` (t, k) bool: the rows
+    before its pivot), zero beyond it: both solves on the k x k factor with the identity outside the
+    block (``b`` (t, k, 1) zero there; only the lower triangle of ``chol`` is read)."""
+    k = chol.shape[-1]
+    eye = torch.eye(k, dtype=chol.dtype, device=chol.device)
+    lead = torch.where(inside[:, :, None] & inside[:, None, :], chol, eye)  # (t, k, k)
+    y = torch.linalg.solve_triangular(lead, b, upper=False)
+    return torch.linalg.solve_triangular(lead.transpose(1, 2), y, upper=True)
+
+
 def refine(gram: torch.Tensor, chol: torch.Tensor, pivot: torch.Tensor, v: torch.Tensor,
             rest: torch.Tensor | None) -> None:
     """One step of iterative refinement of z = G_11^-1 g_j (in place, at positions ``rest``, None: all):
     the error of z shrinks by about s / lambda_min(G_11) per step."""
+    if _batched_pivots(gram):  # every matrix at once: no read of its pivots
+        sel = slice(None) if rest is None else rest
+        g, vv, piv = gram[sel], v[sel], pivot[sel]
+        k = g.shape[-1]
+        inside = (torch.arange(k, device=g.device)[None, :] < piv[:, None])[..., None]  # (r, k, 1)
+        z = torch.where(inside, -vv, 0.0)  # zero from the pivot on
+        col = g.gather(2, piv.clamp(0, k - 1)[:, None, None].expand(-1, k, 1))
+        dz = _leading_solve(chol[sel], inside[..., 0], torch.where(inside, col - g @ z, 0.0))
+        v[sel] = torch.where(inside, -(z + dz), vv)
+        return
     piv = pivot if rest is None else pivot[rest]
     groups = piv.unique().tolist()
     for j in groups:

@@ -135,6 +135,10 @@ class Tuning:
     # thread each; :func:`probes.fast.threads.eigvalsh`); general position, exact spectra of 1000
     # subsets at k = d = 768: see reports/benchmarks.md (#27)
 
+    batched_pivots: bool = False  # on the CPU too, the vectors of the stage 1b shortcut for every matrix at
+    # once (k x k solves, no host read) instead of per distinct failing pivot on its leading block (fewer
+    # flops; off the CPU always batched, see probes.fast.kernels._batched_pivots); for tests of that route
+
     times_pool: float = 8.0  # the products X_S^T v of the ceilings from the rows as one product with the
     # whole pool (exact zeros outside the subset's rows) while N <= this x m, m the rows per subset: one
     # thread, 32 vectors, against gathering the rows (per vector): 0.05 / 2.31 ms at N = 1000, k = d = 768;
