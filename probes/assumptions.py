@@ -6,8 +6,13 @@
 - General position: the vectors have Kruskal rank min(N, d).
 
 Kruskal-rank tests sample k-subsets (see :mod:`probes.kruskal`); an assumption *holds* when the
-share of full-rank subsets reaches ``threshold`` (default 0.99). Assumption 2 tests every context, so
-its default threshold is 1.0 (every context must have rank n).
+share of full-rank subsets (for Assumption 2: of rank-n contexts) reaches ``threshold``, by default
+:data:`DEFAULT_THRESHOLD` = 0.99 for every test. The statement itself (Kruskal rank >= n, every context
+of rank n) is threshold 1.0 (Assumption 2 tests every context, so there the share is exact).
+
+Calling convention, the same as :func:`probes.kruskal_test`: the data, the test's sizes, then
+``subsets``, ``seed`` and ``rtol`` may be given by position (where the test has them); every other
+option by keyword only.
 
 The Kruskal tests take the bounds and the ``progress`` option of :func:`probes.kruskal_test`:
 ``subsets`` (default 5000, as ``audit --subsets``) and a bar for large tests in interactive use.
@@ -198,7 +203,7 @@ def _from_kruskal(test: str, res: KruskalResult, threshold: float, n: int | None
 
 
 def assumption1(
-    queries: Array, n: int, *, subsets: int = 5000, seed: int = 0, rtol: float | None = None,
+    queries: Array, n: int, subsets: int = 5000, seed: int = 0, rtol: float | None = None, *,
     threshold: float = DEFAULT_THRESHOLD, progress: bool | None = None,
     robustness: bool | str = True, rtol_grid: tuple[float, ...] | None = robust.DEFAULT_RTOL_GRID,
 ) -> AssumptionResult:
@@ -218,8 +223,8 @@ def assumption1(
 
 
 def assumption3(
-    contexts: Array, queries: Array, n: int | None = None, *, subsets: int = 5000, seed: int = 0,
-    rtol: float | None = None, threshold: float = DEFAULT_THRESHOLD, progress: bool | None = None,
+    contexts: Array, queries: Array, n: int | None = None, subsets: int = 5000, seed: int = 0,
+    rtol: float | None = None, *, threshold: float = DEFAULT_THRESHOLD, progress: bool | None = None,
     robustness: bool | str = True, rtol_grid: tuple[float, ...] | None = robust.DEFAULT_RTOL_GRID,
 ) -> AssumptionResult:
     """Assumption 3: the vectors e(t) + mean_i E(t)_i have Kruskal rank >= n.
@@ -252,7 +257,7 @@ def assumption3(
 
 
 def general_position(
-    vectors: Array, *, subsets: int = 5000, seed: int = 0, rtol: float | None = None,
+    vectors: Array, subsets: int = 5000, seed: int = 0, rtol: float | None = None, *,
     threshold: float = DEFAULT_THRESHOLD, n: int | None = None, progress: bool | None = None,
     robustness: bool | str = True, rtol_grid: tuple[float, ...] | None = robust.DEFAULT_RTOL_GRID,
 ) -> AssumptionResult:
@@ -271,14 +276,16 @@ def general_position(
 
 
 def assumption2(
-    contexts: Array, *, rtol: float | None = None, threshold: float = 1.0, ranks: ContextRanks | None = None,
+    contexts: Array, rtol: float | None = None, *, threshold: float = DEFAULT_THRESHOLD,
+    ranks: ContextRanks | None = None,
     robustness: bool | str = True, rtol_grid: tuple[float, ...] | None = robust.DEFAULT_RTOL_GRID,
 ) -> AssumptionResult:
     """Assumption 2: every context matrix (n x d) has rank n.
 
     Args:
         contexts: (N, n, d).
-        threshold: share of rank-n contexts required (default 1.0: all of them).
+        threshold: share of rank-n contexts required (default :data:`DEFAULT_THRESHOLD`, 0.99, as the
+            Kruskal tests; 1.0: every context, as the assumption states it and the audit asks).
         ranks: the result of :func:`context_ranks` on the same contexts and rtol, if already computed.
         robustness, rtol_grid: as in :func:`probes.kruskal_test`; at threshold 1 the critical
             tolerance is the smallest sigma_n / sigma_1 over the contexts.

@@ -208,11 +208,17 @@ def token_geometry(contexts: Array | Iterable[Array] | None, queries: Array) -> 
             if c.ndim != 3:
                 raise ValueError(f"contexts must have shape (N, n, d) (or chunks (b, n, d)); got shape "
                                  f"{tuple(c.shape)}")
+            if c.shape[-1] != q.shape[1]:
+                raise ValueError(f"contexts have width d = {c.shape[-1]} but the queries {tuple(q.shape)} "
+                                 f"have d = {q.shape[1]}; valid: contexts (N, n, d) with the queries' N, d")
             res = collapse_residual(c)  # (b,)
             total += float(res.sum())
             count += res.numel()
         if count == 0:
             raise ValueError("contexts held no context; pass (N, n, d) with N >= 1, or None")
+        if count != q.shape[0]:
+            raise ValueError(f"contexts hold N = {count} examples but the queries {tuple(q.shape)} N = "
+                             f"{q.shape[0]}; valid: contexts (N, n, d) with the queries' N and d")
         collapse = total / count
     sv = _svdvals(q)  # (min(N, d),): one SVD for both ranks
     scaled, _ = pow2_rescale(q, (-2, -1))

@@ -210,13 +210,15 @@ def result_dict(res: Any) -> dict[str, Any]:
 
 
 def _fmt_critical(res: Any) -> str:
-    """``, critical_rtol=3.1e-05 in [3.0e-05, 3.1e-05] (exact)``, or ``... (bound)``; "" without one."""
+    """``, critical_rtol=3.1e-05 in [3.0e-05, 3.1e-05] (exact; ...)``, or ``, critical_rtol in [2e-05,
+    9e-05] (bracket only; ...)`` where only the bracket is known; "" without one."""
     rob = res.robustness
     critical, low, high = rob.critical_rtol, rob.critical_rtol_low, rob.critical_rtol_high
-    if critical is None or math.isnan(critical):
+    if low is None or math.isnan(low):
         return ""
-    kind = "exact" if rob.exact(res.rtol) else "bound"
-    return f", critical_rtol={critical:.3g} in [{low:.3g}, {high:.3g}] ({kind}; rtol={res.rtol:.3g})"
+    if critical is None or math.isnan(critical):
+        return f", critical_rtol in [{low:.3g}, {high:.3g}] (bracket only; rtol={res.rtol:.3g})"
+    return f", critical_rtol={critical:.3g} in [{low:.3g}, {high:.3g}] (exact; rtol={res.rtol:.3g})"
 
 
 _INT_FIELDS = ("k", "N", "n", "d", "subsets", "full_rank", "seed")

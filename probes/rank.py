@@ -29,6 +29,11 @@ import torch
 
 Array = torch.Tensor | np.ndarray
 
+VALID_DTYPES = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+                torch.bfloat16, torch.float32, torch.float64)  # float8, complex, quantized and wider
+# unsigned integer types are refused with a TypeError that names these
+_VALID_NAMES = "bool, uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64"
+_NUMPY_TORCH = ("bool", "uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64")
 SAFE_EXPONENT = 200  # float64 data with max |x| in [2^-200, 2^200] is used as given (no rescaling)
 SEED_RANGE = (-(2**63), 2**63 - 1)  # seeds are 64-bit: torch.Generator.manual_seed's signed range
 
@@ -68,11 +73,22 @@ def as_tensor(a: Array, name: str = "input") -> torch.Tensor:
                 f"{name} must hold numbers (bool, integer or floating point); got a numpy.ndarray of "
                 f"dtype {a.dtype}"
             )
+        if a.dtype.kind != "c" and a.dtype.name not in _NUMPY_TORCH:  # (e.g. float128, uint32)
+            raise TypeError(f"{name} has the numpy dtype {a.dtype}; valid dtypes: {_VALID_NAMES}")
         a = torch.from_numpy(a)
     if not isinstance(a, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor or numpy.ndarray, got {type(a).__name__}")
     if a.is_complex():
-        raise ValueError(f"{name} must be real-valued, got dtype {a.dtype}")
+        raise ValueError(f"{name} must be real-valued, got dtype {a.dtype}; valid dtypes: {_VALID_NAMES}")
+    if a.layout != torch.strided:
+        raise ValueError(f"{name} is a sparse tensor (layout {a.layout}); the probes take dense tensors: "
+                         "convert it with .to_dense()")
+    if a.is_meta:
+        raise ValueError(f"{name} is on the meta device, which holds no values; valid: a tensor on the CPU "
+                         "or a GPU")
+    if a.dtype not in VALID_DTYPES:
+        raise TypeError(f"{name} has dtype {a.dtype}, which the probes do not compute with; valid dtypes: "
+                        f"{_VALID_NAMES} (convert e.g. with .float())")
     return a.detach() if a.requires_grad else a
 
 

@@ -91,13 +91,14 @@ class Robustness:
         margin_bound: True when the result's ``min_margin`` is only a proven lower bound (the exact
             value would have needed more exact spectra than allowed); False when it is exact.
         critical_rtol: the tolerance at which the verdict flips: it holds at every rtol below and fails
-            at every rtol at or above. 0.0 when it fails at every positive rtol (e.g. duplicated
-            vectors), inf when it holds at every rtol in (0, 1). Exact up to the bracket width (3% near
-            rtol, 10% beyond 10x either side) where :meth:`exact`; otherwise (the work caps were reached)
-            the bracket end nearer to rtol, so that ``verdict_margin`` is a proven lower bound.
+            at every rtol at or above. 0.0 when it fails at every tolerance float64 resolves (the bracket
+            then ends below :data:`ZERO_LEVEL`: duplicated or zero vectors), inf when it holds at every
+            rtol in (0, 1). Known up to the bracket width (3% near rtol, 10% beyond 10x either side)
+            where :meth:`exact`; NaN where only the bracket is known (the work caps were reached).
         critical_rtol_low, critical_rtol_high: a proven bracket: low <= critical <= high.
-        verdict_margin: |log10(critical_rtol / rtol)| in decades: how far the tolerance must move to flip
-            the verdict (inf when it never flips).
+        verdict_margin: how far, in decades, the tolerance must move to flip the verdict:
+            |log10(critical_rtol / rtol)| where the critical tolerance is known (inf when it never
+            flips), else the proven distance from rtol to the bracket (0 when rtol lies inside it).
         rtol_grid: {multiplier of rtol: fraction at multiplier x rtol}, exactly the fraction a float64
             SVD gives at that tolerance; None when not asked for.
 
@@ -172,8 +173,15 @@ def critical_quantile(threshold: float, total: int) -> float:
     return (critical_rank(threshold, total) - 1) / (total - 1) if total > 1 else 0.0
 
 
-def verdict_distance(critical: float, rtol: float) -> float:
-    """|log10(critical / rtol)| in decades; inf where the verdict never flips (critical 0 or inf)."""
+def verdict_distance(critical: float, rtol: float, low: float | None = None,
+                     high: float | None = None) -> float:
+    """|log10(critical / rtol)| in decades; inf where the verdict never flips (critical 0 or inf). Where
+    the critical tolerance is unknown (NaN), the proven distance from rtol to the bracket [low, high]
+    (0 when rtol lies inside it)."""
+    if math.isnan(critical) and low is not None and high is not None:
+        if rtol < low:
+            return math.log10(low / rtol)
+        return math.log10(rtol / high) if 0 < high < rtol else 0.0
     if not 0 < critical < math.inf or rtol <= 0:
         return math.inf
     return abs(math.log10(critical / rtol))
@@ -182,12 +190,14 @@ def verdict_distance(critical: float, rtol: float) -> float:
 def critical_is_exact(critical: float, low: float, high: float, rtol: float) -> bool | None:
     """Whether a critical tolerance is known (``True``: to within its bracket's width, 3% near rtol and
     10% beyond 10x either side, or proven 0 / inf) or only bounded by its bracket (``False``: the work
-    caps were reached, and ``critical`` is the bracket end nearer to rtol); None when there is none (NaN).
-    """
-    values = (critical, low, high, rtol)
+    caps were reached; ``critical`` is then NaN, or, from older results, the bracket end nearer to rtol);
+    None when there is no bracket (NaN)."""
+    values = (low, high, rtol)
     if any(v is None or (isinstance(v, float) and math.isnan(v)) for v in values):
         return None
-    critical, low, high, rtol = map(float, values)
+    if critical is None or math.isnan(float(critical)):
+        return False
+    critical, low, high, rtol = map(float, (critical, low, high, rtol))
     if critical == 0.0 and high <= ZERO_LEVEL or critical == math.inf:
         return True
     if not low > 0:
@@ -640,8 +650,7 @@ class _Refiner:
         far = a >= self.rtol * _FAR or b <= self.rtol / _FAR
         if a > 0 and b <= a * (1 + (FAR_BRACKET_WIDTH if far else BRACKET_WIDTH)):
             return math.sqrt(a * b), a, b
-        # a wide bracket: the end nearest rtol, so that verdict_margin stays a proven lower bound
-        return (a if a >= self.rtol else b), a, b
+        return math.nan, a, b  # (a wide bracket: only the bracket is known)
 
     def _certificate_pays(self, t: float, width: float) -> bool:
         """Whether the certificate at t proves full rank the matrices whose exact ratio lies clearly
@@ -797,9 +806,9 @@ def analyse(src: Matrices, dec: fast.Decisions, rtol: float, threshold: float, g
     max_factorised = math.inf if exact else max(count // _FACTOR_SHARE, _MIN_FACTOR)
     critical, low, high = ref.critical(threshold, max_spectra, max_factorised)
     min_margin, margin_bound = ref.min_margin(dec, max_spectra, math.inf if exact else count // _FACTOR_SHARE)
+    distance = verdict_distance(critical, rtol, low, high)
     return min_margin, Robustness(margin_bound=margin_bound, critical_rtol=critical, critical_rtol_low=low,
-                                  critical_rtol_high=high, verdict_margin=verdict_distance(critical, rtol),
-                                  rtol_grid=rtol_grid)
+                                  critical_rtol_high=high, verdict_margin=distance, rtol_grid=rtol_grid)
 
 
 def all_dependent_case(rtol: float, ceiling: float, grid: tuple[float, ...] | None,
@@ -821,9 +830,9 @@ def all_dependent_case(rtol: float, ceiling: float, grid: tuple[float, ...] | No
             else:
                 high = min(high, t)
         rtol_grid = {float(m): shares[float(m)] for m in grid}  # (in the caller's order)
-    critical = high if not (low > 0 and high <= low * (1 + BRACKET_WIDTH)) else math.sqrt(low * high)
+    critical = math.sqrt(low * high) if low > 0 and high <= low * (1 + BRACKET_WIDTH) else math.nan
     return Robustness(margin_bound=margin_bound, critical_rtol=critical, critical_rtol_low=low,
-                      critical_rtol_high=high, verdict_margin=verdict_distance(critical, rtol),
+                      critical_rtol_high=high, verdict_margin=verdict_distance(critical, rtol, low, high),
                       rtol_grid=rtol_grid)
 
 

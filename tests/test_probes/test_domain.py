@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import math
 import re
 
 import pytest
@@ -128,3 +130,110 @@ def test_a_dependent_subsets_margin_is_exact_or_a_bound_below_the_svds():
     assert abs(exact.min_margin - truth) <= 1e-9 and exact.robustness.verdict_margin == pytest.approx(truth)
     plain = probes.kruskal_test(x, 2, robustness=False)
     assert plain.robustness.margin_bound and plain.min_margin <= truth
+
+
+# ------------------------------------------------------------------ issue 39: conventions and small pools
+
+def test_one_calling_convention_for_the_sampled_tests():
+    """Data, the test's sizes, then subsets, seed and rtol by position where a test has them (keywords
+    work as well); everything else by keyword only."""
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(12, 5, generator=g, dtype=torch.float64)
+    contexts = torch.randn(12, 3, 5, generator=g, dtype=torch.float64)
+    rtol = 1e-10
+    by_kw = dict(subsets=40, seed=3, rtol=rtol)
+    pairs = [
+        (probes.kruskal_test(q, 3, 40, 3, rtol), probes.kruskal_test(q, k=3, **by_kw)),
+        (probes.assumption1(q, 3, 40, 3, rtol), probes.assumption1(q, n=3, **by_kw)),
+        (probes.assumption3(contexts, q, 3, 40, 3, rtol), probes.assumption3(contexts, q, n=3, **by_kw)),
+        (probes.general_position(q, 40, 3, rtol), probes.general_position(q, **by_kw)),
+        (probes.assumption2(contexts, rtol), probes.assumption2(contexts, rtol=rtol)),
+    ]
+    for a, b in pairs:
+        assert {k: v for k, v in a.to_dict().items() if k != "seconds"} == {
+            k: v for k, v in b.to_dict().items() if k != "seconds"}
+        assert a.rtol == rtol
+    lb = probes.kruskal_lower_bound(q, 3, rtol, max_subsets=0)
+    assert (lb.rtol, lb.k_max) == (rtol, 3)
+    with pytest.raises(TypeError):
+        probes.assumption1(q, 3, 40, 3, rtol, 0.99)  # (threshold: keyword only)
+
+
+def test_every_test_defaults_to_one_threshold():
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(30, 4, generator=g)
+    contexts = torch.randn(100, 2, 4, generator=g)
+    contexts[7] = 0  # one context of 100 rank-deficient: 0.99 of them have rank n
+    results = [probes.assumption1(q, 2), probes.assumption3(contexts[:30], q, 2), probes.general_position(q),
+               probes.assumption2(contexts)]
+    assert {r.threshold for r in results} == {probes.DEFAULT_THRESHOLD} == {0.99}
+    a2 = results[-1]
+    assert a2.fraction == 0.99 and a2.holds and a2.witness == (7,)
+    assert not probes.assumption2(contexts, threshold=1.0).holds  # (every context: the statement itself)
+
+
+def test_critical_rtol_is_empty_where_only_a_bracket_is_known():
+    """A wide proven bracket (the work caps reached): critical_rtol NaN (an empty CSV cell), the bracket
+    kept, verdict_margin the proven distance from rtol to the bracket."""
+    from probes.robust import Robustness, critical_is_exact, verdict_distance
+
+    assert verdict_distance(math.nan, 1e-6, 1e-4, 1e-3) == pytest.approx(2.0)
+    assert verdict_distance(math.nan, 1e-2, 1e-4, 1e-3) == pytest.approx(1.0)
+    assert verdict_distance(math.nan, 5e-4, 1e-4, 1e-3) == 0.0
+    assert critical_is_exact(math.nan, 1e-4, 1e-3, 1e-6) is False
+    assert critical_is_exact(math.nan, math.nan, math.nan, 1e-6) is None
+    rob = Robustness(margin_bound=False, critical_rtol=math.nan, critical_rtol_low=1e-4,
+                     critical_rtol_high=1e-3, verdict_margin=2.0)
+    res = dataclasses.replace(probes.kruskal_test(torch.eye(3), 2, robustness=False), robustness=rob)
+    row = probes.flatten_row(res.to_dict())
+    assert math.isnan(row["critical_rtol"]) and row["critical_rtol_exact"] is False
+    assert "critical_rtol in [0.0001, 0.001] (bracket only" in repr(res)
+    # a pool whose bracket the caps leave open: a tight Gaussian pool at the paper's scale is not needed;
+    # every reported critical_rtol is inside its bracket or NaN
+    x = torch.randn(40, 8, generator=torch.Generator().manual_seed(4))
+    for k in (4, 8):
+        r = probes.kruskal_test(x, k, subsets=300).robustness
+        assert math.isnan(r.critical_rtol) or r.critical_rtol_low <= r.critical_rtol <= r.critical_rtol_high
+        assert math.isnan(r.critical_rtol) == (r.exact(probes.default_rtol(k, 8, torch.float32)) is False)
+
+
+def test_a_small_pool_gets_the_exact_answer_first():
+    """12 vectors in R^6: the exhaustive search (2,443 subsets) costs less than the whitened and
+    null-space proofs, so it runs first and answers exactly."""
+    x = torch.randn(12, 6, generator=torch.Generator().manual_seed(0))
+    lower = probes.kruskal_lower_bound(x)
+    assert (lower.lower, lower.exact, lower.method) == (probes.kruskal_rank_exact(x), True, "exhaustive")
+    assert lower.nullspace_programs == 0 and lower.seconds < 5.0
+    x[5] = x[0] + x[1]  # a dependent triple: the search stops at it
+    lower = probes.kruskal_lower_bound(x)
+    assert (lower.lower, lower.exact) == (2, True) and probes.check_witness(x, lower.witness)
+
+
+# ------------------------------------------------------------------ issue 41: inputs refused in one line
+
+@pytest.mark.parametrize(
+    ("make", "error", "fragment"),
+    [
+        (lambda: torch.empty(6, 4, device="meta"), ValueError, "meta device"),
+        (lambda: torch.randn(6, 4).to_sparse(), ValueError, "sparse tensor"),
+        (lambda: torch.randn(6, 4).to(torch.complex64), ValueError, "valid dtypes: bool"),
+        (lambda: torch.randn(6, 4).to(torch.float8_e4m3fn), TypeError, "valid dtypes: bool"),
+        (lambda: __import__("numpy").zeros((6, 4), dtype="uint32"), TypeError, "valid dtypes: bool"),
+    ],
+)
+def test_inputs_no_proof_covers_are_refused_in_one_line(make, error, fragment):
+    for call in (lambda x: probes.kruskal_test(x, 2), lambda x: probes.numerical_rank(x),
+                 lambda x: probes.kruskal_lower_bound(x), lambda x: probes.effective_rank(x)):
+        with pytest.raises(error, match=re.escape(fragment)) as info:
+            call(make())
+        assert "\n" not in str(info.value)
+
+
+def test_mismatched_contexts_and_queries_are_refused():
+    q = torch.randn(6, 4)
+    for contexts, fragment in ((torch.randn(5, 3, 4), "contexts hold N = 5"),
+                               (torch.randn(6, 3, 5), "width d = 5")):
+        with pytest.raises(ValueError, match=re.escape(fragment)):
+            probes.token_geometry(contexts, q)
+        with pytest.raises(ValueError, match="do not match"):
+            probes.assumption3(contexts, q, 2)

@@ -409,9 +409,9 @@ def _draw_critical(ax, row: Mapping, color: str, y: float, xlim: tuple[float, fl
     """The critical rtol (a diamond) and its proven bracket (a bar; an open end as an arrow at the panel's
     edge) of one row, in multiples of its rtol; True when a bracket was drawn."""
     critical, rtol = _float(row.get("critical_rtol")), _float(row.get("rtol"))
-    if critical is None or not rtol:
-        return False
     low, high = _float(row.get("critical_rtol_low")), _float(row.get("critical_rtol_high"))
+    if not rtol or (critical is None and (low is None or high is None)):
+        return False  # (critical_rtol is empty where only its bracket is known: the bracket alone is drawn)
     drawn = False
     if low is not None and high is not None:
         left = low / rtol if low > 0 else xlim[0]
@@ -424,6 +424,8 @@ def _draw_critical(ax, row: Mapping, color: str, y: float, xlim: tuple[float, fl
                 ax.plot(left, y, marker="<", ms=4, color=color, ls="", zorder=3)
             if not (high * (1 + 1e-9) < 1 and math.isfinite(high)) or high / rtol > xlim[1]:
                 ax.plot(right, y, marker=">", ms=4, color=color, ls="", zorder=3)
+    if critical is None:
+        return drawn
     x = critical / rtol
     if xlim[0] <= x <= xlim[1]:
         ax.plot(
