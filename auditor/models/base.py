@@ -325,7 +325,8 @@ class HFAdapter(Adapter):
         check_not_quantized(folder)
         try:
             with quiet_transformers():
-                config = self.config_class.from_pretrained(str(folder), local_files_only=True)
+                config = self.config_class.from_pretrained(str(folder), local_files_only=True,
+                                                           trust_remote_code=False)
         except Exception as err:  # noqa: BLE001 - transformers' validation raises StrictDataclassError & co
             raise config_error(err, str(folder / "config.json")) from None
         check_config(config, str(folder / "config.json"))

@@ -97,3 +97,25 @@ def check_config(config: Any, where: str, *, itemsize: int = 4, limit: int | Non
             f"weight ({biggest} = {sizes[biggest]:,}), more than this machine's {limit / 2**30:,.1f} GiB of "
             f"memory; {FIX_HINT}, or audit it on a larger machine"
         )
+
+
+def check_resident(config: Any, blocks: int, itemsize: int, where: str, limit: int | None = None) -> None:
+    """Refuse holding the embedding and ``blocks`` blocks resident (random weights, or weights placed once)
+    when they would not fit in ``limit`` bytes (default: this machine's memory); one line with the size and
+    the limit, before anything is allocated."""
+    limit = machine_memory() if limit is None else limit
+    embedding = _embedding_bytes(config, itemsize)
+    need = embedding + blocks * (block_bytes(config, itemsize) - embedding)
+    if need > limit:
+        raise AuditError(
+            f"{where}: the embedding and {blocks} audited blocks take {need / 2**30:,.1f} GiB at {itemsize} "
+            f"bytes per weight, more than this machine's {limit / 2**30:,.1f} GiB of memory; audit fewer or "
+            "shallower blocks (--layers, -r block.L), or a checkpoint (read as its layers run on the CPU)"
+        )
+
+
+def _embedding_bytes(config: Any, itemsize: int) -> int:
+    d = getattr(config, "hidden_size", None) or getattr(config, "n_embd", None) or 1
+    vocab = getattr(config, "vocab_size", None) or 0
+    positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None) or 0
+    return itemsize * (vocab * d + positions * d)

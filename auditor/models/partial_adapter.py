@@ -27,7 +27,7 @@ from auditor.models.hub import (
     quiet_transformers,
     weights_kind,
 )
-from auditor.models.limits import FIX_HINT, check_config, config_error
+from auditor.models.limits import FIX_HINT, check_config, check_resident, config_error
 from auditor.models.partial import (
     CheckpointReader,
     PartialModel,
@@ -250,6 +250,7 @@ class PartialAdapter(HFAdapter):
         self, config: Any, seed: int, device: torch.device, dtype: torch.dtype, details: dict
     ):
         def build(structure: int, weighted: int) -> nn.Module:
+            check_resident(config, structure, max(4, dtype.itemsize), "the random weights")
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
                 net = self._instantiate(cut_config(config, structure))

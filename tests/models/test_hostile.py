@@ -451,3 +451,32 @@ def test_compare_refuses_a_report_whose_rtol_column_the_schema_no_longer_has(tmp
     cli_refused(["compare", str(report), str(report), "--out", str(tmp_path / "c")], capsys,
                 str(results), "no column rtol", "rank_rtol")
     assert not (tmp_path / "c").exists()
+
+
+def test_a_weights_folder_with_custom_config_code_never_prompts(tmp_path, monkeypatch, capsys):
+    """``audit gpt2 -w FOLDER`` whose config is custom code: refused in one line, nothing asked or run."""
+    folder = tmp_path / "custom"
+    save(tiny_config("gpt2", layers=1), folder)
+    marker = tmp_path / "ran"
+    (folder / "configuration_my.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    values = json.loads((folder / "config.json").read_text())
+    values.update(model_type="my_custom_lm", auto_map={"AutoConfig": "configuration_my.MyConfig"})
+    (folder / "config.json").write_text(json.dumps(values))
+
+    def no_prompt(*args):
+        raise AssertionError("something asked on standard input")
+
+    monkeypatch.setattr("builtins.input", no_prompt)
+    cli_refused(["gpt2", "-w", str(folder), "--out", str(tmp_path / "r")], capsys, "my_custom_lm")
+    assert not marker.exists() and not (tmp_path / "r").exists()
+
+
+def test_audited_blocks_beyond_memory_are_refused_with_the_size_and_the_limit():
+    from auditor.models.limits import check_resident
+
+    config = tiny_config("llama", layers=32)
+    one_block = 4 * (2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128)  # q, o; k, v (2 KV heads of 16); MLP
+    embedding = 4 * (512 * 64 + 130 * 64)
+    check_resident(config, 4, 4, "tiny", limit=embedding + 4 * one_block)  # exactly fits
+    with pytest.raises(AuditError, match=r"tiny: the embedding and 5 audited blocks take .* GiB at 4 bytes"):
+        check_resident(config, 5, 4, "tiny", limit=embedding + 4 * one_block)
