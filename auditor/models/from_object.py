@@ -6,7 +6,8 @@ the caller, fed by its own image processor or tokenizer. The family comes from
 name (blocks, forward pass, context length, query row). A model with a task head
 (``ViTForImageClassification``, ``BertForMaskedLM``, ``GPT2LMHeadModel``, ...) is audited through its
 base model. The object is neither copied nor moved; :func:`evaluating` puts it in eval mode for the
-audit and restores its mode afterwards.
+audit and restores its mode afterwards. A model held in TransformerLens (``TransformerBridge``,
+``HookedTransformer``) or nnsight is audited through :mod:`auditor.models.interp`.
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ def _adapter(model: Any) -> HFAdapter:
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     supported = sorted(t for t, a in _ADAPTERS.items() if isinstance(a, HFAdapter))
     if not isinstance(model, nn.Module) or not model_type:
-        raise AuditError(f"expected a model name or a transformers model object (PreTrainedModel); got "
-                         f"{type(model).__name__}")
+        raise AuditError(f"expected a model name or a transformers model object (PreTrainedModel, or one "
+                         f"held in TransformerLens or nnsight); got {type(model).__name__}")
     adapter = _ADAPTERS.get(model_type)
     if not isinstance(adapter, HFAdapter):
         raise AuditError(
@@ -116,11 +117,16 @@ def from_object(model: Any, processor: Any = None, *, context_length: int | None
     """Describe a transformers model object as a :class:`LoadedModel` ready for extraction.
 
     Args:
-        model: a ViT, BERT or GPT-2 family ``PreTrainedModel`` (with or without a task head).
+        model: a ViT, BERT or GPT-2 family ``PreTrainedModel`` (with or without a task head), or such a model
+            held in TransformerLens or nnsight (:mod:`auditor.models.interp`).
         processor: its image processor (ViT) or tokenizer (BERT, GPT-2); None uses the family's default
             inputs (ViT: bilinear resize, mean = std = 0.5; text: the offline tokenizers of the family).
         context_length: n for text models (default as for a model loaded by name).
     """
+    from auditor.models.interp import from_interp, interp_kind, other_tl_model
+
+    if interp_kind(model) is not None or other_tl_model(model) is not None:  # TransformerLens, nnsight
+        return from_interp(model, processor, context_length=context_length)
     adapter = _adapter(model)
     base = getattr(model, "base_model", model)
     if not isinstance(base, adapter.model_class):
