@@ -249,18 +249,22 @@ def raw_safetensors(path: Path, header: object, data: bytes = b"", length: int |
     return path
 
 
-def test_overlapping_and_malformed_headers_are_refused_by_the_library_in_one_line(tmp_path):
+@pytest.mark.parametrize("model_type, first, second", [
+    ("llama", "embed_tokens.weight", "layers.0.mlp.up_proj.weight"),  # read block by block
+    ("gpt2", "wte.weight", "h.0.mlp.c_fc.weight"),  # read whole by transformers, after the checks
+])
+def test_overlapping_and_malformed_headers_are_refused_by_the_library_in_one_line(model_type, first, second,
+                                                                                   tmp_path):
     folder = tmp_path / "model"
-    save(tiny_config("llama", layers=1), folder)
+    save(tiny_config(model_type, layers=1), folder)
     weights = folder / "model.safetensors"
     entry = {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}
     cases = {
-        "overlap": ({"embed_tokens.weight": entry, "layers.0.mlp.up_proj.weight": entry}, b"\0" * 16, None),
-        "no data_offsets": ({"embed_tokens.weight": {"dtype": "F32", "shape": [2, 2]}}, b"\0" * 16, None),
-        "list for an entry": ({"embed_tokens.weight": [1, 2]}, b"\0" * 16, None),
+        "overlap": ({first: entry, second: entry}, b"\0" * 16, None),
+        "no data_offsets": ({first: {"dtype": "F32", "shape": [2, 2]}}, b"\0" * 16, None),
+        "list for an entry": ({first: [1, 2]}, b"\0" * 16, None),
         "header of 2^63 bytes": ({}, b"", 2**63),
-        "offsets past the end": ({"embed_tokens.weight": {**entry, "data_offsets": [0, 64]}}, b"\0" * 16,
-                                 None),
+        "offsets past the end": ({first: {**entry, "data_offsets": [0, 64]}}, b"\0" * 16, None),
         "not json": (None, b"", None),
     }
     for name, (header, data, length) in cases.items():
