@@ -218,7 +218,8 @@ _CLI = (  # (flag, SlurmOptions field, click keyword arguments)
     ("--slurm-parallel", "array_parallelism", {"type": int, "default": None,
                                                "help": "Array tasks running at once [default: no limit]."}),
     ("--slurm-sbatch", "sbatch", {"multiple": True, "metavar": "--FLAG[=VALUE]",
-                                  "help": "Extra sbatch flag, repeatable: --slurm-sbatch=--account=abc."}),
+                                  "help": "Extra sbatch flag, repeatable: --slurm-sbatch=--account=abc (one "
+                                          "token: letters, digits and _.,:@%+=/[]&|*~!-)."}),
 )
 
 
