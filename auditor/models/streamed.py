@@ -141,12 +141,15 @@ class SafetensorsFile:
         if wanted and not 0 <= min(wanted) <= max(wanted) < entry.shape[0]:
             raise AuditError(f"{self.path}: rows {min(wanted)}..{max(wanted)} of {key!r} asked for, which "
                              f"has {entry.shape[0]} rows")
-        out = torch.empty((len(wanted), *entry.shape[1:]), dtype=dtype)  # (U, ...)
         with self._open() as fh:
             view = fh.get_slice(key)
-            for i, index in enumerate(wanted):
-                out[i] = view[index : index + 1][0]
-        return out
+            try:  # a list of rows in one call (safetensors gathers them from the mapped file)
+                return view[wanted].to(dtype) if wanted else torch.empty((0, *entry.shape[1:]), dtype=dtype)
+            except (TypeError, ValueError):  # an older safetensors: one slice per row
+                out = torch.empty((len(wanted), *entry.shape[1:]), dtype=dtype)  # (U, ...)
+                for i, index in enumerate(wanted):
+                    out[i] = view[index : index + 1][0]
+                return out
 
 
 def _one_line(err: BaseException) -> str:
