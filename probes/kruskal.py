@@ -569,7 +569,7 @@ def _kruskal(
             margin_bound,
         )
     elif robustness:
-        step = fast.subset_step(k)
+        step = fast.subset_step(k, device=x64.device)  # (device-sized chunks off the CPU)
         pool = fast.Pool(x64, gram, k, rtol, float(spectrum[0]) ** 2, step)
         src = robust.pool_matrices(pool, idx.to(x64.device), x64, step, svd_only=tiny_subsets(x64, idx))
         min_margin, rob = robust.analyse(src, dec, rtol, threshold, grid, exact=robustness == "exact")
