@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from PIL import Image
 from torch import nn
 
 from auditor.core.errors import AuditError
+from auditor.models import interp
 from auditor.models.base import (
     HFAdapter,
     ImagePreprocessor,
@@ -123,10 +125,13 @@ def from_object(model: Any, processor: Any = None, *, context_length: int | None
             inputs (ViT: bilinear resize, mean = std = 0.5; text: the offline tokenizers of the family).
         context_length: n for text models (default as for a model loaded by name).
     """
-    from auditor.models.interp import from_interp, interp_kind, other_tl_model
-
-    if interp_kind(model) is not None or other_tl_model(model) is not None:  # TransformerLens, nnsight
-        return from_interp(model, processor, context_length=context_length)
+    kind = interp.interp_kind(model)
+    if kind == interp.NNSIGHT:
+        return _from_nnsight(model, processor, context_length)
+    if kind is not None:
+        return _from_transformer_lens(model, kind, processor, context_length)
+    if interp.other_tl_model(model) is not None:
+        raise interp.unsupported(model)
     adapter = _adapter(model)
     base = getattr(model, "base_model", model)
     if not isinstance(base, adapter.model_class):
@@ -175,6 +180,65 @@ def from_object(model: Any, processor: Any = None, *, context_length: int | None
         details={"weights_source": f"{type(model).__name__} object", "architecture": type(base).__name__,
                  "weights_dtype": weights_dtype(base.parameters())},
     )
+
+
+def _from_transformer_lens(model: Any, kind: str, processor: Any, context_length: int | None) -> LoadedModel:
+    """A TransformerLens model audited as the family of its architecture, read at its own hook points
+    (:class:`~auditor.models.interp.HookPointAdapter`)."""
+    if kind == interp.TRANSFORMER_BRIDGE:
+        original = model.original_model
+        family = _adapter(original)
+        config = getattr(original, "base_model", original).config
+        if family.family not in interp.TL_FAMILIES:
+            raise AuditError(
+                f"TransformerBridge around a {config.model_type!r} model: TransformerLens models of the "
+                f"{', '.join(interp.TL_FAMILIES)} family can be audited (hold the Hugging Face model itself, "
+                "or its nnsight wrapper, for the others)"
+            )
+        architecture = type(original).__name__
+    else:
+        config = interp.hooked_hf_config(model, interp.tl_model_types())
+        family = _ADAPTERS[config.model_type]
+        architecture = str(model.cfg.original_architecture)
+    d, depth = int(model.cfg.d_model), int(model.cfg.n_layers)
+    if (d, depth) != (family.width(config), family.depth(config)):
+        raise AuditError(f"{kind}: its cfg says d_model = {d}, n_layers = {depth} but its architecture "
+                         f"{family.width(config)}, {family.depth(config)}")
+    name = _label(str(getattr(model.cfg, "model_name", "") or getattr(config, "name_or_path", "") or kind))
+    spec = ModelSpec(name=name, adapter=interp.HookPointAdapter(family, kind), source=IN_MEMORY,
+                     description=f"TransformerLens {kind} ({architecture})")
+    n = family.context_length(config, context_length)
+    given = processor if processor is not None else getattr(model, "tokenizer", None)  # the one it carries
+    if given is not None:
+        tokenizer = text_tokenizer(given)
+    else:
+        tokenizer, _ = family.make_inputs(ModelSpec(name, family, IN_MEMORY), "random", None, config)
+    if tokenizer.vocab_size > int(model.cfg.d_vocab):
+        raise AuditError(f"the tokenizer has {tokenizer.vocab_size} ids but the model only "
+                         f"{model.cfg.d_vocab} embeddings; pass the tokenizer that belongs to the model")
+    parameter = next(model.parameters(), None)
+    if parameter is None:
+        raise AuditError(f"{kind} has no parameters")
+    return LoadedModel(
+        spec=spec, model=model, n=n, d=d, num_layers=depth, query_index=family.query_index(n),
+        weights=IN_MEMORY, tokenizer_name=tokenizer.name, device=parameter.device, dtype=parameter.dtype,
+        seed=0, tokenizer=tokenizer,
+        details={"weights_source": f"TransformerLens {kind} object", "architecture": architecture,
+                 "weights_dtype": weights_dtype(model.parameters()),
+                 "hook_points": "blocks.0.hook_resid_pre (embedding), blocks.L.hook_resid_post (block.L)"},
+    )
+
+
+def _from_nnsight(model: Any, processor: Any, context_length: int | None) -> LoadedModel:
+    """The Hugging Face model an nnsight wrapper holds, audited as that model held directly (with the
+    wrapper's tokenizer when no processor is given)."""
+    inner = interp.nnsight_module(model)
+    loaded = from_object(inner, processor if processor is not None else getattr(model, "tokenizer", None),
+                         context_length=context_length)
+    wrapper = type(model).__name__
+    spec = dataclasses.replace(loaded.spec, description=f"nnsight {wrapper} around {type(inner).__name__}")
+    return dataclasses.replace(loaded, spec=spec, details={
+        **loaded.details, "weights_source": f"nnsight {wrapper} object ({type(inner).__name__})"})
 
 
 @contextlib.contextmanager

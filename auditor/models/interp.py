@@ -16,12 +16,12 @@ without a tokenizer, the default one, and every representation is read where the
 
 Without ``processor`` the tokenizer the object carries (``model.tokenizer``) is used, else the family's
 default. The libraries are optional (``pip install -e ".[interp]"``); nothing here imports them: an object is
-recognised by the classes it is made of.
+recognised by the classes it is made of. :func:`auditor.models.from_object.from_object` builds the
+:class:`LoadedModel` from what this module knows of the libraries.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from auditor.core.errors import AuditError
-from auditor.models.base import Adapter, HFAdapter, LoadedModel, ModelSpec, weights_dtype
+from auditor.models.base import Adapter, HFAdapter, LoadedModel, ModelSpec
 
 TRANSFORMER_BRIDGE = "TransformerBridge"  # TransformerLens >= 3
 HOOKED_TRANSFORMER = "HookedTransformer"  # TransformerLens < 4
@@ -109,7 +109,7 @@ class HookPointAdapter(Adapter):
         return self.base.query_index(n)
 
 
-def _hf_config_of_hooked(model: Any, supported: Sequence[str]) -> Any:
+def hooked_hf_config(model: Any, supported: Sequence[str]) -> Any:
     """The Hugging Face config of a HookedTransformer's architecture (``cfg.original_architecture``), with the
     sizes of its ``cfg``: what the family's rules read (width, depth, heads, position table, vocabulary)."""
     from transformers import AutoConfig
@@ -132,87 +132,23 @@ def _hf_config_of_hooked(model: Any, supported: Sequence[str]) -> Any:
     )
 
 
-def _from_transformer_lens(model: Any, kind: str, processor: Any, context_length: int | None) -> LoadedModel:
-    from auditor.models.from_object import IN_MEMORY, _adapter, _label, text_tokenizer
+def tl_model_types() -> list[str]:
+    """The Hugging Face model types whose TransformerLens models can be audited (:data:`TL_FAMILIES`)."""
+    from auditor.models.registry import _ADAPTERS
 
-    if kind == TRANSFORMER_BRIDGE:
-        original = model.original_model
-        family = _adapter(original)
-        config = getattr(original, "base_model", original).config
-        if family.family not in TL_FAMILIES:
-            raise AuditError(
-                f"TransformerBridge around a {config.model_type!r} model: TransformerLens models of the "
-                f"{', '.join(TL_FAMILIES)} family can be audited (hold the Hugging Face model itself, or "
-                "its nnsight wrapper, for the others)"
-            )
-        architecture = type(original).__name__
-    else:
-        from auditor.models.registry import _ADAPTERS
-
-        supported = [t for t, a in _ADAPTERS.items() if getattr(a, "family", None) in TL_FAMILIES]
-        config = _hf_config_of_hooked(model, supported)
-        family = _ADAPTERS[config.model_type]
-        architecture = str(model.cfg.original_architecture)
-    d, depth = int(model.cfg.d_model), int(model.cfg.n_layers)
-    if (d, depth) != (family.width(config), family.depth(config)):
-        raise AuditError(f"{kind}: cfg says d_model = {d}, n_layers = {depth} but its architecture "
-                         f"{family.width(config)}, {family.depth(config)}")
-    name = _label(str(getattr(model.cfg, "model_name", "") or getattr(config, "name_or_path", "") or kind))
-    adapter = HookPointAdapter(family, kind)
-    spec = ModelSpec(name=name, adapter=adapter, source=IN_MEMORY,
-                     description=f"TransformerLens {kind} ({architecture})")
-    n = family.context_length(config, context_length)
-    given = processor if processor is not None else getattr(model, "tokenizer", None)
-    if given is not None:
-        tokenizer = text_tokenizer(given)
-    else:
-        tokenizer, _ = family.make_inputs(ModelSpec(name, family, IN_MEMORY), "random", None, config)
-    if tokenizer.vocab_size > int(model.cfg.d_vocab):
-        raise AuditError(f"the tokenizer has {tokenizer.vocab_size} ids but the model only "
-                         f"{model.cfg.d_vocab} embeddings; pass the tokenizer that belongs to the model")
-    parameter = next(model.parameters(), None)
-    if parameter is None:
-        raise AuditError(f"{kind} has no parameters")
-    return LoadedModel(
-        spec=spec, model=model, n=n, d=d, num_layers=depth, query_index=family.query_index(n),
-        weights=IN_MEMORY, tokenizer_name=tokenizer.name, device=parameter.device, dtype=parameter.dtype,
-        seed=0, tokenizer=tokenizer,
-        details={"weights_source": f"TransformerLens {kind} object", "architecture": architecture,
-                 "weights_dtype": weights_dtype(model.parameters()),
-                 "hook_points": "blocks.0.hook_resid_pre (embedding), blocks.L.hook_resid_post (block.L)"},
-    )
+    return [t for t, a in _ADAPTERS.items() if getattr(a, "family", None) in TL_FAMILIES]
 
 
-# ---------------------------------------------------------------------------------------------------
-# nnsight: the wrapped module
-# ---------------------------------------------------------------------------------------------------
-
-
-def _from_nnsight(model: Any, processor: Any, context_length: int | None) -> LoadedModel:
-    from auditor.models.from_object import from_object
-
+def nnsight_module(model: Any) -> nn.Module:
+    """The torch module an nnsight wrapper holds (``_module``; ``_model`` in nnsight before 0.4)."""
     inner = next((m for m in (getattr(model, "_module", None), getattr(model, "_model", None))
                   if isinstance(m, nn.Module)), None)
     if inner is None:
         raise AuditError(f"{type(model).__name__}: an nnsight object without a torch module inside")
-    if processor is None:
-        processor = getattr(model, "tokenizer", None)
-    loaded = from_object(inner, processor, context_length=context_length)
-    wrapper = type(model).__name__
-    spec = dataclasses.replace(loaded.spec, description=f"nnsight {wrapper} around {type(inner).__name__}")
-    return dataclasses.replace(loaded, spec=spec, details={
-        **loaded.details, "weights_source": f"nnsight {wrapper} object ({type(inner).__name__})"})
+    return inner
 
 
-def from_interp(model: Any, processor: Any = None, *, context_length: int | None = None) -> LoadedModel:
-    """A TransformerLens or nnsight model as a :class:`LoadedModel` ready for extraction (see the module's
-    docstring); an AuditError for an object of these libraries that cannot be audited."""
-    kind = interp_kind(model)
-    if kind == NNSIGHT:
-        return _from_nnsight(model, processor, context_length)
-    if kind in (TRANSFORMER_BRIDGE, HOOKED_TRANSFORMER):
-        return _from_transformer_lens(model, kind, processor, context_length)
-    other = other_tl_model(model)
-    raise AuditError(f"TransformerLens {other}: audited are HookedTransformer and TransformerBridge models "
-                     f"of the {', '.join(TL_FAMILIES)} family" if other else
-                     f"{type(model).__name__} is neither a TransformerLens nor an nnsight model")
+def unsupported(model: Any) -> AuditError:
+    """The one-line error for a TransformerLens object this module does not audit."""
+    return AuditError(f"TransformerLens {type(model).__name__}: audited are HookedTransformer and "
+                      f"TransformerBridge models of the {', '.join(TL_FAMILIES)} family")

@@ -540,18 +540,13 @@ def report_html(result: AuditResult, config: Mapping[str, Any] | None = None, *,
                 svgs: Mapping[str, str] | None = None) -> str:
     """The text of an audit report's ``report.html``, from its rows, depth profile, curves and configuration
     (``config``: what config.json holds; default the result's configuration). ``svgs``: the figures as
-    inline SVG by file name, as :func:`auditor.audit.report.plots.write_plots` gives them; None draws the
-    figures that apply to the result."""
+    inline SVG by file name, as :func:`auditor.audit.report.plots.write_plots` gives them (none: a page
+    without figures)."""
     from auditor.audit.report.tables import stage_table
 
     rows = result.rows
     config = dict(config if config is not None else vars(result.config))
-    if svgs is None:
-        from auditor.audit.report.plots import applicable_plots, palette_of
-
-        palette = palette_of(result)
-        svgs = _figures((name, lambda draw=draw: draw(result, palette))
-                        for name, draw in applicable_plots(result))
+    svgs = dict(svgs or {})
     ok = rows[rows["status"] == "ok"] if not rows.empty else rows
     first = (ok if not ok.empty else rows).iloc[0].to_dict() if not rows.empty else {}
     depth_figures = _figure_row((n, svgs[n]) for n in DEPTH_FIGURES if n in svgs)
