@@ -700,6 +700,9 @@ class _Refiner:
         full = rank == self.src.k
         dependent = bound & ~full  # (a margin the eigenvalues did not resolve: its SVD gives it exactly)
         log_rtol = math.log10(self.rtol) if self.rtol > 0 else -math.inf
+        unresolved = math.inf  # the smallest such bound left as a bound: k x d SVDs cost too much beyond
+        if self.src.k > fast.tuning.TUNING.eigen_max_k and bool(dependent.any()):  # Tuning.eigen_max_k
+            unresolved, dependent = float(margin[dependent].min()), torch.zeros_like(dependent)
 
         def exact_margins() -> torch.Tensor:  # exact margins where known (inf elsewhere)
             out = torch.where(known & ~bound, margin, math.inf)
@@ -723,7 +726,7 @@ class _Refiner:
             lb = torch.where(dependent & self.dep_margin.isnan(), margin, lb)
             candidates = (lb < best).nonzero().flatten()
             if not candidates.numel():
-                return best, False
+                return (best, False) if best <= unresolved else (unresolved, True)
             paid = candidates[self.bracketed[candidates] & self.charged[candidates] & ~dependent[candidates]]
             if paid.numel():  # (their eigenvalues were charged: the SVD completes their spectra)
                 self.exact(paid)
@@ -745,7 +748,7 @@ class _Refiner:
                         self.test_at(candidates[~dependent[candidates]], t)
                         continue
                 # (once one exact margin is known, more candidates than spectra left: not worth trying)
-                return min(best, float(lb[candidates].min())), True
+                return min(best, float(lb[candidates].min()), unresolved), True
             order = candidates[lb[candidates].argsort(stable=True)]
             batch = order[: min(_BATCH, max_spectra - self.spectra)]
             # eigenvalue brackets first: their lower ends settle most candidates for a fraction of an SVD
