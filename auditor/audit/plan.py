@@ -196,7 +196,8 @@ class AuditPlan:
             rtol=config.rtol)
         return cls(
             model=config.model,
-            rows=tuple(_rows(config.representations, config.weights, config.layers)),
+            rows=tuple(_rows(config.representations, config.weights, config.layers,
+                             folder=model_folder(config.model))),
             layers=config.layers,
             sampling=Sampling(data=config.data, samples=config.samples, first=config.first, seed=config.seed,
                               sweep_k=max(config.sweep_ks) if config.sweep and config.sweep_ks else None),
@@ -279,7 +280,8 @@ class AuditPlan:
             shape = architecture(spec, weights, kind, self.context_length(spec, weights))
             if shape is not None:
                 n, d, layers = shape
-                self.check_shape(n=n, d=d, layers=layers, reps=self.representations(reps, layers))
+                self.check_shape(n=n, d=d, layers=layers, reps=self.representations(reps, layers),
+                                 n_set_by=spec.modality)
 
     def check_object(self, loaded: LoadedModel) -> None:
         """As :meth:`check_model`, for a model object (its own weights only)."""
@@ -292,12 +294,14 @@ class AuditPlan:
             other = sorted(set(planned) - {loaded.weights})
             raise AuditError(f"a model object has only its own weights; drop the @{other[0]} pin")
         reps = self.representations(planned[loaded.weights], loaded.num_layers)
-        self.check_shape(n=loaded.n, d=loaded.d, layers=loaded.num_layers, reps=reps)
+        self.check_shape(n=loaded.n, d=loaded.d, layers=loaded.num_layers, reps=reps,
+                         n_set_by=loaded.modality)
 
     def check_shape(self, *, n: int, d: int, layers: int | None = None, reps: list[str] | None = None,
-                    num: int | None = None) -> None:
+                    num: int | None = None, n_set_by: str = "text") -> None:
         """Representations in range, n <= d, and subsets that fit in memory, for a model of this shape
-        (``num``: the examples, default ``--samples`` or the largest default)."""
+        (``num``: the examples, default ``--samples`` or the largest default). ``n_set_by``: what sets n,
+        so that a refusal advises only what the command then accepts (:data:`N_ADVICE`)."""
         if reps:
             from auditor.audit.extract import parse_representation
 
@@ -308,7 +312,7 @@ class AuditPlan:
         check_precision(self.loading.dtype, self.testing.rtol, d)
         if n > d:
             raise AuditError(f"context length n = {n} exceeds the width d = {d} of {self.model}: "
-                             f"Assumption 2 (rank n) is impossible; use --context-length <= {d}")
+                             f"Assumption 2 (rank n) is impossible; {N_ADVICE[n_set_by].format(d=d)}")
         limit = getattr(probes, "max_subsets_in_memory", None)
         if limit is None:
             return
@@ -324,21 +328,46 @@ class AuditPlan:
 
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(AuditConfig)}
+# What a user can do when n > d, by what sets n (each is accepted by the command it names; tests follow each)
+N_ADVICE = {
+    "text": "use --context-length <= {d} (context_length= in Python)",
+    "image": "n is fixed by the image and patch size, and no option changes it: audit a model whose width "
+             "d is at least its n",
+    "tokens": "the token files fix n: extract them again with --context-length <= {d} and --save-tokens",
+    "tensors": "the contexts you gave fix n: give contexts of at most {d} tokens",
+}
 
 
-def _rows(representations: tuple[str, ...], weights: tuple[str, ...], layers: str | None) -> list[Row]:
+def model_folder(model: str) -> str | None:
+    """The model as given when it names a local ``save_pretrained`` folder (not a registered name, not
+    ``timm:``), else None; read from the registry's snapshot, so nothing heavy is imported."""
+    from auditor.audit.model_list import MODELS
+
+    if model in {line.name for line in MODELS} or model.startswith("timm:"):
+        return None
+    return model if Path(model).expanduser().is_dir() else None
+
+
+def _rows(representations: tuple[str, ...], weights: tuple[str, ...], layers: str | None,
+          folder: str | None = None) -> list[Row]:
     """Representation x weights rows. ``block.0@pretrained`` pins one representation to one source.
 
     With ``layers`` every weights source starts with ``embedding`` (its blocks are added once the model's
     block count is known, see :meth:`AuditPlan.representations`) and representations left at their default
-    add nothing.
+    add nothing. ``folder``: the model is this local folder, whose weights are what ``pretrained`` reads;
+    its rows name the folder (the weights it holds may be random: a folder is not "pretrained").
     """
+    def named(w: str) -> str:
+        w = w.strip()
+        return folder if folder is not None and w == "pretrained" else w
+
+    weights = tuple(dict.fromkeys(named(w) for w in weights))
     rows: list[Row] = [Row(EMBEDDING, w) for w in weights] if layers is not None else []
     given = () if layers is not None and representations == DEFAULT_REPRESENTATIONS else representations
     for item in given:
         name, _, pinned = item.partition("@")
-        for w in [pinned] if pinned else weights:
-            row = Row(name.strip(), w.strip())
+        for w in [named(pinned)] if pinned else weights:
+            row = Row(name.strip(), w)
             if row not in rows:
                 rows.append(row)
     return rows

@@ -56,7 +56,7 @@ from auditor.audit.config import (
 from auditor.audit.plan import AuditPlan, Row
 from auditor.audit.report import AuditResult, write_report
 from auditor.audit.report.depth import depth_frame
-from auditor.audit.report.folder import PARTIAL_CSV, ReportFolder, RowStore
+from auditor.audit.report.folder import PARTIAL_CONFIG, PARTIAL_CSV, ReportFolder, RowStore
 from auditor.audit.report.schema import COLUMNS, rows_frame
 from auditor.audit.sources import (
     TokenGroup,
@@ -232,7 +232,7 @@ def audit_tokens(
     item = TokenItem("tokens", tokens.queries, None if contexts is None else tokens.contexts, n_tokens, meta)
     group = TokenGroup(GIVEN, [item], fingerprint([("queries", tokens.queries)] + (
         [] if contexts is None else [("contexts", tokens.contexts)])))
-    plan.check_shape(n=n_tokens, d=tokens.d, num=tokens.N)
+    plan.check_shape(n=n_tokens, d=tokens.d, num=tokens.N, n_set_by="tensors")
     return _run_groups(config, plan, lambda out_path: iter([group]), out=out, progress=progress,
                        clock=clock).rows
 
@@ -386,8 +386,8 @@ def _run_groups(config: AuditConfig, plan: AuditPlan, groups: Callable[[Path | N
         tester = _Tester(plan, test_device, done, clock, progress=progress, per_layer=per_layer,
                          tokens_dir=folder.tokens_dir if saving else None)
         tested = Tested()
+        chunks: list[int] = []  # examples per chunk of each streamed representation
         try:
-            chunks: list[int] = []  # examples per chunk of each streamed representation
             for group in _timed(groups(out_path), clock, per_layer):
                 chunks += [item.contexts.chunk for item in group.items
                            if isinstance(item.contexts, StreamedContexts)]
@@ -401,37 +401,68 @@ def _run_groups(config: AuditConfig, plan: AuditPlan, groups: Callable[[Path | N
             where = (f"; {len(done.records)} finished rows are in {out_path / PARTIAL_CSV}; rerun the same "
                      f"command to resume" if kept else "")
             raise KeyboardInterrupt(f"audit interrupted{where}") from err
-        records = done.records
-        if not any(r.get("status") == "ok" for r in records) and all(
-            r.get("status") == "skipped" for r in records
-        ):
-            reasons = sorted({r["note"] for r in records})
-            raise AuditError(f"nothing could be tested: {reasons[0]}")
-        curves = pd.concat(tested.curves, ignore_index=True) if tested.curves else pd.DataFrame()
-        if not curves.empty:  # sweep.csv carries the same provenance columns as results.csv
-            curves = curves.assign(**{key: curves.get(key, value) for key, value in stamp.items()},
-                                   seed=plan.testing.seed)
-        rows = rows_frame(records, stamp)
-        result = AuditResult(rows=rows, curves=curves, config=config, context_ranks=dict(tested.ranks),
-                             margins=dict(tested.margins), out=out_path,
-                             depth=depth_frame(rows, curves) if per_layer else pd.DataFrame())
-        result.stages = clock.frame()
-        if folder is not None:
-            extra = {
-                "torch_threads": torch.get_num_threads(),
-                **({"contexts": streamed_note(chunks)} if chunks else {}),
-            }
+        except Exception as err:  # after some rows: report them (summary.md, results.csv), then fail
+            finished = sum(r.get("status") == "ok" for r in done.records)
+            if folder is None or not finished:
+                raise
+            message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             try:
-                written = write_report(result, folder.path, extra)
-            except OSError as err:
-                raise AuditError(
-                    f"cannot write the report into {str(folder.path)!r} ({err.strerror or err}); "
-                    f"the finished rows stay in {PARTIAL_CSV}: free some space or fix the folder and "
-                    "rerun to resume"
-                ) from None
-            folder.produced.update(written)
-            folder.tidy(keep)
-        return result
+                _report(config, plan, done, tested, stamp, clock, folder, keep, chunks,
+                        incomplete=message)
+            except Exception:  # noqa: BLE001 - the run's own error is the one to report
+                log.warning("the %d finished rows could not be reported; they stay in %s", finished,
+                            out_path / PARTIAL_CSV)
+                raise err from None
+            note = (f"; the {finished} rows finished before it are reported in {out_path / 'summary.md'} "
+                    f"and results.csv (audit compare reads them; rerun the same command to resume)")
+            if isinstance(err, AuditError):
+                raise AuditError(message + note) from err
+            log.error("audit stopped by an error%s", note)
+            raise
+        return _report(config, plan, done, tested, stamp, clock, folder, keep, chunks)
+
+
+def _report(config: AuditConfig, plan: AuditPlan, done: RowStore, tested: Tested, stamp: dict[str, Any],
+            clock: StageClock, folder: ReportFolder | None, keep: set[Path], chunks: list[int],
+            incomplete: str | None = None) -> AuditResult:
+    """The result of the rows in ``done`` and, with a folder, its report; ``incomplete``: the error that
+    stopped the run after these rows (the report says so, and the rows of the partial file are kept for a
+    resume)."""
+    per_layer = plan.across_depth
+    records = done.records
+    if not any(r.get("status") == "ok" for r in records) and all(
+        r.get("status") == "skipped" for r in records
+    ):
+        reasons = sorted({r["note"] for r in records})
+        raise AuditError(f"nothing could be tested: {reasons[0]}")
+    curves = pd.concat(tested.curves, ignore_index=True) if tested.curves else pd.DataFrame()
+    if not curves.empty:  # sweep.csv carries the same provenance columns as results.csv
+        curves = curves.assign(**{key: curves.get(key, value) for key, value in stamp.items()},
+                               seed=plan.testing.seed)
+    rows = rows_frame(records, stamp)
+    result = AuditResult(rows=rows, curves=curves, config=config, context_ranks=dict(tested.ranks),
+                         margins=dict(tested.margins), out=folder.path if folder is not None else None,
+                         depth=depth_frame(rows, curves) if per_layer else pd.DataFrame(),
+                         incomplete=incomplete)
+    result.stages = clock.frame()
+    if folder is not None:
+        extra = {
+            "torch_threads": torch.get_num_threads(),
+            **({"contexts": streamed_note(chunks)} if chunks else {}),
+            **({"incomplete": incomplete} if incomplete else {}),
+        }
+        try:
+            written = write_report(result, folder.path, extra)
+        except OSError as err:
+            raise AuditError(
+                f"cannot write the report into {str(folder.path)!r} ({err.strerror or err}); "
+                f"the finished rows stay in {PARTIAL_CSV}: free some space or fix the folder and "
+                "rerun to resume"
+            ) from None
+        folder.produced.update(written)
+        partial = {folder.path / PARTIAL_CSV, folder.path / PARTIAL_CONFIG} if incomplete else set()
+        folder.tidy(keep | partial)  # an incomplete run keeps its partial rows for the resume
+    return result
 
 
 @dataclass(frozen=True)

@@ -78,7 +78,7 @@ def read_token_files(plan: AuditPlan) -> list[TokenGroup]:
             "data_source": f"{tok.meta.get('data_source', '')} (tokens read from {file})".strip(),
         }
         item = TokenItem(rep, tok.queries, tok.contexts, tok.n, meta)
-        plan.check_shape(n=tok.n, d=tok.d, num=tok.N)
+        plan.check_shape(n=tok.n, d=tok.d, num=tok.N, n_set_by="tokens")
         groups.append(
             TokenGroup(weights, [item], fingerprint([("contexts", tok.contexts), ("queries", tok.queries)]))
         )
@@ -149,6 +149,12 @@ def load_inputs_for(loaded: LoadedModel, sampling: Sampling, out: Path | None, p
 
     inputs = load_inputs(loaded, sampling.data, sampling.count(loaded.n), seed=sampling.seed,
                          progress=progress, first=sampling.first, exclude=out)
+    if sampling.samples is not None and sampling.samples > inputs.N:  # asked for; the data has fewer
+        text = loaded.modality == "text"
+        what = f"windows of n = {loaded.n} tokens" if text else "readable images"
+        raise AuditError(f"--samples {sampling.samples} asks for more examples than the data gives: "
+                         f"{inputs.N} ({what}) for {loaded.name} @ {loaded.weights}; valid: --samples <= "
+                         f"{inputs.N}, or more data" + (", or a shorter --context-length" if text else ""))
     if sampling.sweep_k is not None and sampling.sweep_k > inputs.N:
         raise AuditError(f"sweep k = {sampling.sweep_k} exceeds the N = {inputs.N} examples loaded; "
                          f"valid: 1 <= k <= {inputs.N} (or load more with --samples)")
@@ -198,13 +204,15 @@ def _passes(loaded: LoadedModel, read: Read, reps: list[str], extraction: Extrac
 
 
 def token_groups(loaded: LoadedModel, reps: list[str], sampling: Sampling, extraction: Extraction,
-                 testing: RunOptions, out: Path | None, progress: bool) -> Iterator[TokenGroup]:
+                 testing: RunOptions, out: Path | None, progress: bool,
+                 read: Read | None = None) -> Iterator[TokenGroup]:
     """The tokens of ``reps`` for the tests: in memory (:func:`extracted_passes`) when every
     representation's fit in the memory budget at once, else streamed (:func:`streamed`, reduced for
-    ``testing``) in one forward pass. Sharded extraction and float64 tokens are always held in memory."""
+    ``testing``) in one forward pass. Sharded extraction and float64 tokens are always held in memory.
+    ``read``: the inputs, when they were read already (else read here)."""
     from auditor.audit.extract import parse_representation, token_bytes
 
-    read = load_inputs_for(loaded, sampling, out, progress)
+    read = read if read is not None else load_inputs_for(loaded, sampling, out, progress)
     names = list(dict.fromkeys(parse_representation(r, loaded.num_layers).name for r in reps))
     each = token_bytes(read.inputs.N, loaded.n, loaded.d, loaded.dtype)
     if (extraction.sharding is not None or loaded.dtype == torch.float64
@@ -297,26 +305,59 @@ def _extract_group(loaded: LoadedModel, read: Read, reps: list[str], extraction:
 
 def model_groups(plan: AuditPlan, spec: ModelSpec, out: Path | None, progress: bool) -> Iterator[TokenGroup]:
     """Per weights source: load the model, extract every representation (in passes that fit the memory
-    budget), let the model go."""
+    budget), let the model go.
+
+    Before the first extraction every weights source's model is loaded and its inputs read (the tokenizer
+    run over the data, the examples counted for N and n) and checked against its shape, last source first,
+    so a tokenizer that makes no tokens or data too short for one source fails before any test of another
+    has run; each of these models is let go at once except the first source's, which is extracted next.
+    The inputs read are the ones tested (random weights are built again from the same seed)."""
     from auditor.models import WeightsUnavailable, load_model
     from auditor.models.base import weights_kind
 
     loading = plan.loading
-    for weights, reps in plan.by_weights().items():
+    sources = list(plan.by_weights().items())
+
+    def load(weights: str) -> LoadedModel | str:
         n = plan.context_length(spec, weights)
         try:
-            loaded = load_model(spec.name, weights, device=loading.device, seed=loading.seed,
-                                context_length=n, trust_remote_code=loading.trust_remote_code,
-                                dtype=loading.dtype, query=loading.query, bos=loading.bos)
+            return load_model(spec.name, weights, device=loading.device, seed=loading.seed,
+                              context_length=n, trust_remote_code=loading.trust_remote_code,
+                              dtype=loading.dtype, query=loading.query, bos=loading.bos)
         except WeightsUnavailable as err:
+            return f"weights unavailable: {err}"
+
+    ready: dict[str, tuple[LoadedModel | None, Read | str]] = {}  # weights -> (model kept, inputs or why not)
+    for index in reversed(range(len(sources))) if len(sources) > 1 else ():
+        weights, reps = sources[index]
+        loaded = load(weights)
+        if isinstance(loaded, str):
+            ready[weights] = (None, loaded)
+            continue
+        plan.check_shape(n=loaded.n, d=loaded.d, layers=loaded.num_layers,
+                         reps=plan.representations(reps, loaded.num_layers), n_set_by=loaded.modality)
+        read = load_inputs_for(loaded, plan.sampling, out, progress)
+        ready[weights] = (loaded if index == 0 else None, read)
+        del loaded
+    for weights, reps in sources:
+        kept, read = ready.pop(weights, (None, None))
+        if isinstance(read, str):
+            loaded = read
+        else:
+            loaded = kept if kept is not None else load(weights)
+        if isinstance(loaded, str):
+            n = plan.context_length(spec, weights)
             shape = architecture(spec, weights, weights_kind(weights), n)
             planned = plan.representations(reps, shape[2]) if shape is not None else reps
-            yield TokenGroup(weights, [], "", skipped=f"weights unavailable: {err}", representations=planned,
+            yield TokenGroup(weights, [], "", skipped=loaded, representations=planned,
                              stage=extraction_stage(weights))
             continue
+        del kept
         reps = plan.representations(reps, loaded.num_layers)  # the block count of e.g. timm: known now
-        plan.check_shape(n=loaded.n, d=loaded.d, layers=loaded.num_layers, reps=reps)
-        yield from token_groups(loaded, reps, plan.sampling, plan.extraction, plan.testing, out, progress)
+        plan.check_shape(n=loaded.n, d=loaded.d, layers=loaded.num_layers, reps=reps,
+                         n_set_by=loaded.modality)
+        yield from token_groups(loaded, reps, plan.sampling, plan.extraction, plan.testing, out, progress,
+                                read=read)
         del loaded
 
 

@@ -42,6 +42,7 @@ class AuditResult:
         depth: the depth profile, one row per weights x depth (columns: :mod:`auditor.audit.report.depth`);
             empty unless the audit ran across depth (``layers``, or two or more ``block.L`` representations).
         out: the report folder, if one was written.
+        incomplete: the error that stopped the run after these rows (None: the run finished).
     """
 
     rows: pd.DataFrame
@@ -52,10 +53,12 @@ class AuditResult:
     stages: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=list(STAGE_COLUMNS)))
     depth: pd.DataFrame = field(default_factory=pd.DataFrame)
     out: Path | None = None
+    incomplete: str | None = None
 
     def __repr__(self) -> str:
         status = self.rows["status"] if "status" in self.rows else pd.Series(dtype=str)
         where = f"; report in {self.out}" if self.out is not None else ""
+        where += f"; INCOMPLETE, stopped by: {self.incomplete}" if self.incomplete else ""
         head = (
             f"AuditResult({self.config.model}: {len(self.rows)} rows, {int((status == 'ok').sum())} tested, "
             f"{int((status == 'skipped').sum())} skipped{where})"

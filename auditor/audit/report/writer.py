@@ -144,9 +144,12 @@ def summary_text(result: AuditResult, plots: list[Path]) -> str:
         wall = float(pd.to_numeric(result.stages["seconds"]).sum())
         took = (f"- rank tests took {test_seconds(result.stages):.1f} s of the run's {wall:.1f} s (the "
                 "test stages and the sum of the time-per-stage table below)")
+    stopped = getattr(result, "incomplete", None)
     lines = [
         f"# Assumption audit: {result.config.model}",
         "",
+        *([f"**Incomplete**: the run stopped after the rows below, with the error: {stopped}. Rerun the "
+           "same command to resume (the finished tests are reused).", ""] if stopped else []),
         table.to_markdown() if not table.empty else "(no rows)",
         "",
         "Each cell gives first the strict statement at the row's rank tolerance (Assumptions 1, 3 and "
