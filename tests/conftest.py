@@ -266,14 +266,44 @@ def brute_kruskal_rank(x: torch.Tensor, rtol: float | None = None) -> int:
     return min(n_vec, d)
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``pytest -m fast`` is the developer's tier: the fast modules' tests that are not also ``slow``.
+TIER_FILE = Path(__file__).parent / "tier.txt"
+TIER_MISSING = pytest.StashKey[list]()  # tier names a full default run did not collect
 
-    (``-m fast`` replaces the default ``-m 'not slow'`` of pyproject.toml, so the slow tests of a fast
-    module are left out here.)"""
-    if config.option.markexpr != "fast":
-        return
-    slow = [item for item in items if item.get_closest_marker("slow")]
-    if slow:
-        config.hook.pytest_deselected(items=slow)
-        items[:] = [item for item in items if not item.get_closest_marker("slow")]
+
+def _tier() -> frozenset[str]:
+    """The node ids of the developer's tier (``tests/tier.txt``, chosen by ``scripts/pick_tier.py`` from
+    the measured durations of a full run)."""
+    lines = TIER_FILE.read_text().splitlines() if TIER_FILE.is_file() else []
+    return frozenset(line.strip() for line in lines if line.strip() and not line.startswith("#"))
+
+
+def _fast_only(config: pytest.Config) -> bool:
+    return config.option.markexpr == "fast"
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """With ``-m fast``, test modules without a tier test are not even imported (collection is most of a
+    small run's time)."""
+    name = collection_path.name
+    if not _fast_only(config) or not name.startswith("test_") or collection_path.suffix != ".py":
+        return None
+    relative = collection_path.resolve().relative_to(Path(config.rootpath).resolve()).as_posix()
+    return None if any(node.startswith(relative + "::") for node in _tier()) else True
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``pytest -m fast`` is the developer's tier: the tests named in ``tests/tier.txt`` get the ``fast``
+    marker, so pytest's own ``-m`` selects them. A full default run also records tier names that no
+    longer name a test (``test_tier_names_collected_tests`` fails on them)."""
+    tier = _tier()
+    for item in items:
+        if item.nodeid in tier:
+            item.add_marker(pytest.mark.fast)
+    if _fast_only(config):  # (the tier alone, whatever a module marks)
+        config.hook.pytest_deselected(items=[item for item in items if item.nodeid not in tier])
+        items[:] = [item for item in items if item.nodeid in tier]
+    whole = not config.args or [Path(a).resolve() for a in config.args] == [Path(__file__).parent.resolve()]
+    if whole and config.option.markexpr == "not slow" and not config.option.keyword:
+        config.stash[TIER_MISSING] = sorted(tier - {item.nodeid for item in items})
+
