@@ -4,6 +4,7 @@
 >>> rows = auditor.audit_model("vit-base", data="../shared/data/imagenet-sample", samples=300, subsets=1000)
 >>> rows = auditor.audit_model(my_vit, my_image_processor,  # a model you hold
 ...                            "../shared/data/imagenet-sample")
+>>> rows = auditor.audit_model(bridge, out="reports/mine")  # TransformerLens or nnsight (extra interp)
 >>> rows = auditor.audit_tokens(contexts, queries)  # tensors you hold: (N, n, d) and (N, d)
 
 Each returns one typed row per representation x test as a pandas DataFrame (integers as ``Int64``,
