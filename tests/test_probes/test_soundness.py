@@ -95,7 +95,9 @@ def pools(draw, extreme: bool = True) -> Pool:
     elif kind == "extreme":
         dtype = "float64"
         count = draw(st.integers(1, n_vec))
-        x[:count] *= 10.0 ** -draw(st.sampled_from([90.0, 120.0, 154.0, 160.0, 170.0, 200.0, 300.0]))
+        x[:count] *= 10.0 ** -draw(st.sampled_from([90.0, 120.0, 154.0, 160.0, 170.0, 200.0, 300.0, 315.0]))
+        if draw(st.booleans()):
+            x[-1] *= 1e300  # (and one vector near the top of float64's range)
         if draw(st.booleans()):
             x[0] = x[-1] * 2.0**-500  # parallel to a normal vector, far below it
     elif kind == "deficient":
