@@ -646,7 +646,8 @@ class _Refiner:
         if a >= 1:
             return math.inf, a, b
         if b <= self.src.k * _F64_EPS:  # below float64 resolution: dependent at every resolvable rtol
-            return 0.0, 0.0, b  # (the bracket still holds the q-th ratio, e.g. 1e-90 of rows 1e-90 apart)
+            # (the bracket still holds the q-th ratio, e.g. 1e-90 of rows 1e-90 apart)
+            return (0.0 if b <= ZERO_LEVEL else math.nan), 0.0, b
         far = a >= self.rtol * _FAR or b <= self.rtol / _FAR
         if a > 0 and b <= a * (1 + (FAR_BRACKET_WIDTH if far else BRACKET_WIDTH)):
             return math.sqrt(a * b), a, b
@@ -834,6 +835,8 @@ def all_dependent_case(rtol: float, ceiling: float, grid: tuple[float, ...] | No
                 high = min(high, t)
         rtol_grid = {float(m): shares[float(m)] for m in grid}  # (in the caller's order)
     critical = math.sqrt(low * high) if low > 0 and high <= low * (1 + BRACKET_WIDTH) else math.nan
+    if high <= ZERO_LEVEL:  # (dependent to within what float64 resolves)
+        critical = 0.0
     return Robustness(margin_bound=margin_bound, critical_rtol=critical, critical_rtol_low=low,
                       critical_rtol_high=high, verdict_margin=verdict_distance(critical, rtol, low, high),
                       rtol_grid=rtol_grid)
