@@ -203,3 +203,60 @@ def test_rtol_grid_cells_parse_from_csv_text_and_dicts():
     assert plots.parse_rtol_grid("0.1:1.0;0.2:0.98") == {0.1: 1.0, 0.2: 0.98}
     assert plots.parse_rtol_grid({10: 0.0, 1: 0.5}) == {1.0: 0.5, 10.0: 0.0}
     assert plots.parse_rtol_grid(float("nan")) is None and plots.parse_rtol_grid("") is None
+
+
+# ---------------------------------------------------------------------------------------------------
+# Titles break between phrases; every margin panel has its ticks; off-panel critical rtol: arrow + value
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("draw", [plots.context_rank_histogram, plots.margin_histogram, plots.rtol_sweep])
+def test_titles_break_between_phrases_never_inside_one(draw):
+    with figure_style():
+        fig = draw(_result())
+    titles = [fig._suptitle.get_text()] if fig._suptitle is not None else []
+    titles += [ax.get_title() for ax in fig.axes]
+    for line in (line for title in titles for line in title.split("\n")):
+        assert line.count("(") == line.count(")"), (line, titles)  # no parenthesis cut in two
+        assert len(line) <= plots.TITLE_WIDTH
+    wrapped = plots._title("vit-base", "rank of each context (Assumption 2: rank n)", 240, 197, 768)
+    assert wrapped.split("\n")[:2] == ["vit-base: rank of each context", "(Assumption 2: rank n)"]
+
+
+def test_every_margin_panel_has_its_own_tick_labels():
+    with figure_style():
+        fig = plots.margin_histogram(_result())
+    fig.canvas.draw()
+    shown = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(shown) == len(REPS)
+    for ax in shown:
+        labels = [t for t in ax.get_xticklabels() if t.get_visible() and t.get_text()]
+        assert labels, ax.get_title()
+
+
+def _critical_rows(critical: float | None, low: float, high: float) -> AuditResult:
+    """Every row with the given critical rtol and bracket (multiples of rtol = 1e-6)."""
+    result = _result()
+    rows = result.rows.assign(critical_rtol=np.nan if critical is None else critical * 1e-6,
+                              critical_rtol_low=low * 1e-6, critical_rtol_high=high * 1e-6)
+    return AuditResult(rows=rows, curves=result.curves, config=result.config)
+
+
+@pytest.mark.parametrize(
+    "critical, low, high, label",
+    [(2e5, 1.9e5, 2.1e5, "2.0e5x"),  # known, far right of the panel
+     (None, 0.0, 2.4e-6, "<= 2.4e-06x"),  # only a bracket, wholly left of it
+     (0.0, 0.0, 0.0, "0")],  # no tolerance resolves it
+)
+def test_a_critical_rtol_beyond_the_panel_is_an_arrow_with_its_value_not_a_sliver(critical, low, high, label):
+    with figure_style():
+        fig = plots.rtol_sweep(_critical_rows(critical, low, high))
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    for ax in panels:
+        assert label in [t.get_text() for t in ax.texts]
+        assert not [line for line in ax.get_lines() if line.get_linewidth() == 3]  # no bracket bar at all
+        xlim = ax.get_xlim()
+        arrows = [line for line in ax.get_lines() if line.get_marker() in ("<", ">")]
+        assert arrows and all(float(line.get_xdata()[0]) in xlim for line in arrows)
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "critical rtol off the panel" in legend

@@ -65,7 +65,7 @@ def kruskal_by_test(table: pd.DataFrame, labels: Mapping[str, str]) -> Figure:
     fig, axes = plt.subplots(
         1,
         len(tests),
-        figsize=(COLUMN_WIDTH, 2.2 + 0.16 * len(keys)),
+        figsize=(COLUMN_WIDTH, 2.9 + 0.2 * len(keys)),
         layout="constrained",
         sharey=True,
         squeeze=False,
@@ -100,8 +100,8 @@ def kruskal_by_test(table: pd.DataFrame, labels: Mapping[str, str]) -> Figure:
             ax.axhline(y, color=REFERENCE_COLOR, lw=0.6)
     axes[0][0].set_yticks(range(len(keys)), [f"{labels.get(r, r)}: {rep}" for r, rep, _ in keys])
     axes[0][0].set_ylim(len(keys) - 0.5, -0.5)
-    fig.suptitle("assumption tests across reports: share of full-rank k-subsets\n(A2: of rank-n contexts; "
-                 "A1, A3: Assumptions 1, 3; general position: k = min(N, d))", fontsize=7)
+    fig.suptitle("assumption tests across reports: the share of\n"
+                 "full-rank k-subsets (A2: of rank-n contexts)", fontsize=7)
     handles = palette.handles(kruskal["representation"], kruskal["weights"])
     for statement in marked:
         marker, size, label = STATEMENT_MARKS[statement]

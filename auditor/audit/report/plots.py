@@ -299,13 +299,15 @@ def margin_histogram(result: AuditResult, palette: Palette | None = None) -> Fig
         ax.set_title(f"{rep}" + (f"\n({note})" if note else ""))
         ax.yaxis.set_major_locator(MaxNLocator(integer=True, nbins=4))
     finish_panels(axes, len(reps), "margin (decades)")
+    for ax in axes.flat[: len(reps)]:  # every panel its own tick labels: a panel above another keeps them
+        ax.xaxis.set_tick_params(labelbottom=True)
     fig.supylabel("contexts (examples)")
     num, n, d = _dims(result.rows)
     fig.suptitle(
         _title(
             result.config.model,
-            "context-rank margins (Assumption 2):\ndecades between the deciding "
-            "singular value and rtol x sigma_max",
+            "context-rank margins (Assumption 2):\ndecades from the deciding singular value\n"
+            "to rtol x sigma_max",
             num,
             n,
             d,
@@ -318,9 +320,10 @@ def margin_histogram(result: AuditResult, palette: Palette | None = None) -> Fig
 
 def rtol_sweep(result: AuditResult, palette: Palette | None = None) -> Figure:
     """Each test's fraction against the multiple of its rtol (log x axis), with the threshold, 1x (the
-    audit's rtol) and each line's critical rtol (where its verdict flips) and proven bracket marked; a
-    bracket end that is open (no positive tolerance proven below, or only the trivial cap rtol < 1 above)
-    ends in an arrow at the edge of the panel.
+    audit's rtol) and each line's critical rtol (where its share crosses the threshold) and proven bracket
+    marked; a bracket end that is open (no positive tolerance proven below, or only the trivial cap rtol < 1
+    above) ends in an arrow at the edge of the panel, and a critical rtol beyond the panel is an arrow at
+    that edge with its value written beside it (:func:`_draw_critical`).
 
     One panel per test (a line per representation @ weights); when there are more than
     :data:`MANY_REPRESENTATIONS` representations (an audit across depth) one panel per representation
@@ -337,7 +340,7 @@ def rtol_sweep(result: AuditResult, palette: Palette | None = None) -> Figure:
     fig, axes = panel_grid(len(panels), sharey=True, top=1.5, per_row=1.45)
     xlim = _sweep_xlim(grids, by_key)
     shown: dict[str, dict[str, None]] = {"reps": {}, "weights": {}, "tests": {}}  # ordered sets
-    brackets = False
+    drawn: set[str] = set()  # "bracket", "beyond": what the legend explains
     for ax, panel in zip(axes.flat, panels, strict=False):
         thresholds = set()
         lines = sorted(
@@ -367,9 +370,9 @@ def rtol_sweep(result: AuditResult, palette: Palette | None = None) -> Figure:
             row = by_key.get((rep, weights, test), {})
             threshold = _float(row.get("threshold"))
             thresholds.add(threshold)
-            brackets |= _draw_critical(
+            drawn.add(_draw_critical(
                 ax, row, style["color"], (0.5 if threshold is None else threshold) + nudge, xlim
-            )
+            ))
         for threshold in thresholds - {None}:
             ax.axhline(threshold, color=REFERENCE_COLOR, ls="--", lw=0.8)
         ax.axvline(1.0, color=REFERENCE_COLOR, ls=":", lw=0.8)
@@ -380,7 +383,7 @@ def rtol_sweep(result: AuditResult, palette: Palette | None = None) -> Figure:
     finish_panels(axes, len(panels), "rtol / the audit's rtol")
     fig.supylabel("fraction (full-rank subsets or rank-n contexts)")
     num, n, d = _dims(result.rows)
-    fig.suptitle(_title(result.config.model, "verdicts against the rank tolerance", num, n, d, _rtol(result)))
+    fig.suptitle(_title(result.config.model, "shares against the rank tolerance", num, n, d, _rtol(result)))
     if per_rep:
         handles = [Line2D([], [], color=TEST_COLORS[t], lw=2, label=TEST_LABELS[t]) for t in shown["tests"]]
         handles += palette.handles([], shown["weights"])
@@ -391,9 +394,12 @@ def rtol_sweep(result: AuditResult, palette: Palette | None = None) -> Figure:
         Line2D([], [], color=REFERENCE_COLOR, ls=":", lw=0.8, label="1x: the audit's rtol"),
         Line2D([], [], ls="", marker="D", ms=4, color="0.6", markeredgecolor="black", markeredgewidth=0.5,
                label="critical rtol (flips)")]
-    if brackets:
+    if "bracket" in drawn:
         handles.append(Line2D([], [], color="0.6", lw=3, alpha=0.5, label="its proven bracket"))
-        handles.append(Line2D([], [], color="0.6", ls="", marker=">", ms=4, label="beyond the panel or open"))
+        handles.append(Line2D([], [], color="0.6", ls="", marker=">", ms=4, label="bracket open or beyond"))
+    if "beyond" in drawn:
+        handles.append(Line2D([], [], color="0.6", ls="", marker=">", ms=4.5, markeredgecolor="black",
+                              markeredgewidth=0.4, label="critical rtol off the panel"))
     legend_below(fig, handles)
     return fig
 
@@ -405,36 +411,62 @@ def _sweep_xlim(grids: Mapping, by_key: Mapping) -> tuple[float, float]:
     return min(xs) / SWEEP_MARGIN, max(xs) * SWEEP_MARGIN
 
 
-def _draw_critical(ax, row: Mapping, color: str, y: float, xlim: tuple[float, float]) -> bool:
-    """The critical rtol (a diamond) and its proven bracket (a bar; an open end as an arrow at the panel's
-    edge) of one row, in multiples of its rtol; True when a bracket was drawn."""
+def _draw_critical(ax, row: Mapping, color: str, y: float, xlim: tuple[float, float]) -> str:
+    """The critical rtol of one row, in multiples of its rtol: inside the panel a diamond (where its value
+    is known) with its proven bracket (a bar; an end beyond the panel or open as an arrow at the edge);
+    beyond the panel, or a bracket wholly beyond it, an arrow at the edge it lies past labelled with the
+    value or bracket (``8.7e-06x``, ``<= 2.4e-06x``, ``0``), and no bar (a bracket clipped to the edge would
+    be a sliver that reads as a value). Returns "bracket" when a bar was drawn, "beyond" when an arrow
+    with its value was, else ""."""
     critical, rtol = _float(row.get("critical_rtol")), _float(row.get("rtol"))
     low, high = _float(row.get("critical_rtol_low")), _float(row.get("critical_rtol_high"))
     if not rtol or (critical is None and (low is None or high is None)):
-        return False  # (critical_rtol is empty where only its bracket is known: the bracket alone is drawn)
-    drawn = False
-    if low is not None and high is not None:
-        left = low / rtol if low > 0 else xlim[0]
-        right = high / rtol if high * (1 + 1e-9) < 1 and math.isfinite(high) else xlim[1]
-        left, right = max(left, xlim[0]), min(right, xlim[1])
+        return ""
+    open_high = high is None or not (high * (1 + 1e-9) < 1 and math.isfinite(high))  # only the cap rtol < 1
+    x = None if critical is None else critical / rtol
+    lo = None if low is None else low / rtol
+    hi = None if open_high else high / rtol
+    if x is not None and not xlim[0] <= x <= xlim[1]:
+        label = "0" if x == 0 else _times(x)
+        return _beyond(ax, x > xlim[1], label, color, y, xlim)
+    if x is None and hi is not None and hi < xlim[0]:  # only a bracket, wholly left of the panel
+        label = f"<= {_times(hi)}" if not lo else f"{_times(lo)}-{_times(hi)}"
+        return _beyond(ax, False, label, color, y, xlim)
+    if x is None and lo is not None and lo > xlim[1]:  # ... wholly right of it
+        return _beyond(ax, True, f">= {_times(lo)}", color, y, xlim)
+    drawn = ""
+    if lo is not None:
+        left = max(lo if lo > 0 else xlim[0], xlim[0])
+        right = min(xlim[1] if hi is None else hi, xlim[1])
         if right >= left:
             ax.plot([left, right], [y, y], color=color, lw=3, alpha=0.5, solid_capstyle="butt", zorder=3)
-            drawn = True
-            if not low > 0 or low / rtol < xlim[0]:
+            drawn = "bracket"
+            if not lo > 0 or lo < xlim[0]:
                 ax.plot(left, y, marker="<", ms=4, color=color, ls="", zorder=3)
-            if not (high * (1 + 1e-9) < 1 and math.isfinite(high)) or high / rtol > xlim[1]:
+            if hi is None or hi > xlim[1]:
                 ax.plot(right, y, marker=">", ms=4, color=color, ls="", zorder=3)
-    if critical is None:
-        return drawn
-    x = critical / rtol
-    if xlim[0] <= x <= xlim[1]:
-        ax.plot(
-            x, y, marker="D", ms=4, ls="", markeredgecolor="black", markeredgewidth=0.5, color=color, zorder=4
-        )
-    elif not drawn and x > 0:  # beyond the panel, no bracket drawn: an arrow at the edge says which way
-        ax.plot(xlim[1] if x > xlim[1] else xlim[0], y, marker=">" if x > xlim[1] else "<", ms=4, color=color,
-                ls="", zorder=3)
+    if x is not None:
+        ax.plot(x, y, marker="D", ms=4, ls="", markeredgecolor="black", markeredgewidth=0.5, color=color,
+                zorder=4)
     return drawn
+
+
+def _times(x: float) -> str:
+    """A multiple of rtol for a label: ``8.7e-06x``, ``0.45x``, ``830x``, ``2.0e5x``."""
+    if 10 <= x < 1e4:
+        return f"{x:.0f}x"
+    return f"{x:.2g}x" if 0.01 <= x < 10 else f"{x:.1e}x".replace("e+0", "e").replace("e+", "e")
+
+
+def _beyond(ax, right: bool, label: str, color: str, y: float, xlim: tuple[float, float]) -> str:
+    """An arrow at the panel's right (or left) edge, pointing out, with ``label`` written inside beside it."""
+    edge = xlim[1] if right else xlim[0]
+    ax.plot(edge, y, marker=">" if right else "<", ms=4.5, color=color, ls="", markeredgecolor="black",
+            markeredgewidth=0.4, zorder=4, clip_on=False)
+    ax.annotate(label, (edge, y), xytext=(-5 if right else 5, -4), textcoords="offset points",
+                ha="right" if right else "left", va="top", fontsize=5.5, color=color, zorder=5,
+                bbox={"boxstyle": "square,pad=0.1", "facecolor": "white", "edgecolor": "none", "alpha": 0.85})
+    return "beyond"
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -755,11 +787,40 @@ def _rtol(result: AuditResult) -> str:
 
 
 def _title(model: str, what: str, num: int | None, n: int | None, d: int | None, rtol: str = "") -> str:
-    """Model, what is shown, the sizes and the tolerance; lines wrapped to fit a column (a model given
-    as a long folder path is broken, not clipped)."""
+    """Model, what is shown, the sizes and the tolerance; lines wrapped to fit a column between phrases,
+    never inside a parenthesis or between words of one phrase (a model given as a long folder path is
+    broken, not clipped)."""
     dims = ", ".join(f"{name} = {v}" for name, v in (("N", num), ("n", n), ("d", d)) if v is not None)
     text = f"{model}: {what}\n{dims}" + (f"\n{rtol}" if rtol else "")
-    return "\n".join(textwrap.fill(line, TITLE_WIDTH) for line in text.split("\n"))
+    return "\n".join(wrapped for line in text.split("\n") for wrapped in _phrase_lines(line, TITLE_WIDTH))
+
+
+def _phrases(line: str) -> list[str]:
+    """``line`` cut after ``:``, ``;`` and ``,`` and before ``(``, outside parentheses only."""
+    out, depth, start = [], 0, 0
+    for i, char in enumerate(line):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth == 0 and char in ":;," and line[i + 1 : i + 2] == " ":
+            out.append(line[start : i + 1])
+            start = i + 2
+        elif depth == 1 and char == "(" and i > start and line[i - 1] == " ":
+            out.append(line[start : i - 1])
+            start = i
+    return [p for p in (*out, line[start:]) if p]
+
+
+def _phrase_lines(line: str, width: int) -> list[str]:
+    """``line`` packed into lines of at most ``width`` characters, whole phrases (:func:`_phrases`) kept
+    together; only a phrase longer than ``width`` is broken between words (a long path at any character)."""
+    lines: list[str] = []
+    for phrase in _phrases(line):
+        if lines and len(lines[-1]) + 1 + len(phrase) <= width:
+            lines[-1] += " " + phrase
+        elif len(phrase) <= width:
+            lines.append(phrase)
+        else:
+            lines += textwrap.wrap(phrase, width, break_long_words=True, break_on_hyphens=False)
+    return lines or [""]
 
 
 def _sampled_subsets(curves: pd.DataFrame) -> int | None:
