@@ -177,7 +177,7 @@ def test_a_share_that_meets_its_threshold_never_hides_its_witness():
     assert statement(row) == "refuted"
     words = statement_words(row)
     assert words.startswith("refuted: Kruskal rank < 3") and "1 2 5" in words and "holds" not in words
-    assert share_words(row) == "99.5% of all 220 3-subsets full rank; threshold 0.99, met"
+    assert share_words(row) == "99.5% of all 3-subsets full rank (220 enumerated); threshold 0.99, met"
     proven = {**row, "holds": None, "share_meets_threshold": True, "fraction": 1.0, "witness": None,
               "krank_lower": 4, "krank_upper": None, "rank_counts": "3:5000", "exhaustive": False}
     assert statement(proven) == "proven" and "certified >= 4" in statement_words(proven)

@@ -48,7 +48,7 @@ PAGE_LIMIT = 5 * 2**20  # bytes: a page stays small enough to send as an attachm
 REFUTED, PROVEN, NOT_DECIDED = "refuted", "proven", "not decided"
 ROBUST_FACTOR = 3.0  # a share's verdict is robust when it survives this factor of change in rtol either way
 FIGURE_SCALE = 1.4  # a figure's size on the page, relative to its size in print
-WITNESS_SHOWN = 24  # indices of a witness printed in a cell (all of them are in results.csv)
+WITNESS_SHOWN = 12  # indices of a witness printed in a cell (all of them are in results.csv)
 
 # ---------------------------------------------------------------------------------------------------
 # Reading a row
@@ -186,14 +186,27 @@ def share_words(row: Mapping[str, Any]) -> str:
             return f"{round(fraction * num)}/{num} contexts of rank n{tail}"
         return f"{percent(fraction)} of contexts of rank n{tail}"
     k, tested = _int(row.get("k")), _tested(row)
+    if _bool(row.get("exhaustive")):
+        enumerated = f" ({tested} enumerated)" if tested else ""
+        return f"{percent(fraction)} of all {k}-subsets full rank{enumerated}{tail}"
     count = f"{tested} " if tested else ""
-    which = f"all {count}" if _bool(row.get("exhaustive")) else f"{count}sampled "
-    return f"{percent(fraction)} of {which}{k}-subsets full rank{tail}"
+    return f"{percent(fraction)} of {count}sampled {k}-subsets full rank{tail}"
 
 
 def skipped_words(row: Mapping[str, Any]) -> str:
+    """Why a row was not tested, in full (its note)."""
     note = "" if _missing(row.get("note")) else str(row.get("note"))
     return "skipped" + (f": {note}" if note else "")
+
+
+def skipped_short(row: Mapping[str, Any]) -> str:
+    """Why a row was not tested, in a few words for a table cell (the full note is listed under the table)."""
+    note = "" if _missing(row.get("note")) else str(row.get("note"))
+    if note.startswith("weights unavailable"):
+        return "skipped: no weights"
+    if note.startswith("N = "):
+        return "skipped: N < k"
+    return "skipped"
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -339,7 +352,8 @@ thead th { position: sticky; top: 0; background: #f6f8fa; z-index: 1; }
 tbody th { background: #fafbfc; white-space: nowrap; font-weight: 600; }
 td.refuted { background: var(--refuted); } td.proven { background: var(--proven); }
 td.not-decided { background: var(--open); } td.skipped { color: #666; font-style: italic; }
-.statement { font-weight: 600; display: block; } .share { display: block; color: #333; }
+.statement { display: block; } .evidence { color: #333; font-size: 12px; }
+.share { display: block; color: #333; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 .figures { display: flex; flex-wrap: wrap; gap: 1em 2em; align-items: flex-start; }
 figure.plot { margin: 1em 0; max-width: 100%; }
@@ -378,14 +392,21 @@ def _verdict_cell(row: Mapping[str, Any], report: str = "") -> str:
     attrs = (f'data-report="{_e(report)}" data-representation="{_e(row.get("representation"))}" '
              f'data-weights="{_e(row.get("weights"))}" data-test="{_e(row.get("test"))}"')
     if row.get("status") != "ok" or _float(row.get("fraction")) is None:
-        return f'<td class="skipped" {attrs} data-statement="">{_e(skipped_words(row))}</td>'
+        return (f'<td class="skipped" {attrs} data-statement="" title="{_e(skipped_words(row))}">'
+                f"{_e(skipped_short(row))}</td>")
     said = statement(row) or ""
     css = said.replace(" ", "-")
     return (f'<td class="{css}" {attrs} data-statement="{_e(said)}"'
             f' data-fraction="{_num_attr(row.get("fraction"))}"'
             f' data-threshold="{_num_attr(row.get("threshold"))}" data-k="{_e(_int(row.get("k")))}">'
-            f'<span class="statement">{_e(statement_words(row))}</span>'
+            f'<span class="statement">{_statement_html(statement_words(row))}</span>'
             f'<span class="share">{_e(share_words(row))}</span></td>')
+
+
+def _statement_html(words: str) -> str:
+    """The statement in bold, its evidence (in parentheses) in plain text."""
+    claim, sep, evidence = words.partition(" (")
+    return f"<b>{_e(claim)}</b>" + (f" <span class=\"evidence\">({_e(evidence)}</span>" if sep else "")
 
 
 def verdict_table(rows: pd.DataFrame, report: str = "", label: Callable[[Mapping], str] = _row_label) -> str:
@@ -399,8 +420,11 @@ def verdict_table(rows: pd.DataFrame, report: str = "", label: Callable[[Mapping
         f"<tr><th>{_e(name)}</th>" + "".join(by_test.get(t, "<td></td>") for t in tests) + "</tr>"
         for name, by_test in cells.items()
     )
+    skipped = sorted({skipped_words(r) for r in rows.to_dict("records") if r.get("status") != "ok"})
+    notes = (f'<p class="note">Not tested: {"; ".join(_e(n.removeprefix("skipped: ")) for n in skipped)}</p>'
+             if skipped else "")
     return (f'<div class="scroll"><table class="verdicts" data-report="{_e(report)}"><thead><tr>'
-            f"<th>representation @ weights</th>{head}</tr></thead><tbody>{body}</tbody></table></div>")
+            f"<th>representation @ weights</th>{head}</tr></thead><tbody>{body}</tbody></table></div>{notes}")
 
 
 def robustness_table(rows: pd.DataFrame) -> str:
@@ -415,7 +439,7 @@ def robustness_table(rows: pd.DataFrame) -> str:
                         for key in ("critical_rtol", "critical_rtol_low", "critical_rtol_high", "rtol"))
         cells.setdefault(_row_label(row), {})[str(row["test"])] = (
             f'<td data-representation="{_e(row["representation"])}" data-weights="{_e(row["weights"])}" '
-            f'data-test="{_e(row["test"])}"{attrs}><span class="statement">{_e(where)}</span>'
+            f'data-test="{_e(row["test"])}"{attrs}><span class="statement"><b>{_e(where)}</b></span>'
             f'<span class="share">{_e(label)}</span></td>')
     if not cells:
         return ""
