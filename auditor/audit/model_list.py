@@ -87,6 +87,12 @@ def registry_lines() -> tuple[ModelLine, ...]:
     return tuple(lines)
 
 
+# How documents name each family of the registry (README, docs/auditor.md, audit_model's docstring);
+# tests/test_docs_figures.py holds its keys to the registry's families and each name to those documents.
+FAMILY_NAMES = {"vit": "ViT", "bert": "BERT", "gpt2": "GPT-2", "decoder": "decoder LLMs", "dinov2": "DINOv2",
+                "clip": "CLIP", "siglip": "SigLIP"}
+
+
 def families(lines: tuple[ModelLine, ...] = MODELS) -> list[str]:
     """The families of the registered names, in the order of their first name."""
     return list(dict.fromkeys(line.family for line in lines))

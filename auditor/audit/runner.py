@@ -149,9 +149,11 @@ def audit_model(model: str | torch.nn.Module = "vit-base", processor: object = N
     """Run the assumption audit of ``model``; return one typed row per representation x test.
 
     Args:
-        model: a registered name (``vit-base``, ``gpt2``, ...; see ``audit models``), a hub id, a
-            save_pretrained folder, ``timm:<name>``, or a transformers model object of the ViT, BERT or
-            GPT-2 family that you hold (its weights are audited as ``weights = "in-memory"``).
+        model: a registered name of any family: ViT, BERT, GPT-2, decoder LLMs (Llama, Qwen, Mistral,
+            Gemma, Phi), DINOv2, CLIP, SigLIP (``vit-base``, ``gpt2``, ``llama-3.2-1b``, ...; ``audit models``
+            lists them), a hub id or save_pretrained folder of these types, ``timm:<name>``, or a
+            transformers model object of the ViT, BERT or GPT-2 family that you hold (its weights are
+            audited as ``weights = "in-memory"``).
         processor: for a model object, its image processor or tokenizer (None: the family's default).
         data: image folder, .txt file or folder, ``hf:<dataset>``, or None for the bundled sample.
         out: folder for the report (results.csv, summary.md, plots); None writes nothing.

@@ -134,3 +134,18 @@ def test_compare_states_the_statement_and_what_each_report_measured(planted, tmp
     assert "holds" not in markdown
     described = r"\| tensors +\| tensors +\| tensors given to audit_tokens +\| 12 +\| 3 +\| 6 +\| given "
     assert re.search(described, markdown)
+
+
+def test_the_summarys_test_seconds_are_its_stage_tables(planted):
+    """"rank tests took X s of the run's W s" is read off the time-per-stage table of the same page."""
+    _, out = planted
+    summary = (out / "summary.md").read_text()
+    found = re.search(r"rank tests took ([\d.]+) s of the run's ([\d.]+) s", summary)
+    took, wall = map(float, found.groups())
+    table = summary[summary.index("## Time per stage"):]
+    stages = dict(re.findall(r"^\| ([^|]+?) +\| ([\d.]+) +\|", table, flags=re.MULTILINE))
+    tests = sum(float(s) for name, s in stages.items() if name.split(" ")[0] in
+                ("assumption1", "assumption2", "assumption3", "general_position"))
+    slack = 0.005 * len(stages) + 0.05  # each stage printed to 0.01 s, each total to 0.1 s
+    assert tests == pytest.approx(took, abs=slack) and sum(map(float, stages.values())) == pytest.approx(
+        wall, abs=slack)
