@@ -91,7 +91,8 @@ def _ints(value: str | None) -> tuple[int, ...] | None:
     "--robustness/--no-robustness",
     default=_D["robustness"],
     show_default=True,
-    help="Say how much each verdict depends on the rank tolerance: the tolerance at which it flips, "
+    help="Say how much each share's comparison with its threshold depends on the rank tolerance: the "
+    "tolerance at which it flips, "
     "the fraction from 0.1x to 10x rtol, and the exact smallest margin (costs about one to three "
     "more factorisation passes per test).",
 )
@@ -109,7 +110,9 @@ def _ints(value: str | None) -> tuple[int, ...] | None:
     "--tests", default=",".join(_D["tests"]), show_default=True, help="Which assumption tests to run."
 )
 @click.option("--threshold", type=float, default=_D["threshold"], show_default=True,
-              help="Share of full-rank subsets needed for an assumption to hold.")
+              help="Share of full-rank k-subsets a Kruskal test's share is compared with "
+                   "(share_meets_threshold; Assumption 2 compares with 1, every context). A share is no "
+                   "proof: each row states first whether a witness refutes Kruskal rank >= k.")
 @click.option("--rtol", type=float, default=_D["rtol"],
               help=f"Relative rank tolerance: a singular value counts when it exceeds rtol x sigma_max "
                    f"(default: {RTOL_RULE}).")
