@@ -143,6 +143,22 @@ def test_the_audit_page_holds_the_numbers_of_results_csv(deep_report):
     assert "<script" not in page and not re.search(r'(src|href)="(https?:)?//', page)  # nothing to fetch
     for target in re.findall(r'href="([^"#][^"]*)"', page):
         assert (deep_report / target).is_file(), target
+    robust = {(m.group(1), m.group(2)): m.group(0) for m in re.finditer(
+        r'<td data-representation="([^"]*)" data-weights="[^"]*" data-test="([^"]*)"[^>]*>', page)}
+    bounds = {(m.group(1), m.group(2)): (m.group(3), m.group(4)) for m in re.finditer(
+        r'<tr data-representation="([^"]*)" data-test="([^"]*)">'
+        r'.*?data-lower="([^"]*)".*?data-upper="([^"]*)"', page)}
+    for row in rows:  # the critical tolerances and the two-sided bounds, as results.csv holds them
+        key = (row["representation"], row["test"])
+        for column in ("critical_rtol", "critical_rtol_low", "critical_rtol_high"):
+            if key not in robust:  # no tolerance analysis for this row
+                assert row[column] == "", (key, column)
+                continue
+            shown = re.search(f'data-{column.replace("_", "-")}="([^"]*)"', robust[key]).group(1)
+            assert (shown == "" and row[column] == "") or float(shown) == float(row[column]), (key, column)
+        if row["test"] == "assumption1":
+            assert bounds[key] == tuple(str(int(float(row[c]))) if row[c] else "" for c in
+                                        ("krank_lower", "krank_upper")), key
     depth = pd.read_csv(deep_report / "depth.csv")
     for row in depth.to_dict("records"):  # the depth table: every depth with its certified lower bound
         assert f"<th>{row['representation']}</th>" in page
