@@ -178,6 +178,19 @@ def test_the_compare_page_holds_each_reports_numbers(compare_page, deep_report):
     assert (compare_page / "report.html").stat().st_size < PAGE_LIMIT
 
 
+def test_a_committed_report_from_before_the_page_compares_without_a_dead_link(tmp_path):
+    """A reference report written before report.html (and before the statement column) gets a compare page
+    whose statements are derived from its rows and whose links all resolve."""
+    reference = Path(__file__).resolve().parents[2] / "reports" / "gpt2-wikitext2"
+    compare([reference], tmp_path / "cmp", plots=False)
+    page = (tmp_path / "cmp" / "report.html").read_text()
+    for target in re.findall(r'href="([^"#][^"]*)"', page):
+        assert (tmp_path / "cmp" / target).is_file(), target
+    label = re.search(r'<table class="verdicts" data-report="([^"]*)"', page).group(1)
+    assert _check_numbers(page, reference, label) > 0
+    assert "holds" not in page
+
+
 # ---------------------------------------------------------------------------------------------------
 # The wording, on rows made to contradict themselves
 # ---------------------------------------------------------------------------------------------------

@@ -655,10 +655,12 @@ def compare_html(table: pd.DataFrame, reports: Sequence[Any], out: Path, *, figu
         first = (ok if not ok.empty else rows).iloc[0].to_dict()
         shape = ", ".join(f"{c} = {_int(first.get(c))}" for c in ("N", "n", "d"))
         weights = ", ".join(dict.fromkeys(map(str, rows["weights"])))
+        page = (f'<a href="{_e(link)}/report.html">its page</a>, ' if (folder / PAGE).is_file()
+                else "")  # a report written before report.html has none
         parts.append(
             f'<h3 id="r{len(parts)}">{_e(report.label)}</h3><p class="note">{_e(shape)}; data: '
-            f"{_e(first.get('data_source'))}; weights: {_e(weights)} (<a href=\"{_e(link)}/report.html\">its "
-            f'page</a>, <a href="{_e(link)}/results.csv">results.csv</a>)</p>'
+            f"{_e(first.get('data_source'))}; weights: {_e(weights)} ({page}"
+            f'<a href="{_e(link)}/results.csv">results.csv</a>)</p>'
             + (verdict_table(ok, report.label) if not ok.empty else "") + folded)
         listing.append((report.label, str(folder)))
     svgs: dict[str, str] = {}
