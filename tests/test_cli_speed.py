@@ -10,7 +10,8 @@ import sys
 import click
 import pytest
 
-from auditor.audit.model_list import MODELS, registry_lines
+from auditor.audit.model_list import MODELS
+from auditor.audit.model_snapshot import registry_lines
 from auditor.cli import _DEFAULT_TARGET, SHORT_HELP, SUBCOMMANDS, _load
 
 HEAVY = ("torch", "transformers", "pandas", "probes", "matplotlib", "scipy")
@@ -37,4 +38,4 @@ def test_the_declared_short_help_is_each_commands_own():
 
 
 def test_the_models_snapshot_is_the_registry():
-    assert registry_lines() == MODELS, "run `python -m auditor.audit.model_list` to write the snapshot again"
+    assert registry_lines() == MODELS, "write it again: python -m auditor.audit.model_snapshot"

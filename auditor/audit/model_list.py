@@ -1,15 +1,15 @@
 """``audit models``: the registered model names, from a snapshot of the registry kept beside it.
 
 Listing the registry itself imports every family's adapter, with torch and transformers (seconds); the
-listing reads :data:`MODELS` instead, a snapshot of what :func:`registry_lines` derives from the registry
-(name, family, modality, the n an audit with no options uses, the width d, the hub source, the
-description). ``tests/test_cli_speed.py`` holds the snapshot equal to the registry, so a model added to
-the registry fails that test until ``python -m auditor.audit.model_list`` writes the snapshot again.
+listing reads :data:`MODELS` instead, a snapshot of what
+:func:`auditor.audit.model_snapshot.registry_lines` derives from the registry (name, family, modality, the n
+an audit with no options uses, the width d, the hub source, the description). ``tests/test_cli_speed.py``
+holds the snapshot equal to the registry, so a model added to the registry fails that test until
+``python -m auditor.audit.model_snapshot`` writes the snapshot again. This module imports nothing but click.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import NamedTuple
 
 import click
@@ -27,7 +27,7 @@ class ModelLine(NamedTuple):
     description: str
 
 
-# BEGIN SNAPSHOT (written by `python -m auditor.audit.model_list`; do not edit by hand)
+# BEGIN SNAPSHOT (written by `python -m auditor.audit.model_snapshot`; do not edit by hand)
 MODELS: tuple[ModelLine, ...] = (
     ModelLine('bert-base', 'bert', 'text', 256, 768, 'google-bert/bert-base-uncased',
               'BERT-base uncased; paper n = 512'),
@@ -40,25 +40,25 @@ MODELS: tuple[ModelLine, ...] = (
     ModelLine('dinov2-reg-base', 'dinov2', 'image', 261, 768, 'facebook/dinov2-with-registers-base',
               'DINOv2 ViT-B/14 with 4 registers (in the context); n = 261'),
     ModelLine('gemma-2-2b', 'decoder', 'text', 64, 2304, 'google/gemma-2-2b',
-              'Gemma 2 2B (d 2304, 26 blocks); n = 64'),
+              'Gemma 2 2B (d 2304, 26 blocks)'),
     ModelLine('gpt2', 'gpt2', 'text', 256, 768, 'openai-community/gpt2',
               'GPT-2 small (124M); n = 256'),
     ModelLine('gpt2-large', 'gpt2', 'text', 128, 1280, 'openai-community/gpt2-large',
               'GPT-2 large; paper A at n = 1024'),
     ModelLine('llama-3.1-8b', 'decoder', 'text', 32, 4096, 'meta-llama/Llama-3.1-8B',
-              'Llama 3.1 8B (d 4096, 32 blocks); n = 32'),
+              'Llama 3.1 8B (d 4096, 32 blocks)'),
     ModelLine('llama-3.2-1b', 'decoder', 'text', 128, 2048, 'meta-llama/Llama-3.2-1B',
-              'Llama 3.2 1B (d 2048, 16 blocks); n = 128'),
+              'Llama 3.2 1B (d 2048, 16 blocks)'),
     ModelLine('minilm', 'bert', 'text', 128, 384, 'sentence-transformers/all-MiniLM-L6-v2',
               'MiniLM-L6; n = 128; real weights offline'),
     ModelLine('mistral-7b', 'decoder', 'text', 32, 4096, 'mistralai/Mistral-7B-v0.1',
-              'Mistral 7B v0.1 (d 4096, 32 blocks); n = 32'),
+              'Mistral 7B v0.1 (d 4096, 32 blocks)'),
     ModelLine('phi-3-mini', 'decoder', 'text', 64, 3072, 'microsoft/Phi-3-mini-4k-instruct',
-              'Phi-3 mini 4k (d 3072, 32 blocks); n = 64'),
+              'Phi-3 mini 4k (d 3072, 32 blocks)'),
     ModelLine('qwen2.5-0.5b', 'decoder', 'text', 128, 896, 'Qwen/Qwen2.5-0.5B',
-              'Qwen2.5 0.5B (d 896, 24 blocks); n = 128'),
+              'Qwen2.5 0.5B (d 896, 24 blocks)'),
     ModelLine('qwen3-0.6b', 'decoder', 'text', 128, 1024, 'Qwen/Qwen3-0.6B-Base',
-              'Qwen3 0.6B (d 1024, 28 blocks); n = 128'),
+              'Qwen3 0.6B (d 1024, 28 blocks)'),
     ModelLine('siglip-base', 'siglip', 'image', 196, 768, 'google/siglip-base-patch16-224',
               'SigLIP B/16 vision tower, query = patch mean (--query); n = 196'),
     ModelLine('vit-base', 'vit', 'image', 197, 768, 'google/vit-base-patch16-224-in21k',
@@ -69,22 +69,6 @@ MODELS: tuple[ModelLine, ...] = (
               'ViT-L/16 in21k; n = 197'),
 )
 # END SNAPSHOT
-
-
-def registry_lines() -> tuple[ModelLine, ...]:
-    """The lines of every registered name, derived from the registry (imports the model families)."""
-    from auditor.audit.config import AuditConfig
-    from auditor.audit.plan import AuditPlan, architecture
-    from auditor.models import known_models, resolve
-
-    plan = AuditPlan.of(AuditConfig())
-    lines = []
-    for name in known_models():
-        spec = resolve(name)
-        shape = architecture(spec, "random", "random", plan.context_length(spec, "random"))
-        n, d = (None, None) if shape is None else (shape[0], shape[1])
-        lines.append(ModelLine(name, spec.family, spec.modality, n, d, spec.source, spec.description))
-    return tuple(lines)
 
 
 # How documents name each family of the registry (README, docs/auditor.md, audit_model's docstring);
@@ -98,28 +82,6 @@ def families(lines: tuple[ModelLine, ...] = MODELS) -> list[str]:
     return list(dict.fromkeys(line.family for line in lines))
 
 
-def snapshot_text(lines: tuple[ModelLine, ...]) -> str:
-    """The Python text of :data:`MODELS` holding ``lines``."""
-    body = "".join(
-        f"    ModelLine({line.name!r}, {line.family!r}, {line.modality!r}, {line.n!r}, {line.d!r}, "
-        f"{line.source!r},\n              {line.description!r}),\n"
-        for line in lines
-    )
-    return f"MODELS: tuple[ModelLine, ...] = (\n{body})\n"
-
-
-def write_snapshot(path: Path = Path(__file__)) -> bool:
-    """Write the registry's lines into this module's snapshot; True when it changed."""
-    text = path.read_text()
-    begin, end = "# BEGIN SNAPSHOT", "# END SNAPSHOT"
-    head, rest = text.split(begin, 1)
-    marker, tail = rest.split(end, 1)
-    new = head + begin + marker.split("\n", 1)[0] + "\n" + snapshot_text(registry_lines()) + end + tail
-    if new != text:
-        path.write_text(new)
-    return new != text
-
-
 @click.command("models")
 def models_command() -> None:
     """List the registered model names (any hub id or timm:<name> works too), each with the context length n
@@ -127,8 +89,3 @@ def models_command() -> None:
     for line in MODELS:
         shown = f"n = {line.n}" if line.n is not None else ""
         click.echo(f"{line.name:15s} {line.family:7s} {shown:8s} {line.source:45s} {line.description}")
-
-
-if __name__ == "__main__":
-    changed = write_snapshot()
-    click.echo("snapshot written" if changed else "snapshot already matches the registry", err=True)

@@ -19,6 +19,7 @@ from auditor.audit.report.style import (  # noqa: E402
     COLUMN_WIDTH,
     OTHER_COLORS,
     REFERENCE_COLOR,
+    STATEMENT_MARKS,
     Palette,
     finish_panels,
     legend_below,
@@ -32,9 +33,7 @@ if TYPE_CHECKING:
 
 SHORT_TITLES = {"assumption2": "A2\nrank n", "assumption1": "A1\nk = n", "assumption3": "A3\nk = n",
                 "general_position": "gen.\npos."}  # four panels in 3.5 inches
-# the strict statement of a row, marked over its fraction: (marker, size, label)
-STATEMENT_MARKS = {"refuted": ("x", 5, "statement refuted (witness)"),
-                   "proven": ("o", 7, "statement proven (certified)")}
+
 DEPTH_PANELS = {  # depth.csv column -> y label (with its unit), drawn when a report has it
     "krank_lower": "Kruskal rank K\n(vectors)",  # the proven interval, with the sampled estimate in it
     "assumption2_fraction": "Assumption 2\nfraction",

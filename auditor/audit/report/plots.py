@@ -45,6 +45,7 @@ from auditor.audit.report.style import (  # noqa: E402
     COLUMN_WIDTH,
     DPI,
     REFERENCE_COLOR,
+    STATEMENT_MARKS,
     Palette,
     figure_style,
     finish_panels,
@@ -594,19 +595,27 @@ def depth_geometry(result: AuditResult, palette: Palette | None = None) -> Figur
 
 
 def depth_fractions(result: AuditResult, palette: Palette | None = None) -> Figure:
-    """The fraction of each test against depth (one panel per test), the threshold marked."""
+    """The fraction of each test against depth (one panel per test), the threshold marked, and each
+    point's strict statement: a cross where a witness refutes it, a ring where it is proven."""
     palette = palette or palette_of(result)
     depth = depth_frame(result)
     weights_list = list(dict.fromkeys(depth["weights"]))
     tests = _fraction_tests(depth)
     fig, axes = panel_grid(len(tests), sharey=True)
+    marked: dict[str, None] = {}
     for ax, test in zip(axes.flat, tests, strict=False):
         threshold = _threshold(result, test)
         for weights, frame in depth.groupby("weights", sort=False):
             frame = frame.sort_values("depth")
-            _depth_line(
-                ax, palette, frame, _dodge(frame, weights_list), _num(frame[f"{test}_fraction"]), weights
-            )
+            xs, ys = _dodge(frame, weights_list), _num(frame[f"{test}_fraction"])
+            _depth_line(ax, palette, frame, xs, ys, weights)
+            statements = frame.get(f"{test}_statement", pd.Series(index=frame.index, dtype=object))
+            for x, y, statement in zip(xs, ys, statements, strict=True):
+                if isinstance(statement, str) and statement in STATEMENT_MARKS and not math.isnan(y):
+                    marker, size, _ = STATEMENT_MARKS[statement]
+                    marked[statement] = None
+                    ax.plot(x, y, ls="", marker=marker, ms=size, markerfacecolor="none",
+                            markeredgecolor="black", markeredgewidth=0.6, zorder=4)
         if threshold is not None:
             ax.axhline(threshold, color=REFERENCE_COLOR, ls="--", lw=0.8)
         ax.set_title(TEST_LABELS[test])
@@ -618,6 +627,10 @@ def depth_fractions(result: AuditResult, palette: Palette | None = None) -> Figu
     fig.suptitle(_title(_model(result, depth), "test fractions by depth", num, n, d, _rtol(result)))
     handles = palette.handles(depth["representation"], depth["weights"], compact=True)
     handles.append(Line2D([], [], color=REFERENCE_COLOR, ls="--", lw=0.8, label="threshold of the test"))
+    for statement in marked:
+        marker, size, label = STATEMENT_MARKS[statement]
+        handles.append(Line2D([], [], ls="", marker=marker, ms=size, markerfacecolor="none",
+                              markeredgecolor="black", markeredgewidth=0.6, label=label))
     legend_below(fig, handles)
     return fig
 

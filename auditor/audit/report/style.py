@@ -37,6 +37,10 @@ DEPTH_SPAN = (0.0, 0.88)  # the part of the colormap used: its palest end is har
 RANDOM_ATTENTION_COLOR = "#d62728"  # red: outside viridis, so never mistaken for a depth
 OTHER_COLORS = ("#1f77b4", "#ff7f0e", "#8c564b", "#e377c2", "#7f7f7f", "#17becf")
 REFERENCE_COLOR = "0.35"  # n, d, thresholds and other reference lines
+# a point's strict statement, marked over it (depth_fractions.png, compare_kruskal.png): marker, size, legend
+# label; "not decided" has no mark
+STATEMENT_MARKS = {"refuted": ("x", 5, "statement refuted (witness)"),
+                   "proven": ("o", 7, "statement proven (certified)")}
 
 RC = {  # points: >= 7 pt everywhere, so text stays legible when the figure is printed 3.5 inches wide
     "font.size": 8,
