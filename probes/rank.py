@@ -203,13 +203,25 @@ def pow2_rescale(
     Returns:
         ``(scaled, e)`` with ``a = scaled * 2**e`` per block (``e`` keeps the reduced dimensions), or
         ``(a, None)`` -- the same tensor, no copy -- when no block needs rescaling.
+    Raises:
+        ValueError: a block whose entries span more than float64 holds at one scale (a nonzero entry
+            would fall below 2^-1022 relative to the largest and lose bits): no proof covers it.
     """
     if a.dtype != torch.float64 or a.numel() == 0:
         return a, None
     e = pow2_exponent(abs_max(a, dims))
     if e is None:
         return a, None
-    return ldexp2(a, -e), e
+    scaled = ldexp2(a, -e)
+    if not bool((ldexp2(scaled, e) == a).all()):  # (an entry fell below float64's range at that scale)
+        nonzero = a[a != 0].abs()
+        top, low = float(nonzero.max()), float(nonzero.min())
+        raise ValueError(
+            f"nonzero values from {low:.3g} to {top:.3g} in one pool or matrix: float64 holds at most a "
+            f"ratio of 2^1021 (about 1e307) at one scale, and no rank proof covers entries it loses; valid: "
+            f"every nonzero entry above {top * 2.0**-1021:.3g} here (drop or rescale the smaller ones)"
+        )
+    return scaled, e
 
 
 def margins_from_singular_values(sv: torch.Tensor, tol: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -214,13 +214,38 @@ def rtol_of(pool: Pool, k: int) -> float:
 # ------------------------------------------------------------------ the claims
 
 
+def beyond_one_scale(x: torch.Tensor) -> bool:
+    """Whether scaling the pool by one power of two (its largest entry into [0.5, 1), as needed where it
+    exceeds 2^200) would lose a nonzero entry's bits: the input range the probes refuse."""
+    a = x.double().abs()
+    top = float(a.max())
+    if x.dtype != torch.float64 or top == 0 or 2.0**-200 <= top <= 2.0**200:
+        return False
+    e = math.frexp(top)[1]
+    return not bool((torch.ldexp(torch.ldexp(a, torch.tensor(-e)), torch.tensor(e)) == a).all())
+
+
+def refused(pool: Pool, call) -> bool:
+    """True where the pool is beyond one float64 scale and ``call`` refuses it with the library's error."""
+    if not beyond_one_scale(pool.x):
+        return False
+    with pytest.raises(ValueError, match="float64 holds at most a ratio of 2\\^1021"):
+        call()
+    return True
+
+
 def check_kruskal(pool: Pool, k: int, threshold: float) -> None:
     """One exhaustive Kruskal test (through assumption1, whose threshold is free) against the enumeration."""
     n_vec, d = pool.x.shape
     rtol = rtol_of(pool, k)
     total = math.comb(n_vec, k)
-    res = probes.assumption1(pool.x, k, total, 0, pool.rtol, threshold=threshold)
-    if k > d:
+    def run():
+        return probes.assumption1(pool.x, k, total, 0, pool.rtol, threshold=threshold)
+
+    if k <= d and refused(pool, run):
+        return
+    res = run()
+    if k > d:  # (no k vectors in R^d are independent: nothing is computed)
         assert res.fraction == 0.0 and res.witness is not None
         return
     ref = Reference(pool.x64, k)
@@ -288,6 +313,9 @@ def kruskal_rank_bounds(pool: Pool) -> tuple[int, int]:
 
 
 def check_lower_bound(pool: Pool, proofs: bool) -> None:
+    if refused(pool, lambda: probes.kruskal_lower_bound(pool.x)):
+        assert refused(pool, lambda: probes.kruskal_rank_exact(pool.x))
+        return
     low, high = kruskal_rank_bounds(pool)
     if proofs:  # the Gershgorin, whitened and null-space proofs, no search
         res = probes.kruskal_lower_bound(pool.x, rtol=pool.rtol, max_subsets=0, nullspace_seconds=0.2,
@@ -432,6 +460,18 @@ def test_regression_parallel_pair_far_below_the_largest_vector():
     check_lower_bound(Pool(x, "extreme", None), proofs=True)
     for k in (1, 2):
         check_kruskal(Pool(x, "extreme", None), k, 1.0)
+
+
+def test_regression_a_range_beyond_one_float64_scale_is_refused():
+    """Found by hypothesis: 1.3e-91 beside -1.3e299 (a ratio of 1e390): one scale for the pool loses the
+    small vector (it was called rank 0); refused with the library's error, by every entry point."""
+    x = torch.tensor([[1.2573e-91], [-1.3210e299]], dtype=torch.float64)
+    pool = Pool(x, "extreme", None)
+    for call in (lambda: probes.kruskal_test(x, 1), lambda: probes.kruskal_rank_exact(x),
+                 lambda: probes.kruskal_lower_bound(x), lambda: probes.numerical_rank(x),
+                 lambda: probes.assumption2(x[None])):
+        assert refused(pool, call)
+    check_kruskal(pool, 1, 1.0)
 
 
 def test_regression_a_zero_vector_has_critical_tolerance_zero():
