@@ -138,10 +138,11 @@ def pools(draw, extreme: bool = True) -> Pool:
 class Reference:
     """Every k-subset of a pool, by SVD."""
 
-    def __init__(self, x64: np.ndarray, k: int):
+    def __init__(self, x64: np.ndarray, k: int, subsets: list[tuple[int, ...]] | None = None):
         self.x64, self.k = x64, k
         self.d = x64.shape[1]
-        self.subsets = list(itertools.combinations(range(x64.shape[0]), k))
+        every = subsets is None
+        self.subsets = list(itertools.combinations(range(x64.shape[0]), k)) if every else subsets
         self.sv = [np.linalg.svd(_pow2_scale(x64[list(s)]), compute_uv=False) for s in self.subsets]
         self.ratio = np.array([self.refined_ratio(s, v) for s, v in zip(self.subsets, self.sv, strict=True)])
         self.band = SVD_ERROR * (k + self.d) * EPS64  # a float64 SVD ratio's error (absolute)
@@ -234,13 +235,20 @@ def refused(pool: Pool, call) -> bool:
     return True
 
 
-def check_kruskal(pool: Pool, k: int, threshold: float) -> None:
-    """One exhaustive Kruskal test (through assumption1, whose threshold is free) against the enumeration."""
+def check_kruskal(pool: Pool, k: int, threshold: float, sampled: int | None = None) -> None:
+    """One Kruskal test (through assumption1, whose threshold is free) against the enumeration: of every
+    k-subset, or with ``sampled`` of that many sampled subsets (seed 7), the same the test draws."""
     n_vec, d = pool.x.shape
     rtol = rtol_of(pool, k)
     total = math.comb(n_vec, k)
+    subsets = None
+    if sampled is not None and sampled < total and k <= d:
+        total = sampled
+        subsets = [tuple(s) for s in probes.sample_subsets(n_vec, k, sampled, 7).tolist()]
+
     def run():
-        return probes.assumption1(pool.x, k, total, 0, pool.rtol, threshold=threshold)
+        seed = 0 if subsets is None else 7
+        return probes.assumption1(pool.x, k, total, seed, pool.rtol, threshold=threshold)
 
     if k <= d and refused(pool, run):
         return
@@ -248,7 +256,8 @@ def check_kruskal(pool: Pool, k: int, threshold: float) -> None:
     if k > d:  # (no k vectors in R^d are independent: nothing is computed)
         assert res.fraction == 0.0 and res.witness is not None
         return
-    ref = Reference(pool.x64, k)
+    ref = Reference(pool.x64, k, subsets)
+    assert res.exhaustive == (subsets is None) or res.spectrum_proof
     unsure = ref.ambiguous(rtol)
     full = ref.full(rtol)
     # the fraction and the rank histogram equal the enumeration (subsets float64 cannot place aside)
@@ -343,7 +352,8 @@ THRESHOLDS = st.sampled_from([1.0, 1.0, 0.99, 0.9, 0.5])
 def kruskal_case(pool: Pool, data) -> None:
     n_vec, d = pool.x.shape
     k = data.draw(st.integers(1, min(n_vec, d + 1)))
-    check_kruskal(pool, k, data.draw(THRESHOLDS))
+    sampled = data.draw(st.one_of(st.none(), st.integers(1, 40)))
+    check_kruskal(pool, k, data.draw(THRESHOLDS), sampled)
 
 
 @settings(DEFAULT, max_examples=150)
