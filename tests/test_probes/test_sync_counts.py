@@ -157,3 +157,47 @@ def test_the_gpu_route_decides_as_the_cpu_route(gpu_route, monkeypatch):
     cpu = probes.kruskal_test(x, k, subsets=1500, robustness=False, progress=False)
     assert device.full_rank == cpu.full_rank and device.rank_counts == cpu.rank_counts
     assert device.witness == cpu.witness
+
+
+def test_chunks_off_the_cpu_hold_the_device_budget():
+    t = tuning.TUNING
+    k = 197
+    assert subsets_module.subset_step(k, t, "cpu") == min(t.max_chunk, t.cache_bytes // (8 * k * k))
+    assert subsets_module.subset_step(k, t, torch.device("cuda")) == min(t.device_max_chunk,
+                                                                         t.device_bytes // (8 * k * k))
+    assert subsets_module.subset_step(k, t) == subsets_module.subset_step(k, t, "cpu")
+
+
+def test_batched_pivot_vectors_are_the_grouped_ones_up_to_rounding(monkeypatch):
+    """The stage 1b vectors for every matrix at once (the route off the CPU) against one group per
+    failing pivot (the CPU's): z = G_11^-1 g_j from the same factor, each within the forward error of two
+    backward-stable triangular solves, 4 j eps cond(G_11) |z| (doubled for the refinement step)."""
+    from probes.fast import kernels
+
+    g = torch.Generator().manual_seed(3)
+    t, k, d = 40, 24, 48
+    x = torch.randn(t, k, d, generator=g, dtype=torch.float64)
+    for i in range(t):  # the rows from a pivot on (9 .. 20) depend on the rows before it
+        j = 9 + i % 12
+        x[i, j:] = torch.randn(k - j, j, generator=g, dtype=torch.float64) @ x[i, :j]
+    gram = x @ x.transpose(1, 2)
+    shift = 1e-10 * gram.diagonal(dim1=-2, dim2=-1).amax(-1)
+    chol, info = kernels.shifted_cholesky(gram, shift)
+    pivot = info.to(torch.int64) - 1
+    candidates = info > 0
+    assert bool(candidates.all())
+    vectors = {}
+    for batched in (False, True):
+        monkeypatch.setattr(tuning, "TUNING", dataclasses.replace(tuning.TUNING, batched_pivots=batched))
+        v = kernels.pivot_vectors(gram, chol, pivot, candidates)
+        kernels.refine(gram, chol, pivot, v, None)
+        vectors[batched] = v[..., 0]
+    eps = torch.finfo(torch.float64).eps
+    for i in range(t):
+        j = int(pivot[i])
+        lam = torch.linalg.eigvalsh(gram[i, :j, :j] - shift[i] * torch.eye(j, dtype=torch.float64))
+        cond = float(lam[-1] / lam[0])
+        z = vectors[False][i]
+        assert float(z[j]) == float(vectors[True][i, j]) == 1.0 and not bool(vectors[True][i, j + 1:].any())
+        bound = 8 * j * eps * cond * float(z[:j].norm())
+        assert float((vectors[True][i, :j] - z[:j]).norm()) <= bound, (i, j, cond)
