@@ -483,7 +483,7 @@ def depth_table(depth: pd.DataFrame) -> str:
     if depth.empty or "depth" not in depth.columns:
         return ""
     tests = [c.removesuffix("_fraction") for c in depth.columns if c.endswith("_fraction")]
-    head = "".join(f"<th>{_e(t)} share</th>" for t in tests)
+    head = "".join(f"<th>{_e(t)}: share, statement</th>" for t in tests)
     lines = []
     for row in depth.to_dict("records"):
         lower, upper = _int(row.get("krank_lower")), _int(row.get("krank_upper"))
@@ -492,12 +492,20 @@ def depth_table(depth: pd.DataFrame) -> str:
         lines.append(
             f"<tr><td class='num'>{_e(_int(row.get('depth')))}</td><th>{_e(row.get('representation'))}</th>"
             f"<td>{_e(row.get('weights'))}</td>"
-            + "".join(f"<td class='num'>{_fmt(row.get(t + '_fraction'))}</td>" for t in tests)
+            + "".join(_depth_cell(row, t) for t in tests)
             + f"<td class='num'>{_e(lower)}{_e(method)}</td><td class='num'>{_e(sampled)}</td>"
             f"<td class='num'>{_e(upper if upper is not None else 'none found')}</td></tr>")
     return ('<div class="scroll"><table class="depth"><thead><tr><th>depth</th><th>representation</th>'
             f"<th>weights</th>{head}<th>Kruskal rank &gt;= (certified)</th><th>sampled</th>"
             "<th>&lt;= (witness)</th></tr></thead><tbody>" + "".join(lines) + "</tbody></table></div>")
+
+
+def _depth_cell(row: Mapping[str, Any], test: str) -> str:
+    """One test's share at one depth, with its strict statement where depth.csv has it."""
+    said = row.get(f"{test}_statement")
+    said = said if isinstance(said, str) and said in (REFUTED, PROVEN, NOT_DECIDED) else ""
+    css = f"num {said.replace(' ', '-')}" if said else "num"
+    return f"<td class='{css}'>{_fmt(row.get(test + '_fraction'))}{' ' + _e(said) if said else ''}</td>"
 
 
 def _fmt(value: Any) -> str:
