@@ -47,6 +47,7 @@ from probes.rank import (
     as_tensor,
     check_finite,
     check_int,
+    check_lossless,
     ldexp2,
     pow2_exponent,
     pow2_rescale,
@@ -247,7 +248,10 @@ def assumption3(
     if torch.float64 in (q.dtype, e.dtype):  # one exact power of two for both, where float64 would overflow
         exp = pow2_exponent(torch.maximum(abs_max(q), abs_max(e)))
         if exp is not None:
-            q64, e64 = ldexp2(q64, -exp), ldexp2(e64, -exp)
+            scaled_q, scaled_e = ldexp2(q64, -exp), ldexp2(e64, -exp)
+            check_lossless(q64, scaled_q, exp)
+            check_lossless(e64, scaled_e, exp)
+            q64, e64 = scaled_q, scaled_e
     mixed = q64 + e64.mean(dim=1)  # (N, d)
     rtol = resolve_rtol(rtol, n, e.shape[2], e.dtype)  # judged at the tokens' own dtype
     res = checked_kruskal(mixed, n, subsets, seed, rtol, rank_sample=100, progress=progress,

@@ -213,15 +213,23 @@ def pow2_rescale(
     if e is None:
         return a, None
     scaled = ldexp2(a, -e)
-    if not bool((ldexp2(scaled, e) == a).all()):  # (an entry fell below float64's range at that scale)
-        nonzero = a[a != 0].abs()
-        top, low = float(nonzero.max()), float(nonzero.min())
-        raise ValueError(
-            f"nonzero values from {low:.3g} to {top:.3g} in one pool or matrix: float64 holds at most a "
-            f"ratio of 2^1021 (about 1e307) at one scale, and no rank proof covers entries it loses; valid: "
-            f"every nonzero entry above {top * 2.0**-1021:.3g} here (drop or rescale the smaller ones)"
-        )
+    check_lossless(a, scaled, e)
     return scaled, e
+
+
+def check_lossless(a: torch.Tensor, scaled: torch.Tensor, e: torch.Tensor) -> None:
+    """Raise the library's one-line ValueError where ``scaled = a * 2**-e`` lost a nonzero entry's bits
+    (it fell below float64's normal range at that scale)."""
+    if bool((ldexp2(scaled, e) == a).all()):
+        return
+    nonzero = a[a != 0].abs()
+    # (the largest value: of ``a``, or of what shares its scale, e.g. the queries beside the contexts)
+    top, low = max(float(nonzero.max()), math.ldexp(0.5, int(e.max()))), float(nonzero.min())
+    raise ValueError(
+        f"nonzero values from {low:.3g} to {top:.3g} in one pool or matrix: float64 holds at most a "
+        f"ratio of 2^1021 (about 1e307) at one scale, and no rank proof covers entries it loses; valid: "
+        f"every nonzero entry above {top * 2.0**-1021:.3g} here (drop or rescale the smaller ones)"
+    )
 
 
 def margins_from_singular_values(sv: torch.Tensor, tol: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

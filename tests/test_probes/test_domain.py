@@ -237,3 +237,22 @@ def test_mismatched_contexts_and_queries_are_refused():
             probes.token_geometry(contexts, q)
         with pytest.raises(ValueError, match="do not match"):
             probes.assumption3(contexts, q, 2)
+
+
+def test_values_beyond_one_float64_scale_are_refused_everywhere():
+    """A pool, matrix or context whose values span more than 2^1021 once brought to one scale: the
+    entries that scale loses are refused with one ValueError that names the range."""
+    x = torch.randn(6, 4, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    x[0] *= 1e250
+    x[1] *= 1e-70
+    contexts = x.reshape(3, 2, 4)
+    for call in (lambda: probes.kruskal_test(x, 2), lambda: probes.kruskal_rank_exact(x),
+                 lambda: probes.kruskal_lower_bound(x), lambda: probes.numerical_rank(x),
+                 lambda: probes.general_position(x), lambda: probes.assumption2(contexts),
+                 lambda: probes.context_ranks(contexts),
+                 lambda: probes.assumption3(contexts, x[3:] * 1e200, 2)):
+        with pytest.raises(ValueError, match=re.escape("float64 holds at most a ratio of 2^1021")) as info:
+            call()
+        assert "\n" not in str(info.value)
+    x[1] *= 1e70 * 1e-50  # within 2^1021 of the largest: covered
+    assert probes.kruskal_test(x, 2).fraction < 1.0  # (the 1e250 vector with any other: below rtol)
