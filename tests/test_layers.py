@@ -18,7 +18,11 @@ The rules:
 - a room of the lab (``auditor/lab/<room>/__init__``) refers only to its own modules;
 - ``probes`` is a library of its own and imports nothing from ``auditor``;
 - the audit's report sits below its runner: it imports from ``auditor`` only itself and ``auditor.core``;
-- token sources and extraction take the plan's parts, not the configuration.
+- token sources and extraction take the plan's parts, not the configuration;
+- the floors of ``docs/layout.md`` only point down: core <- data <- models <- audit (the data never
+  imports a model: what it needs of one is the protocol ``auditor.data.feed.Fed``);
+- core, data and models import only public names of each other's modules;
+- ``docs/layout.md`` names every module of ``probes`` and ``auditor``.
 """
 
 from __future__ import annotations
@@ -313,3 +317,122 @@ def test_a_room_refers_only_to_its_own_modules():
     offenders = [f"{module}:{line} -> {target}:{attr}" for module, target, attr, line in lazy_references()
                  if is_room(module) and not target.startswith(module + ".")]
     assert not offenders, "a room reaching into another package: " + "; ".join(offenders)
+
+
+# The floors of docs/layout.md, lowest first: a module may import its own floor and those below it.
+FLOORS = ("auditor.core", "auditor.data", "auditor.models", "auditor.audit")
+
+
+def _floor(module: str) -> int | None:
+    return next((i for i, floor in enumerate(FLOORS) if _inside(module, floor)), None)
+
+
+def test_the_floors_only_point_down():
+    """core <- data <- models <- audit: no import (lazy references included) reaches a higher floor, so the
+    data reads its inputs without importing a model and the models never reach into the audit."""
+    offenders = [f"{a} -> {b} ({modules()[a].relative_to(REPO)}:{line})"
+                 for a, targets in with_lazy_edges(graph()).items() if _floor(a) is not None
+                 for b, line in targets.items() if _floor(b) is not None and _floor(b) > _floor(a)]
+    assert not offenders, "imports from a higher floor: " + "; ".join(offenders)
+    assert not [b for b in graph()["auditor.data"] if _inside(b, "auditor.models")]
+
+
+def test_the_floor_check_sees_a_data_module_importing_a_model(tmp_path):
+    """The reader resolves the import that the floor rule refuses (so the rule above can fail)."""
+    source = tmp_path / "mod.py"
+    source.write_text("from auditor.models.base import LoadedModel\n")
+    (name, _), = _imported_names("auditor.data.mod", source)
+    target = _owner(name)
+    assert target == "auditor.models.base" and _floor(target) > _floor("auditor.data.mod")
+
+
+PUBLIC_ONLY = ("auditor.core", "auditor.data", "auditor.models")
+
+
+def _private_imports(module: str, path: Path) -> list[str]:
+    """``from x import _name`` in ``module`` where x is another module of the packages."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            source = _owner(node.module)
+            if source is None or source == module:
+                continue
+            found += [f"{module}:{node.lineno} imports {alias.name} from {node.module}"
+                      for alias in node.names if alias.name.startswith("_") and alias.name != "__version__"]
+    return found
+
+
+def test_core_data_and_models_import_only_public_names():
+    """A private name (``_ADAPTERS``) is the module's own business: a neighbour asks through a public
+    function (``auditor.models.registry.adapters``)."""
+    offenders = [hit for module, path in modules().items() if any(_inside(module, p) for p in PUBLIC_ONLY)
+                 for hit in _private_imports(module, path)]
+    assert not offenders, "; ".join(offenders)
+
+
+def test_the_private_import_reader_sees_one(tmp_path):
+    source = tmp_path / "mod.py"
+    source.write_text("from auditor.models.registry import _ADAPTERS, resolve\n")
+    assert _private_imports("auditor.models.mine", source) == [
+        "auditor.models.mine:1 imports _ADAPTERS from auditor.models.registry"]
+
+
+LAYOUT = REPO / "docs" / "layout.md"
+FOLDER = re.compile(r"(\w+)/")
+
+
+def layout_sections() -> dict[str, str]:
+    """folder (``auditor/models``) -> the text that the tree block of docs/layout.md writes beside it.
+
+    The block is a tree indented by two spaces a level: a line whose first word is ``name/`` opens that
+    folder (several on one line, ``memorize/ certify/``, open each with the same text); any other line
+    continues the folder above it, and ``name.py`` at the start of a line names a file of the folder one
+    level up."""
+    text = LAYOUT.read_text()
+    block = text.split("```", 2)[1]
+    sections: dict[str, str] = {}
+    stack: list[str] = []
+    current: list[str] = []
+    for line in block.splitlines()[1:]:
+        if not line.strip():
+            continue
+        depth = (len(line) - len(line.lstrip(" "))) // 2
+        words = line.split()
+        opened = []
+        for word in words:
+            match = FOLDER.fullmatch(word)
+            if not match:
+                break
+            opened.append(match.group(1))
+        if opened:
+            stack = stack[:depth]
+            current = ["/".join([*stack, name]) for name in opened]
+            stack.append(opened[0])
+        elif words[0].endswith(".py") and depth <= len(stack):
+            current = ["/".join(stack[:depth])]
+        for folder in current:
+            sections[folder] = sections.get(folder, "") + " " + line
+    return sections
+
+
+def test_the_layout_names_every_module():
+    """Every module of ``probes`` and ``auditor`` is named (``name`` or ``name.py``) beside its folder in
+    docs/layout.md, and every folder (package) has its line: a newcomer finds each file there."""
+    sections = layout_sections()
+    missing = []
+    for path in sorted(p for package in PACKAGES for p in (REPO / package).rglob("*.py")):
+        relative = path.relative_to(REPO)
+        folder = relative.parent.as_posix()
+        if folder not in sections:
+            missing.append(f"{folder}/ (the folder)")
+        elif path.name != "__init__.py" and not re.search(rf"(?<![\w.]){re.escape(path.stem)}(\.py)?\b",
+                                                           sections[folder]):
+            missing.append(relative.as_posix())
+    assert not missing, "docs/layout.md does not name: " + ", ".join(dict.fromkeys(missing))
+
+
+def test_the_layout_reader_finds_files_under_their_folder():
+    sections = layout_sections()
+    assert "limits" in sections["auditor/models"] and "plan.py" in sections["auditor/audit"]
+    assert "kernels" in sections["probes/fast"] and "cli.py" in sections["auditor"]
+    assert "catalogue" in sections["auditor/audit/report"] and "catalogue" not in sections["auditor/models"]

@@ -24,7 +24,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import probes
 from auditor.audit.assumptions import ASSUMPTION_TESTS, RunOptions
@@ -57,31 +57,38 @@ class DefaultCost:
 
     # gpt2's default audit (n 256, N 512) is 6.5e12 by audit_flops and took 150 s on the quiet 2-core machine
     # (issue #22); at that rate 1.2e13 is about 280 s. The costliest default kept unchanged by it,
-    # llama-3.2-1b's (n 128), is 9.7e12 (271 s measured with --threads 1 at load 1-4).
+    # llama-3.2-1b's (n 128), is 1.1e13 with its block's 61M weights (271 s measured with --threads 1 at
+    # load 1-4); the decoders' larger blocks halve gemma-2-2b and phi-3-mini to 64, mistral-7b and
+    # llama-3.1-8b to 32.
     flops: float = 1.2e13
-    smallest_n: int = 16  # never halved below (as the decoders' own rule)
+    smallest_n: int = 16  # never halved below
 
 
 DEFAULT_COST = DefaultCost()
 
 
 def audit_flops(num: int, n: int, d: int, *, subsets: int = DEFAULT_SUBSETS,
-                representations: int = len(DEFAULT_REPRESENTATIONS)) -> float:
-    """Estimated FLOPs of an audit of one weights source: block 0's forward over N x n tokens (2 x 12 d^2 per
-    token: attention 4 d^2 and MLP 8 d^2, exact for BERT and GPT-2) and, per representation, one n x n Gram
-    matrix (2 n^2 d) per context (Assumption 2) and per subset of each of the three Kruskal tests."""
-    return 2 * 12 * d * d * num * n + representations * (num + 3 * subsets) * 2 * n * n * d
+                representations: int = len(DEFAULT_REPRESENTATIONS), block: int | None = None) -> float:
+    """Estimated FLOPs of an audit of one weights source: block 0's forward over N x n tokens (2 x its
+    weights per token; ``block`` None: 12 d^2, attention 4 d^2 and MLP 8 d^2, exact for BERT and GPT-2)
+    and, per representation, one n x n Gram matrix (2 n^2 d) per context (Assumption 2) and per subset of
+    each of the three Kruskal tests."""
+    weights = 12 * d * d if block is None else block
+    return 2 * weights * num * n + representations * (num + 3 * subsets) * 2 * n * n * d
 
 
-def default_context_length(n: int, d: int, cost: DefaultCost | None = None) -> int:
-    """A text model's n when none is asked for: its family's default ``n`` halved while the audit with no
-    options (the bundled sample's N for that n, :func:`auditor.data.default_samples`) is estimated above
-    ``cost.flops``. It depends on the model only, so ``--data`` and ``--samples`` leave it as it is."""
+def default_context_length(n: int, d: int, cost: DefaultCost | None = None, *,
+                           block: int | None = None) -> int:
+    """A text model's n when none is asked for: the model's own ``n`` (what its adapter reports,
+    ``auditor.models.base.ContextLimits.own``) halved while the audit with no options (the bundled sample's
+    N for that n, :func:`auditor.data.default_samples`; ``block``: the weights of one of its blocks) is
+    estimated above ``cost.flops``. This is the only rule that chooses a default n; it depends on the model
+    only, so ``--data`` and ``--samples`` leave it as it is."""
     from auditor.data import default_samples
 
     cost = cost if cost is not None else DEFAULT_COST
     def over(n: int) -> bool:
-        return audit_flops(default_samples(n, None, MAX_DEFAULT_SAMPLES), n, d) > cost.flops
+        return audit_flops(default_samples(n, None, MAX_DEFAULT_SAMPLES), n, d, block=block) > cost.flops
 
     while n > cost.smallest_n and over(n):
         n //= 2
@@ -220,8 +227,12 @@ class AuditPlan:
 
         if self.loading.context_length is not None or spec.modality != "text":
             return self.loading.context_length
-        shape = architecture(spec, weights, weights_kind(weights), None)
-        return None if shape is None else default_context_length(shape[0], shape[1])
+        config = architecture_config(spec, weights, weights_kind(weights))
+        if config is None:
+            return None
+        own = spec.adapter.context_length(config, None)  # the model's own n, checked against its limits
+        block = spec.adapter.context_limits(config).block_weights
+        return default_context_length(own, spec.adapter.width(config), block=block)
 
     def by_weights(self) -> dict[str, list[str]]:
         """The planned representations grouped by weights source (one model load each)."""
@@ -377,10 +388,20 @@ def architecture(spec: ModelSpec, weights: str, kind: str,
                  context_length: int | None) -> tuple[int, int, int] | None:
     """(n, d, blocks) of the model ``load_model`` would build, read from its configuration alone (no
     weights); None when that needs the model itself (e.g. timm)."""
+    hf_config = architecture_config(spec, weights, kind)
+    if hf_config is None:
+        return None
+    adapter = spec.adapter
+    n = adapter.context_length(hf_config, context_length)  # a bad context length is an AuditError here
+    return n, adapter.width(hf_config), adapter.depth(hf_config)
+
+
+def architecture_config(spec: ModelSpec, weights: str, kind: str) -> Any:
+    """The configuration ``load_model`` would build ``spec`` with under ``weights``, read without any
+    weights (a folder's is checked as data); None when that needs the model itself (e.g. timm)."""
     from auditor.models.base import HFAdapter
 
-    adapter = spec.adapter
-    if not isinstance(adapter, HFAdapter):
+    if not isinstance(spec.adapter, HFAdapter):
         return None
     try:
         if kind == "folder":
@@ -398,5 +419,4 @@ def architecture(spec: ModelSpec, weights: str, kind: str,
         from auditor.models.limits import check_config
 
         check_config(hf_config, str(Path(weights).expanduser() / "config.json"))
-    n = adapter.context_length(hf_config, context_length)  # a bad context length is an AuditError here
-    return n, adapter.width(hf_config), adapter.depth(hf_config)
+    return hf_config

@@ -1,3 +1,4 @@
-"""Shared machinery below every room: errors, safe file writes, execution backends, options, provenance.
+"""Shared machinery below every floor: errors, safe file writes, execution backends, options, provenance,
+and whether the Hugging Face hub answers.
 
-Nothing here imports the audit, the models, the data or the lab."""
+Nothing here imports the audit, the models, the data or the lab (``tests/test_layers.py`` checks it)."""

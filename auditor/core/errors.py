@@ -21,3 +21,11 @@ def did_you_mean(kind: str, name: str, known: Iterable[str]) -> AuditError:
     close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
     hint = f"did you mean {', '.join(repr(c) for c in close)}? " if close else ""
     return AuditError(f"unknown {kind} {name!r}; {hint}known: {', '.join(known)}")
+
+
+def first_line(err: BaseException) -> str:
+    """The first non-empty line of an exception message (errors are reported as one line)."""
+    for line in str(err).splitlines():
+        if line.strip():
+            return line.strip()
+    return type(err).__name__

@@ -1,10 +1,9 @@
-"""Parsing of command-line values shared by the `audit` subcommands, and how an old spelling is retired
-(:class:`Deprecation`: every deprecation names the release that removes it)."""
+"""Parsing of command-line values shared by the `audit` subcommands: integer and float lists with ranges
+(``1:8``, ``0:60:10``), each bounded before it is expanded, with one-line errors naming what is valid."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from auditor.core.errors import AuditError
 
@@ -94,48 +93,3 @@ def parse_floats(
         if not math.isfinite(value) or (positive and value <= 0):
             raise AuditError(f"{option} takes {'positive ' if positive else ''}finite numbers; got {value}")
     return list(dict.fromkeys(values))
-
-
-def _release(version: str) -> tuple[int, ...]:
-    """``"0.3"`` or ``"0.3.1"`` -> (0, 3) / (0, 3, 1); anything else is a programming error."""
-    try:
-        return tuple(int(part) for part in version.split("."))
-    except ValueError:
-        raise ValueError(f"a release is written like 0.3 or 0.3.1; got {version!r}") from None
-
-
-def _installed_release() -> tuple[int, ...]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return _release(version("attention-auditor").split("+")[0])
-    except PackageNotFoundError:  # a source checkout that was never installed
-        return (0,)
-
-
-@dataclass(frozen=True)
-class Deprecation:
-    """An old spelling that still works until the release ``removed_in`` (say ``"0.3"``), which deletes it.
-
-    Declare it where the old spelling is accepted and print :meth:`notice` when it is used. Once the
-    installed release reaches ``removed_in``, :meth:`notice` raises: the shim has outlived its date, delete it
-    (and its test) rather than move the date.
-    """
-
-    old: str  # what the user wrote, e.g. "--tol"
-    new: str  # what to write instead, e.g. "--cp-tolerance"
-    removed_in: str
-
-    def __post_init__(self) -> None:
-        _release(self.removed_in)
-
-    def expired(self, installed: tuple[int, ...] | None = None) -> bool:
-        return (installed or _installed_release()) >= _release(self.removed_in)
-
-    def notice(self, installed: tuple[int, ...] | None = None) -> str:
-        """The one line for stderr: the old spelling, the new one and the release that removes the old."""
-        if self.expired(installed):
-            raise RuntimeError(
-                f"the deprecated {self.old} was to be removed in {self.removed_in}; delete its shim"
-            )
-        return f"warning: {self.old} is deprecated and is removed in {self.removed_in}; use {self.new}"

@@ -22,8 +22,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from auditor.core.errors import AuditError
+from auditor.data.feed import Fed
 from auditor.data.inputs import HF_PREFIX, Inputs  # noqa: F401  (public here)
-from auditor.models.base import LoadedModel
 
 BUNDLED_MIN_SAMPLES = 512
 
@@ -37,7 +37,7 @@ def default_samples(n: int, data: str | None, cap: int) -> int:
 
 
 def load_inputs(
-    loaded: LoadedModel,
+    loaded: Fed,
     data: str | None,
     samples: int,
     *,

@@ -8,10 +8,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from auditor.core.errors import AuditError
+from auditor.core.errors import AuditError, first_line
+from auditor.core.network import hub_reachable
 from auditor.data.inputs import HF_PREFIX
 from auditor.data.selection import visible_files
-from auditor.models.hub import first_line, hub_reachable
 
 
 def _parse_hf(spec: str) -> tuple[str, str | None, str]:

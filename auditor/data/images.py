@@ -29,10 +29,10 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 from auditor.core.errors import AuditError
+from auditor.data.feed import Fed, ImagePreprocessor
 from auditor.data.hf import load_hf_dataset
 from auditor.data.inputs import HF_PREFIX, Fingerprint, Inputs
 from auditor.data.selection import left_out_note, reading_order, selection_note, visible_files
-from auditor.models.base import ImagePreprocessor, LoadedModel
 
 log = logging.getLogger(__name__)
 
@@ -282,7 +282,7 @@ class ImagesOnDemand:
 
 
 def image_inputs(
-    pixels: torch.Tensor | ImagesOnDemand, counts: dict[str, int], loaded: LoadedModel, data_source: str
+    pixels: torch.Tensor | ImagesOnDemand, counts: dict[str, int], loaded: Fed, data_source: str
 ) -> Inputs:
     """Wrap pixels (N, 3, H, W) uint8, held or decoded on demand, as :class:`Inputs` standardised per
     batch."""
@@ -330,7 +330,7 @@ def _hf_source(item: Any) -> Source:
 
 
 def load_image_inputs(
-    loaded: LoadedModel,
+    loaded: Fed,
     data: str | None,
     samples: int,
     *,

@@ -26,9 +26,9 @@ import torch
 from tqdm.auto import tqdm
 
 from auditor.core.errors import AuditError
+from auditor.data.feed import Fed, TextTokenizer
 from auditor.data.inputs import HF_PREFIX, Inputs
 from auditor.data.selection import left_out_note, random_order, visible_files
-from auditor.models.base import LoadedModel, TextTokenizer
 
 CHUNK_CHARS = 1 << 16
 POOL_TOKENS = 1 << 23  # a random draw reads at most this many tokens (8.4 million) of a larger source
@@ -238,7 +238,7 @@ def pair_windows(
 
 
 def load_text_inputs(
-    loaded: LoadedModel,
+    loaded: Fed,
     data: str | None,
     samples: int,
     *,
@@ -259,7 +259,7 @@ def load_text_inputs(
         documents, label = bundled_text_documents()
     else:
         documents, label = read_documents(data, counts, exclude)
-    n, layout = loaded.n, loaded.adapter.text_layout
+    n, layout = loaded.n, loaded.text_layout
     pool = samples if first else max(samples, POOL_TOKENS // n)  # windows made at most
     with tqdm(disable=not progress, desc=f"tokenize ({tokenizer.name})", unit="tok", unit_scale=True) as bar:
         if layout == "stream":

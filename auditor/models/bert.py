@@ -16,14 +16,8 @@ from typing import Any
 from transformers import AutoTokenizer, BertConfig, BertModel
 
 from auditor.core.errors import AuditError
-from auditor.models.base import (
-    HFAdapter,
-    ModelSpec,
-    TextTokenizer,
-    check_context_length,
-    default_context_length,
-    hub_reachable,
-)
+from auditor.data.feed import TextTokenizer
+from auditor.models.base import ContextLimits, HFAdapter, ModelSpec, hub_reachable
 from auditor.models.registry import register, register_adapter
 from auditor.models.tokenizers import (  # noqa: F401  (re-exported)
     bundled_wordpiece,
@@ -31,7 +25,7 @@ from auditor.models.tokenizers import (  # noqa: F401  (re-exported)
     wrap_hf_tokenizer,
 )
 
-BERT_DEFAULT_N = 512  # the paper's BERT setting; narrower models: see default_context_length
+BERT_DEFAULT_N = 512  # the paper's BERT setting; narrower models: see ContextLimits.own
 BERT_TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
 
 
@@ -85,15 +79,9 @@ class BertAdapter(HFAdapter):
     block_paths = ("encoder.layer",)
     model_kwargs = {"add_pooling_layer": False}
 
-    def context_length(self, config: Any, requested: int | None) -> int:
-        positions = int(config.max_position_embeddings)
-        default = default_context_length(BERT_DEFAULT_N, positions, int(config.hidden_size))
-        n = check_context_length(requested, default, positions, "BERT")
-        if n < 5:
-            raise AuditError(
-                f"context_length {n} is too short for [CLS] s1 [SEP] s2 [SEP]: BERT needs n >= 5"
-            )
-        return n
+    def context_limits(self, config: Any) -> ContextLimits:
+        return ContextLimits("BERT", positions=int(config.max_position_embeddings), preferred=BERT_DEFAULT_N,
+                             minimum=5, layout="[CLS] s1 [SEP] s2 [SEP]")
 
     def make_inputs(self, spec: ModelSpec, kind: str, folder: Path | None, config: Any, *,
                     trust_remote_code: bool = False):

@@ -19,11 +19,18 @@ import torch
 from torch import nn
 
 from auditor.core.errors import AuditError
-from auditor.models.hub import WeightsUnavailable, first_line, hub_reachable, quiet_transformers
-
-SAFETENSORS, TORCH_BIN = "model.safetensors", "pytorch_model.bin"
-INDEX_FILE = "model.safetensors.index.json"
-CONVERT_HINT = "convert it to model.safetensors (safetensors.torch.save_file or save_pretrained)"
+from auditor.models.hub import (
+    CONVERT_HINT,
+    INDEX_FILE,
+    SAFETENSORS,
+    SHARDS,
+    TORCH_BIN,
+    TORCH_BINS,
+    WeightsUnavailable,
+    first_line,
+    hub_reachable,
+    quiet_transformers,
+)
 
 
 def _roots(folder: Path) -> list[Path]:
@@ -117,9 +124,9 @@ def weight_files(folder: Path) -> list[Path]:
         named = set(read_index(index).values())
         for name in sorted(named):
             inside_folder(folder, folder / name, f"{index}: shard {name!r}")
-    for pattern in ("model*.safetensors", "pytorch_model*.bin"):
+    for pattern in (SHARDS, TORCH_BINS):
         found = sorted({p for p in folder.glob(pattern) if p.is_file()} | {
-            folder / n for n in named if pattern == "model*.safetensors" and (folder / n).is_file()})
+            folder / n for n in named if pattern == SHARDS and (folder / n).is_file()})
         if found:
             return [inside_folder(folder, p, "the weights file") for p in found]
     return []

@@ -14,11 +14,11 @@ The BOS replaces the first token of each window, so n stays the context length. 
 the model's own code runs it (sliding windows, Gemma 2's soft-capping with eager attention); the
 report's details say, per model, the rotary base and whether a sliding window is shorter than n.
 
-Default n: 128 tokens, halved while one block over the default sample (512 windows of n tokens) would
-cost more than ``DEFAULT_AUDIT_FLOPS``, so that ``audit <name>`` with no options stays within minutes on
-two CPU cores at any size (qwen2.5-0.5b and llama-3.2-1b: 128; gemma-2-2b and phi-3-mini: 64;
-mistral-7b and llama-3.1-8b: 32). Give ``--context-length`` (up to the position table and d) for longer
-contexts.
+Context length: the family's own n is 128 tokens (within the position table and d). The adapter reports
+the weights of one block (:func:`block_parameters`, GQA and gated MLPs counted), and the audit's one cost
+rule (``auditor.audit.plan.default_context_length``) halves n while a default audit would take more than
+minutes on two CPU cores (qwen2.5-0.5b and llama-3.2-1b: 128; gemma-2-2b and phi-3-mini: 64; mistral-7b
+and llama-3.1-8b: 32). Give ``--context-length`` (up to the position table and d) for longer contexts.
 """
 
 from __future__ import annotations
@@ -31,16 +31,12 @@ import torch
 import transformers
 from torch import nn
 
-from auditor.models.base import ModelSpec, check_context_length, default_context_length
+from auditor.models.base import ContextLimits, ModelSpec
 from auditor.models.partial_adapter import PartialAdapter
 from auditor.models.registry import register, register_adapter
 from auditor.models.tokenizers import byte_tokenizer, saved_tokenizer
 
-DECODER_DEFAULT_N = 128
-DEFAULT_WINDOWS = 512  # N of a default audit on the bundled text (auditor.data.default_samples)
-# One block's multiply-adds x 2 over the default sample, at most: measured on this project's 2-core CPU
-# (about 30 GFLOP/s in float32), the block-0 forward of a default audit then takes at most ~4 minutes.
-DEFAULT_AUDIT_FLOPS = 8e12
+DECODER_DEFAULT_N = 128  # the family's own n; the audit's cost rule may halve it
 # Whether the family's tokenizer puts a BOS token first (used when no tokenizer comes with the weights).
 ADDS_BOS = {"llama": True, "mistral": True, "gemma": True, "gemma2": True, "gemma3_text": True,
             "qwen2": False, "qwen3": False, "phi3": False, "olmo": False, "olmo2": False, "gpt_neox": False}
@@ -82,13 +78,10 @@ class DecoderAdapter(PartialAdapter):
     options = ("bos",)
     config_class = transformers.AutoConfig
 
-    def context_length(self, config: Any, requested: int | None) -> int:
+    def context_limits(self, config: Any) -> ContextLimits:
         config = self.tower(config)
-        positions = int(config.max_position_embeddings)
-        default = default_context_length(DECODER_DEFAULT_N, positions, int(config.hidden_size))
-        while default > 16 and 2 * block_parameters(config) * DEFAULT_WINDOWS * default > DEFAULT_AUDIT_FLOPS:
-            default //= 2
-        return check_context_length(requested, default, positions, config.model_type)
+        return ContextLimits(config.model_type, positions=int(config.max_position_embeddings),
+                             preferred=DECODER_DEFAULT_N, block_weights=block_parameters(config))
 
     def query_index(self, n: int) -> int:
         return n - 1
@@ -237,5 +230,4 @@ for _name, _hub, _config, _what in (
     ("gemma-2-2b", "google/gemma-2-2b", gemma_2_2b, "Gemma 2 2B (d 2304, 26 blocks)"),
     ("phi-3-mini", "microsoft/Phi-3-mini-4k-instruct", phi_3_mini, "Phi-3 mini 4k (d 3072, 32 blocks)"),
 ):
-    _n = DECODER.context_length(_config(), None)
-    register(ModelSpec(_name, DECODER, _hub, _config, f"{_what}; n = {_n}"))
+    register(ModelSpec(_name, DECODER, _hub, _config, _what))  # `audit models` prints the n of its audit

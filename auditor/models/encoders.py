@@ -18,8 +18,7 @@ import torch
 import transformers
 from torch import nn
 
-from auditor.core.errors import AuditError
-from auditor.models.base import ModelSpec, check_context_length, default_context_length
+from auditor.models.base import ContextLimits, ModelSpec
 from auditor.models.decoder import byte_offset
 from auditor.models.partial_adapter import PartialAdapter
 from auditor.models.registry import register_adapter
@@ -51,13 +50,10 @@ class EncoderAdapter(PartialAdapter):
                 return transformers.RobertaModel(config, add_pooling_layer=False)
         return super()._instantiate(config)
 
-    def context_length(self, config: Any, requested: int | None) -> int:
+    def context_limits(self, config: Any) -> ContextLimits:
         positions = int(config.max_position_embeddings) - POSITION_OFFSET.get(config.model_type, 0)
-        default = default_context_length(ENCODER_DEFAULT_N, positions, int(config.hidden_size))
-        n = check_context_length(requested, default, positions, config.model_type)
-        if n < 5:
-            raise AuditError(f"context_length {n} is too short for <s> s1 </s> s2 </s>: n >= 5")
-        return n
+        return ContextLimits(config.model_type, positions=positions, preferred=ENCODER_DEFAULT_N, minimum=5,
+                             layout="<s> s1 </s> s2 </s>")
 
     def make_loaded_inputs(self, spec: ModelSpec, kind: str, source: str | None, config: Any,
                            options: Mapping[str, Any]):

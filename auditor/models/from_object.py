@@ -32,18 +32,18 @@ from auditor.models.base import (
     TextTokenizer,
     weights_dtype,
 )
-from auditor.models.registry import _ADAPTERS
+from auditor.models.registry import adapters
 
 IN_MEMORY = "in-memory"  # the weights column of a model object's rows
 
 
 def _adapter(model: Any) -> HFAdapter:
     model_type = getattr(getattr(model, "config", None), "model_type", None)
-    supported = sorted(t for t, a in _ADAPTERS.items() if isinstance(a, HFAdapter))
+    supported = sorted(t for t, a in adapters().items() if isinstance(a, HFAdapter))
     if not isinstance(model, nn.Module) or not model_type:
         raise AuditError(f"expected a model name or a transformers model object (PreTrainedModel, or one "
                          f"held in TransformerLens or nnsight); got {type(model).__name__}")
-    adapter = _ADAPTERS.get(model_type)
+    adapter = adapters().get(model_type)
     if not isinstance(adapter, HFAdapter):
         raise AuditError(
             f"{type(model).__name__} is a {model_type!r} model; model objects of these types can be "
@@ -198,7 +198,7 @@ def _from_transformer_lens(model: Any, kind: str, processor: Any, context_length
         architecture = type(original).__name__
     else:
         config = interp.hooked_hf_config(model, interp.tl_model_types())
-        family = _ADAPTERS[config.model_type]
+        family = adapters()[config.model_type]
         architecture = str(model.cfg.original_architecture)
     d, depth = int(model.cfg.d_model), int(model.cfg.n_layers)
     if (d, depth) != (family.width(config), family.depth(config)):

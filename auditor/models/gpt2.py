@@ -21,18 +21,12 @@ from typing import Any
 import numpy as np
 from transformers import AutoTokenizer, GPT2Config, GPT2Model
 
-from auditor.models.base import (
-    HFAdapter,
-    ModelSpec,
-    TextTokenizer,
-    check_context_length,
-    default_context_length,
-    hub_reachable,
-)
+from auditor.data.feed import TextTokenizer
+from auditor.models.base import ContextLimits, HFAdapter, ModelSpec, hub_reachable
 from auditor.models.registry import register, register_adapter
 from auditor.models.tokenizers import gpt2_byte_order, load_tokenizer, wrap_hf_tokenizer
 
-GPT2_DEFAULT_N = 1024  # the paper's gpt2-large setting; narrower models: see default_context_length
+GPT2_DEFAULT_N = 1024  # the paper's gpt2-large setting; narrower models: see ContextLimits.own
 GPT2_TOKENIZER_ID = "openai-community/gpt2"  # all GPT-2 sizes share one BPE vocabulary
 GPT2_TOKENIZER_FILES = ("tokenizer.json", "vocab.json")
 BYTE_FALLBACK_NAME = "gpt2-bytes (offline fallback, no BPE merges)"
@@ -82,10 +76,8 @@ class GPT2Adapter(HFAdapter):
     model_kwargs = {}
     optional_weights = ()
 
-    def context_length(self, config: Any, requested: int | None) -> int:
-        positions = int(config.n_positions)
-        default = default_context_length(GPT2_DEFAULT_N, positions, int(config.n_embd))
-        return check_context_length(requested, default, positions, "GPT-2")
+    def context_limits(self, config: Any) -> ContextLimits:
+        return ContextLimits("GPT-2", positions=int(config.n_positions), preferred=GPT2_DEFAULT_N)
 
     def query_index(self, n: int) -> int:
         return n - 1

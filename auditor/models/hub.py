@@ -4,16 +4,21 @@ Hugging Face hub answers, and quiet transformers loading."""
 from __future__ import annotations
 
 import contextlib
-import functools
-import os
-import socket
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlparse
 
-from auditor.core.errors import AuditError
+from auditor.core.errors import AuditError, first_line  # noqa: F401  (re-exported)
+from auditor.core.network import hub_reachable  # noqa: F401  (re-exported)
 
 WEIGHTS_HELP = "weights must be 'random', 'pretrained' or a folder written by save_pretrained"
+
+# The weights files of a save_pretrained folder (or a hub repository): the only names read, defined here only.
+SAFETENSORS = "model.safetensors"  # the whole checkpoint in one file
+INDEX_FILE = "model.safetensors.index.json"  # tensor name -> shard, for a checkpoint in several files
+SHARDS = "model*.safetensors"  # the single file or the shards (their headers name their tensors)
+TORCH_BIN = "pytorch_model.bin"  # a pickle of tensors, read with torch.load(weights_only=True)
+TORCH_BINS = "pytorch_model*.bin"  # that pickle, single or sharded
+CONVERT_HINT = f"convert it to {SAFETENSORS} (safetensors.torch.save_file or save_pretrained)"
 
 
 class WeightsUnavailable(AuditError):
@@ -42,38 +47,6 @@ def weights_kind(weights: str) -> str:
     if looks_like_path(str(weights)):
         raise AuditError(f"weights folder {weights!r} does not exist; {WEIGHTS_HELP}")
     raise AuditError(f"{WEIGHTS_HELP}; {weights!r} is none of these (no such folder)")
-
-
-@functools.cache
-def hub_reachable(timeout: float = 3.0) -> bool:
-    """Whether the Hugging Face hub answers a TCP connection (checked once per process).
-
-    Without this check every hub look-up in an offline machine costs ~40 s of retries before failing.
-    ``HF_HUB_OFFLINE=1`` forces offline.
-    """
-    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
-        return False
-    try:
-        from huggingface_hub import constants
-
-        endpoint = constants.ENDPOINT
-    except (ImportError, AttributeError):
-        endpoint = "https://huggingface.co"
-    url = urlparse(endpoint)
-    port = url.port or (443 if url.scheme == "https" else 80)
-    try:
-        with socket.create_connection((url.hostname or "huggingface.co", port), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
-def first_line(err: BaseException) -> str:
-    """The first non-empty line of an exception message (errors are reported as one line)."""
-    for line in str(err).splitlines():
-        if line.strip():
-            return line.strip()
-    return type(err).__name__
 
 
 @contextlib.contextmanager

@@ -134,9 +134,9 @@ def hooked_hf_config(model: Any, supported: Sequence[str]) -> Any:
 
 def tl_model_types() -> list[str]:
     """The Hugging Face model types whose TransformerLens models can be audited (:data:`TL_FAMILIES`)."""
-    from auditor.models.registry import _ADAPTERS
+    from auditor.models.registry import adapters
 
-    return [t for t, a in _ADAPTERS.items() if getattr(a, "family", None) in TL_FAMILIES]
+    return [t for t, a in adapters().items() if getattr(a, "family", None) in TL_FAMILIES]
 
 
 def nnsight_module(model: Any) -> nn.Module:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+from auditor.models.hub import SAFETENSORS
+
 
 @functools.cache
 def minilm_package_dir() -> Path | None:
@@ -19,6 +21,6 @@ def minilm_package_dir() -> Path | None:
 
 
 def bundled_minilm_dir() -> Path | None:
-    """The installed package's folder when it holds the weights (``model.safetensors``), else None."""
+    """The installed package's folder when it holds the weights (a single safetensors file), else None."""
     folder = minilm_package_dir()
-    return folder if folder is not None and (folder / "model.safetensors").is_file() else None
+    return folder if folder is not None and (folder / SAFETENSORS).is_file() else None

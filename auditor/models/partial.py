@@ -37,12 +37,18 @@ from torch import nn
 
 from auditor.core.errors import AuditError
 from auditor.models.checkpoint import QUANTIZED_NAMES, inside_folder, quantized_error, read_index
-from auditor.models.hub import WeightsUnavailable, first_line, hub_reachable
+from auditor.models.hub import (
+    CONVERT_HINT,
+    INDEX_FILE,
+    SAFETENSORS,
+    SHARDS,
+    TORCH_BIN,
+    WeightsUnavailable,
+    first_line,
+    hub_reachable,
+)
 from auditor.models.streamed import SafetensorsFile
 
-INDEX_FILE = "model.safetensors.index.json"
-SAFETENSORS_FILE = "model.safetensors"
-BIN_FILE = "pytorch_model.bin"
 WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)  # a weight as stored
 
 
@@ -141,11 +147,11 @@ class CheckpointReader:
         if index is not None:
             self._where = read_index(index)  # every shard a plain file name beside the index
             return self._where
-        single = self.file(SAFETENSORS_FILE)
+        single = self.file(SAFETENSORS)
         files = [single] if single is not None else []
         if self.folder is not None and not files:  # shards without an index: their headers name the tensors
             files = [inside_folder(self.folder, p, "the weights file")
-                     for p in sorted(self.folder.glob("model*.safetensors")) if p.is_file()]
+                     for p in sorted(self.folder.glob(SHARDS)) if p.is_file()]
         if files:
             where: dict[str, str] = {}
             for path in files:
@@ -153,13 +159,13 @@ class CheckpointReader:
                 where.update({key: path.name for key in self._files[path.name].entries})
             self._where = where
             return where
-        binary = self.file(BIN_FILE)
+        binary = self.file(TORCH_BIN)
         if binary is None:
             raise WeightsUnavailable(
-                f"{self.source}: no {SAFETENSORS_FILE}, {INDEX_FILE} or {BIN_FILE} to read"
+                f"{self.source}: no {SAFETENSORS}, {INDEX_FILE} or {TORCH_BIN} to read"
             )
         self._bin = _load_bin(binary)
-        self._where = {key: BIN_FILE for key in self._bin}
+        self._where = {key: TORCH_BIN for key in self._bin}
         return self._where
 
     def _header(self, filename: str) -> SafetensorsFile:
@@ -202,7 +208,7 @@ class CheckpointReader:
         """(shape, dtype, where) of tensor ``key`` as stored, from the header alone (no data is read)."""
         if self._bin is not None:
             tensor = self._bin[key]
-            return tuple(tensor.shape), tensor.dtype, f"{self.source}/{BIN_FILE}"
+            return tuple(tensor.shape), tensor.dtype, f"{self.source}/{TORCH_BIN}"
         file = self._entry_file(key)
         entry = file.entries[key]
         return entry.shape, entry.dtype, str(file.path)
@@ -297,8 +303,7 @@ def _load_bin(path: Path) -> dict[str, torch.Tensor]:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
         raise AuditError(
-            f"{path} pickles more than tensors, so it was refused (nothing in it ran); convert it to "
-            "model.safetensors (save_pretrained)"
+            f"{path} pickles more than tensors, so it was refused (nothing in it ran); {CONVERT_HINT}"
         ) from None
     except (OSError, RuntimeError, EOFError) as err:
         raise AuditError(f"{path} is not a readable torch checkpoint: {first_line(err)}") from None

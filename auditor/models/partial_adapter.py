@@ -1,9 +1,11 @@
 """The adapter of the families loaded block by block (see :mod:`auditor.models.partial`).
 
 A family states its config and model classes, where its blocks are (``block_path``), which parameters
-come after the blocks (``after_blocks``: never read), how its inputs are made and how it is called. The
-network is built when the extractor says how deep it reads (:meth:`PartialAdapter.prepare`), so
-``weights='random'`` for an 8B model builds the embedding and block 0 only.
+come after the blocks (``after_blocks``: never read), how its inputs are made and how it is called. Its
+steps of :meth:`~auditor.models.base.Adapter.load` read the config (and open the checkpoint) without any
+weights, and build a :class:`~auditor.models.partial.PartialModel`: the network is built when the
+extractor says how deep it reads (:meth:`PartialAdapter.prepare`), so ``weights='random'`` for an 8B model
+builds the embedding and block 0 only.
 """
 
 from __future__ import annotations
@@ -18,14 +20,12 @@ import torch
 from torch import nn
 
 from auditor.core.errors import AuditError
-from auditor.models.base import HFAdapter, LoadedModel, ModelSpec, apply_overrides, weights_dtype
+from auditor.models.base import HFAdapter, LoadRequest, weights_dtype
 from auditor.models.checkpoint import quantized_error
 from auditor.models.hub import (
     WeightsUnavailable,
     first_line,
-    folder_model_type,
     quiet_transformers,
-    weights_kind,
 )
 from auditor.models.limits import FIX_HINT, check_config, check_resident, config_error
 from auditor.models.partial import (
@@ -58,10 +58,6 @@ class PartialAdapter(HFAdapter):
     model_kwargs: Mapping[str, Any] = {}
 
     # -- configs -----------------------------------------------------------------------------------
-    def tower(self, config: Any) -> Any:
-        """The config of the part audited (CLIP, SigLIP: the vision tower of a two-tower config)."""
-        return config
-
     def width(self, config: Any) -> int:
         return int(self.tower(config).hidden_size)
 
@@ -103,22 +99,8 @@ class PartialAdapter(HFAdapter):
         """The tower's part of a config.json (identity unless the family has towers)."""
         return values
 
-    def check_folder(self, folder: Path) -> None:
-        found = folder_model_type(folder)
-        if found not in self.model_types:
-            raise AuditError(f"{folder} holds a {found or 'unknown'} model, not a {self.family} model")
-
-    def planned_shape(self, spec, weights, *, context_length, overrides):
-        kind = weights_kind(weights)
-        if kind == "folder":
-            config = self.read_config(str(Path(weights).expanduser()))
-        elif kind == "random":
-            config = self.build_config(spec, overrides)
-        elif spec.config is not None:
-            config = spec.config()
-        else:
-            return None
-        return self.context_length(config, context_length), self.width(config)
+    def folder_config(self, folder: Path) -> Any:
+        return self.read_config(str(folder))
 
     # -- what the extractor calls -------------------------------------------------------------------
     def prepare(self, model: nn.Module, deepest: int) -> None:
@@ -149,92 +131,37 @@ class PartialAdapter(HFAdapter):
         """Call ``model.net`` (built by :meth:`prepare`) on one batch."""
         raise NotImplementedError
 
-    # -- per-family inputs and notes ------------------------------------------------------------------
-    def make_loaded_inputs(self, spec: ModelSpec, kind: str, source: str | None, config: Any,
-                           options: Mapping[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
-        """(tokenizer, image preprocessor, state) for these weights; ``state`` (e.g. the BOS id used) is kept
-        on the model for :meth:`forward` and handed to :meth:`notes`. ``options`` holds the load options
-        and ``trust_remote_code`` (whether a saved tokenizer may run code from the checkpoint)."""
-        raise NotImplementedError
+    # -- the steps of Adapter.load ---------------------------------------------------------------------
+    def read_architecture(self, request: LoadRequest) -> Any:
+        if request.kind == "random":
+            return self.random_config(request.spec, request.overrides, request.dtype)
+        request.reader = CheckpointReader(request.source)
+        config = self.read_config(request.source, request.reader)
+        request.reader.keys()  # the index and every header checked now, before anything is built or read
+        return config
 
-    def notes(self, config: Any, n: int, state: Mapping[str, Any]) -> dict[str, str]:
-        """What a reader needs to know about positions, attention and special tokens (report details)."""
-        return {}
-
-    def query_for(self, n: int, options: Mapping[str, Any]) -> tuple[str, int]:
-        """(query rule, query row): ``index`` and the row of the query token, or ``mean`` of the n tokens."""
-        return "index", self.query_index(n)
-
-    # -- loading ---------------------------------------------------------------------------------------
-    def load(
-        self,
-        spec: ModelSpec,
-        weights: str,
-        *,
-        device: torch.device,
-        dtype: torch.dtype,
-        seed: int,
-        context_length: int | None,
-        trust_remote_code: bool,
-        overrides: Mapping[str, Any] | None,
-        **options: Any,
-    ) -> LoadedModel:
-        kind = weights_kind(weights)
-        if kind != "random" and overrides:
-            raise AuditError("config overrides apply to weights='random' only")
-        reader: CheckpointReader | None = None
-        if kind == "random":
-            try:
-                config = apply_overrides(self.build_config(spec, None), overrides)
-            except AuditError:
-                raise
-            except Exception as err:  # noqa: BLE001 - transformers' validation of an overridden field
-                where = f"{spec.name} with config overrides {dict(overrides or {})}"
-                raise config_error(err, where) from None
-            check_config(self.tower(config), f"{spec.name}" + (" with config overrides" if overrides else ""),
-                         itemsize=max(4, dtype.itemsize))
-            source = None
-            read_from = (
-                f"random init (torch.manual_seed({seed}) outside the blocks, block L from seed ({seed}, L))"
-            )
-        else:
-            source = str(Path(weights).expanduser()) if kind == "folder" else self.pretrained_source(spec)
-            reader = CheckpointReader(source)
-            config = self.read_config(source, reader)
-            reader.keys()  # the index and every header checked now, before anything is built or read
-            read_from = source
-        tower = self.tower(config)
-        n = self.context_length(config, context_length)  # a bad n fails before anything is built
-        tokenizer, preprocessor, state = self.make_loaded_inputs(
-            spec, kind, source, tower, {**options, "trust_remote_code": trust_remote_code})
-        vocab = getattr(tower, "vocab_size", None)
-        if tokenizer is not None and vocab is not None and tokenizer.vocab_size > int(vocab):
-            raise AuditError(
-                f"{spec.name}: the tokenizer has {tokenizer.vocab_size} ids but the model only {vocab} "
-                f"embeddings; keep vocab_size >= {tokenizer.vocab_size}"
-            )
-        rule, row = self.query_for(n, options)
-        details: dict[str, str] = {
-            "weights_source": read_from,
-            "architecture": self.model_class_for(tower).__name__,
-            "compute_dtype": str(dtype).removeprefix("torch."),
-            "loading": "embedding and audited blocks only (partial load)",
-            **self.notes(tower, n, state),
-        }
-        if reader is None:
-            build = self._random_builder(tower, seed, device, dtype, details)
-        else:
-            build = self._checkpoint_builder(tower, reader, device, dtype, details)
-        model = PartialModel(self.depth(config), build)
-        model.reader = reader  # which tensors were read (tests, benchmarks)
-        model.state = state
-        model.block_path = self.block_path_of(tower)
-        loaded = LoadedModel(
-            spec=spec, model=model, n=n, d=self.width(config), num_layers=self.depth(config), query_index=row,
-            weights=str(weights), tokenizer_name=(tokenizer or preprocessor).name, device=device, dtype=dtype,
-            seed=seed, tokenizer=tokenizer, image_preprocessor=preprocessor, details=details, query=rule,
+    def build(self, request: LoadRequest, config: Any) -> tuple[nn.Module, Any]:
+        """A :class:`PartialModel`: nothing is built until the extractor says how deep it reads."""
+        tower, details = self.tower(config), request.details
+        details.update(
+            weights_source=request.source if request.reader is not None else (
+                f"random init (torch.manual_seed({request.seed}) outside the blocks, block L from seed "
+                f"({request.seed}, L))"),
+            architecture=self.model_class_for(tower).__name__,
+            compute_dtype=str(request.dtype).removeprefix("torch."),
+            loading="embedding and audited blocks only (partial load)",
         )
-        return loaded
+        if request.reader is None:
+            build = self._random_builder(tower, request.seed, request.device, request.dtype, details)
+        else:
+            build = self._checkpoint_builder(tower, request.reader, request.device, request.dtype, details)
+        model = PartialModel(self.depth(config), build)
+        model.reader = request.reader  # which tensors were read (tests, benchmarks)
+        model.block_path = self.block_path_of(tower)
+        return model, config
+
+    def keep_state(self, model: nn.Module, state: Mapping[str, Any]) -> None:
+        model.state = state  # read by forward (the BOS id)
 
     def model_class_for(self, config: Any) -> type[nn.Module]:
         """The Hugging Face base model class of a config (``LlamaModel`` for a ``LlamaConfig``, ...)."""

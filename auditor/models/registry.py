@@ -53,6 +53,11 @@ def register_adapter(adapter: Adapter) -> Adapter:
     return adapter
 
 
+def adapters() -> dict[str, Adapter]:
+    """Every registered family adapter, by the Hugging Face ``model_type`` it serves (a copy)."""
+    return dict(_ADAPTERS)
+
+
 def known_models() -> list[str]:
     """The registered short names, sorted."""
     return sorted(_MODELS)

@@ -20,17 +20,18 @@ import torch
 from torch import nn
 
 from auditor.core.errors import AuditError
+from auditor.data.feed import ImagePreprocessor
 from auditor.models.base import (
     Adapter,
-    ImagePreprocessor,
-    LoadedModel,
+    ContextLimits,
+    LoadRequest,
     ModelSpec,
     WeightsUnavailable,
     first_line,
     hub_reachable,
     weights_dtype,
-    weights_kind,
 )
+from auditor.models.hub import SAFETENSORS
 
 TIMM_MISSING = "timm is not installed: pip install 'attention-auditor[timm]'"
 _TO_TENSOR = ("ToTensor", "MaybeToTensor")
@@ -109,7 +110,7 @@ def _pretrained(timm: Any, name: str) -> nn.Module:
         hub_id = (
             timm.models.get_pretrained_cfg(name).hf_hub_id if timm.models.get_pretrained_cfg(name) else None
         )
-        cached = try_to_load_from_cache(hub_id, "model.safetensors") if hub_id else None
+        cached = try_to_load_from_cache(hub_id, SAFETENSORS) if hub_id else None
         if not isinstance(cached, str):
             raise WeightsUnavailable(
                 f"pretrained weights for timm:{name} unavailable: the Hugging Face hub is unreachable and "
@@ -127,32 +128,21 @@ def _pretrained(timm: Any, name: str) -> nn.Module:
 class TimmViTAdapter(Adapter):
     family = "vit"
     modality = "image"
+    overrides_apply_to = ("random", "folder")  # create_model keyword arguments
 
-    def load(
-        self,
-        spec: ModelSpec,
-        weights: str,
-        *,
-        device: torch.device,
-        dtype: torch.dtype,
-        seed: int,
-        context_length: int | None,
-        trust_remote_code: bool,
-        overrides: Mapping[str, Any] | None,
-    ) -> LoadedModel:
-        timm = import_timm()
-        kind = weights_kind(weights)
-        kwargs = dict(overrides or {})
-        if kind == "pretrained":
-            if kwargs:
-                raise AuditError("config overrides apply to weights='random' or a folder only")
+    def build(self, request: LoadRequest, config: Any) -> tuple[nn.Module, Any]:
+        """The timm model (its own weights, the folder's or random ones), checked to be a ViT with a CLS
+        token; the model is its own configuration."""
+        timm, spec, seed = import_timm(), request.spec, request.seed
+        kwargs = dict(request.overrides or {})
+        if request.kind == "pretrained":
             from auditor.models.checkpoint import check_finite_parameters
 
             model, read_from = _pretrained(timm, spec.source), f"timm pretrained {spec.source}"
             check_finite_parameters(model, f"timm:{spec.source}")
             stored = weights_dtype(model.parameters())  # as timm holds them once loaded
         else:
-            folder = Path(weights).expanduser() if kind == "folder" else None
+            folder = Path(request.source) if request.kind == "folder" else None
             if folder is not None and (folder / "config.json").is_file():  # timm's save_for_hf layout
                 kwargs = {**json.loads((folder / "config.json").read_text()).get("model_args", {}), **kwargs}
             with torch.random.fork_rng(devices=[]):
@@ -170,29 +160,22 @@ class TimmViTAdapter(Adapter):
             raise AuditError(f"timm:{spec.source} is a {type(model).__name__}, not a VisionTransformer")
         if getattr(model, "cls_token", None) is None:
             raise AuditError(f"timm:{spec.source} has no class token, so there is no CLS query to audit")
-        n = int(model.num_prefix_tokens) + int(model.patch_embed.num_patches)
-        if context_length is not None and context_length != n:
-            raise AuditError(
-                f"context_length is fixed by the image size for ViT: n = {n}, not {context_length}"
-            )
-        model = model.to(device=device, dtype=dtype).eval()
-        preprocessor = timm_preprocessor(model)
-        return LoadedModel(
-            spec=spec,
-            model=model,
-            n=n,
-            d=int(model.embed_dim),
-            num_layers=len(model.blocks),
-            query_index=0,
-            weights=str(weights),
-            tokenizer_name=preprocessor.name,
-            device=device,
-            dtype=dtype,
-            seed=seed,
-            image_preprocessor=preprocessor,
-            details={"weights_source": read_from, "architecture": f"timm {type(model).__name__}",
-                     "weights_dtype": stored},
-        )
+        model = model.to(device=request.device, dtype=request.dtype).eval()
+        request.details.update(weights_source=read_from, architecture=f"timm {type(model).__name__}",
+                               weights_dtype=stored)
+        return model, model
+
+    def context_limits(self, config: Any) -> ContextLimits:
+        return ContextLimits("ViT", fixed=int(config.num_prefix_tokens) + int(config.patch_embed.num_patches))
+
+    def width(self, config: Any) -> int:
+        return int(config.embed_dim)
+
+    def depth(self, config: Any) -> int:
+        return len(config.blocks)
+
+    def make_loaded_inputs(self, spec, kind, source, config, options):
+        return None, timm_preprocessor(config), {}
 
     def blocks(self, model: nn.Module):
         return model.blocks

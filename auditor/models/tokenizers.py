@@ -1,4 +1,4 @@
-"""Text tokenizers as :class:`~auditor.models.base.TextTokenizer`: any Hugging Face tokenizer, and the
+"""Text tokenizers as :class:`~auditor.data.feed.TextTokenizer`: any Hugging Face tokenizer, and the
 uncased WordPiece vocabulary that ships in the installed MiniLM package (BERT's, usable offline)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from auditor.core.errors import AuditError
-from auditor.models.base import TextTokenizer
+from auditor.data.feed import TextTokenizer
 from auditor.models.packaged import minilm_package_dir
 
 

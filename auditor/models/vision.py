@@ -25,8 +25,9 @@ import transformers
 from PIL import Image
 from torch import nn
 
-from auditor.core.errors import AuditError, did_you_mean
-from auditor.models.base import ImagePreprocessor, ModelSpec
+from auditor.core.errors import did_you_mean
+from auditor.data.feed import ImagePreprocessor
+from auditor.models.base import ContextLimits, ModelSpec
 from auditor.models.partial_adapter import PartialAdapter
 from auditor.models.registry import register, register_adapter
 
@@ -75,14 +76,10 @@ class VisionAdapter(PartialAdapter):
         """Tokens besides the patches: the CLS token (and registers)."""
         return 1
 
-    def context_length(self, config: Any, requested: int | None) -> int:
+    def context_limits(self, config: Any) -> ContextLimits:
         config = self.tower(config)
-        n = self.extra_tokens(config) + (self.image_size(config) // int(config.patch_size)) ** 2
-        if requested is not None and requested != n:
-            raise AuditError(
-                f"context_length is fixed by the image size for {self.family}: n = {n}, not {requested}"
-            )
-        return n
+        return ContextLimits(self.family, fixed=self.extra_tokens(config)
+                             + (self.image_size(config) // int(config.patch_size)) ** 2)
 
     def preprocessor(self, config: Any) -> ImagePreprocessor:
         raise NotImplementedError

@@ -14,8 +14,8 @@ from typing import Any
 from PIL import Image
 from transformers import ViTConfig, ViTModel
 
-from auditor.core.errors import AuditError
-from auditor.models.base import HFAdapter, ImagePreprocessor, ModelSpec, hub_reachable
+from auditor.data.feed import ImagePreprocessor
+from auditor.models.base import ContextLimits, HFAdapter, ModelSpec, hub_reachable
 from auditor.models.registry import register, register_adapter
 
 VIT_MEAN = (0.5, 0.5, 0.5)
@@ -71,11 +71,8 @@ class ViTAdapter(HFAdapter):
     block_paths = ("layers", "encoder.layer")  # transformers 5, transformers 4
     model_kwargs = {"add_pooling_layer": False}
 
-    def context_length(self, config: Any, requested: int | None) -> int:
-        n = 1 + (int(config.image_size) // int(config.patch_size)) ** 2
-        if requested is not None and requested != n:
-            raise AuditError(f"context_length is fixed by the image size for ViT: n = {n}, not {requested}")
-        return n
+    def context_limits(self, config: Any) -> ContextLimits:
+        return ContextLimits("ViT", fixed=1 + (int(config.image_size) // int(config.patch_size)) ** 2)
 
     def make_inputs(self, spec: ModelSpec, kind: str, folder: Path | None, config: Any, *,
                     trust_remote_code: bool = False):
