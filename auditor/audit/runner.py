@@ -152,11 +152,13 @@ def audit_model(model: str | torch.nn.Module = "vit-base", processor: object = N
         model: a registered name of any family: ViT, BERT, GPT-2, decoder LLMs (Llama, Qwen, Mistral,
             Gemma, Phi), DINOv2, CLIP, SigLIP (``vit-base``, ``gpt2``, ``llama-3.2-1b``, ...; ``audit models``
             lists them), a hub id or save_pretrained folder of these types, ``timm:<name>``, or a
-            transformers model object of the ViT, BERT or GPT-2 family that you hold (its weights are
-            audited as ``weights = "in-memory"``).
-        processor: for a model object, its image processor or tokenizer (None: the family's default).
+            transformers model object of the ViT, BERT or GPT-2 family that you hold, or one held in
+            TransformerLens (``TransformerBridge``, ``HookedTransformer``: GPT-2 family) or nnsight (extra
+            ``interp``; its weights are audited as ``weights = "in-memory"``).
+        processor: for a model object, its image processor or tokenizer (None: the tokenizer the object
+            carries, else the family's default).
         data: image folder, .txt file or folder, ``hf:<dataset>``, or None for the bundled sample.
-        out: folder for the report (results.csv, summary.md, plots); None writes nothing.
+        out: folder for the report (results.csv, summary.md, plots, report.html); None writes nothing.
         options: the fields of :class:`AuditConfig` (``samples``, ``first``, ``subsets``,
             ``representations``, ``weights``, ``tests``, ``threshold``, ``rtol``, ``seed``, ``device``,
             ``batch_size``, ``context_length``, ``sweep``, ``sweep_ks``, ``save_tokens``, ``tokens``,
