@@ -12,80 +12,31 @@ a finished unit or a checkpoint lies inside).
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import shutil
 import types
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import click
-import torch
 
 from auditor.core.atomic import confined, foreign_entries, refuse_foreign, write_text_atomic
 from auditor.core.errors import AuditError
 from auditor.core.execution import EXECUTORS, check_executor
-from auditor.core.options import (
-    MAX_SEED,
-    MAX_SIZE,
-    MAX_STEPS,
-    parse_floats,
-    parse_ints,
-    parse_seeds,
-    parse_sizes,
-)
+from auditor.core.options import parse_floats, parse_ints, parse_seeds, parse_sizes
 from auditor.core.provenance import timestamp
 from auditor.core.slurm import click_options as slurm_options
 from auditor.core.slurm import pop_options as pop_slurm_options
 from auditor.lab import room as registry
 from auditor.lab.experiment import SCALES, Experiment, Option, run_experiment
+from auditor.lab.options import SEED, SIZE, STEPS, THREADS_HELP, torch_threads
 from auditor.lab.room import Room
 from auditor.lab.sweep import missing_parents, remove_empty
 
-MAX_THREADS = 1024
-SEED = click.IntRange(0, MAX_SEED)  # a scalar seed option (lists: auditor.core.options.parse_seeds)
-SIZE = click.IntRange(max=MAX_SIZE)  # a scalar size option; its lower bound is the config's own check
-STEPS = click.IntRange(max=MAX_STEPS)  # a step count (--steps, --eval-every); its lower bound is the config's
-THREADS_HELP = "torch intra-op threads for this run [default: torch's default, one per core]"
 SEEDS_HELP = "Seeds of the repetitions, e.g. 0,1,2 or 0:4"
 _STEP_COUNTS = ("steps", "eval_every")  # bounded by MAX_STEPS, not MAX_SIZE
-
-
-def check_threads(threads: int | None) -> None:
-    """None (torch's default) or an integer in 1 .. MAX_THREADS, else a one-line AuditError."""
-    if threads is not None and not 1 <= threads <= MAX_THREADS:
-        raise AuditError(
-            f"--threads takes an integer in 1..{MAX_THREADS} (or leave it out for one per core); "
-            f"got {threads}"
-        )
-
-
-@contextlib.contextmanager
-def torch_threads(threads: int | None) -> Iterator[None]:
-    """Run the body with ``threads`` torch intra-op threads (None: leave torch's setting alone)."""
-    check_threads(threads)
-    if threads is None:
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-def threads_option(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Add ``--threads`` to a click command; the command body runs under :func:`torch_threads`."""
-
-    @functools.wraps(fn)
-    def run(*args: Any, threads: int | None, **kwargs: Any) -> Any:
-        with torch_threads(threads):
-            return fn(*args, **kwargs)
-
-    return click.option("--threads", type=int, default=None, help=THREADS_HELP)(run)
 
 
 def default_out(out: str | None, name: str) -> Path:

@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from auditor.lab.cli import SEED, SIZE, threads_option
+from auditor.lab.options import SEED, SIZE, threads_option
 
 
 @click.command("generate")
