@@ -119,6 +119,49 @@ def test_every_new_name_builds_at_its_real_width(name):
     assert name in known_models()
 
 
+def test_every_family_loads_through_the_one_recipe():
+    """No family writes its own load: each fills the steps of Adapter.load (timm's build_model_with_cfg
+    pattern), and reports its context limits instead of choosing a default n."""
+    from auditor.models.base import Adapter, ContextLimits
+    from auditor.models.timm_vit import TIMM_VIT
+
+    families = [*dict.fromkeys(adapters().values()), TIMM_VIT]
+    assert len(families) >= 9
+    for adapter in families:
+        assert type(adapter).load is Adapter.load, adapter.family
+        assert type(adapter).context_length is Adapter.context_length, adapter.family
+        assert type(adapter).context_limits is not Adapter.context_limits, adapter.family
+    for name in known_models():
+        spec = resolve(name)
+        assert isinstance(spec.adapter.context_limits(spec.config()), ContextLimits)
+
+
+# The n of an audit with no options, chosen by the plan's one cost rule from what the adapters report:
+# the decoders' own n is 128, and their blocks' weights (grouped-query attention, gated MLPs) halve it.
+DECODER_DEFAULT_N = {"llama-3.2-1b": 128, "qwen2.5-0.5b": 128, "qwen3-0.6b": 128, "gemma-2-2b": 64,
+                     "phi-3-mini": 64, "mistral-7b": 32, "llama-3.1-8b": 32}
+
+
+@pytest.mark.parametrize("name", sorted(DECODER_DEFAULT_N))
+def test_the_plan_halves_a_decoder_s_own_n_by_the_weights_of_its_block(name):
+    from auditor.audit.config import MAX_DEFAULT_SAMPLES
+    from auditor.audit.plan import DEFAULT_COST, audit_flops, default_context_length
+    from auditor.data import default_samples
+
+    def cost(n: int) -> float:  # of the audit with no options at this n
+        return audit_flops(default_samples(n, None, MAX_DEFAULT_SAMPLES), n, d, block=limits.block_weights)
+
+    spec = resolve(name)
+    config, adapter = spec.config(), spec.adapter
+    limits = adapter.context_limits(config)
+    assert limits.fixed is None and adapter.context_length(config, None) == 128  # the family's own n
+    n = AuditPlan.of(AuditConfig()).context_length(spec, "random")
+    assert n == DECODER_DEFAULT_N[name]
+    assert n == default_context_length(128, adapter.width(config), block=limits.block_weights)
+    d = adapter.width(config)
+    assert cost(n) <= DEFAULT_COST.flops and (n == 128 or cost(2 * n) > DEFAULT_COST.flops)
+
+
 def test_named_architectures_match_the_published_shapes():
     fields = {
         "llama-3.1-8b": {
