@@ -188,7 +188,7 @@ def test_tolerance_fields_without_a_grid_start_from_the_tests_ceilings(threshold
     slack = ratio_tol(k, 10)
     assert res.robustness.critical_rtol_low - slack <= truth <= res.robustness.critical_rtol_high + slack
     rob = res.robustness
-    if math.isnan(rob.critical_rtol):  # (only the bracket is known: below it the verdict holds, above it fails)
+    if math.isnan(rob.critical_rtol):  # (only the bracket is known: the verdict holds below it, fails above)
         assert rob.exact(res.rtol) is False
         assert (res.rtol < rob.critical_rtol_low) <= res.holds <= (res.rtol < rob.critical_rtol_high)
     else:
