@@ -4,8 +4,10 @@ Flow: a :class:`~.database.FactDatabase` (CSV, DataFrame or :class:`~.database.D
 -> its tensor D and certified rank bounds (:mod:`.tensor`), exact rank for tiny cases (:mod:`.exact`), a
 CP-rank estimate (:mod:`.cp`) and the effective rank (:mod:`.effective`) -> one attention-only layer over
 [k, q] (:mod:`.model`, trained by the lab engine through :mod:`.training`) -> its layer tensor L and the
-rank bound on it (:mod:`.layer_tensor`) -> the experiments with their presets (:mod:`.experiments`),
-plots, and the tools ``audit facts generate`` and ``audit facts plot`` (:mod:`.tools`).
+rank bound on it (:mod:`.layer_tensor`) -> the experiments with their presets, one module each and named
+as its command (:mod:`.width`, :mod:`.budget`, :mod:`.tau`, :mod:`.bound`, :mod:`.measure`, :mod:`.scale`,
+:mod:`.rank`, :mod:`.train`; what they share: :mod:`.shared`), plots, and the tools ``audit facts
+generate`` and ``audit facts plot`` (:mod:`.tools`).
 """
 
 from auditor.lab.room import Room
@@ -14,14 +16,14 @@ ROOM = Room(
     name="facts",
     help="Fact databases as tensors (rank, bounds) and how much one attention-only layer memorizes.",
     experiments={
-        "rank": "auditor.lab.facts.experiments:RANK",
-        "train": "auditor.lab.facts.experiments:TRAIN_LAYERS",
-        "width": "auditor.lab.facts.experiments:WIDTH",
-        "budget": "auditor.lab.facts.experiments:BUDGET",
-        "tau": "auditor.lab.facts.experiments:TAU",
-        "bound": "auditor.lab.facts.experiments:BOUND",
-        "measure": "auditor.lab.facts.experiments:MEASURE",
-        "scale": "auditor.lab.facts.experiments:SCALE",
+        "rank": "auditor.lab.facts.rank:RANK",
+        "train": "auditor.lab.facts.train:TRAIN_LAYERS",
+        "width": "auditor.lab.facts.width:WIDTH",
+        "budget": "auditor.lab.facts.budget:BUDGET",
+        "tau": "auditor.lab.facts.tau:TAU",
+        "bound": "auditor.lab.facts.bound:BOUND",
+        "measure": "auditor.lab.facts.measure:MEASURE",
+        "scale": "auditor.lab.facts.scale:SCALE",
     },
     tools={
         "generate": "auditor.lab.facts.tools:generate_command",

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from auditor.core.atomic import real_folder
+from auditor.core.errors import AuditError
 from auditor.lab.figures import heatmap, plt, save
 
 
@@ -158,3 +160,20 @@ def plot_tau_tracking(table: pd.DataFrame, out: Path) -> list[Path]:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     return [save(fig, out / "tau_tracking.png")]
+
+
+def plot_results(results: str | Path, out: str | Path | None = None) -> list[Path]:
+    """Draw the plot of the experiment recorded in ``results`` (a results.csv or its folder)."""
+    path = Path(results)
+    path = path / "results.csv" if path.is_dir() else path
+    if not path.is_file():
+        raise AuditError(f"no results file at {str(path)!r}; give a sweep folder or its results.csv")
+    frame = pd.read_csv(path)
+    if frame.empty or "experiment" not in frame:
+        raise AuditError(f"{str(path)!r} has no facts experiment rows")
+    name = str(frame["experiment"].iloc[0])
+    if name not in PLOTS:
+        return []
+    target = Path(out) if out is not None else path.parent
+    real_folder(target)
+    return PLOTS[name](frame, target)

@@ -46,7 +46,7 @@ def generate_command(output: str, **spec: Any) -> None:
 @threads_option
 def plot_command(folder: str, out: str | None) -> None:
     """Redraw the plot of a finished facts sweep."""
-    from auditor.lab.facts.experiments import plot_results
+    from auditor.lab.facts.plots import plot_results
 
     paths = plot_results(folder, out)
     if not paths:

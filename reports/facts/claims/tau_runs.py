@@ -5,7 +5,7 @@ import time
 import torch
 
 from auditor.lab.experiment import get, run_experiment
-from auditor.lab.facts.experiments import REFERENCE_DB
+from auditor.lab.facts.shared import REFERENCE_DB
 
 torch.set_num_threads(1)
 e = get("facts tau")
