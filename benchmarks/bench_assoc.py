@@ -27,7 +27,8 @@ import time
 import torch
 
 from auditor.lab.assoc.experiment import AssocConfig, run_bucket
-from auditor.lab.recall.experiments import RecallTraining, TradeoffConfig, run_tradeoff_unit
+from auditor.lab.recall.tradeoff import TradeoffConfig, run_tradeoff_unit
+from auditor.lab.recall.training import RecallTraining
 
 
 def ints(text: str) -> list[int]:

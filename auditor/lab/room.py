@@ -5,8 +5,9 @@ declares ``ROOM = Room(...)``: one line of help, its experiments (name -> ``"mod
 :class:`~auditor.lab.experiment.Experiment`), the suites that run several of them into one folder, its
 tools (other click commands, e.g. ``audit facts generate``) and the reader that counts the bits per
 parameter of its results (:class:`BitsReader`). :func:`rooms` finds them by iterating the lab's
-subpackages; nothing else lists them. The command line (:mod:`auditor.cli` through
-:mod:`auditor.lab.cli`), ``audit bits`` and the contract tests all read this list.
+subpackages (all but :data:`SHARED`, the code that several rooms use); nothing else lists them. The
+command line (:mod:`auditor.cli` through :mod:`auditor.lab.cli`), ``audit bits`` and the contract tests
+all read this list.
 
 The targets are strings, imported when used: a room's ``__init__`` imports nothing but this module, so
 listing the rooms (``audit --help``) loads none of their code.
@@ -90,6 +91,7 @@ class Room:
 
 
 FOLDERS = [str(Path(__file__).resolve().parent)]  # where the rooms are: the lab's own folder
+SHARED = "common"  # auditor/lab/common: what several rooms use (a room imports no other room); not a room
 
 
 def load(target: str) -> Any:
@@ -103,12 +105,12 @@ def rooms() -> dict[str, Room]:
     """Every room, by command name: the ``ROOM`` of each subpackage of :mod:`auditor.lab`, in name order."""
     found: dict[str, Room] = {}
     for info in sorted(pkgutil.iter_modules(FOLDERS), key=lambda i: i.name):
-        if not info.ispkg:
+        if not info.ispkg or info.name == SHARED:
             continue
         room = getattr(importlib.import_module(f"auditor.lab.{info.name}"), "ROOM", None)
         if not isinstance(room, Room):
             raise AuditError(f"auditor/lab/{info.name}/__init__.py declares no ROOM = Room(...); every "
-                             "subpackage of the lab is a room")
+                             f"subpackage of the lab but {SHARED}/ is a room")
         if room.name != info.name:
             raise AuditError(
                 f"the room in auditor/lab/{info.name} is named {room.name!r}; a room's name is its "

@@ -8,13 +8,13 @@ memory kind sweeps into its own folder (``linear/``, ``mlp/``), resumable, and `
 ``summary.md`` and ``capacity.png`` gather both.
 
 Every row says whether its capacity is ``converged``, by the rule of the factual-recall sweep
-(:data:`~auditor.lab.assoc.convergence.PLATEAU_GAIN` over the last
-:data:`~auditor.lab.assoc.convergence.PLATEAU_WINDOW` of the step budget): the probes that pass reached
-the threshold, so the capacity rests on the first failing probe (N = ``first_fail``), which is converged
-when its accuracy had stopped rising (a plateau) and step-limited when it was still climbing at the step
-limit. A search that never failed (capacity at the top of the searched range, ``first_fail`` empty) is
-not converged either: nothing bracketed it. Fits use converged rows only. Each probe of the ``probes``
-log carries its own ``plateau_gain`` and ``converged``.
+(:data:`~auditor.lab.common.search.convergence.PLATEAU_GAIN` over the last
+:data:`~auditor.lab.common.search.convergence.PLATEAU_WINDOW` of the step budget): the probes that pass
+reached the threshold, so the capacity rests on the first failing probe (N = ``first_fail``), which is
+converged when its accuracy had stopped rising (a plateau) and step-limited when it was still climbing at
+the step limit. A search that never failed (capacity at the top of the searched range, ``first_fail``
+empty) is not converged either: nothing bracketed it. Fits use converged rows only. Each probe of the
+``probes`` log carries its own ``plateau_gain`` and ``converged``.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ import pandas as pd
 
 from auditor.core.atomic import write_text_atomic
 from auditor.core.errors import AuditError, did_you_mean
-from auditor.lab.assoc.capacity import GUIDE_CONSTANT, Bisection, invert_n_log_n, search_all
-from auditor.lab.assoc.convergence import PLATEAU_GAIN, plateau_gain
 from auditor.lab.assoc.memories import MEMORY_KINDS, MemoryMember, build_memory, memory_parameters
+from auditor.lab.common.search.capacity import GUIDE_CONSTANT, Bisection, invert_n_log_n, search_all
+from auditor.lab.common.search.convergence import PLATEAU_GAIN, plateau_gain
 from auditor.lab.engine import TrainConfig, train
 from auditor.lab.experiment import Experiment, option
 from auditor.lab.sweep import write_csv
@@ -305,7 +305,7 @@ class AssocSweep:
 
 
 def _report(frame: pd.DataFrame, out: Path, config: AssocSweep) -> str:
-    from auditor.lab.assoc.summary import capacity_markdown
+    from auditor.lab.common.search.summary import capacity_markdown
 
     write_csv(frame, out / "capacity.csv")
     text = capacity_markdown(frame)
@@ -314,7 +314,7 @@ def _report(frame: pd.DataFrame, out: Path, config: AssocSweep) -> str:
 
 
 def _plots(frame: pd.DataFrame, out: Path, config: AssocSweep) -> list[Path]:
-    from auditor.lab.assoc.plots import plot_capacity
+    from auditor.lab.common.search.plots import plot_capacity
 
     return [plot_capacity(frame, out / "capacity.png")]
 

@@ -1,9 +1,10 @@
 """The recall room (``audit recall``): factual recall with one-layer transformers.
 
 Files: ``task`` (fact tables and prompts) -> ``model`` (the one-layer transformer, attention-only or with an
-MLP, as an ensemble) -> ``experiments`` (facts per parameter by bisection on S = R, and the
-attention-versus-MLP grid) and ``dynamics`` with ``stages`` (linear attention on one-hot embeddings and the
-detected learning stages). Bisection, convergence rule, summaries and plots come from the assoc room.
+MLP, as an ensemble) -> ``training`` (how those models train) -> one module per experiment: ``scaling``
+(facts per parameter by bisection on S = R), ``tradeoff`` (the attention-versus-MLP grid) and ``dynamics``
+with ``stages`` (linear attention on one-hot embeddings and the detected learning stages). Bisection,
+convergence rule, summaries and plots come from the lab's shared layer (:mod:`auditor.lab.common.search`).
 """
 
 from auditor.lab.room import Room
@@ -14,8 +15,8 @@ ROOM = Room(
     "the attention-versus-MLP "
     "heat map (tradeoff), the learning stages (dynamics), or all three.",
     experiments={
-        "scaling": "auditor.lab.recall.experiments:SCALING",
-        "tradeoff": "auditor.lab.recall.experiments:TRADEOFF",
+        "scaling": "auditor.lab.recall.scaling:SCALING",
+        "tradeoff": "auditor.lab.recall.tradeoff:TRADEOFF",
         "dynamics": "auditor.lab.recall.dynamics:EXPERIMENT",
     },
     suites={"all": ("scaling", "tradeoff", "dynamics")},

@@ -241,7 +241,7 @@ def dynamics_unit(unit: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _report(frame: pd.DataFrame, out: Path, config: DynamicsConfig) -> str:
-    from auditor.lab.assoc.summary import dynamics_markdown
+    from auditor.lab.common.search.summary import dynamics_markdown
 
     curves = pd.concat(
         [pd.read_csv(out / "dynamics" / "curves" / f"{key}.csv") for key in frame["unit"].unique()]
@@ -254,7 +254,7 @@ def _report(frame: pd.DataFrame, out: Path, config: DynamicsConfig) -> str:
 
 
 def _plots(frame: pd.DataFrame, out: Path, config: DynamicsConfig) -> list[Path]:
-    from auditor.lab.assoc.plots import plot_dynamics
+    from auditor.lab.common.search.plots import plot_dynamics
 
     return [plot_dynamics(pd.read_csv(out / "dynamics_curves.csv"), frame, out / "dynamics.png")]
 

@@ -11,14 +11,6 @@ import torch
 
 from auditor.cli import main
 from auditor.core.errors import AuditError
-from auditor.lab.assoc.capacity import (
-    Bisection,
-    fit_guide_constant,
-    fit_power_law,
-    invert_n_log_n,
-    n_log_n,
-    search_all,
-)
 from auditor.lab.assoc.experiment import (
     AssocConfig,
     AssocSweep,
@@ -37,9 +29,18 @@ from auditor.lab.assoc.memories import (
     memory_parameters,
     unit_sphere,
 )
-from auditor.lab.assoc.summary import capacity_fits, capacity_markdown, facts_fits
+from auditor.lab.common.search.capacity import (
+    Bisection,
+    fit_guide_constant,
+    fit_power_law,
+    invert_n_log_n,
+    n_log_n,
+    search_all,
+)
+from auditor.lab.common.search.convergence import PLATEAU_GAIN
+from auditor.lab.common.search.summary import capacity_fits, capacity_markdown, facts_fits
 from auditor.lab.engine import TrainConfig, train
-from auditor.lab.recall.experiments import PLATEAU_GAIN, SCALING_PRESETS
+from auditor.lab.recall.scaling import SCALING_PRESETS
 from auditor.lab.sweep import run_unit
 
 pytestmark = [pytest.mark.fast, pytest.mark.usefixtures("one_thread")]  # tiny models: see conftest.one_thread

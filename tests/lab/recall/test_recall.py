@@ -13,25 +13,16 @@ import torch
 
 from auditor.cli import main
 from auditor.core.errors import AuditError
-from auditor.lab.assoc.summary import budget_fit
+from auditor.lab.common.search.convergence import accuracy_at
+from auditor.lab.common.search.summary import budget_fit
 from auditor.lab.engine import TrainConfig, train
 from auditor.lab.recall.dynamics import DynamicsConfig, LinearAttentionOneHot, run_dynamics
-from auditor.lab.recall.experiments import (
-    SCALING_KEYS,
-    RecallTraining,
-    ScalingConfig,
-    TradeoffConfig,
-    accuracy_at,
-    grid_sizes,
-    outcome_at,
-    run_scaling_unit,
-    run_tradeoff_unit,
-    table_shape,
-    train_models,
-)
 from auditor.lab.recall.model import RecallMember, build_recall, recall_parameters
+from auditor.lab.recall.scaling import SCALING_KEYS, ScalingConfig, grid_sizes, run_scaling_unit, table_shape
 from auditor.lab.recall.stages import detect_stages, find_plateau
 from auditor.lab.recall.task import FactBank, FactTable, member_generator
+from auditor.lab.recall.tradeoff import TradeoffConfig, run_tradeoff_unit
+from auditor.lab.recall.training import RecallTraining, outcome_at, train_models
 from auditor.lab.sweep import key_fields, run_unit
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.one_thread
@@ -487,8 +478,8 @@ def _tradeoff_rows(seeds=(0, 1, 2)) -> pd.DataFrame:
 
 
 def test_tradeoff_report_aggregates_seeds_with_intervals_and_step_limited_counts(tmp_path):
-    from auditor.lab.assoc.plots import plot_tradeoff
-    from auditor.lab.assoc.summary import smallest_storing_width, tradeoff_cells, tradeoff_markdown
+    from auditor.lab.common.search.plots import plot_tradeoff
+    from auditor.lab.common.search.summary import smallest_storing_width, tradeoff_cells, tradeoff_markdown
     from auditor.lab.stats import mean_ci
 
     rows = _tradeoff_rows()

@@ -10,7 +10,7 @@ import matplotlib.ticker
 import numpy as np
 import pandas as pd
 
-from auditor.lab.assoc.summary import (
+from auditor.lab.common.search.summary import (
     budget_fit,
     capacity_fits,
     cell_grid,

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 from scipy import optimize, stats
 
-from auditor.lab.assoc.capacity import (
+from auditor.lab.common.search.capacity import (
     FACTS_PER_PARAMETER_GUIDE,
     GUIDE_CONSTANT,
     LM_BITS_PER_PARAMETER,
@@ -30,7 +30,7 @@ from auditor.lab.assoc.capacity import (
     fit_power_law,
     n_log_n,
 )
-from auditor.lab.assoc.convergence import PLATEAU_GAIN, PLATEAU_WINDOW
+from auditor.lab.common.search.convergence import PLATEAU_GAIN, PLATEAU_WINDOW
 from auditor.lab.stats import is_true, mean_ci
 
 

@@ -1,25 +1,18 @@
-"""Factual recall sweeps (deliverable 2 of capacity lab III): facts per parameter, and the trade-off.
+"""``audit recall scaling`` (deliverable 2 of capacity lab III): facts stored against parameters.
 
-Scaling (:class:`ScalingConfig`): for every model size, the largest fact table that the model learns
-to at least ``threshold`` accuracy over ALL S R facts, found by bisection on k = S + R with
-S = ceil(k / 2), R = floor(k / 2) (:func:`table_shape`). The authors searched S = R; letting R trail
-S by one in between doubles the resolution (facts grow by ~10% per step instead of ~20%). A model
-size is (d, H = attn_ratio d / d_h, d_h, m = width_ratio d), so ``attn_ratio`` = H d_h / d and
-``width_ratio`` = m / d (0 = attention-only). One sweep unit is one d:
-its width ratios and seeds search in lock step, each round one ensemble. With ``budgets`` (step counts)
-the unit trains every table size of a grid once instead and reads the capacity at each budget from
-the same runs (a run stopped at the threshold stops identically under any larger budget).
+For every model size, the largest fact table that the model learns to at least ``threshold`` accuracy
+over ALL S R facts, found by bisection on k = S + R with S = ceil(k / 2), R = floor(k / 2)
+(:func:`table_shape`). The authors searched S = R; letting R trail S by one in between doubles the
+resolution (facts grow by ~10% per step instead of ~20%). A model size is (d, H = attn_ratio d / d_h,
+d_h, m = width_ratio d), so ``attn_ratio`` = H d_h / d and ``width_ratio`` = m / d (0 = attention-only).
+One sweep unit is one d: its width ratios and seeds search in lock step, each round one ensemble. With
+``budgets`` (step counts) the unit trains every table size of a grid once instead and reads the capacity
+at each budget from the same runs (a run stopped at the threshold stops identically under any larger
+budget).
 
-Every row says whether it is ``converged``: a run that ended below the threshold counts as converged
-only if its accuracy had stopped rising (``PLATEAU_GAIN`` over the last ``PLATEAU_WINDOW`` of its
-budget); a capacity whose next table was still improving is the budget's, and fits leave it out.
-
-Trade-off (:class:`TradeoffConfig`): one fixed table (S = R = 32, D = 8 in the paper), a grid of head
-counts H and MLP widths m at fixed d and d_h; the accuracy of every cell. One unit is one H (its m
-and seeds train as one ensemble).
-
-These are ``audit recall scaling`` (sweep in ``scaling/``, rows also in ``facts.csv``) and ``audit recall
-tradeoff`` (``tradeoff/``, ``tradeoff.csv``).
+Every row says whether it is ``converged`` (:mod:`.training`); a capacity whose next table was still
+improving is the budget's, and fits leave it out. The sweep is in ``scaling/``, its rows also in
+``facts.csv``.
 """
 
 from __future__ import annotations
@@ -35,113 +28,12 @@ import pandas as pd
 
 from auditor.core.atomic import write_text_atomic
 from auditor.core.errors import AuditError
-from auditor.lab.assoc.capacity import FACTS_PER_PARAMETER_GUIDE, Bisection, search_all
-from auditor.lab.assoc.convergence import PLATEAU_GAIN, accuracy_at, plateau_gain
-from auditor.lab.engine import TrainConfig, train
+from auditor.lab.common.search.capacity import FACTS_PER_PARAMETER_GUIDE, Bisection, search_all
 from auditor.lab.experiment import Experiment, option
-from auditor.lab.recall.model import RecallMember, build_recall, recall_parameters
-from auditor.lab.recall.task import DEFAULT_PROMPT_LENGTH, FactTable
+from auditor.lab.recall.model import RecallMember, recall_parameters
+from auditor.lab.recall.task import FactTable
+from auditor.lab.recall.training import TRAINING_COLUMNS, RecallTraining, train_models, training_columns
 from auditor.lab.sweep import field_defaults, write_csv
-
-
-@dataclass(frozen=True)
-class RecallTraining:
-    """How every recall model trains: AdamW with a constant lr on fresh prompts, stopped at ``threshold``
-    accuracy. Each model trains once per learning rate in ``lrs`` (as separate members of the same
-    ensemble) and counts as storing its facts if any of them reaches the threshold, as the authors
-    took the best of {1e-3, 3e-3, 1e-2}; the accuracy reported is that of the best run's final
-    weights (a learning-rate choice, never a best-of-checkpoints)."""
-
-    steps: int = option(1000, "Max training steps per model.", default_help="per scale")
-    lrs: tuple[float, ...] = option(
-        (1e-2,),
-        "Learning rates; each model trains at every one and keeps its best run.",
-        flag="--lr",
-        default_help="per scale",
-    )
-    batch_size: int = 256
-    warmup_frac: float = 0.0
-    threshold: float = 0.99
-    eval_every: int = option(50, "Steps between evaluations over all facts (and early-stop checks).")
-    eval_contexts: int = 4
-    prompt_length: int = DEFAULT_PROMPT_LENGTH
-    answers_per_relation: int = 8
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "lrs", tuple(float(lr) for lr in self.lrs))  # JSON units hand back lists
-        if self.batch_size < 1 or self.eval_contexts < 1 or self.answers_per_relation < 1:
-            raise AuditError("batch_size, eval_contexts and answers_per_relation (D) must be >= 1")
-        if self.prompt_length < 3:
-            raise AuditError(f"prompt_length T must be >= 3, got {self.prompt_length}")
-        if not self.lrs or len(set(self.lrs)) != len(self.lrs):
-            raise AuditError(f"lrs must be distinct learning rates, got {self.lrs}")
-        self.engine(len(self.lrs))  # the engine validates steps, lrs, warm-up, threshold
-
-    def engine(self, num_members: int) -> TrainConfig:
-        """Engine settings for ``num_members`` = models x len(lrs) members, model-major."""
-        member_lr = tuple(float(lr) for lr in self.lrs) * (num_members // len(self.lrs))
-        return TrainConfig(
-            steps=self.steps,
-            lr=max(self.lrs),
-            member_lr=member_lr,
-            optimizer="adamw",
-            warmup_frac=self.warmup_frac,
-            schedule="constant",
-            early_stop=True,
-            target_accuracy=self.threshold,
-            eval_every=self.eval_every,
-        )
-
-
-def outcome_at(history: pd.DataFrame, budget: int, threshold: float) -> dict[str, Any]:
-    """What a run would have reported had it been given ``budget`` steps: ``accuracy``, ``passed``
-    (some evaluation up to ``budget`` reached ``threshold``: the engine stops there, so a run with that
-    budget ends identically) and ``converged`` (passed, or plateaued: see ``PLATEAU_GAIN``)."""
-    seen = history[history["step"] <= budget]
-    hits = seen.loc[seen["accuracy"] >= threshold - 1e-12, "step"]
-    accuracy = accuracy_at(history, budget)
-    gain = plateau_gain(history, budget)
-    return {
-        "accuracy": accuracy,
-        "passed": not hits.empty,
-        "converged": not hits.empty or gain < PLATEAU_GAIN,
-        "steps_trained": int(hits.iloc[0] if not hits.empty else seen["step"].iloc[-1]),
-    }
-
-
-def train_models(models: list[RecallMember], tr: RecallTraining,
-                 budgets: tuple[int, ...] = ()) -> list[dict[int, dict[str, Any]]] | list[dict[str, Any]]:
-    """Train every model at every learning rate of ``tr`` in ONE ensemble; per model, the best run.
-
-    Returns one dict per model: ``accuracy`` (over all facts, best lr), ``fact_recall``, ``steps_trained`` and
-    ``best_lr`` of that run, ``accuracy_by_lr``, ``passed`` (any lr reached the threshold) and
-    ``converged`` (the best run passed or had stopped improving, see ``PLATEAU_GAIN``). With
-    ``budgets`` (step counts, each reached by an evaluation), one such dict per budget instead, keyed by
-    the budget: what runs stopped at that budget would have reported (``fact_recall`` only at ``steps``).
-    """
-    members = [m for m in models for _ in tr.lrs]  # model-major, lr-minor
-    model, task = build_recall(members, batch_size=tr.batch_size, eval_contexts=tr.eval_contexts,
-                               prompt_length=tr.prompt_length)
-    result = train(model, task, tr.engine(len(members)), progress=False)
-    L = len(tr.lrs)
-    recall = task.fact_recall(model).view(-1, L)
-    runs = dict(tuple(result.history.groupby("member")))
-    out = []
-    for i in range(len(models)):
-        per_budget = {}
-        for budget in budgets or (tr.steps,):
-            by_lr = [outcome_at(runs[i * L + j], budget, tr.threshold) for j in range(L)]
-            b = max(range(L), key=lambda j: (by_lr[j]["passed"], by_lr[j]["accuracy"]))
-            per_budget[budget] = {
-                "accuracy": round(by_lr[b]["accuracy"], 5),
-                "fact_recall": round(float(recall[i, b]), 5) if budget == tr.steps else None,
-                "steps_trained": by_lr[b]["steps_trained"], "best_lr": tr.lrs[b],
-                "accuracy_by_lr": {str(lr): round(o["accuracy"], 5) for lr, o in zip(tr.lrs, by_lr)},
-                "passed": by_lr[b]["passed"], "converged": by_lr[b]["converged"],
-                "train_seconds": round(result.seconds, 3),
-            }
-        out.append(per_budget if budgets else per_budget[tr.steps])
-    return out
 
 
 def _heads(d: int, attn_ratio: float, head_dim: int) -> int:
@@ -370,91 +262,11 @@ def _capacity_row(d: int, heads: int, dh: int, width: int, seed: int, shape: tup
         "converged": converged,
         "rounds": rounds,
         "probes": probes,
-        **_training_columns(tr),
+        **training_columns(tr),
         "seconds": round(seconds, 3),
     }
 
 
-def _training_columns(tr: RecallTraining) -> dict[str, Any]:
-    return {"steps": tr.steps, "lrs": list(tr.lrs), "optimizer": "adamw", "schedule": "constant",
-            "warmup_frac": tr.warmup_frac, "eval_every": tr.eval_every, "batch_size": tr.batch_size,
-            "threshold": tr.threshold, "eval_contexts": tr.eval_contexts, "prompt_length": tr.prompt_length,
-            "answers_per_relation": tr.answers_per_relation, "dtype": "float32"}
-
-
-@dataclass(frozen=True)
-class TradeoffConfig:
-    """Attention-versus-MLP heat map at one fact table (paper: S = R = 32, D = 8, d = 32, d_h = 8)."""
-
-    subjects: int = 32
-    relations: int = 32
-    d: int = 32
-    head_dim: int = 8
-    heads: tuple[int, ...] = option((1, 2, 4, 8, 16), "Head counts H of the grid, e.g. 1,2,4:32:4.",
-                                    parse="ints", default_help="per scale")
-    widths: tuple[int, ...] = option((0, 16, 32, 64, 128), "MLP widths m of the grid (0 = attention-only), "
-                                     "e.g. 1,8:64:8.", parse="ints", default_help="per scale")
-    seeds: tuple[int, ...] = option((0,), "Seeds of the fact table and models.", default_help="per scale")
-    training: RecallTraining = field(default=RecallTraining(), metadata={"nested": True})
-
-    def __post_init__(self) -> None:
-        if self.subjects < 1 or self.relations < 1 or self.d < 1 or self.head_dim < 1:
-            raise AuditError("S, R, d and d_h must all be >= 1")
-        if not self.heads or min(self.heads) < 1:
-            raise AuditError(f"head counts must be >= 1, got {self.heads}")
-        if not self.widths or min(self.widths) < 0:
-            raise AuditError(f"MLP widths must be >= 0 (0 = attention-only), got {self.widths}")
-        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
-            raise AuditError(f"seeds must be distinct integers, got {self.seeds}")
-
-    def units(self) -> list[dict[str, Any]]:
-        base = dataclasses.asdict(self)
-        base.pop("heads")
-        return [{**base, "H": h} for h in self.heads]
-
-
-def run_tradeoff_unit(unit: dict[str, Any]) -> list[dict[str, Any]]:
-    """Sweep unit: every (m, seed) at one head count H, trained as one ensemble. One row per cell."""
-    tr = RecallTraining(**unit["training"])
-    d, dh, heads = int(unit["d"]), int(unit["head_dim"]), int(unit["H"])
-    cells = [(m, s) for m in unit["widths"] for s in unit["seeds"]]
-    models = [
-        RecallMember(
-            d,
-            heads,
-            dh,
-            m,
-            FactTable(unit["subjects"], unit["relations"], tr.answers_per_relation, seed=s),
-            seed=s,
-        )
-        for m, s in cells
-    ]
-    outcomes = train_models(models, tr)
-    facts = unit["subjects"] * unit["relations"]
-    return [
-        {
-            "subjects": unit["subjects"],
-            "relations": unit["relations"],
-            "facts": facts,
-            "d": d,
-            "heads": heads,
-            "head_dim": dh,
-            "width": m,
-            "seed": s,
-            "parameters": recall_parameters(d, heads, dh, m),
-            "attention_parameters": recall_parameters(d, heads, dh, 0),
-            "mlp_parameters": 2 * m * d,
-            **{k: v for k, v in outcome.items() if k not in ("passed", "converged")},
-            "stored": outcome["passed"],
-            "converged": outcome["converged"],
-            **_training_columns(tr),
-        }
-        for (m, s), outcome in zip(cells, outcomes)
-    ]
-
-
-_TRAINING = ("steps", "lrs", "optimizer", "schedule", "warmup_frac", "eval_every", "batch_size", "threshold",
-             "eval_contexts", "prompt_length", "answers_per_relation", "dtype")
 SCALING_COLUMNS = (
     "d",
     "heads",
@@ -475,39 +287,17 @@ SCALING_COLUMNS = (
     "converged",
     "rounds",
     "probes",
-    *_TRAINING,
+    *TRAINING_COLUMNS,
     "seconds",
 )
-TRADEOFF_COLUMNS = (
-    "subjects",
-    "relations",
-    "facts",
-    "d",
-    "heads",
-    "head_dim",
-    "width",
-    "seed",
-    "parameters",
-    "attention_parameters",
-    "mlp_parameters",
-    "accuracy",
-    "fact_recall",
-    "steps_trained",
-    "best_lr",
-    "accuracy_by_lr",
-    "train_seconds",
-    "stored",
-    "converged",
-    *_TRAINING,
-)
+
+
 # a unit holds its config's fields (the training nested): its key leaves their defaults out
 SCALING_KEYS = {**field_defaults(ScalingConfig), "training": RecallTraining}
-TRADEOFF_KEYS = {**field_defaults(TradeoffConfig), "training": RecallTraining}
 
 
 # Named scales. The paper: d in 2^{3..7.5}, 16384 steps of 1024 fresh prompts, the best of lr in {1e-3, 3e-3,
 # 1e-2}; at the reference's 16x smaller budget larger steps pay off, so it takes the best of {1e-2, 3e-2}.
-# Trade-off in the paper: H in {1, 2, 4, 6, ..., 32}, m in {1, 8, 16, ..., 128}, 16384 steps of 1024, lr 1e-2.
 _PAPER_DIMS = (8, 11, 16, 22, 32, 45, 64, 90, 128, 181)
 _SCALING = {"head_dim": 2, "attn_ratio": 1.0, "width_ratios": (0.0, 1.0)}
 SCALING_PRESETS = {
@@ -530,19 +320,10 @@ SCALING_PRESETS = {
         "training": {"steps": 16384, "batch_size": 1024, "lrs": (1e-3, 3e-3, 1e-2)},
     },
 }
-TRADEOFF_PRESETS = {
-    "quick": {"heads": (1, 2), "widths": (0, 16), "seeds": (0,), "training": {"steps": 50, "batch_size": 256,
-                                                                             "lrs": (1e-2,)}},
-    "reference": {"heads": (1, 2, 4, 8, 16), "widths": (0, 16, 32, 64, 128), "seeds": (0, 1, 2),
-                  "training": {"steps": 1000, "batch_size": 256, "lrs": (1e-2, 3e-2)}},
-    "paper": {"heads": (1, 2, 4, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32),
-              "widths": (1, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128), "seeds": (0, 1, 2),
-              "training": {"steps": 16384, "batch_size": 1024, "lrs": (1e-2,)}},
-}
 
 
 def _scaling_report(frame: pd.DataFrame, out: Path, config: ScalingConfig) -> str:
-    from auditor.lab.assoc.summary import budget_markdown, facts_markdown
+    from auditor.lab.common.search.summary import budget_markdown, facts_markdown
 
     write_csv(frame, out / "facts.csv")
     text = "## Facts against parameters\n\n" + facts_markdown(frame)
@@ -552,26 +333,8 @@ def _scaling_report(frame: pd.DataFrame, out: Path, config: ScalingConfig) -> st
     return text
 
 
-def _tradeoff_report(frame: pd.DataFrame, out: Path, config: TradeoffConfig) -> str:
-    from auditor.lab.assoc.summary import tradeoff_markdown
-
-    write_csv(frame, out / "tradeoff.csv")
-    text = "## Attention versus MLP\n\n" + tradeoff_markdown(frame)
-    write_text_atomic(out / "tradeoff.md", text + "\n")
-    return text
-
-
-def _plot(name: str, file: str):
-    def draw(frame: pd.DataFrame, out: Path, config: Any) -> list[Path]:
-        from auditor.lab.assoc import plots
-
-        return [getattr(plots, name)(frame, out / file)]
-
-    return draw
-
-
 def _scaling_plots(frame: pd.DataFrame, out: Path, config: ScalingConfig) -> list[Path]:
-    from auditor.lab.assoc import plots
+    from auditor.lab.common.search import plots
 
     paths = [plots.plot_facts(frame, out / "facts.png")]
     if frame["budget"].nunique() > 1:
@@ -593,11 +356,4 @@ SCALING = Experiment(
     presets=SCALING_PRESETS,
     folder=lambda unit: "scaling",
     key_defaults=SCALING_KEYS,
-)
-TRADEOFF = Experiment(
-    name="recall tradeoff",
-    help="Accuracy over a grid of heads H and MLP widths m at S = R = 32, d = 32, d_h = 8.",
-    config=TradeoffConfig, units=lambda config, out: config.units(), run_unit=run_tradeoff_unit,
-    columns=TRADEOFF_COLUMNS, plots=_plot("plot_tradeoff", "tradeoff.png"), report=_tradeoff_report,
-    presets=TRADEOFF_PRESETS, folder=lambda unit: "tradeoff", key_defaults=TRADEOFF_KEYS,
 )
