@@ -47,9 +47,6 @@ from auditor.models.hub import (  # noqa: F401
     weights_kind,
 )
 
-FAMILIES = ("vit", "bert", "gpt2")
-MODALITIES = ("image", "text")
-TEXT_LAYOUTS = ("stream", "pairs")  # GPT-2: contiguous windows; BERT: [CLS] s1 [SEP] s2 [SEP]
 # ---------------------------------------------------------------------------------------------------
 # Specs, loaded models and the adapter interface
 # ---------------------------------------------------------------------------------------------------
