@@ -20,6 +20,7 @@ import torch
 from conftest import shared_data, tiny_vit
 
 import auditor
+from auditor.core.errors import AuditError
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.filterwarnings("ignore")]
 N_TOKENS, WIDTH = 17, 32  # the tiny ViT's context length n (1 + 4 x 4 patches) and width d
@@ -106,9 +107,15 @@ def test_one_readable_image_among_unreadable_files_is_audited(vit, tmp_path):
     model, processor = vit
     data = image_folder(tmp_path / "images", 1)
     (data / "broken.JPEG").write_bytes(b"not an image")
-    rows = auditor.audit_model(model, processor, data=str(data), samples=2, representations="embedding",
-                         tests="assumption2,general_position", subsets=SUBSETS, device="cpu", progress=False)
+    options = dict(representations="embedding", tests="assumption2,general_position", subsets=SUBSETS,
+                   device="cpu", progress=False)
+    with pytest.raises(AuditError, match=r"--samples 2 asks for more examples than the data gives: 1 "
+                                         r"\(readable images\).*valid: --samples <= 1"):
+        auditor.audit_model(model, processor, data=str(data), samples=2, **options)  # asked, not given
+    rows = auditor.audit_model(model, processor, data=str(data), samples=1, **options)  # the advice
     assert (rows["N"] == 1).all() and set(rows["status"]) == {"ok"}
+    rows = auditor.audit_model(model, processor, data=str(data), **options)  # no --samples: what there is
+    assert (rows["N"] == 1).all()
     assert rows["anisotropy"].isna().all()
 
 
