@@ -18,7 +18,7 @@ from auditor.models.base import (
     resolve_device,
     resolve_dtype,
 )
-from auditor.models.registry import known_models, load_model, register, register_adapter, resolve
+from auditor.models.registry import adapters, known_models, load_model, register, register_adapter, resolve
 
 # The families register their adapters and named models on import (order = listing order).
 from auditor.models import vit, bert, gpt2, minilm, timm_vit  # noqa: E402, F401, I001  isort: skip
@@ -31,6 +31,7 @@ __all__ = [
     "ModelSpec",
     "TextTokenizer",
     "WeightsUnavailable",
+    "adapters",
     "dtype_name",
     "hub_reachable",
     "known_models",

@@ -1,5 +1,6 @@
-"""Where weights come from: the ``weights`` argument (random, pretrained or a local folder), whether the
-Hugging Face hub answers, and quiet transformers loading."""
+"""Where weights come from: the ``weights`` argument (random, pretrained or a local folder), the names of
+the weights files a checkpoint folder holds (defined here only), and quiet transformers loading. Whether
+the Hugging Face hub answers is asked in :mod:`auditor.core.network` (the data asks it too)."""
 
 from __future__ import annotations
 

@@ -189,10 +189,11 @@ def load_model(
 
     weights: ``"random"`` (the architecture from code, initialised after ``torch.manual_seed(seed)``),
     ``"pretrained"`` (the hub or an installed copy; :class:`WeightsUnavailable` when it cannot be read),
-    or a folder written by ``save_pretrained``. ``context_length`` sets n for text models (default: BERT
-    512, GPT-2 1024, or the largest power of two <= d / 2 for a model narrower than that: gpt2 256,
-    minilm 128). ``require_n_le_d`` refuses a context length above the width d (no context could have
-    rank n), before any weights are read when the architecture is known. ``config_overrides`` change
+    or a folder written by ``save_pretrained``. ``context_length`` sets n for text models (default: the
+    model's own n, BERT 512, GPT-2 1024, the decoders 128, or the largest power of two <= d / 2 for a model
+    narrower than that: gpt2 256, minilm 128; an audit chooses its default n by its plan's cost rule).
+    ``require_n_le_d`` refuses a context length above the width d (no context could have rank n), before
+    any weights are read when the architecture is known. ``config_overrides`` change
     architecture fields of a random model (tests use it for tiny models: ``{"num_hidden_layers": 2}``; for
     timm they are ``create_model`` keyword arguments). ``trust_remote_code`` is passed to ``AutoConfig`` when
     a hub id is resolved; the model classes used (ViTModel, BertModel, GPT2Model, timm, and the transformers
