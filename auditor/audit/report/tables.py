@@ -145,8 +145,10 @@ ROBUST_FACTOR = 3.0  # a verdict is robust when it survives this factor of chang
 
 
 def _times(x: float) -> str:
-    """A tolerance multiplier for reading: ``0.45x``, ``12x``."""
-    return f"{x:.2g}x" if x < 10 else f"{x:.0f}x"
+    """A tolerance multiplier for reading: ``0.45x``, ``12x``, ``195445x``, ``5.8e13x``."""
+    if x < 10:
+        return f"{x:.2g}x"
+    return f"{x:.0f}x" if x < 1e6 else f"{x:.2g}x".replace("e+0", "e").replace("e+", "e")
 
 
 def _span(low: float, high: float) -> str:
