@@ -149,3 +149,20 @@ def test_the_summarys_test_seconds_are_its_stage_tables(planted):
     slack = 0.005 * len(stages) + 0.05  # each stage printed to 0.01 s, each total to 0.1 s
     assert tests == pytest.approx(took, abs=slack) and sum(map(float, stages.values())) == pytest.approx(
         wall, abs=slack)
+
+
+def test_compare_folds_skipped_rows_into_one_cell_per_report(planted, tmp_path):
+    _, out = planted
+    rows = pd.read_csv(out / "results.csv")
+    skipped = rows.assign(weights="pretrained", status="skipped", note="weights unavailable: offline")
+    measured = [c for c in rows.columns if c not in ("model", "representation", "layer", "weights", "test",
+                                                      "status", "note", "seed")]
+    skipped[measured] = None
+    folder = tmp_path / "with-skipped"
+    folder.mkdir()
+    pd.concat([rows, skipped]).to_csv(folder / "results.csv", index=False)
+    table = compare([folder], tmp_path / "cmp", root=tmp_path, plots=False)
+    assert set(table["weights"]) == {"given"} and len(table) == len(rows)  # tested rows only
+    markdown = (tmp_path / "cmp" / "compare.md").read_text()
+    assert "4 rows of pretrained: weights unavailable" in markdown
+    assert markdown.count("pretrained") == 1  # folded: one cell, no row per skipped test
