@@ -111,8 +111,7 @@ def _spec_from_hub(name: str, trust_remote_code: bool = False) -> ModelSpec:
     adapter = _ADAPTERS.get(config.model_type)
     if adapter is None:
         raise _unsupported(name, config.model_type, trust_remote_code)
-    tower = adapter.tower(config) if hasattr(adapter, "tower") else config
-    check_config(tower, str(folder / "config.json") if local else f"the config of {name!r}")
+    check_config(adapter.tower(config), str(folder / "config.json") if local else f"the config of {name!r}")
     return ModelSpec(
         name=name,
         adapter=adapter,
