@@ -23,11 +23,11 @@ import time
 
 import torch
 
+from auditor.lab.common.mha.data import make_data
+from auditor.lab.common.mha.model import MHAEnsemble
+from auditor.lab.common.mha.task import MemorizeTask
+from auditor.lab.common.mha.train import MemorizeSettings, buckets, grid
 from auditor.lab.engine import TrainConfig, train
-from auditor.lab.memorize.data import make_data
-from auditor.lab.memorize.model import MHAEnsemble
-from auditor.lab.memorize.task import MemorizeTask
-from auditor.lab.memorize.train import MemorizeSettings, buckets, grid
 
 
 def ints(text: str) -> list[int]:

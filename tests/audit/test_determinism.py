@@ -158,7 +158,7 @@ def test_lab_sweep_across_bucket_sizes_agrees_up_to_float32_reassociation(sweeps
 
 
 def test_a_lab_row_is_reproduced_from_its_own_line(sweeps, tmp_path):
-    from auditor.lab.memorize.train import run_unit
+    from auditor.lab.common.mha.train import run_unit
 
     row = sweeps["first"].iloc[3]
     config = json.loads(row["unit_config"])

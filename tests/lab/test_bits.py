@@ -14,10 +14,10 @@ from conftest import tiny_memorize
 from auditor.cli import main
 from auditor.core.errors import AuditError
 from auditor.lab.bits import COLUMNS, bits_command, bits_table
+from auditor.lab.common.mha.model import MHAConfig
 from auditor.lab.experiment import run_experiment
 from auditor.lab.information import argmax_stored_bits
 from auditor.lab.memorize.bits import memorize_bits
-from auditor.lab.memorize.model import MHAConfig
 from auditor.lab.room import get
 
 pytestmark = [pytest.mark.fast, pytest.mark.usefixtures("one_thread")]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from auditor.lab.memorize.bits import layer_parameters, memorize_bits
+from auditor.lab.common.mha.bits import layer_parameters, memorize_bits
 from auditor.lab.room import BitsReader
 
 

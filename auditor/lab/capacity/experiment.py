@@ -32,18 +32,18 @@ import torch
 import probes
 from auditor.audit.tokens import Tokens
 from auditor.core.errors import AuditError, did_you_mean
-from auditor.lab.experiment import Experiment, option, table
-from auditor.lab.memorize.certify import lower_bound
-from auditor.lab.memorize.data import MemorizeData, derived_seed, random_labels
-from auditor.lab.memorize.model import MHAConfig
-from auditor.lab.memorize.plots import converged_rows, mean_ci
-from auditor.lab.memorize.train import (
-    _CERTIFICATE,
-    _CONVERGENCE,
-    _TRAINING,
+from auditor.lab.common.mha.certify import lower_bound
+from auditor.lab.common.mha.data import MemorizeData, derived_seed, random_labels
+from auditor.lab.common.mha.model import MHAConfig
+from auditor.lab.common.mha.plots import converged_rows, mean_ci
+from auditor.lab.common.mha.train import (
+    CERTIFICATE_COLUMNS,
+    CONVERGENCE_COLUMNS,
+    TRAINING_COLUMNS,
     MemorizeSettings,
     fit_bucket,
 )
+from auditor.lab.experiment import Experiment, option, table
 from auditor.lab.stats import intervals
 from auditor.lab.sweep import file_fingerprint, unit_key, write_table
 
@@ -216,9 +216,9 @@ COLUMNS = (
     "lower_bound_note",
     "memorized",
     "accuracy",
-    *_CONVERGENCE,
-    *_CERTIFICATE,
-    *_TRAINING[:-2],
+    *CONVERGENCE_COLUMNS,
+    *CERTIFICATE_COLUMNS,
+    *TRAINING_COLUMNS[:-2],
     "n_original",
     "d_original",
     "rows_kept",
@@ -387,7 +387,7 @@ def _report(frame: pd.DataFrame, out: Path, config: CapacityConfig) -> str:
 
 
 def _plots(frame: pd.DataFrame, out: Path, config: CapacityConfig) -> list[Path]:
-    from auditor.lab.memorize.plots import plot_sweep
+    from auditor.lab.common.mha.plots import plot_sweep
 
     paths = []
     for name, part in frame.groupby("representation"):

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from auditor.lab.common.mha.bits import layer_parameters, paper_a_bounds
 from auditor.lab.information import interpolable_stored_bits, uniform_entropy
-from auditor.lab.memorize.bits import layer_parameters, paper_a_bounds
 from auditor.lab.room import BitsReader
 
 

@@ -26,20 +26,20 @@ import torch
 
 import probes
 from auditor.core.errors import AuditError
-from auditor.lab.engine import TrainConfig, train
-from auditor.lab.experiment import Experiment, option, table
-from auditor.lab.memorize.certify import (
+from auditor.lab.certify.plots import plot_rank_vs_examples, plot_tolerance
+from auditor.lab.common.mha.certify import (
     attention_features,
     certify,
     lower_bound,
     proposition2_bound,
     tolerance_curve,
 )
-from auditor.lab.memorize.data import MemorizeData, make_data
-from auditor.lab.memorize.model import MHAEnsemble
-from auditor.lab.memorize.plots import plot_rank_vs_examples, plot_tolerance
-from auditor.lab.memorize.task import MemorizeTask
-from auditor.lab.memorize.train import MemorizeRun, MemorizeSettings, buckets
+from auditor.lab.common.mha.data import MemorizeData, make_data
+from auditor.lab.common.mha.model import MHAEnsemble
+from auditor.lab.common.mha.task import MemorizeTask
+from auditor.lab.common.mha.train import MemorizeRun, MemorizeSettings, buckets
+from auditor.lab.engine import TrainConfig, train
+from auditor.lab.experiment import Experiment, option, table
 from auditor.lab.sweep import file_fingerprint, unit_key, write_csv, write_table
 
 

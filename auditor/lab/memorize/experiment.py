@@ -8,9 +8,10 @@ d = 16, n = 8, N in {512, 1024}, 2000 steps of batch 512 at lr 1e-2, minutes on 
 ``quick`` is a seconds-long smoke test. Without ``--figure`` the lists ``--heads --context --d-h --N``
 span the grid; with it they keep only the listed values of the panel.
 
-Every run trains to convergence (rounds of ``--steps``, see :func:`~auditor.lab.memorize.train.train_rounds`);
-runs stopped at the step limit are flagged and left out of the means and fits, which are reported over
-three seeds by default with 95% Student-t intervals (``summary.csv``, ``fits.csv``).
+Every run trains to convergence (rounds of ``--steps``, see
+:func:`~auditor.lab.common.mha.train.train_rounds`); runs stopped at the step limit are flagged and left
+out of the means and fits, which are reported over three seeds by default with 95% Student-t intervals
+(``summary.csv``, ``fits.csv``).
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ from typing import Any
 import pandas as pd
 
 from auditor.core.errors import AuditError
+from auditor.lab.common.mha import plots, train
+from auditor.lab.common.mha.data import TASKS
+from auditor.lab.common.mha.model import VARIANTS
+from auditor.lab.common.mha.train import MemorizeRun, MemorizeSettings, grid, make_units
 from auditor.lab.experiment import Experiment, option, table
-from auditor.lab.memorize import plots, train
-from auditor.lab.memorize.data import TASKS
-from auditor.lab.memorize.model import VARIANTS
-from auditor.lab.memorize.train import MemorizeRun, MemorizeSettings, grid, make_units
 from auditor.lab.stats import intervals
 from auditor.lab.sweep import write_table
 

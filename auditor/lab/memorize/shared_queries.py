@@ -5,7 +5,7 @@ query ``t mod Q`` (Q = 1: all examples ask the same query), while every example 
 own (n rows of width d) and its own random class label. What tells examples apart is then their contexts,
 seen through the attention each head pays them; the layer, the trainer (rounds to convergence) and the
 measurements (memorized, accuracy = memorized fraction, rank certificates, saturation) are those of
-``audit memorize`` (:mod:`auditor.lab.memorize.train`), with data drawn by :func:`shared_query_data`.
+``audit memorize`` (:mod:`auditor.lab.common.mha.train`), with data drawn by :func:`shared_query_data`.
 
 One sweep unit is one bucket of runs at one Q; rows are memorize's plus ``queries`` (Q) and
 ``shared_queries``.
@@ -21,11 +21,11 @@ import pandas as pd
 import torch
 
 from auditor.core.errors import AuditError
+from auditor.lab.common.mha import plots, train
+from auditor.lab.common.mha.data import DataConfig, MemorizeData, derived_seed
+from auditor.lab.common.mha.train import MemorizeRun, MemorizeSettings, grid, make_units
 from auditor.lab.experiment import Experiment, option, table
-from auditor.lab.memorize import plots, train
-from auditor.lab.memorize.data import DataConfig, MemorizeData, derived_seed
 from auditor.lab.memorize.experiment import ROUNDS_HELP, settings_option, training_settings
-from auditor.lab.memorize.train import MemorizeRun, MemorizeSettings, grid, make_units
 from auditor.lab.stats import intervals, mean_ci
 from auditor.lab.sweep import write_table
 

@@ -10,8 +10,7 @@ import torch
 
 from auditor.core.errors import AuditError
 from auditor.lab.certify.experiment import CertifyRequest, default_rtols
-from auditor.lab.engine import TrainConfig, train
-from auditor.lab.memorize.certify import (
+from auditor.lab.common.mha.certify import (
     attention_features,
     capacity_bound,
     certify,
@@ -21,10 +20,11 @@ from auditor.lab.memorize.certify import (
     readout_realizable,
     tolerance_curve,
 )
-from auditor.lab.memorize.data import DataConfig, MemorizeData, make_data
-from auditor.lab.memorize.model import MHAConfig, MHAEnsemble
-from auditor.lab.memorize.saturation import saturation
-from auditor.lab.memorize.task import MemorizeTask
+from auditor.lab.common.mha.data import DataConfig, MemorizeData, make_data
+from auditor.lab.common.mha.model import MHAConfig, MHAEnsemble
+from auditor.lab.common.mha.saturation import saturation
+from auditor.lab.common.mha.task import MemorizeTask
+from auditor.lab.engine import TrainConfig, train
 
 pytestmark = [pytest.mark.fast, pytest.mark.usefixtures("one_thread")]  # tiny models: see conftest.one_thread
 

@@ -12,19 +12,19 @@ from conftest import tiny_memorize
 
 from auditor.cli import main
 from auditor.core.errors import AuditError
-from auditor.lab.engine import TrainConfig, train
-from auditor.lab.experiment import run_experiment
-from auditor.lab.memorize.data import DataConfig, MemorizeData, make_data
-from auditor.lab.memorize.model import MHAConfig, MHAEnsemble, sinusoidal_positions
-from auditor.lab.memorize.plots import linear_fit, mean_ci, sweep_fits, sweep_summary
-from auditor.lab.memorize.task import MemorizeTask
-from auditor.lab.memorize.train import (
+from auditor.lab.common.mha.data import DataConfig, MemorizeData, make_data
+from auditor.lab.common.mha.model import MHAConfig, MHAEnsemble, sinusoidal_positions
+from auditor.lab.common.mha.plots import linear_fit, mean_ci, sweep_fits, sweep_summary
+from auditor.lab.common.mha.task import MemorizeTask
+from auditor.lab.common.mha.train import (
     MemorizeRun,
     MemorizeSettings,
     buckets,
     grid,
     train_rounds,
 )
+from auditor.lab.engine import TrainConfig, train
+from auditor.lab.experiment import run_experiment
 from auditor.lab.room import get
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.one_thread
@@ -285,7 +285,7 @@ def test_sweep_rows_resume_and_plots(tmp_path):
         get("memorize"), config, tmp_path, plots=False, progress=False
     )  # read back, not retrained
     pd.testing.assert_frame_equal(frame, again)
-    from auditor.lab.memorize.plots import plot_sweep
+    from auditor.lab.common.mha.plots import plot_sweep
 
     fits = plot_sweep(frame, "heads", tmp_path / "h.png")
     assert (tmp_path / "h.png").stat().st_size > 0 and "r2" in fits

@@ -9,7 +9,7 @@ import torch
 from auditor.cli import main
 from auditor.core.errors import AuditError
 from auditor.lab.bits import bits_table
-from auditor.lab.memorize.data import DataConfig
+from auditor.lab.common.mha.data import DataConfig
 from auditor.lab.memorize.shared_queries import shared_query_data
 from auditor.lab.room import get
 

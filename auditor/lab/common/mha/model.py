@@ -28,8 +28,8 @@ import torch
 from torch import nn
 
 from auditor.core.errors import AuditError, did_you_mean
+from auditor.lab.common.mha.data import derived_seed
 from auditor.lab.engine import Ensemble
-from auditor.lab.memorize.data import derived_seed
 
 VARIANTS = ("spec", "authors")
 

@@ -20,8 +20,8 @@ import torch
 from torch.nn import functional as F
 
 from auditor.core.errors import AuditError
-from auditor.lab.memorize.data import MemorizeData
-from auditor.lab.memorize.model import MHAEnsemble
+from auditor.lab.common.mha.data import MemorizeData
+from auditor.lab.common.mha.model import MHAEnsemble
 
 
 @dataclass

@@ -46,8 +46,8 @@ import torch
 
 import probes
 from auditor.core.errors import AuditError
-from auditor.lab.memorize.data import MemorizeData
-from auditor.lab.memorize.model import MHAEnsemble
+from auditor.lab.common.mha.data import MemorizeData
+from auditor.lab.common.mha.model import MHAEnsemble
 from probes.rank import margins_from_singular_values
 
 

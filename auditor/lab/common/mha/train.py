@@ -31,19 +31,19 @@ import pandas as pd
 import torch
 
 from auditor.core.errors import AuditError
-from auditor.lab.engine import TrainConfig, train
-from auditor.lab.experiment import option
-from auditor.lab.memorize.certify import (
+from auditor.lab.common.mha.certify import (
     attention_features,
     certify,
     lower_bound,
     proposition2_bound,
     readout_realizable,
 )
-from auditor.lab.memorize.data import DataConfig, MemorizeData, derived_seed, make_data
-from auditor.lab.memorize.model import MHAConfig, MHAEnsemble
-from auditor.lab.memorize.saturation import saturation
-from auditor.lab.memorize.task import MemorizeTask
+from auditor.lab.common.mha.data import DataConfig, MemorizeData, derived_seed, make_data
+from auditor.lab.common.mha.model import MHAConfig, MHAEnsemble
+from auditor.lab.common.mha.saturation import saturation
+from auditor.lab.common.mha.task import MemorizeTask
+from auditor.lab.engine import TrainConfig, train
+from auditor.lab.experiment import option
 from auditor.lab.sweep import unit_key, write_table
 
 
@@ -400,8 +400,8 @@ def run_unit(unit: dict[str, Any], progress: bool = False,
     ]
 
 
-_CONVERGENCE = ("converged", "stop_reason", "rounds_trained")
-_CERTIFICATE = (
+CONVERGENCE_COLUMNS = ("converged", "stop_reason", "rounds_trained")
+CERTIFICATE_COLUMNS = (
     "guaranteed",
     "readout_hits",
     "rank",
@@ -414,8 +414,10 @@ _CERTIFICATE = (
     "rank_ceiling",
     "readout_realizable",
 )
-_TRAINING = ("saturated_fraction", "with_free_head", "steps_trained", "steps", "rounds", "plateau", "seconds",
-             "bucket_members", "lr", "batch_size", "order_seed", "dtype", "device", "history", "saturation")
+TRAINING_COLUMNS = ("saturated_fraction", "with_free_head", "steps_trained", "steps", "rounds", "plateau",
+                    "seconds", "bucket_members", "lr", "batch_size", "order_seed", "dtype", "device",
+                    "history", "saturation")
 COLUMNS = ("heads", "context", "d_h", "N", "seed", "d", "d_v", "task", "classes", "outputs", "shared_context",
            "variant", "d_model", "lower_bound", "lower_bound_note", "member", "shared_bound", "parameters",
-           "error_tolerance", "memorized", "accuracy", *_CONVERGENCE, *_CERTIFICATE, *_TRAINING)
+           "error_tolerance", "memorized", "accuracy", *CONVERGENCE_COLUMNS, *CERTIFICATE_COLUMNS,
+           *TRAINING_COLUMNS)
