@@ -16,6 +16,8 @@ The rules:
 - only the capacity lab (``auditor/lab``) and the command line's dispatcher (``auditor/cli.py``) import
   ``auditor.lab``: the audit, the data and the models never reach up into it;
 - a room of the lab (``auditor/lab/<room>/__init__``) refers only to its own modules;
+- a room's modules import the lab's shared modules and their own room, never another room, and the
+  shared layer (``auditor/lab/*.py``, ``auditor/lab/common``) imports no room;
 - ``probes`` is a library of its own and imports nothing from ``auditor``;
 - the audit's report sits below its runner: it imports from ``auditor`` only itself and ``auditor.core``;
 - token sources and extraction take the plan's parts, not the configuration;
@@ -317,6 +319,43 @@ def test_a_room_refers_only_to_its_own_modules():
     offenders = [f"{module}:{line} -> {target}:{attr}" for module, target, attr, line in lazy_references()
                  if is_room(module) and not target.startswith(module + ".")]
     assert not offenders, "a room reaching into another package: " + "; ".join(offenders)
+
+
+def _lab_room(module: str) -> str | None:
+    """The room of a lab module (``facts`` for ``auditor.lab.facts.tau``); None outside the rooms: the lab's
+    shared modules (``auditor/lab/*.py``), its shared layer (``auditor/lab/common``) and everything else."""
+    from auditor.lab.room import SHARED
+
+    parts = module.split(".")
+    if len(parts) < 3 or parts[:2] != ["auditor", "lab"] or parts[2] == SHARED:
+        return None
+    return parts[2] if (REPO / "auditor" / "lab" / parts[2] / "__init__.py").is_file() else None
+
+
+def _cross_room(edges: dict[str, dict[str, int]]) -> list[tuple[str, str, int]]:
+    """(importer, imported, line) of every edge into a room from outside it."""
+    return [(a, b, line) for a, targets in edges.items() for b, line in targets.items()
+            if _lab_room(b) is not None and _lab_room(b) != _lab_room(a)]
+
+
+def test_the_rooms_stand_alone():
+    """A room imports the lab's shared modules and its own, never a sibling room; what two rooms share
+    lives below them in ``auditor/lab/common``, which (like ``auditor/lab/*.py``) imports no room. Lazy
+    references count: a room's ``"module:attribute"`` strings name its own modules only."""
+    lab = {a: targets for a, targets in with_lazy_edges(graph()).items() if _inside(a, "auditor.lab")}
+    offenders = [f"{a} -> {b} ({modules()[a].relative_to(REPO)}:{line})" for a, b, line in _cross_room(lab)]
+    assert not offenders, "lab modules reaching into another room: " + "; ".join(offenders)
+
+
+def test_the_room_reader_sees_a_sibling_import():
+    """The rule above can fail: an import from one room into another, or from the shared layer into a
+    room, is found; imports of the shared layer and of the room's own modules are not."""
+    edges = {"auditor.lab.recall.scaling": {"auditor.lab.assoc.memories": 3, "auditor.lab.engine": 6,
+                                            "auditor.lab.common.search.capacity": 4,
+                                            "auditor.lab.recall.training": 5},
+             "auditor.lab.common.mha.train": {"auditor.lab.memorize.experiment": 7}}
+    assert _cross_room(edges) == [("auditor.lab.recall.scaling", "auditor.lab.assoc.memories", 3),
+                                  ("auditor.lab.common.mha.train", "auditor.lab.memorize.experiment", 7)]
 
 
 # The floors of docs/layout.md, lowest first: a module may import its own floor and those below it.
