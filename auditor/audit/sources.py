@@ -20,7 +20,6 @@ are made (:class:`~auditor.audit.plan.Extraction`) and, for streamed contexts, t
 from __future__ import annotations
 
 import functools
-import importlib.util
 import logging
 import re
 from collections.abc import Iterator, Mapping
@@ -143,10 +142,30 @@ class Read:
         return self.inputs.fingerprint()
 
 
+PROBE_TEXT = "The quick brown fox jumps over the lazy dog."  # any tokenizer of text makes tokens of it
+
+
+def check_tokenizer(loaded: LoadedModel) -> None:
+    """Refuse a text model whose tokenizer makes no tokens of plain English (an empty or unusable
+    vocabulary, e.g. tokenizer files saved without one), before the data is read: said as what it is, not
+    as text too short."""
+    tokenizer = loaded.tokenizer
+    if loaded.modality != "text" or tokenizer is None or tokenizer.encode(PROBE_TEXT):
+        return
+    folder = f" into {loaded.weights}" if Path(loaded.weights).is_dir() else ""
+    raise AuditError(
+        f"the tokenizer of {loaded.name} @ {loaded.weights} ({tokenizer.name}) makes no tokens of text "
+        f"({PROBE_TEXT!r} gives none): its vocabulary is empty or unusable; save the model's own tokenizer"
+        f"{folder} (tokenizer.save_pretrained), or remove its tokenizer files so that text is read as bytes"
+    )
+
+
 def load_inputs_for(loaded: LoadedModel, sampling: Sampling, out: Path | None, progress: bool) -> Read:
-    """The inputs for ``loaded`` as ``sampling`` asks (none read under ``out``), with their fingerprint."""
+    """The inputs for ``loaded`` as ``sampling`` asks (none read under ``out``), with their fingerprint; a
+    tokenizer that makes no tokens is refused first (:func:`check_tokenizer`)."""
     from auditor.data import load_inputs
 
+    check_tokenizer(loaded)
     inputs = load_inputs(loaded, sampling.data, sampling.count(loaded.n), seed=sampling.seed,
                          progress=progress, first=sampling.first, exclude=out)
     if sampling.samples is not None and sampling.samples > inputs.N:  # asked for; the data has fewer
@@ -241,7 +260,6 @@ def streamed(loaded: LoadedModel, read: Read, reps: list[str], extraction: Extra
     log.warning("%s: the tokens of %d representation(s) (%.2f GiB) exceed the memory budget (%.2f GiB); "
                 "streaming the contexts in chunks of %d examples (same rows)", loaded.weights, len(reps),
                 num * per_example / GIB, budget / GIB, chunk)
-    geometry = importlib.util.find_spec("probes.geometry") is not None
     device = resolve_device(extraction.device)
     reducers = {}
     for rep in reps:
@@ -250,7 +268,7 @@ def streamed(loaded: LoadedModel, read: Read, reps: list[str], extraction: Extra
             save = Path(out) / TOKENS / f"{rep}@{loaded.weights}".replace("/", "_")
             save = save.with_name(save.name + ".safetensors")
         reducers[rep] = ContextReducer(num, n, d, loaded.dtype, device, tests=testing.tests,
-                                       rtol=testing.rtol, robustness=testing.robustness, geometry=geometry,
+                                       rtol=testing.rtol, robustness=testing.robustness, geometry=True,
                                        save=save, chunk=chunk)
     metas: dict[str, Mapping[str, str]] = {}
     bar = tqdm(total=num, disable=not progress, desc=f"extract {loaded.name} (streamed)", unit="ex")

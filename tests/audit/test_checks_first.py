@@ -137,3 +137,28 @@ def test_a_run_stopped_after_finished_rows_reports_them_for_compare(tmp_path, te
     assert set(pd.read_csv(out / "results.csv")["weights"]) == {"random", folder}
     assert "Incomplete" not in (out / "summary.md").read_text()
     assert "incomplete" not in json.loads((out / "config.json").read_text())
+
+
+def test_a_tokenizer_that_makes_no_tokens_is_refused_as_such_before_any_test(tmp_path, text_file, capsys):
+    """A folder whose tokenizer files hold no vocabulary (a tokenizer built from the config alone and saved):
+    refused before any test, as a tokenizer problem (not "text too short"); its advice, removing the
+    tokenizer files so that text is read as bytes, is then accepted."""
+    from transformers import AutoTokenizer
+
+    bare = _decoder_folder(tmp_path / "bare", 64)  # no tokenizer files
+    folder = tmp_path / "empty-vocabulary"
+    folder.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (folder / name).write_bytes((tmp_path / "bare" / name).read_bytes())
+    empty = AutoTokenizer.from_pretrained(bare, local_files_only=True)  # config only: no vocabulary
+    assert empty("The quick brown fox")["input_ids"] == []
+    empty.save_pretrained(folder)
+    argv = _argv(str(folder), tmp_path / "out", "--data", str(text_file), "--context-length", "16",
+                 "--samples", "2")
+    err = _one_line(capsys, argv)
+    assert "makes no tokens of text" in err and "remove its tokenizer files" in err
+    assert "too short" not in err and not (tmp_path / "out").exists()
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt"):
+        (folder / name).unlink(missing_ok=True)
+    assert main(argv) == 0  # the advice, followed: text read as bytes
+    assert pd.read_csv(tmp_path / "out" / "results.csv")["tokenizer"].str.startswith("bytes").all()
