@@ -7,7 +7,9 @@ B), ``assoc`` (associative memories, Paper C) and ``recall`` (factual recall, Pa
 batched training engine (:mod:`auditor.lab.engine`), one experiment contract and runner
 (:mod:`auditor.lab.experiment`) over one resumable sweep runner that stamps the provenance
 (:mod:`auditor.lab.sweep`, executing through :mod:`auditor.core.execution`), and one command-line layer
-(:mod:`auditor.lab.cli`). ``audit bits`` (:mod:`auditor.lab.bits`) reads every room's results.
+(:mod:`auditor.lab.cli`). ``audit bits`` (:mod:`auditor.lab.bits`) reads every room's results. A room
+imports these shared modules and its own, never another room: what several rooms use lives below them in
+:mod:`auditor.lab.common` (not a room).
 """
 
 # lab commands that belong to no room (they read every room's results): name -> ("module:attribute", help)
