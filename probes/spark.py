@@ -131,8 +131,6 @@ REFINE_WORK = (
 REFINE_MAX_RATIO = 16  # no refinement with more than this many vectors per dimension (alpha stays near 1)
 SPREAD_GRID = 64  # cells of the grid that bounds lambda through the weighted spread (_spread_limit)
 SPREAD_LEADERS = 32  # vectors of largest cap each taken as the top member of a subset (_subset_bound)
-K_BLOCK_CPU = 1  # k's whose bounds _largest_k computes before one host read, on the CPU (no waste) ...
-K_BLOCK_DEVICE = 8  # ... and off it, where each read waits for the device (the same k either way)
 REFINE_BETAS = (
     50.0,
     3200.0,
@@ -539,11 +537,6 @@ def _subset_bound(a: torch.Tensor, b: torch.Tensor, kappa: torch.Tensor, k: int)
     vectors, kappa_S = max_{i in S} kappa_i (all (N,), 2 <= k <= N). Vectors in decreasing order of
     kappa: the :data:`SPREAD_LEADERS` first are each taken as the top member of S, with the k - 1 largest
     terms ranked after it at its kappa; every other subset lies in the rest, at the next kappa."""
-    return float(_subset_bound_of(a, b, kappa, k))
-
-
-def _subset_bound_of(a: torch.Tensor, b: torch.Tensor, kappa: torch.Tensor, k: int) -> torch.Tensor:
-    """:func:`_subset_bound` as a 0-d tensor on the vectors' device (no host read; the same value)."""
     n_vec = a.numel()
     order = kappa.argsort(descending=True, stable=True)
     a_s, b_s, k_s = a[order], b[order], kappa[order]  # (N,) each, kappa descending
@@ -551,10 +544,9 @@ def _subset_bound_of(a: torch.Tensor, b: torch.Tensor, kappa: torch.Tensor, k: i
     ranks = torch.arange(n_vec, device=a.device)
     vals = a_s[None, :] + k_s[:lead, None] * b_s[None, :]  # (lead, N): row m at the kappa of rank m
     vals = vals.masked_fill(ranks[None, :] <= ranks[:lead, None], -math.inf)  # only members ranked after m
-    best = (a_s[:lead] + k_s[:lead] * b_s[:lead] + vals.topk(k - 1, dim=1).values.sum(dim=1)).max()
+    best = float((a_s[:lead] + k_s[:lead] * b_s[:lead] + vals.topk(k - 1, dim=1).values.sum(dim=1)).max())
     if lead < n_vec - k + 1:  # subsets of the vectors ranked lead and later
-        rest = (a_s[lead:] + k_s[lead] * b_s[lead:]).topk(k).values.sum()
-        best = torch.where(rest > best, rest, best)  # (as max(): the first unless the second exceeds it)
+        best = max(best, float((a_s[lead:] + k_s[lead] * b_s[lead:]).topk(k).values.sum()))
     return best * (1 + 2 * (k + 2) * EPS64)
 
 
@@ -564,19 +556,14 @@ def _largest_k(a: torch.Tensor, bt: torch.Tensor, rho: torch.Tensor) -> int:
     k-subsets (``||A u_j|| r_k + ||u_j|| e_k``), ``rho`` (N,). 1 when k = 2 fails."""
     top = min(bt.shape[0], a.numel())
     tau = _taus(torch.ones((), dtype=rho.dtype, device=rho.device), rho)  # (N,): 1 / rho_i
-    block = K_BLOCK_CPU if a.device.type == "cpu" else K_BLOCK_DEVICE
     k = 1
     while k < top:
-        ks = range(k, min(k + block, top))  # bt[j] and the caps at it prove j + 1
-        caps = [_caps(a, bt[j], tau) for j in ks]
-        bounds = torch.stack([_subset_bound_of(a, bt[j], kappa, j + 1)
-                              for j, kappa in zip(ks, caps, strict=True)])
-        for j, kappa, value in zip(ks, caps, bounds.tolist(), strict=True):  # (one host read per block)
-            if value >= 1.0:  # the weighted limit only where the caps fail
-                kappa = torch.clamp(kappa, max=_spread_limit(a, bt[j], 1.0, rho))
-                if _subset_bound(a, bt[j], kappa, j + 1) >= 1.0:
-                    return j
-            k = j + 1
+        kappa = _caps(a, bt[k], tau)  # for k + 1
+        if _subset_bound(a, bt[k], kappa, k + 1) >= 1.0:  # the weighted limit only where the caps fail
+            kappa = torch.clamp(kappa, max=_spread_limit(a, bt[k], 1.0, rho))
+            if _subset_bound(a, bt[k], kappa, k + 1) >= 1.0:
+                break
+        k += 1
     return k
 
 

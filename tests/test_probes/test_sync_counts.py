@@ -201,35 +201,3 @@ def test_batched_pivot_vectors_are_the_grouped_ones_up_to_rounding(monkeypatch):
         assert float(z[j]) == float(vectors[True][i, j]) == 1.0 and not bool(vectors[True][i, j + 1:].any())
         bound = 8 * j * eps * cond * float(z[:j].norm())
         assert float((vectors[True][i, :j] - z[:j]).norm()) <= bound, (i, j, cond)
-
-
-def test_the_bound_reads_its_k_in_blocks_with_the_same_result(monkeypatch):
-    """kruskal_lower_bound's search for the largest proven k reads its bounds a block of k's at a time off
-    the CPU (spark.K_BLOCK_DEVICE): the same bound and proof, fewer host reads (forced on the CPU here)."""
-    import probes.spark as spark
-    from probes.bounds import kruskal_lower_bound
-
-    g = torch.Generator().manual_seed(1)
-    d = 48
-    scales = torch.logspace(0, -2, d, dtype=torch.float64)
-    x = (30.0 * torch.randn(1, d, generator=g, dtype=torch.float64)
-         + torch.randn(120, d, generator=g, dtype=torch.float64) * scales).float()
-    tolists = collections.Counter()
-    plain = torch.Tensor.tolist
-
-    def counted(self):
-        tolists["tolist"] += 1
-        return plain(self)
-
-    monkeypatch.setattr(torch.Tensor, "tolist", counted)
-    results, reads = [], []
-    for block in (1, 8):
-        monkeypatch.setattr(spark, "K_BLOCK_CPU", block)
-        tolists.clear()
-        with HostReads() as mode:
-            res = kruskal_lower_bound(x, nullspace_seconds=30.0, max_subsets=0)
-        results.append((res.lower, res.method, res.nullspace_k, res.whitened_babel_k, res.nullspace_programs))
-        reads.append(sum(mode.reads.values()) + tolists["tolist"])
-    assert results[0] == results[1]
-    assert results[0][2] > 1  # the null-space bound ran and proved something
-    assert reads[1] < reads[0]
