@@ -98,11 +98,15 @@ def _weights_dtypes(ok: pd.DataFrame) -> str:
 
 
 def depth_table(depth: pd.DataFrame) -> pd.DataFrame:
-    """The depth profile for reading: per weights x depth, the test fractions and the Kruskal rank bounds."""
+    """The depth profile for reading: per weights x depth, each test's statement and fraction
+    (``refuted: 0.0000``), and the Kruskal rank bounds."""
     table = pd.DataFrame({"weights": depth["weights"], "representation": depth["representation"],
                           "depth": [str(v) for v in depth["depth"]]})
     for column in [c for c in depth.columns if c.endswith("_fraction")]:
-        table[column.removesuffix("_fraction")] = [f"{v:.4f}" if pd.notna(v) else "" for v in depth[column]]
+        test = column.removesuffix("_fraction")
+        said = depth.get(f"{test}_statement", pd.Series(None, index=depth.index, dtype=object))
+        table[test] = [(f"{s}: " if isinstance(s, str) else "") + (f"{v:.4f}" if pd.notna(v) else "")
+                       for s, v in zip(said, depth[column], strict=True)]
 
     def text(value: object) -> str:
         return "" if value is None or pd.isna(value) else str(value)
@@ -219,7 +223,8 @@ def summary_text(result: AuditResult, plots: list[Path]) -> str:
         lines += _section(
             "Across depth (depth.csv)",
             depth_table(result.depth).to_markdown(index=False, disable_numparse=True),
-            "Depth 0 is the embedding, depth L + 1 the output of block L. Kruskal rank K of the queries, "
+            "Depth 0 is the embedding, depth L + 1 the output of block L. Each test: its statement (refuted, "
+            "proven, not decided), then its fraction. Kruskal rank K of the queries, "
             "as bounds: certified K >= lower (and how it was proven); sampled: >= k where the sampled "
             "k-subsets reached the threshold (sampling cannot prove it), < k where the smallest tested k "
             "failed, = K where the bounds meet; witnessed K <= upper (a dependent subset).",
