@@ -112,7 +112,7 @@ def cli() -> None:
     what attention layers memorize.
 
     \b
-    Main job:   audit vit-base            (also bert-base, gpt2, minilm, any hub or timm:<name> id)
+    Main job:   audit vit-base            (any name of `audit models`, a hub id, a folder or timm:<name>)
     Compare:    audit compare REPORT...   (report folders or model names: one table, overlay plots)
     Capacity:   audit memorize | certify | capacity
     Facts:      audit facts | assoc | recall
