@@ -1,6 +1,6 @@
 """Load only what an audit reads: everything before the blocks and blocks 0 .. L of a Hugging Face model.
 
-The theory looks at the first layers, so the families added for today's models (Llama, Qwen, Mistral,
+The theory looks at the first layers, so the families of large models (Llama, Qwen, Mistral,
 Gemma, Phi, OLMo, Pythia, RoBERTa, DeBERTa-v3, ModernBERT, DINOv2, CLIP, SigLIP) never build the whole
 network. A :class:`PartialModel` holds a copy of the model whose config is cut to the blocks the audit
 needs (``num_hidden_layers = deepest audited block + 1``); it grows when a deeper block is asked for.
