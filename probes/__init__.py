@@ -8,6 +8,13 @@ Shapes: one matrix (m, n) or a batch (..., m, n) for :func:`numerical_rank`; con
 queries / vectors (N, d) elsewhere. Sizes and seeds may be Python or NumPy integers. Results have a
 one-line ``repr`` and a ``to_dict()`` of plain typed values (:func:`flatten_row` makes CSV cells).
 
+A caller whose contexts do not fit in memory reduces them block by block (:func:`context_ranks` on
+blocks of :func:`context_block` contexts joined by :meth:`ContextRanks.concat`, :func:`context_means`,
+:func:`probes.geometry.collapse_residual` on blocks of :func:`probes.geometry.residual_block`) and forms
+the same results from the reductions (:func:`assumption2_from_ranks`, :func:`assumption3_from_means`);
+:func:`result_bounds` adds the certified bounds to a Kruskal test's result; :func:`check_rtol` and
+:func:`check_threshold` are the rules every function applies to those arguments.
+
 Work is bounded: ``subsets`` per Kruskal test (default 5000) or per sweep step (default 500),
 ``max_seconds`` for a sweep, ``max_subsets`` for the exact search, and a memory bound on subset counts
 (:func:`max_subsets_in_memory`). Long runs show a progress bar in interactive use (``progress=None``,
@@ -28,11 +35,24 @@ from probes.assumptions import (
     ContextRanks,
     assumption1,
     assumption2,
+    assumption2_from_ranks,
     assumption3,
+    assumption3_from_means,
+    check_threshold,
+    context_block,
+    context_means,
     context_ranks,
     general_position,
 )
-from probes.bounds import DuplicateCounts, KruskalLowerBound, clopper_pearson, duplicates, kruskal_lower_bound
+from probes.bounds import (
+    DuplicateCounts,
+    KruskalLowerBound,
+    TestedVectors,
+    clopper_pearson,
+    duplicates,
+    kruskal_lower_bound,
+    result_bounds,
+)
 from probes.geometry import (
     Geometry,
     anisotropy,
@@ -52,7 +72,7 @@ from probes.kruskal import (
     max_subsets_in_memory,
     sample_subsets,
 )
-from probes.rank import RankResult, default_rtol, numerical_rank
+from probes.rank import RankResult, check_rtol, default_rtol, numerical_rank
 from probes.robust import DEFAULT_RTOL_GRID, Robustness
 
 __all__ = [
@@ -75,10 +95,17 @@ __all__ = [
     "RankResult",
     "Robustness",
     "SweepResult",
+    "TestedVectors",
     "assumption1",
     "assumption2",
+    "assumption2_from_ranks",
     "assumption3",
+    "assumption3_from_means",
+    "check_rtol",
+    "check_threshold",
     "check_witness",
+    "context_block",
+    "context_means",
     "context_ranks",
     "default_rtol",
     "flatten_row",
@@ -88,5 +115,6 @@ __all__ = [
     "kruskal_test",
     "max_subsets_in_memory",
     "numerical_rank",
+    "result_bounds",
     "sample_subsets",
 ]

@@ -76,8 +76,37 @@ class ContextRanks:
     stages: dict[str, int] = field(default_factory=dict)
     bound: torch.Tensor | None = None
 
+    @classmethod
+    def concat(cls, parts: list[ContextRanks]) -> ContextRanks:
+        """The ranks of consecutive blocks of the same N contexts (same n, d, rtol), joined in order: what
+        one :func:`context_ranks` call on all of them gives when each part covers the blocks it cuts
+        (:func:`context_block`)."""
+        first = parts[0]
+        return dataclasses.replace(
+            first,
+            rank=torch.cat([p.rank for p in parts]),
+            margin=torch.cat([p.margin for p in parts]),
+            stages={key: sum(p.stages[key] for p in parts) for key in first.stages},
+            bound=None if first.bound is None else torch.cat([p.bound for p in parts]),
+        )
 
-def _check_contexts(contexts: Array) -> torch.Tensor:
+
+def context_block(n: int, d: int) -> int:
+    """How many (n, d) contexts :func:`context_ranks` decides at once: a caller that reduces its contexts
+    chunk by chunk feeds it whole blocks of this many to get the ranks of one call on all of them."""
+    k, width = (n, d) if n <= d else (d, n)  # context_ranks decides the smaller problem
+    return fast.chunk_size(k, width)
+
+
+def context_means(contexts: torch.Tensor) -> torch.Tensor:
+    """(N, d) float64 means of the rows of each context (N, n, d), as Assumption 3 forms them (on the
+    contexts' device; the contexts must not be float64, whose Assumption 3 shares one scale with the
+    queries, see :func:`assumption3`)."""
+    return contexts.to(torch.float64).mean(dim=1)
+
+
+def check_contexts(contexts: Array) -> torch.Tensor:
+    """The contexts as a non-empty finite (N, n, d) tensor, or ValueError."""
     e = as_tensor(contexts, "contexts")
     if e.ndim != 3:
         raise ValueError(f"contexts must have shape (N, n, d); got shape {tuple(e.shape)}")
@@ -97,7 +126,7 @@ def context_ranks(contexts: Array, rtol: float | None = None) -> ContextRanks:
     Returns:
         :class:`ContextRanks` with ranks (N,) and margins (N,).
     """
-    e = _check_contexts(contexts)
+    e = check_contexts(contexts)
     _, n, d = e.shape
     rtol = resolve_rtol(rtol, n, d, e.dtype)
     e, _ = pow2_rescale(e, (1, 2))  # exact powers of two per context where float64 would under/overflow
@@ -181,18 +210,21 @@ class AssumptionResult:
         return text + (f"; {self.note}" if self.note else "") + ")"
 
 
-def _check_threshold(threshold: Any) -> float:
+def check_threshold(threshold: Any) -> float:
+    """Validate an assumption test's ``threshold``: a number in (0, 1], as a float."""
     if (isinstance(threshold, bool | np.bool_) or not isinstance(threshold, numbers.Real)
             or not 0 < threshold <= 1):
         raise ValueError(f"threshold must be a number in (0, 1], got {threshold!r}")
     return float(threshold)
 
 
-def _check_n(n: Any) -> int:
+def check_n(n: Any) -> int:
+    """Validate a context length n (a positive integer)."""
     return check_int(n, "n (the context length)")
 
 
-def _from_kruskal(test: str, res: KruskalResult, threshold: float, n: int | None) -> AssumptionResult:
+def from_kruskal(test: str, res: KruskalResult, threshold: float, n: int | None) -> AssumptionResult:
+    """The verdict of assumption test ``test`` from its Kruskal test ``res`` at ``threshold`` (checked)."""
     possible = res.k <= res.d  # k > d: no k vectors in R^d are independent
     return AssumptionResult(
         test=test, holds=possible and res.fraction >= threshold, fraction=res.fraction, k=res.k, N=res.N,
@@ -216,11 +248,11 @@ def assumption1(
         subsets, seed, rtol, progress, robustness, rtol_grid: as in :func:`probes.kruskal_test`; the
             critical tolerance refers to this test's ``threshold``.
     """
-    n = _check_n(n)
-    threshold = _check_threshold(threshold)
+    n = check_n(n)
+    threshold = check_threshold(threshold)
     res = checked_kruskal(queries, n, subsets, seed, rtol, rank_sample=100, progress=progress,
                           robustness=robustness, rtol_grid=rtol_grid, threshold=threshold)
-    return _from_kruskal("assumption1", res, threshold, n)
+    return from_kruskal("assumption1", res, threshold, n)
 
 
 def assumption3(
@@ -235,15 +267,15 @@ def assumption3(
         subsets, seed, rtol, progress, robustness, rtol_grid: as in :func:`probes.kruskal_test`; the
             critical tolerance refers to this test's ``threshold``.
     """
-    e = _check_contexts(contexts)
+    e = check_contexts(contexts)
     q = validate_vectors(queries, "queries")
     if q.shape[0] != e.shape[0] or q.shape[1] != e.shape[2]:
         raise ValueError(
             f"queries {tuple(q.shape)} do not match contexts {tuple(e.shape)}; expected queries (N, d) = "
             f"({e.shape[0]}, {e.shape[2]})"
         )
-    n = e.shape[1] if n is None else _check_n(n)
-    threshold = _check_threshold(threshold)
+    n = e.shape[1] if n is None else check_n(n)
+    threshold = check_threshold(threshold)
     q64, e64 = q.to(torch.float64), e.to(torch.float64)
     if torch.float64 in (q.dtype, e.dtype):  # one exact power of two for both, where float64 would overflow
         exp = pow2_exponent(torch.maximum(abs_max(q), abs_max(e)))
@@ -253,11 +285,41 @@ def assumption3(
             check_lossless(e64, scaled_e, exp)
             q64, e64 = scaled_q, scaled_e
     mixed = q64 + e64.mean(dim=1)  # (N, d)
-    rtol = resolve_rtol(rtol, n, e.shape[2], e.dtype)  # judged at the tokens' own dtype
+    return _assumption3_of(mixed, n, e.dtype, subsets, seed, rtol, threshold=threshold, progress=progress,
+                           robustness=robustness, rtol_grid=rtol_grid)
+
+
+def assumption3_from_means(
+    queries: Array, means: torch.Tensor, n: int, dtype: torch.dtype, subsets: int = 5000, seed: int = 0,
+    rtol: float | None = None, *, threshold: float = DEFAULT_THRESHOLD, progress: bool | None = None,
+    robustness: bool | str = True, rtol_grid: tuple[float, ...] | None = robust.DEFAULT_RTOL_GRID,
+) -> AssumptionResult:
+    """:func:`assumption3` from the contexts' means (:func:`context_means`, (N, d) float64) instead of the
+    contexts: the same result for contexts of ``dtype`` (not float64), which a caller may reduce chunk by
+    chunk without ever holding them all. ``n``: the context length (the subset size)."""
+    q = validate_vectors(queries, "queries")
+    if dtype == torch.float64:
+        raise ValueError("float64 contexts are tested by assumption3 on the contexts themselves (queries and "
+                         "contexts share one scale there); assumption3_from_means takes other dtypes")
+    if tuple(means.shape) != tuple(q.shape):
+        raise ValueError(f"queries {tuple(q.shape)} do not match the context means {tuple(means.shape)}; "
+                         "expected both (N, d)")
+    n = check_n(n)
+    threshold = check_threshold(threshold)
+    mixed = q.to(torch.float64) + means  # (N, d)
+    return _assumption3_of(mixed, n, dtype, subsets, seed, rtol, threshold=threshold, progress=progress,
+                           robustness=robustness, rtol_grid=rtol_grid)
+
+
+def _assumption3_of(mixed: torch.Tensor, n: int, dtype: torch.dtype, subsets: int, seed: int,
+                    rtol: float | None, *, threshold: float, progress: bool | None, robustness: bool | str,
+                    rtol_grid: tuple[float, ...] | None) -> AssumptionResult:
+    """Assumption 3 on its vectors e(t) + mean E(t) (N, d) float64, for tokens of ``dtype``."""
+    rtol = resolve_rtol(rtol, n, mixed.shape[1], dtype)  # judged at the tokens' own dtype
     res = checked_kruskal(mixed, n, subsets, seed, rtol, rank_sample=100, progress=progress,
                           robustness=robustness, rtol_grid=rtol_grid, threshold=threshold)
-    res = dataclasses.replace(res, dtype=str(e.dtype).removeprefix("torch."))
-    return _from_kruskal("assumption3", res, threshold, n)
+    res = dataclasses.replace(res, dtype=str(dtype).removeprefix("torch."))
+    return from_kruskal("assumption3", res, threshold, n)
 
 
 def general_position(
@@ -271,12 +333,12 @@ def general_position(
     rtol_grid: as in :func:`probes.kruskal_test` (the critical tolerance refers to ``threshold``).
     """
     x = validate_vectors(vectors)
-    threshold = _check_threshold(threshold)
-    n = None if n is None else _check_n(n)
+    threshold = check_threshold(threshold)
+    n = None if n is None else check_n(n)
     k = min(x.shape)
     res = checked_kruskal(x, k, subsets, seed, rtol, rank_sample=100, progress=progress,
                           robustness=robustness, rtol_grid=rtol_grid, threshold=threshold)
-    return _from_kruskal("general_position", res, threshold, n)
+    return from_kruskal("general_position", res, threshold, n)
 
 
 def assumption2(
@@ -296,14 +358,14 @@ def assumption2(
     When n > d no context can have rank n: the result says so (fraction 0).
     """
     start = time.perf_counter()
-    e = _check_contexts(contexts)
-    threshold = _check_threshold(threshold)
+    e = check_contexts(contexts)
+    threshold = check_threshold(threshold)
     robustness = robust.check_robustness(robustness)
     grid = robust.check_rtol_grid(rtol_grid)
     cr = ranks if ranks is not None else context_ranks(e, rtol)
     return assumption2_from_ranks(cr, tuple(e.shape), e.dtype, e.device,
                                   lambda: robust.context_matrices(pow2_rescale(e, (1, 2))[0]),
-                                  threshold=threshold, robustness=robustness, grid=grid, start=start)
+                                  threshold=threshold, robustness=robustness, rtol_grid=grid, start=start)
 
 
 def assumption2_from_ranks(
@@ -313,14 +375,21 @@ def assumption2_from_ranks(
     device: torch.device,
     matrices: Callable[[], Any],
     *,
-    threshold: float,
-    robustness: bool | str,
-    grid: tuple[float, ...] | None,
-    start: float,
+    threshold: float = DEFAULT_THRESHOLD,
+    robustness: bool | str = True,
+    rtol_grid: tuple[float, ...] | None = robust.DEFAULT_RTOL_GRID,
+    start: float | None = None,
 ) -> AssumptionResult:
-    """The Assumption 2 result from the contexts' ranks ``cr`` (shape ``(N, n, d)``), as :func:`assumption2`
-    forms it; ``matrices()`` gives the contexts for the tolerance analysis, called only when it runs (so a
-    caller that streamed its contexts reads them back only then). ``threshold`` and ``grid`` checked."""
+    """The Assumption 2 result from the contexts' ranks ``cr`` (:func:`context_ranks`, or its blocks joined
+    by :meth:`ContextRanks.concat`) of contexts of ``shape`` (N, n, d), ``dtype`` and ``device``, as
+    :func:`assumption2` forms it. ``matrices()`` gives the contexts for the tolerance analysis
+    (:class:`probes.robust.Matrices`, e.g. :func:`probes.robust.context_reader`), called only when it runs,
+    so a caller that streamed its contexts reads them back only then. ``start``: the
+    ``time.perf_counter()`` the result's seconds count from (default: now)."""
+    start = time.perf_counter() if start is None else start
+    threshold = check_threshold(threshold)
+    robustness = robust.check_robustness(robustness)
+    grid = robust.check_rtol_grid(rtol_grid)
     n_ex, n, d = shape
     common = dict(test="assumption2", k=n, N=n_ex, n=n, d=d, threshold=threshold, subsets=n_ex,
                   exhaustive=True, dtype=str(dtype).removeprefix("torch."), device=str(device), seed=None)

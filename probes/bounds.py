@@ -523,3 +523,55 @@ def _whitened_and_nullspace(x: torch.Tensor, rtols: list[float], proven: int, to
         null = nullspace_bound(sp, white.whitened, start=proven, seconds=seconds, steps=steps)
         null_k, programs, note = null.k, null.solved, null.note
     return white.coherence_k, white.babel_k, null_k, white.coherence, programs, note
+
+
+class TestedVectors:
+    """One set of tested vectors (N, d) with its certified Kruskal lower bound (per rtol) and its duplicates,
+    each computed once when first asked: several tests may share their vectors (an audit's Assumption 1 and
+    general position both test the queries)."""
+
+    __test__ = False  # not a pytest class
+
+    def __init__(self, vectors: Array) -> None:
+        self.vectors = vectors  # (N, d)
+        self._lower: dict[float, KruskalLowerBound] = {}
+        self._duplicates: DuplicateCounts | None = None
+
+    def lower(self, rtol: float) -> KruskalLowerBound:
+        """:func:`kruskal_lower_bound` of the vectors at ``rtol``."""
+        if rtol not in self._lower:
+            self._lower[rtol] = kruskal_lower_bound(self.vectors, rtol=rtol)
+        return self._lower[rtol]
+
+    def duplicates(self) -> DuplicateCounts:
+        """:func:`duplicates` of the vectors."""
+        if self._duplicates is None:
+            self._duplicates = duplicates(self.vectors)
+        return self._duplicates
+
+
+def result_bounds(result: Any, tested: Array | TestedVectors) -> dict[str, Any]:
+    """The bounds of a sampled Kruskal test's result (a :class:`probes.KruskalResult` or
+    :class:`probes.AssumptionResult` of a Kruskal test) whose tested vectors are ``tested`` (N, d), or their
+    :class:`TestedVectors` shared with other tests, at the result's own ``rtol``.
+
+    Returns a flat dict: ``fraction_low`` / ``fraction_high``, the Clopper-Pearson 95% interval of the
+    full-rank share (the share itself when every subset was tested or proven dependent at once);
+    ``krank_upper``, k - 1 for the smallest dependent subset found (by the test, size k, or by the
+    exhaustive search of the lower bound): a witnessed upper bound on the Kruskal rank, else None;
+    ``krank_lower`` and ``krank_lower_method``, the certified lower bound (:func:`kruskal_lower_bound`) and
+    its proof; ``duplicates`` / ``near_duplicates``: exactly repeated vectors and pairs with |cosine| >=
+    0.9999 (:func:`duplicates`).
+    """
+    k, fraction, subsets = int(result.k), float(result.fraction), int(result.subsets or 0)
+    out: dict[str, Any] = {"krank_upper": k - 1 if result.witness else None}
+    if result.exhaustive or result.spectrum_proof or subsets == 0:  # every subset tested or proven
+        out["fraction_low"] = out["fraction_high"] = fraction
+    else:
+        out["fraction_low"], out["fraction_high"] = clopper_pearson(round(fraction * subsets), subsets)
+    shared = tested if isinstance(tested, TestedVectors) else TestedVectors(tested)
+    lower, dup = shared.lower(float(result.rtol)), shared.duplicates()
+    if lower.exact and lower.witness is not None:  # its search met a dependent subset
+        out["krank_upper"] = min(v for v in (out["krank_upper"], len(lower.witness) - 1) if v is not None)
+    return {**out, "krank_lower": int(lower.lower), "krank_lower_method": str(lower.method),
+            "duplicates": int(dup.exact_duplicates), "near_duplicates": int(dup.near_duplicate_pairs)}

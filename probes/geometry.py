@@ -117,6 +117,12 @@ def anisotropy(vectors: Array) -> torch.Tensor:
     return (total.square().sum(-1) - self_terms) / (n_vec * (n_vec - 1))
 
 
+def residual_block(n: int, d: int) -> int:
+    """How many (n, d) contexts :func:`collapse_residual` takes at once (about ``CHUNK_BYTES`` of float64):
+    a caller that streams its contexts feeds it whole blocks of this many."""
+    return max(1, CHUNK_BYTES // (8 * n * d))
+
+
 def collapse_residual(contexts: Array) -> torch.Tensor:
     """Relative distance of each context E (n, d) to the nearest matrix with identical rows:
     ``||E - 1 mean(E)||_F / ||E||_F``, where mean(E) is the mean row (the Frobenius-nearest matrix of
@@ -138,7 +144,7 @@ def collapse_residual(contexts: Array) -> torch.Tensor:
     batch = e.shape[:-2]
     n, d = e.shape[-2:]
     flat = e.reshape(-1, n, d)  # (B, n, d), a view when contiguous
-    per_block = max(1, CHUNK_BYTES // (8 * n * d))
+    per_block = residual_block(n, d)
     out = []
     for start in range(0, flat.shape[0], per_block):
         scaled, _ = pow2_rescale(flat[start:start + per_block], (-2, -1))

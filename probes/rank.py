@@ -112,10 +112,13 @@ def default_rtol(m: int, n: int, dtype: torch.dtype) -> float:
     return max(m, n) * eps_of(dtype)
 
 
-def resolve_rtol(rtol: float | None, m: int, n: int, dtype: torch.dtype) -> float:
-    """Validate a user tolerance, or return the default for data produced in ``dtype``."""
+def check_rtol(rtol: Any) -> float | None:
+    """Validate a user tolerance: None (the default of the data's dtype) or a number in (0, 1), as a float.
+
+    The one rule for ``rtol`` everywhere: every probes function applies it, and a caller that takes ``rtol``
+    from its user (the audit's configuration) calls it to refuse a bad value before any work starts."""
     if rtol is None:
-        return default_rtol(m, n, dtype)
+        return None
     if isinstance(rtol, bool | np.bool_) or not isinstance(rtol, numbers.Real) or not 0 <= rtol < 1:
         raise ValueError(f"rtol must be a finite number in (0, 1), got {rtol!r}")
     if rtol == 0:
@@ -125,6 +128,12 @@ def resolve_rtol(rtol: float | None, m: int, n: int, dtype: torch.dtype) -> floa
             "rtol (None: the default of the data's dtype)"
         )
     return float(rtol)
+
+
+def resolve_rtol(rtol: float | None, m: int, n: int, dtype: torch.dtype) -> float:
+    """Validate a tolerance (:func:`check_rtol`), or return the default for data produced in ``dtype``."""
+    checked = check_rtol(rtol)
+    return default_rtol(m, n, dtype) if checked is None else checked
 
 
 def check_int(value: Any, name: str, minimum: int | None = 1) -> int:

@@ -870,3 +870,23 @@ def context_matrices(mats: torch.Tensor) -> Matrices:
 
     return Matrices(count=b, k=k, width=d, gram=gram, rows=rows, lam_cap=None,
                     step=max(1, min(1024, fast.chunk_size(k, d))), device=mats.device)
+
+
+def context_reader(count: int, k: int, d: int, read: Callable[[torch.Tensor], torch.Tensor],
+                   device: torch.device | str) -> Matrices:
+    """``count`` contexts (k, d), k <= d, read back on demand: ``read(pos)`` gives those at positions ``pos``
+    (c, k, d) in any dtype; each is scaled by its own power of two as :func:`probes.assumption2` scales them
+    and decided on ``device``. A caller that streamed its contexts to a file passes its reader here."""
+    device = torch.device(device)
+
+    def rows(pos: torch.Tensor) -> torch.Tensor:
+        x = read(pos.cpu()).to(device)  # (c, k, d)
+        scaled, _ = pow2_rescale(x, (1, 2))  # per context, as Assumption 2 scales them
+        return scaled.to(torch.float64)
+
+    def gram(pos: torch.Tensor) -> torch.Tensor:
+        x = rows(pos)
+        return x @ x.transpose(1, 2)  # (c, k, k)
+
+    return Matrices(count=count, k=k, width=d, gram=gram, rows=rows, lam_cap=None,
+                    step=max(1, min(1024, fast.chunk_size(k, d))), device=device)

@@ -416,6 +416,50 @@ def test_the_private_import_reader_sees_one(tmp_path):
         "auditor.models.mine:1 imports _ADAPTERS from auditor.models.registry"]
 
 
+def _private_probes(module: str, path: Path) -> list[str]:
+    """What ``module`` takes of probes' private names: ``from probes.x import _y``, ``import probes._x``,
+    ``from probes._x import y`` and attributes read through the package (``probes.x._y``)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level and (
+                node.module.split(".")[0] == "probes"):
+            found += [f"{module}:{node.lineno} imports {node.module}" for part in node.module.split(".")
+                      if part.startswith("_")][:1]
+            found += [f"{module}:{node.lineno} imports {alias.name} from {node.module}"
+                      for alias in node.names if alias.name.startswith("_")]
+        elif isinstance(node, ast.Import):
+            found += [f"{module}:{node.lineno} imports {alias.name}" for alias in node.names
+                      if alias.name.split(".")[0] == "probes"
+                      and any(part.startswith("_") for part in alias.name.split("."))]
+        elif isinstance(node, ast.Attribute) and node.attr.startswith("_"):
+            root = node.value
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if isinstance(root, ast.Name) and root.id == "probes":
+                found.append(f"{module}:{node.lineno} reads {ast.unparse(node)}")
+    return found
+
+
+def test_the_audit_uses_only_the_public_api_of_probes():
+    """probes offers the auditor what it needs as public names (streamed reductions, result assembly,
+    validation, bounds): a private name of probes is its own business, free to change."""
+    offenders = [hit for module, path in modules().items() if _inside(module, "auditor")
+                 for hit in _private_probes(module, path)]
+    assert not offenders, "; ".join(offenders)
+
+
+def test_the_private_probes_reader_sees_each_form(tmp_path):
+    source = tmp_path / "mod.py"
+    source.write_text("import probes\nimport probes._omp\nfrom probes.assumptions import _check_n, check_n\n"
+                      "from probes._omp import x\nprobes.rank._scale(1)\nprobes.check_rtol(None)\n")
+    assert _private_probes("auditor.audit.mine", source) == [
+        "auditor.audit.mine:2 imports probes._omp",
+        "auditor.audit.mine:3 imports _check_n from probes.assumptions",
+        "auditor.audit.mine:4 imports probes._omp",
+        "auditor.audit.mine:5 reads probes.rank._scale",
+    ]
+
+
 LAYOUT = REPO / "docs" / "layout.md"
 FOLDER = re.compile(r"(\w+)/")
 

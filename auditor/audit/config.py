@@ -8,7 +8,6 @@ stage uses and checks what depends on the model's shape.
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 
@@ -114,15 +113,17 @@ class AuditConfig:
         for name in ("first", "sweep", "save_tokens", "trust_remote_code", "robustness", "exact_brackets"):
             if not isinstance(getattr(self, name), bool):
                 raise AuditError(f"{name} must be True or False; got {getattr(self, name)!r}")
-        if isinstance(self.threshold, bool) or not isinstance(self.threshold, int | float) or not (
-            0 < self.threshold <= 1
-        ):
-            raise AuditError(f"threshold must be a number in (0, 1]; got {self.threshold!r}")
-        if self.rtol is not None and (isinstance(self.rtol, bool) or not isinstance(self.rtol, int | float)
-                                      or not 0 < self.rtol < 1 or math.isnan(self.rtol)):
+        # threshold and rtol are checked by probes' own rules (the floor they go to), here before any work
+        try:
+            probes.check_threshold(self.threshold)
+        except ValueError as err:
+            raise AuditError(str(err)) from None
+        try:
+            probes.check_rtol(self.rtol)
+        except ValueError:
             raise AuditError(
                 f"rtol (the relative rank tolerance) must be a number in (0, 1); got {self.rtol!r}"
-            )
+            ) from None
         lo, hi = probes.rank.SEED_RANGE
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not lo <= self.seed <= hi:
             raise AuditError(f"seed must be an integer in [-2**63, 2**63 - 1] (64 bits); got {self.seed!r}")

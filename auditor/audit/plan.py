@@ -324,9 +324,7 @@ class AuditPlan:
         if n > d:
             raise AuditError(f"context length n = {n} exceeds the width d = {d} of {self.model}: "
                              f"Assumption 2 (rank n) is impossible; {N_ADVICE[n_set_by].format(d=d)}")
-        limit = getattr(probes, "max_subsets_in_memory", None)
-        if limit is None:
-            return
+        limit = probes.max_subsets_in_memory
         num = num if num is not None else self.sampling.samples or MAX_DEFAULT_SAMPLES
         checks = [("subsets", self.testing.subsets, ASSUMPTION_TESTS[t].k(num, n, d))
                   for t in self.testing.tests if ASSUMPTION_TESTS[t].kruskal]

@@ -21,7 +21,6 @@ removed after the tests) and those few are read back from it.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import tempfile
 import time
@@ -37,16 +36,8 @@ import probes
 from auditor.audit.assumptions import ASSUMPTION_TESTS, RunOptions
 from auditor.audit.tokens import ContextFile, TokenWriter
 from auditor.core.errors import AuditError
-from probes import fast, robust
-from probes.assumptions import (
-    AssumptionResult,
-    _check_n,
-    _check_threshold,
-    _from_kruskal,
-    assumption2_from_ranks,
-)
-from probes.kruskal import checked_kruskal, validate_vectors
-from probes.rank import pow2_rescale, resolve_rtol
+from probes import robust
+from probes.geometry import collapse_residual, residual_block
 
 __all__ = ["ContextReducer", "StreamedContexts", "chunk_examples"]
 STREAMED_TESTS = ("assumption2", "assumption3")  # the context tests with a streamed form
@@ -95,7 +86,7 @@ class StreamedContexts:
         shape: (N, n, d); dtype, device: of the contexts as the tests saw them.
         ranks: Assumption 2's per-context ranks (None when it is not among the tests).
         means: (N, d) float64 context means (None without Assumption 3).
-        residuals: (N,) float64 per-context collapse residuals (None without probes.geometry).
+        residuals: (N,) float64 per-context collapse residuals (None when not asked).
         file: the contexts on disk, for Assumption 2's tolerance analysis (None when not needed).
         chunk: examples per extracted chunk; largest: the most contexts held at once (a chunk and the
             rows waiting for a block).
@@ -145,19 +136,7 @@ class StreamedContexts:
     def matrices(self) -> robust.Matrices:
         """The contexts as :func:`probes.robust.context_matrices` gives them, read from the file on demand."""
         num, k, d = self.shape
-        file, device = self.file, self.device
-
-        def rows(pos: torch.Tensor) -> torch.Tensor:
-            x = file.read(pos.cpu()).to(device)  # (c, k, d)
-            scaled, _ = pow2_rescale(x, (1, 2))  # per context, as Assumption 2 scales them
-            return scaled.to(torch.float64)
-
-        def gram(pos: torch.Tensor) -> torch.Tensor:
-            x = rows(pos)
-            return x @ x.transpose(1, 2)  # (c, k, k)
-
-        return robust.Matrices(count=num, k=k, width=d, gram=gram, rows=rows, lam_cap=None,
-                               step=max(1, min(1024, fast.chunk_size(k, d))), device=device)
+        return robust.context_reader(num, k, d, self.file.read, self.device)
 
 
 class ContextReducer:
@@ -168,7 +147,7 @@ class ContextReducer:
             rescaling for Assumption 3 needs every context at once).
         device: where the tests run (each chunk is moved there, as the in-memory path moves all).
         tests: the audit's tests (which reductions to make); rtol, robustness: the audit's.
-        geometry: compute the collapse residuals (probes.geometry is installed).
+        geometry: compute the collapse residuals (the token geometry of every row).
         save: write the contexts to this token file (``--save-tokens``); None: a temporary file, and
             only when Assumption 2's tolerance analysis needs one.
         chunk: examples per chunk (for the record).
@@ -203,13 +182,10 @@ class ContextReducer:
         self.aligned: list[_Aligned] = []
         if "assumption2" in tests:
             self.ranks = []
-            k, width = (n, d) if n <= d else (d, n)  # context_ranks decides the smaller problem
-            self.aligned.append(_Aligned(fast.chunk_size(k, width), self._ranks))
+            self.aligned.append(_Aligned(probes.context_block(n, d), self._ranks))
         if geometry:
-            from probes.geometry import CHUNK_BYTES
-
             self.residuals = []
-            self.aligned.append(_Aligned(max(1, CHUNK_BYTES // (8 * n * d)), self._residuals))
+            self.aligned.append(_Aligned(residual_block(n, d), self._residuals))
 
     def _timed(self, what: str, begin: float) -> None:
         self.seconds[what] = self.seconds.get(what, 0.0) + time.perf_counter() - begin
@@ -220,8 +196,6 @@ class ContextReducer:
         self._timed("ranks", begin)
 
     def _residuals(self, block: torch.Tensor) -> None:
-        from probes.geometry import collapse_residual
-
         begin = time.perf_counter()
         self.residuals.append(collapse_residual(block))  # (b,)
         self._timed("geometry", begin)
@@ -247,7 +221,7 @@ class ContextReducer:
         self.largest = max(self.largest, size + sum(a.held for a in self.aligned))
         if self.means is not None:
             begin = time.perf_counter()
-            self.means[self.rows : self.rows + size] = on_device.to(torch.float64).mean(dim=1)  # as probes
+            self.means[self.rows : self.rows + size] = probes.context_means(on_device)
             self._timed("means", begin)
         for aligned in self.aligned:
             aligned.feed(on_device)
@@ -308,16 +282,7 @@ class ContextReducer:
             file = self.writer.contexts_file()
             if self.save is None:
                 cleanup = weakref.finalize(file, Path(file.path).unlink, missing_ok=True)
-        ranks = None
-        if self.ranks is not None:
-            parts = self.ranks
-            ranks = dataclasses.replace(
-                parts[0],
-                rank=torch.cat([p.rank for p in parts]),
-                margin=torch.cat([p.margin for p in parts]),
-                stages={key: sum(p.stages[key] for p in parts) for key in parts[0].stages},
-                bound=None if parts[0].bound is None else torch.cat([p.bound for p in parts]),
-            )
+        ranks = None if self.ranks is None else probes.ContextRanks.concat(self.ranks)
         streamed = StreamedContexts(
             shape=(num, n, d), dtype=self.dtype, device=self.device, ranks=ranks,
             means=self.means,
@@ -332,42 +297,16 @@ class ContextReducer:
 
 
 def assumption2(s: StreamedContexts, *, threshold: float = 1.0, robustness: bool | str = True,
-                rtol_grid: tuple[float, ...] | None = robust.DEFAULT_RTOL_GRID) -> AssumptionResult:
+                rtol_grid: tuple[float, ...] | None = robust.DEFAULT_RTOL_GRID) -> probes.AssumptionResult:
     """:func:`probes.assumption2` from the streamed ranks (its tolerance analysis reads contexts back)."""
-    start = time.perf_counter()
-    threshold = _check_threshold(threshold)
-    grid = robust.check_rtol_grid(rtol_grid)
-    return assumption2_from_ranks(s.ranks, s.shape, s.dtype, s.device, s.matrices, threshold=threshold,
-                                  robustness=robustness, grid=grid, start=start)
+    return probes.assumption2_from_ranks(s.ranks, s.shape, s.dtype, s.device, s.matrices, threshold=threshold,
+                                         robustness=robustness, rtol_grid=rtol_grid)
 
 
-def assumption3(s: StreamedContexts, queries: torch.Tensor, n: int, options: RunOptions) -> AssumptionResult:
+def assumption3(s: StreamedContexts, queries: torch.Tensor, n: int,
+                options: RunOptions) -> probes.AssumptionResult:
     """:func:`probes.assumption3` from the streamed context means (tokens not in float64)."""
-    q = validate_vectors(queries, "queries")
-    num, _, d = s.shape
-    if q.shape[0] != num or q.shape[1] != d:
-        raise ValueError(
-            f"queries {tuple(q.shape)} do not match contexts {s.shape}; expected queries (N, d) = "
-            f"({num}, {d})"
-        )
-    n = _check_n(n)
-    threshold = _check_threshold(options.threshold)
-    mixed = q.to(torch.float64) + s.means  # (N, d)
-    rtol = resolve_rtol(options.rtol, n, d, s.dtype)  # judged at the tokens' own dtype
-    res = checked_kruskal(
-        mixed,
-        n,
-        options.subsets,
-        options.seed,
-        rtol,
-        rank_sample=100,
-        progress=None,
-        robustness=options.robustness,
-        rtol_grid=robust.DEFAULT_RTOL_GRID,
-        threshold=threshold,
-    )
-    res = dataclasses.replace(res, dtype=str(s.dtype).removeprefix("torch."))
-    return _from_kruskal("assumption3", res, threshold, n)
+    return probes.assumption3_from_means(queries, s.means, n, s.dtype, **options.sampling())
 
 
 def streamed_note(chunks: list[int]) -> str:

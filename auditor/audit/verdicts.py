@@ -3,7 +3,8 @@
 :func:`run_tests` runs the tests of a plan (:class:`~auditor.audit.assumptions.RunOptions`) on contexts
 (N, n, d) and queries (N, d), held or streamed, and returns one typed row per test; each Kruskal row gets a
 Clopper-Pearson interval of its share and bounds on the Kruskal rank of the vectors it tested
-(:func:`kruskal_extras`), and every row the token geometry of its representation (:func:`token_geometry`).
+(:func:`probes.result_bounds`), and every row the token geometry of its representation
+(:func:`token_geometry`).
 :class:`StageClock` sums the wall time of each stage of an audit.
 """
 
@@ -11,10 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
 import time
 from collections.abc import Callable, Iterator
-from types import ModuleType
 from typing import Any
 
 import pandas as pd
@@ -33,10 +32,8 @@ __all__ = [
     "BOUND_COLUMNS",
     "GEOMETRY_COLUMNS",
     "StageClock",
-    "VectorBounds",
     "check_contexts_given",
     "curve_frame",
-    "kruskal_extras",
     "run_tests",
     "sweep_ks",
     "token_geometry",
@@ -101,7 +98,7 @@ _TOLERANCE_FIELDS = (
     "rtol_grid",
     "spectrum_proof",
 )
-# added by the audit to the rows of the Kruskal tests (see kruskal_extras) and to every row (token geometry)
+# added to the rows of the Kruskal tests (probes.result_bounds) and to every row (token geometry)
 BOUND_COLUMNS = (
     "fraction_low",
     "fraction_high",
@@ -120,82 +117,15 @@ def _test_row(result: probes.AssumptionResult) -> dict[str, Any]:
             "share_meets_threshold": d["holds"], "status": "ok", "seconds": round(d["seconds"], 3)}
 
 
-def _probes_module(name: str) -> ModuleType | None:
-    """``probes.<name>`` when this installation has it, else None (its columns are then left empty)."""
-    try:
-        return importlib.import_module(f"probes.{name}")
-    except ImportError:
-        return None
-
-
-class VectorBounds:
-    """The certified Kruskal lower bound (per rtol) and the duplicates of one set of tested vectors (N, d),
-    each computed once when first asked: several tests share their vectors (the queries, or e(t) + mean E(t)).
-    """
-
-    def __init__(self, vectors: torch.Tensor) -> None:
-        self.vectors = vectors  # (N, d)
-        self._lower: dict[float, Any] = {}
-        self._duplicates: Any = None
-
-    def lower(self, bounds: ModuleType, rtol: float) -> Any:
-        if rtol not in self._lower:
-            self._lower[rtol] = bounds.kruskal_lower_bound(self.vectors, rtol=rtol)
-        return self._lower[rtol]
-
-    def duplicates(self, bounds: ModuleType) -> Any:
-        if self._duplicates is None:
-            self._duplicates = bounds.duplicates(self.vectors)
-        return self._duplicates
-
-
-def kruskal_extras(row: dict[str, Any], tested: torch.Tensor | VectorBounds) -> dict[str, Any]:
-    """The columns the audit adds to the row of a Kruskal test whose tested vectors are ``tested`` (N, d),
-    or their :class:`VectorBounds` shared with other tests (so their bounds are computed once).
-
-    ``fraction_low`` / ``fraction_high``: Clopper-Pearson 95% interval of the full-rank share (the share
-    itself when every subset was tested or the verdict is proven); ``krank_upper``: m - 1 for the smallest
-    dependent m-subset found (by this test, m = k, or by the exhaustive search of the lower bound), a
-    witnessed upper bound on the Kruskal rank, else None; ``krank_lower`` and
-    ``krank_lower_method``: a certified lower bound on the Kruskal rank at the row's rtol and how it was
-    proven; ``duplicates`` / ``near_duplicates``: exactly repeated vectors and pairs with |cosine| >=
-    0.9999. Without ``probes.bounds`` only ``krank_upper`` is filled.
-    """
-    k, fraction, subsets = int(row["k"]), float(row["fraction"]), int(row.get("subsets") or 0)
-    extras: dict[str, Any] = {"krank_upper": k - 1 if row.get("witness") else None}
-    bounds = _probes_module("bounds")
-    if bounds is None:
-        return extras
-    if row.get("exhaustive") or row.get("spectrum_proof") or subsets == 0:  # every subset tested or proven
-        extras["fraction_low"] = extras["fraction_high"] = fraction
-    else:
-        extras["fraction_low"], extras["fraction_high"] = bounds.clopper_pearson(
-            round(fraction * subsets), subsets
-        )
-    shared = tested if isinstance(tested, VectorBounds) else VectorBounds(tested)
-    lower, dup = shared.lower(bounds, float(row["rtol"])), shared.duplicates(bounds)
-    if getattr(lower, "exact", False) and lower.witness is not None:  # its search met a dependent subset
-        found = [v for v in (extras["krank_upper"], len(lower.witness) - 1) if v is not None]
-        extras["krank_upper"] = min(found)
-    exact = dup.exact_duplicates
-    near = dup.near_duplicate_pairs
-    return {**extras, "krank_lower": int(lower.lower), "krank_lower_method": str(lower.method),
-            "duplicates": int(exact), "near_duplicates": int(near)}
-
-
 def token_geometry(contexts: torch.Tensor | StreamedContexts | None, queries: torch.Tensor) -> dict[str, Any]:
     """``effective_rank``, ``stable_rank``, ``anisotropy`` of the queries (N, d), raw and mean-centred
     (``*_centred``), and ``collapse_residual`` (mean over the contexts (N, n, d) of
-    ||E - 1 mean(E)||_F / ||E||_F; None without contexts); {} when this installation of probes has no
-    ``probes.geometry`` (a column it does not give stays empty)."""
-    geometry = _probes_module("geometry")
-    if geometry is None:
-        return {}
+    ||E - 1 mean(E)||_F / ||E||_F; None without contexts)."""
     if isinstance(contexts, StreamedContexts):  # the residuals were computed as the contexts streamed
-        found = dataclasses.replace(geometry.token_geometry(None, queries),
+        found = dataclasses.replace(probes.token_geometry(None, queries),
                                     collapse_residual=contexts.collapse_residual())
     else:
-        found = geometry.token_geometry(contexts, queries)
+        found = probes.token_geometry(contexts, queries)
     values = {name: getattr(found, name, None) for name in GEOMETRY_COLUMNS}
     return {name: None if value is None else float(value) for name, value in values.items()}
 
@@ -233,7 +163,7 @@ def run_tests(
         reuse: returns the finished row of a Kruskal test from an earlier run of the same configuration
             on the same data, or None. Assumption 2 always runs (seconds; it feeds the rank histogram).
         n: the context length (default: ``contexts.shape[1]``).
-        clock: adds the seconds of each test (with its row's bounds, see :func:`kruskal_extras`) to the
+        clock: adds the seconds of each test (with its row's bounds, :func:`probes.result_bounds`) to the
             stage named after it, or after it and ``layer`` (``"assumption1 (block.3)"``) when given.
     Returns:
         rows (one per test; typed values, see :mod:`auditor.audit.report.schema`) and the per-context ranks.
@@ -243,14 +173,14 @@ def run_tests(
     n = int(contexts.shape[1]) if n is None else n
     rows: list[dict[str, Any]] = []
     ranks = None
-    shared: dict[str, VectorBounds] = {}  # the bounds of vectors several tests share, by their name
+    shared: dict[str, probes.TestedVectors] = {}  # the bounds of vectors several tests share, by their name
     for name in testing.tests:
         test = ASSUMPTION_TESTS[name]
         stage = name if layer is None else f"{name} ({layer})"
         with clock.stage(stage) if clock is not None else contextlib.nullcontext():
             k = test.k(num, n, d)
             cached = reuse(name) if reuse is not None and test.kruskal else None
-            if cached is not None:
+            if cached is not None and "krank_lower_method" in cached:  # a finished row, bounds included
                 row = cached
             elif test.kruskal and k > num:  # a report row, not an error: the other tests still run
                 row = {
@@ -271,12 +201,12 @@ def run_tests(
                 row = _test_row(result)
                 if not test.kruskal:  # every context tested: the share is exact, its interval a point
                     row["fraction_low"] = row["fraction_high"] = row["fraction"]
-            if test.kruskal and row.get("status") == "ok" and "krank_lower_method" not in row:
-                vectors = "mixed" if test.needs_contexts else "queries"
-                if vectors not in shared:
-                    tested = _mixed(contexts, queries) if vectors == "mixed" else queries
-                    shared[vectors] = VectorBounds(tested)
-                row = {**row, **kruskal_extras(row, shared[vectors])}
+                else:  # the certified bounds at the result's own rtol
+                    vectors = "mixed" if test.needs_contexts else "queries"
+                    if vectors not in shared:
+                        tested = _mixed(contexts, queries) if vectors == "mixed" else queries
+                        shared[vectors] = probes.TestedVectors(tested)
+                    row = {**row, **probes.result_bounds(result, shared[vectors])}
             if row.get("status") == "ok":  # the strict statement, from every bound the row now carries
                 row = {**row, "statement": statement_of(row)}
         rows.append(row)
