@@ -208,7 +208,8 @@ def draw_bits(table: pd.DataFrame, ax: Any) -> Any:
     from auditor.lab.figures import plt
 
     groups = list(table.groupby(["room", "experiment"], sort=True))
-    colors = plt.cm.tab10(np.linspace(0, 1, 10))
+    # one color per group, as many as there are groups (zip would drop the groups past the palette)
+    colors = plt.cm.tab20(np.arange(len(groups)) % 20)
     classes = table["converged"].map(convergence_class)
     bpp_all = pd.to_numeric(table["bits_per_parameter"], errors="coerce")
     positive = bpp_all[bpp_all > 0]
