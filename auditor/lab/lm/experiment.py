@@ -6,8 +6,11 @@ nothing in the data is predictable, so nothing is subtracted). A model trained o
 total code length on the same data, its log-loss L = sum over every token of -log2 p(token | the tokens
 before it), and stores **memorized bits = H - L, clipped at 0** (:mod:`auditor.lab.information`: a model
 at the uniform distribution pays L = H and stores 0; a model that cannot hold the data stores what it
-saves over sending them). A model's capacity is the plateau of memorized bits as the dataset grows past
-what it can hold: the dataset sizes are set as multiples (``--dataset-factors``) of the capacity the
+saves over sending them). Morris et al. clip each sequence's memorized bits at 0 before summing; the rows
+carry that count too (``memorized_bits_per_sequence``, never smaller), while the lab's plateaus and
+``audit bits`` use the total, the lower bound on what the model holds. A model's capacity is the
+plateau of memorized bits as the dataset grows past what it can hold: the dataset sizes are set as
+multiples (``--dataset-factors``) of the capacity the
 paper predicts, 3.6 bits per parameter, and the sweep covers every model shape, seed and training
 precision (``float32``; ``bfloat16``: the model's weights and arithmetic in bfloat16, updated from a
 float32 master copy, so the stored model is its bfloat16 weights).
@@ -160,20 +163,25 @@ def dataset(unit: dict[str, Any]) -> Any:
     return torch.randint(int(unit["vocab"]), (int(unit["sequences"]), int(unit["seq_len"])), generator=g)
 
 
-def logloss_bits(model: Any, data: Any, batch: int = 256) -> float:
-    """The model's total code length for ``data`` in bits: sum over every token of -log2 p(token)
-    (logits of any precision, the softmax in float32, the sum in float64)."""
+def sequence_logloss_bits(model: Any, data: Any, batch: int = 256) -> np.ndarray:
+    """The model's code length of every sequence of ``data`` in bits, sum over its tokens of -log2 p(token):
+    (n,) float64 (logits of any precision, the softmax in float32, the sums in float64)."""
     import torch
     from torch.nn import functional as F
 
-    total = 0.0
+    out = []
     with torch.no_grad():
         for start in range(0, data.shape[0], batch):
             x = data[start:start + batch]
             logits = model(x).float()  # (b, S, V)
-            total += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x.reshape(-1),
-                                           reduction="sum").double())
-    return total / math.log(2.0)
+            nll = F.cross_entropy(logits.transpose(1, 2), x, reduction="none")  # (b, S) nats
+            out.append(nll.double().sum(dim=1).cpu().numpy())
+    return np.concatenate(out) / math.log(2.0)
+
+
+def logloss_bits(model: Any, data: Any, batch: int = 256) -> float:
+    """The model's total code length for ``data`` in bits: sum over every token of -log2 p(token)."""
+    return float(sequence_logloss_bits(model, data, batch).sum())
 
 
 def lm_unit(unit: dict[str, Any]) -> list[dict[str, Any]]:
@@ -229,8 +237,11 @@ def lm_unit(unit: dict[str, Any]) -> list[dict[str, Any]]:
             code = logloss_bits(model, data)
             stored = float(logloss_stored_bits(entropy, code)[0])
             history.append({"step": step, "memorized_bits": round(stored, 3)})
-    code = logloss_bits(model, data)  # the final model: its weights in the training precision
+    per_sequence = sequence_logloss_bits(model, data)  # (n,): the final model, weights in its precision
+    code = float(per_sequence.sum())
     memorized = float(logloss_stored_bits(entropy, code)[0])
+    sequence_entropy = shape.seq_len * math.log2(shape.vocab)
+    by_sequence = float(np.clip(sequence_entropy - per_sequence, 0.0, None).sum())  # Morris et al.'s clip
     before = next(h["memorized_bits"] for h in history if h["step"] == round(0.8 * steps))
     gain = (memorized - before) / max(memorized, 1.0)
     converged = gain < float(unit["plateau"])
@@ -240,6 +251,7 @@ def lm_unit(unit: dict[str, Any]) -> list[dict[str, Any]]:
         "tokens": n * shape.seq_len, "dataset_factor": unit["dataset_factor"], "seed": unit["seed"],
         "dtype": unit["dtype"], "entropy_bits": round(entropy, 3), "logloss_bits": round(code, 3),
         "memorized_bits": round(memorized, 3), "bits_per_parameter": memorized / shape.parameters,
+        "memorized_bits_per_sequence": round(by_sequence, 3),
         "final_gain": round(gain, 5), "converged": converged,
         "stop_reason": "plateau" if converged else "step_limit", "steps_trained": steps, "steps": steps,
         "batch_size": batch, "lr": unit["lr"], "history": history, "device": str(device),
@@ -249,8 +261,8 @@ def lm_unit(unit: dict[str, Any]) -> list[dict[str, Any]]:
 
 COLUMNS = ("model", "layers", "d", "heads", "parameters", "vocab", "seq_len", "sequences", "tokens",
            "dataset_factor", "seed", "dtype", "entropy_bits", "logloss_bits", "memorized_bits",
-           "bits_per_parameter", "final_gain", "converged", "stop_reason", "steps_trained", "steps",
-           "batch_size", "lr", "history", "device", "seconds")
+           "bits_per_parameter", "memorized_bits_per_sequence", "final_gain", "converged", "stop_reason",
+           "steps_trained", "steps", "batch_size", "lr", "history", "device", "seconds")
 
 
 def plateau_table(frame: pd.DataFrame) -> pd.DataFrame:

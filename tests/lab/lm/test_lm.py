@@ -40,6 +40,8 @@ def test_a_tiny_unit_runs_and_counts_entropy_less_its_log_loss():
     expected = max(0.0, row["entropy_bits"] - row["logloss_bits"])
     assert row["memorized_bits"] == pytest.approx(expected, abs=2e-3)  # both rounded to 3 decimals
     assert 0 < row["memorized_bits"] <= row["entropy_bits"]  # 60 steps on 12 sequences: something is stored
+    # each sequence clipped at 0 before the sum (Morris et al.) never counts less than the total clipped once
+    assert row["memorized_bits"] - 2e-3 <= row["memorized_bits_per_sequence"] <= row["entropy_bits"]
     assert row["bits_per_parameter"] == pytest.approx(row["memorized_bits"] / row["parameters"], rel=1e-3)
     assert [h["step"] for h in row["history"]] == [20, 40, 48, 60]  # evals, and the start of the last fifth
     assert row["converged"] == (row["final_gain"] < 0.01)
