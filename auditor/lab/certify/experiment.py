@@ -258,8 +258,9 @@ def _report(frame: pd.DataFrame, out: Path, request: CertifyRequest) -> str:
 def explain(frame: pd.DataFrame) -> str:
     """What the count columns claim, and the one check the theory makes exact (guaranteed <= ceiling)."""
     lines = [
-        "guaranteed = min(rank, N): examples whose arbitrary real labels these weights fit exactly (a linear "
-        "readout of Z).",
+        "guaranteed = min(rank, N): labels interpolable, the examples whose arbitrary real labels these "
+        "weights fit exactly (a linear readout of Z); degrees of freedom, not bits: `audit bits` counts them "
+        "at log2(classes) per label only to draw them beside trained models.",
         "lower_bound = H(min(n, d_h)-1)+1: the rank SOME key/query weights reach "
         "when every context has rank n "
         "and the queries have Kruskal rank >= n; a floor for the best weights, not a ceiling for these.",
