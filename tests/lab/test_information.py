@@ -120,7 +120,8 @@ def _digits(value: float) -> float:
 
 @pytest.fixture(scope="module")
 def committed():
-    table = bits_table([REPORTS / "memorize", REPORTS / "facts", REPORTS / "assoc"], root=REPORTS.parent)
+    folders = [REPORTS / "memorize", REPORTS / "facts", REPORTS / "assoc", REPORTS / "lm" / "reference"]
+    table = bits_table([f for f in folders if f.exists()], root=REPORTS.parent)
     return table, bits_summary(table).set_index(["room", "experiment"])
 
 
