@@ -28,7 +28,6 @@ import difflib
 import json
 import math
 import os
-import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from auditor.audit.report.catalogue import representation_depth
+from auditor.audit.report.catalogue import block_index, block_name, representation_depth
 from auditor.audit.tokens import Tokens
 from auditor.core.errors import AuditError
 from auditor.data import Inputs
@@ -46,7 +45,6 @@ from auditor.models.base import LoadedModel, dtype_name
 
 EMBEDDING = "embedding"
 RANDOM_ATTENTION = "random-attention"
-_BLOCK = re.compile(r"block\.(-?\d+)")
 
 
 @dataclass(frozen=True)
@@ -74,18 +72,17 @@ def parse_representation(name: str, num_layers: int) -> Representation:
     text = str(name).strip()
     if text in (EMBEDDING, RANDOM_ATTENTION):
         return Representation(text, text)
-    match = _BLOCK.fullmatch(text)
-    if match is None:
+    index = block_index(text)
+    if index is None:
         close = difflib.get_close_matches(text, [EMBEDDING, RANDOM_ATTENTION, "block.0"], n=2, cutoff=0.6)
         hint = f"did you mean {', '.join(repr(c) for c in close)}? " if close else ""
         raise AuditError(f"unknown representation {text!r}; {hint}{valid}")
-    index = int(match.group(1))
     resolved = index + num_layers if index < 0 else index
     if not 0 <= resolved < num_layers:
         raise AuditError(
             f"representation {text!r} is out of range: the model has {num_layers} blocks; {valid}"
         )
-    return Representation(f"block.{resolved}", "block", resolved)
+    return Representation(block_name(resolved), "block", resolved)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -189,7 +186,7 @@ def capture(
 
     def block_hook(index: int):
         def hook(module, args, output):
-            store[f"block.{index}"] = output[0] if isinstance(output, tuple | list) else output
+            store[block_name(index)] = output[0] if isinstance(output, tuple | list) else output
             if index == deepest:
                 raise _StopForward
 

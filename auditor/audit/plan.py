@@ -35,7 +35,7 @@ from auditor.audit.config import (
     AuditConfig,
     parse_layers,
 )
-from auditor.audit.report.catalogue import representation_depth
+from auditor.audit.report.catalogue import block_name, representation_depth
 from auditor.core.errors import AuditError
 from auditor.core.execution import check_executor
 from auditor.core.slurm import SlurmOptions
@@ -246,7 +246,7 @@ class AuditPlan:
         model of ``num_layers`` blocks: ``embedding``, then ``block.L`` for each chosen L, then the others."""
         if self.layers is None:
             return list(planned)
-        blocks = [f"block.{index}" for index in parse_layers(self.layers, num_layers)]
+        blocks = [block_name(index) for index in parse_layers(self.layers, num_layers)]
         return list(dict.fromkeys([EMBEDDING, *blocks, *planned]))
 
     @property

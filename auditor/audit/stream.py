@@ -12,8 +12,9 @@ then drops the chunk: memory is bounded by the chunk and the (N, d) arrays, not 
 
 The rows equal those of the in-memory path bit for bit: every per-context quantity comes from the same
 probes call on the same blocks of contexts (each reduction is fed the blocks its in-memory call would
-cut, see :class:`_Aligned`), and the final verdicts are formed exactly as :mod:`probes.assumptions`
-forms them. Assumption 2's tolerance analysis (critical tolerance, tolerance grid, exact smallest
+cut, see :class:`_Aligned`), and each test's streamed form (its declaration in
+:mod:`auditor.audit.report.catalogue`) forms its verdict from them with probes' public API, as its
+in-memory form would. Assumption 2's tolerance analysis (critical tolerance, tolerance grid, exact smallest
 margin) revisits a few contexts chosen only once every context is decided, so the contexts are also
 written to a token file as they stream (the ``--save-tokens`` file when asked, else a temporary file
 removed after the tests) and those few are read back from it.
@@ -40,7 +41,6 @@ from probes import robust
 from probes.geometry import collapse_residual, residual_block
 
 __all__ = ["ContextReducer", "StreamedContexts", "chunk_examples"]
-STREAMED_TESTS = ("assumption2", "assumption3")  # the context tests with a streamed form
 
 
 def chunk_examples(num: int, batch_size: int, bytes_per_example: int, budget: int) -> int:
@@ -123,15 +123,12 @@ class StreamedContexts:
         return total / self.residuals.numel()
 
     def run(self, name: str, queries: torch.Tensor, n: int, options: RunOptions) -> tuple[Any, Any]:
-        """Test ``name`` as :data:`auditor.audit.assumptions.ASSUMPTION_TESTS` would on the full contexts."""
-        if name == "assumption2":
-            return assumption2(self, threshold=1.0, robustness=options.robustness), self.ranks
-        if name == "assumption3":
-            return assumption3(self, queries, n, options), None
-        if ASSUMPTION_TESTS[name].needs_contexts:
-            raise ValueError(f"{name} needs the contexts, which a streamed audit does not hold; streamed: "
-                             f"{', '.join(STREAMED_TESTS)}")
-        return ASSUMPTION_TESTS[name].run(None, queries, n, options)
+        """Test ``name`` by its streamed form (a test of the queries alone by its one form): the verdict its
+        in-memory form gives on the full contexts."""
+        test = ASSUMPTION_TESTS[name]
+        if test.needs_contexts:
+            return test.streamed(self, queries, n, options)
+        return test.run(None, queries, n, options)
 
     def matrices(self) -> robust.Matrices:
         """The contexts as :func:`probes.robust.context_matrices` gives them, read from the file on demand."""
@@ -289,24 +286,6 @@ class ContextReducer:
             residuals=None if self.residuals is None else torch.cat(self.residuals),
             file=file, chunk=self.chunk, largest=self.largest, seconds=dict(self.seconds), _cleanup=cleanup)
         return queries, streamed
-
-
-# ---------------------------------------------------------------------------------------------------
-# The context tests on streamed contexts, formed as probes.assumptions forms them on all the contexts
-# ---------------------------------------------------------------------------------------------------
-
-
-def assumption2(s: StreamedContexts, *, threshold: float = 1.0, robustness: bool | str = True,
-                rtol_grid: tuple[float, ...] | None = robust.DEFAULT_RTOL_GRID) -> probes.AssumptionResult:
-    """:func:`probes.assumption2` from the streamed ranks (its tolerance analysis reads contexts back)."""
-    return probes.assumption2_from_ranks(s.ranks, s.shape, s.dtype, s.device, s.matrices, threshold=threshold,
-                                         robustness=robustness, rtol_grid=rtol_grid)
-
-
-def assumption3(s: StreamedContexts, queries: torch.Tensor, n: int,
-                options: RunOptions) -> probes.AssumptionResult:
-    """:func:`probes.assumption3` from the streamed context means (tokens not in float64)."""
-    return probes.assumption3_from_means(queries, s.means, n, s.dtype, **options.sampling())
 
 
 def streamed_note(chunks: list[int]) -> str:

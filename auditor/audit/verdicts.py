@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 import probes
 from auditor.audit.assumptions import ASSUMPTION_TESTS, QUERY_TESTS, RunOptions
 from auditor.audit.plan import Sweep
+from auditor.audit.report.catalogue import BOUND_COLUMNS
 from auditor.audit.report.schema import GEOMETRY_COLUMNS, statement_of
 from auditor.audit.report.tables import stage_frame
 from auditor.audit.stream import StreamedContexts
@@ -97,16 +98,6 @@ _TOLERANCE_FIELDS = (
     "verdict_margin",
     "rtol_grid",
     "spectrum_proof",
-)
-# added to the rows of the Kruskal tests (probes.result_bounds) and to every row (token geometry)
-BOUND_COLUMNS = (
-    "fraction_low",
-    "fraction_high",
-    "krank_upper",
-    "krank_lower",
-    "krank_lower_method",
-    "duplicates",
-    "near_duplicates",
 )
 
 
@@ -202,11 +193,10 @@ def run_tests(
                 if not test.kruskal:  # every context tested: the share is exact, its interval a point
                     row["fraction_low"] = row["fraction_high"] = row["fraction"]
                 else:  # the certified bounds at the result's own rtol
-                    vectors = "mixed" if test.needs_contexts else "queries"
-                    if vectors not in shared:
-                        tested = _mixed(contexts, queries) if vectors == "mixed" else queries
-                        shared[vectors] = probes.TestedVectors(tested)
-                    row = {**row, **probes.result_bounds(result, shared[vectors])}
+                    if test.tested not in shared:
+                        tested = _mixed(contexts, queries) if test.tested == "mixed" else queries
+                        shared[test.tested] = probes.TestedVectors(tested)
+                    row = {**row, **probes.result_bounds(result, shared[test.tested])}
             if row.get("status") == "ok":  # the strict statement, from every bound the row now carries
                 row = {**row, "statement": statement_of(row)}
         rows.append(row)

@@ -23,8 +23,6 @@ from auditor.audit.plan import AuditPlan
 from auditor.audit.runner import run
 from auditor.audit.sources import load_inputs_for, streamed, token_groups
 from auditor.audit.stream import ContextReducer, StreamedContexts, _Aligned
-from auditor.audit.stream import assumption2 as streamed_assumption2
-from auditor.audit.stream import assumption3 as streamed_assumption3
 from auditor.audit.tokens import Tokens, TokenWriter
 from probes import fast
 from probes.geometry import CHUNK_BYTES
@@ -255,13 +253,13 @@ def test_streamed_reductions_equal_probes_on_all_contexts(chunk):
     assert s.collapse_residual() == token_geometry(e, q).collapse_residual
     options = RunOptions(subsets=200, seed=0, rtol=None, threshold=0.99)
     want2 = probes.assumption2(e, ranks=ranks, threshold=1.0).to_dict()  # (the audit's: every context)
-    got2 = streamed_assumption2(s).to_dict()
-    assert not want2["holds"] and want2["witness"] == [0]
+    got2 = s.run("assumption2", q, 6, options)[0].to_dict()
+    assert not want2["share_meets_threshold"] and want2["witness"] == [0]
     assert {k: v for k, v in got2.items() if k != "seconds"} == {
         k: v for k, v in want2.items() if k != "seconds"
     }
     want3 = probes.assumption3(e, q, 6, subsets=200).to_dict()
-    got3 = streamed_assumption3(s, q, 6, options).to_dict()
+    got3 = s.run("assumption3", q, 6, options)[0].to_dict()
     assert {k: v for k, v in got3.items() if k != "seconds"} == {
         k: v for k, v in want3.items() if k != "seconds"
     }

@@ -15,7 +15,6 @@ the figures with it: the same representation then has the same colour in each of
 from __future__ import annotations
 
 import math
-import re
 import textwrap
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -28,6 +27,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
+
+from auditor.audit.report.catalogue import representation_depth  # noqa: E402
 
 COLUMN_WIDTH = 3.5  # inches: one column of a two-column paper
 PAGE_WIDTH = 7.0  # inches: both columns
@@ -63,7 +64,6 @@ RC = {  # points: >= 7 pt everywhere, so text stays legible when the figure is p
     "legend.frameon": False,
 }
 
-_BLOCK = re.compile(r"block\.(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -84,11 +84,9 @@ _OTHER_WEIGHTS = (WeightsStyle(":", "^", True, "...."), WeightsStyle("-.", "D", 
 
 
 def depth_of(representation: str) -> int | None:
-    """0 for ``embedding``, L + 1 for ``block.L``, None for any other representation."""
-    if representation == "embedding":
-        return 0
-    match = _BLOCK.match(representation)
-    return int(match.group(1)) + 1 if match else None
+    """0 for ``embedding``, L + 1 for ``block.L``, None for any other representation (``random-attention``
+    included: the figures draw it apart from the depth axis)."""
+    return None if representation == "random-attention" else representation_depth(representation)
 
 
 def weights_style(weights: str) -> WeightsStyle:
