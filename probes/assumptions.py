@@ -5,10 +5,13 @@
 - Assumption 3: the vectors e(t) + mean of the rows of E(t) have Kruskal rank >= n.
 - General position: the vectors have Kruskal rank min(N, d).
 
-Kruskal-rank tests sample k-subsets (see :mod:`probes.kruskal`); an assumption *holds* when the
-share of full-rank subsets (for Assumption 2: of rank-n contexts) reaches ``threshold``, by default
-:data:`DEFAULT_THRESHOLD` = 0.99 for every test. The statement itself (Kruskal rank >= n, every context
-of rank n) is threshold 1.0 (Assumption 2 tests every context, so there the share is exact).
+Each result says two things, in this order. Its ``statement`` is what the test decides about the
+assumption itself (Kruskal rank >= k, every context of rank n): ``refuted`` by a witness, ``proven``
+where every subset was enumerated full rank, or ``not decided`` (sampling cannot prove a Kruskal rank;
+:func:`probes.kruskal_lower_bound` can). Its ``share_meets_threshold`` compares the measured share of
+full-rank k-subsets (for Assumption 2: of rank-n contexts) with ``threshold``, by default
+:data:`DEFAULT_THRESHOLD` = 0.99 for every test: a share can meet its threshold while a witness refutes
+the statement.
 
 Calling convention, the same as :func:`probes.kruskal_test`: the data, the test's sizes, then
 ``subsets``, ``seed`` and ``rtol`` may be given by position (where the test has them); every other
@@ -143,11 +146,13 @@ class AssumptionResult:
 
     Attributes:
         test: ``assumption1`` | ``assumption2`` | ``assumption3`` | ``general_position``.
-        holds: ``fraction >= threshold`` (and the test was possible at all).
+        share_meets_threshold: ``fraction >= threshold`` (and the test was possible at all): a statement
+            about the measured share only. Whether the assumption itself is refuted, proven or not
+            decided by this test is :attr:`statement`.
         fraction: share of full-rank subsets (or, for Assumption 2, of rank-n contexts).
         k: subset size tested (Assumption 2: the rank required, n).
         N, n, d: number of examples, context length (None when not given), width.
-        threshold: the share required for ``holds``.
+        threshold: the share required for ``share_meets_threshold``.
         rtol: relative tolerance (a singular value counts when it exceeds rtol x sigma_max of its matrix).
         min_margin: smallest margin in decades over the subsets (contexts) with a known rank: for a
             full-rank one log10(sigma_k / (rtol sigma_1)), for a dependent one the distance from the
@@ -167,7 +172,7 @@ class AssumptionResult:
     """
 
     test: str
-    holds: bool
+    share_meets_threshold: bool
     fraction: float
     k: int
     N: int
@@ -191,22 +196,37 @@ class AssumptionResult:
 
     def to_dict(self) -> dict[str, Any]:
         """Flat dict of typed values for a report row: ints (k, N, n, d, subsets, seed; n and seed may
-        be None), bools (holds, exhaustive, spectrum_proof, margin_bound; critical_rtol_exact, None
-        without robustness), floats (fraction, threshold, rtol,
+        be None), bools (share_meets_threshold, exhaustive, spectrum_proof, margin_bound; critical_rtol_exact,
+        None without robustness), floats (fraction, threshold, rtol,
         min_margin, seconds, critical_rtol, critical_rtol_low, critical_rtol_high, verdict_margin),
         ``rank_counts`` dict[int, int], ``witness`` list[int] or None, ``stages`` dict[str, int],
         ``rtol_grid`` dict[float, float] or None. :func:`probes.flatten_row` turns it into CSV cells."""
         return result_dict(self)
 
+    @property
+    def statement(self) -> str:
+        """What this test decides about the assumption itself (for Assumptions 1 and 3 and general
+        position: Kruskal rank >= k; for Assumption 2: every context has rank n), never from the share
+        alone: ``"refuted"`` where a dependent subset (rank-deficient context) was found (``witness``) or
+        the pool's spectrum proves every subset dependent; ``"proven"`` where every subset (context) was
+        enumerated and found full rank; ``"not decided"`` otherwise (sampling that finds no dependent
+        subset cannot prove there is none; the certified lower bound of
+        :func:`probes.kruskal_lower_bound` can)."""
+        if self.witness is not None or self.spectrum_proof:
+            return "refuted"
+        if self.exhaustive and self.subsets > 0 and self.fraction == 1.0 and not self.note:
+            return "proven"
+        return "not decided"
+
     def __repr__(self) -> str:
-        verdict = "holds" if self.holds else "fails"
+        share = "meets" if self.share_meets_threshold else "below"
         if self.test == "assumption2":
             scope = f"of {self.subsets} contexts with rank n={self.k}"
         else:
             scope = f"{_fmt_scope(self.subsets, self.exhaustive, self.spectrum_proof)} at k={self.k}"
-        text = (f"AssumptionResult({self.test}: {verdict}, fraction={self.fraction:.4f} {scope}, N={self.N}, "
-                f"d={self.d}, min_margin={self.min_margin:.2f} decades{_fmt_critical(self)}"
-                f"{_fmt_witness(self.witness)}")
+        text = (f"AssumptionResult({self.test}: {self.statement}; fraction={self.fraction:.4f} {scope}, "
+                f"{share} threshold {self.threshold:g}, N={self.N}, d={self.d}, "
+                f"min_margin={self.min_margin:.2f} decades{_fmt_critical(self)}{_fmt_witness(self.witness)}")
         return text + (f"; {self.note}" if self.note else "") + ")"
 
 
@@ -227,7 +247,8 @@ def from_kruskal(test: str, res: KruskalResult, threshold: float, n: int | None)
     """The verdict of assumption test ``test`` from its Kruskal test ``res`` at ``threshold`` (checked)."""
     possible = res.k <= res.d  # k > d: no k vectors in R^d are independent
     return AssumptionResult(
-        test=test, holds=possible and res.fraction >= threshold, fraction=res.fraction, k=res.k, N=res.N,
+        test=test, share_meets_threshold=possible and res.fraction >= threshold, fraction=res.fraction,
+        k=res.k, N=res.N,
         n=n, d=res.d, threshold=threshold, rtol=res.rtol, min_margin=res.min_margin, subsets=res.subsets,
         exhaustive=res.exhaustive, witness=res.witness, rank_counts=res.rank_counts, dtype=res.dtype,
         device=res.device, seed=res.seed, seconds=res.seconds, stages=res.stages, note=res.note,
@@ -406,7 +427,8 @@ def assumption2_from_ranks(
         min_margin, rob = robust.analyse(matrices(), dec, cr.rtol, threshold, grid,
                                          exact=robustness == "exact")
     return AssumptionResult(
-        holds=not note and fraction >= threshold, fraction=fraction, rtol=cr.rtol, min_margin=min_margin,
+        share_meets_threshold=not note and fraction >= threshold, fraction=fraction, rtol=cr.rtol,
+        min_margin=min_margin,
         robustness=rob,
         witness=(int(bad[0]),) if bad.numel() else None,
         rank_counts=dict(sorted(Counter(cr.rank.tolist()).items())),

@@ -243,7 +243,7 @@ def _typed(out: dict[str, Any]) -> dict[str, Any]:
     for key in _FLOAT_FIELDS:
         if key in out:
             out[key] = float(out[key])
-    for key in ("holds", "exhaustive", "margin_bound", "spectrum_proof"):
+    for key in ("share_meets_threshold", "exhaustive", "margin_bound", "spectrum_proof"):
         if key in out:
             out[key] = bool(out[key])
     out["witness"] = None if out["witness"] is None else [int(i) for i in out["witness"]]

@@ -105,7 +105,8 @@ def _test_row(result: probes.AssumptionResult) -> dict[str, Any]:
     """The row of one verdict, typed (``rank_counts`` a dict, ``witness`` a list) until the CSV writer."""
     d = result.to_dict()
     return {**{key: d[key] for key in _ROW_FIELDS}, **{key: d[key] for key in _TOLERANCE_FIELDS if key in d},
-            "share_meets_threshold": d["holds"], "status": "ok", "seconds": round(d["seconds"], 3)}
+            "share_meets_threshold": d["share_meets_threshold"], "status": "ok",
+            "seconds": round(d["seconds"], 3)}
 
 
 def token_geometry(contexts: torch.Tensor | StreamedContexts | None, queries: torch.Tensor) -> dict[str, Any]:

@@ -103,7 +103,7 @@ def test_audit_tokens_gives_the_rows_of_the_probes_typed(tmp_path):
     expected = probes.assumption1(queries, 4, subsets=50, seed=3).to_dict()
     a1 = rows.set_index("test").loc["assumption1"]
     assert (a1.fraction, bool(a1.share_meets_threshold), a1.k, a1.subsets) == (
-        expected["fraction"], expected["holds"], 4, 50)
+        expected["fraction"], expected["share_meets_threshold"], 4, 50)
     assert (rows["model"] == "tensors").all() and (rows["representation"] == "tokens").all()
 
     from auditor.audit.report.schema import read_rows

@@ -254,7 +254,7 @@ def test_streamed_reductions_equal_probes_on_all_contexts(chunk):
     options = RunOptions(subsets=200, seed=0, rtol=None, threshold=0.99)
     want2 = probes.assumption2(e, ranks=ranks, threshold=1.0).to_dict()  # (the audit's: every context)
     got2 = s.run("assumption2", q, 6, options)[0].to_dict()
-    assert not want2["holds"] and want2["witness"] == [0]
+    assert not want2["share_meets_threshold"] and want2["witness"] == [0]
     assert {k: v for k, v in got2.items() if k != "seconds"} == {
         k: v for k, v in want2.items() if k != "seconds"
     }

@@ -103,7 +103,7 @@ def test_zero_vectors_and_contexts_have_critical_tolerance_zero(dtype):
     assert one.robustness.critical_rtol == 0.0 and one.robustness.exact(one.rtol)
     x[[1, 3, 4]] = 0
     gp = probes.general_position(x)
-    assert gp.robustness.critical_rtol_low == 0.0 and not gp.holds
+    assert gp.robustness.critical_rtol_low == 0.0 and not gp.share_meets_threshold
     contexts = torch.randn(5, 3, 6, generator=g).to(dtype)
     contexts[2] = 0
     a2 = probes.assumption2(contexts)
@@ -168,8 +168,9 @@ def test_every_test_defaults_to_one_threshold():
                probes.assumption2(contexts)]
     assert {r.threshold for r in results} == {probes.DEFAULT_THRESHOLD} == {0.99}
     a2 = results[-1]
-    assert a2.fraction == 0.99 and a2.holds and a2.witness == (7,)
-    assert not probes.assumption2(contexts, threshold=1.0).holds  # (every context: the statement itself)
+    assert a2.fraction == 0.99 and a2.share_meets_threshold and a2.witness == (7,)
+    every = probes.assumption2(contexts, threshold=1.0)  # (every context: the statement itself)
+    assert not every.share_meets_threshold and every.statement == "refuted"
 
 
 def test_critical_rtol_is_empty_where_only_a_bracket_is_known():

@@ -99,7 +99,7 @@ def test_generic_vectors_are_in_general_position():
     x = generic(9, 5, seed=4)
     assert probes.kruskal_rank_exact(x) == 5
     gp = probes.general_position(x)
-    assert gp.holds and gp.fraction == 1.0 and gp.k == 5 and gp.exhaustive
+    assert gp.share_meets_threshold and gp.fraction == 1.0 and gp.k == 5 and gp.exhaustive
 
 
 def _brute_force_kruskal(x: torch.Tensor) -> int:
@@ -296,11 +296,11 @@ def test_identical_queries_fail_assumption1_and_assumption3_repairs_it():
     contexts[:, 0] = contexts[0, 0]  # identical CLS row in every example
     queries = contexts[:, 0]
     a1 = probes.assumption1(queries, n, subsets=500)
-    assert not a1.holds and a1.fraction == 0.0 and a1.rank_counts == {1: 500}
+    assert not a1.share_meets_threshold and a1.fraction == 0.0 and a1.rank_counts == {1: 500}
     a2 = probes.assumption2(contexts)
-    assert a2.holds and a2.fraction == 1.0 and a2.rank_counts == {n: n_ex}
+    assert a2.share_meets_threshold and a2.fraction == 1.0 and a2.rank_counts == {n: n_ex}
     a3 = probes.assumption3(contexts, queries, n, subsets=500)
-    assert a3.holds and a3.fraction == 1.0
+    assert a3.share_meets_threshold and a3.fraction == 1.0
     row = a3.to_dict()
     assert row["test"] == "assumption3" and row["k"] == n and row["N"] == n_ex
 
@@ -309,9 +309,9 @@ def test_assumption2_counts_rank_deficient_contexts():
     contexts = generic(12 * 4, 6, seed=20).reshape(12, 4, 6)
     contexts[3, 3] = contexts[3, 0] - 2 * contexts[3, 1]
     res = probes.assumption2(contexts)
-    assert not res.holds and res.fraction == pytest.approx(11 / 12) and res.witness == (3,)
+    assert not res.share_meets_threshold and res.fraction == pytest.approx(11 / 12) and res.witness == (3,)
     assert res.rank_counts == {3: 1, 4: 11}
-    assert probes.assumption2(contexts, threshold=0.9).holds
+    assert probes.assumption2(contexts, threshold=0.9).share_meets_threshold
     assert probes.context_ranks(contexts).rank.tolist() == probes.numerical_rank(contexts).rank.tolist()
 
 
@@ -320,16 +320,17 @@ def test_threshold_controls_the_verdict():
     x = torch.cat([generic(30, 8, seed=22), generic(3, 2, seed=23) @ basis])
     res = probes.assumption1(x, 3, subsets=10**5)
     assert res.exhaustive and 0.99 < res.fraction < 1.0
-    assert res.holds and not probes.assumption1(x, 3, subsets=10**5, threshold=1.0).holds
+    assert res.share_meets_threshold and res.statement == "refuted"  # (share meets 0.99; a witness refutes)
+    assert not probes.assumption1(x, 3, subsets=10**5, threshold=1.0).share_meets_threshold
 
 
 def test_impossible_sizes_are_reported_not_tested():
     x = generic(20, 4)
     res = probes.kruskal_test(x, 6)
     assert res.fraction == 0.0 and "k = 6 > d = 4" in res.note and res.subsets == 0
-    assert not probes.assumption1(x, 6).holds
+    assert not probes.assumption1(x, 6).share_meets_threshold
     a2 = probes.assumption2(generic(3 * 6, 4).reshape(3, 6, 4))
-    assert not a2.holds and "n = 6 > d = 4" in a2.note and a2.rank_counts == {4: 3}
+    assert not a2.share_meets_threshold and "n = 6 > d = 4" in a2.note and a2.rank_counts == {4: 3}
 
 
 # ---------------------------------------------------------------- bad input
@@ -374,7 +375,7 @@ def test_low_rank_pool_is_settled_for_every_subset_at_once():
     assert set(res.rank_counts) == {6} and sum(res.rank_counts.values()) == 100
     assert probes.check_witness(x, res.witness)
     gp = probes.general_position(x)
-    assert not gp.holds and gp.k == 10
+    assert not gp.share_meets_threshold and gp.k == 10
 
 
 def test_certified_margins_never_exceed_the_exact_margins():
@@ -426,4 +427,4 @@ def test_kruskal_test_with_proven_dependent_subsets_keeps_the_verdicts():
     assert sum(exact.rank_counts.values()) == 400 and exact.stages["cholesky_dependent"] == 0
     assert "proven dependent" in fast.note and fast.subsets == 400 and not fast.exhaustive
     gp = probes.general_position(x, subsets=400, seed=3, threshold=0.5)
-    assert gp.fraction == exact.fraction and gp.holds == (exact.fraction >= 0.5)
+    assert gp.fraction == exact.fraction and gp.share_meets_threshold == (exact.fraction >= 0.5)

@@ -150,7 +150,8 @@ def test_to_dict_returns_typed_values():
         d = res.to_dict()
         for key in ("k", "N", "d", "subsets"):
             assert type(d[key]) is int, (res.test, key)
-        assert type(d["n"]) is int and type(d["holds"]) is bool and type(d["exhaustive"]) is bool
+        assert type(d["n"]) is int and type(d["exhaustive"]) is bool
+        assert type(d["share_meets_threshold"]) is bool
         assert all(type(d[key]) is float for key in ("fraction", "min_margin", "rtol", "threshold"))
         assert d["witness"] is None or all(type(i) is int for i in d["witness"])
         assert all(type(r) is int and type(c) is int for r, c in d["rank_counts"].items())
@@ -177,20 +178,21 @@ def test_results_have_a_readable_one_line_repr():
     a1 = probes.assumption1(x, 3, subsets=500)
     kind = "exact" if a1.robustness.exact(a1.rtol) else "bound"
     assert repr(a1) == (
-        f"AssumptionResult(assumption1: holds, fraction=1.0000 over 500 sampled subsets at k=3, "
-        f"N=30, d=10, min_margin={a1.min_margin:.2f} decades, "
+        f"AssumptionResult(assumption1: not decided; fraction=1.0000 over 500 sampled subsets at k=3, "
+        f"meets threshold 0.99, N=30, d=10, min_margin={a1.min_margin:.2f} decades, "
         f"critical_rtol={a1.robustness.critical_rtol:.3g} in "
         f"[{a1.robustness.critical_rtol_low:.3g}, {a1.robustness.critical_rtol_high:.3g}] "
         f"({kind}; rtol={a1.rtol:.3g}))"
     )
     bad = probes.assumption1(x, 5, subsets=500)
-    assert "assumption1: fails" in repr(bad) and f"witness={list(bad.witness)}" in repr(bad)
+    assert "assumption1: refuted;" in repr(bad) and f"witness={list(bad.witness)}" in repr(bad)
+    assert "holds" not in repr(a1) + repr(bad)
     a2 = probes.assumption2(generic(30 * 5, 10).reshape(30, 5, 10))
     assert repr(a2).startswith(
-        "AssumptionResult(assumption2: holds, fraction=1.0000 of 30 contexts with rank n=5"
+        "AssumptionResult(assumption2: proven; fraction=1.0000 of 30 contexts with rank n=5"
     )
     gp = probes.general_position(generic(40, 20) @ generic(20, 30, seed=1), subsets=100)  # rank 20 < 30
-    assert "\n" not in repr(gp) and "general_position: fails" in repr(gp)
+    assert "\n" not in repr(gp) and "general_position: refuted;" in repr(gp)
     assert re.search(r"witness=\[(\d+, ){8}\.\.\. \(30 indices\)\]\)$", repr(gp))
     kr = probes.kruskal_test(x, 3, subsets=200)
     assert repr(kr).startswith("KruskalResult(k=3, N=30, d=10: fraction=1.0000 (200/200 full rank) over 200")

@@ -85,7 +85,7 @@ def test_critical_bracket_contains_the_svd_quantile(threshold):
     assert (
         res.robustness.critical_rtol_high <= res.robustness.critical_rtol_low * 1.03 + slack
     )  # closed on this small test
-    assert res.holds == (rtol < res.robustness.critical_rtol)
+    assert res.share_meets_threshold == (rtol < res.robustness.critical_rtol)
     assert res.robustness.verdict_margin == pytest.approx(
         abs(math.log10(res.robustness.critical_rtol / rtol))
     )
@@ -190,9 +190,10 @@ def test_tolerance_fields_without_a_grid_start_from_the_tests_ceilings(threshold
     rob = res.robustness
     if math.isnan(rob.critical_rtol):  # (only the bracket is known: the verdict holds below it, fails above)
         assert rob.exact(res.rtol) is False
-        assert (res.rtol < rob.critical_rtol_low) <= res.holds <= (res.rtol < rob.critical_rtol_high)
+        meets = res.share_meets_threshold
+        assert (res.rtol < rob.critical_rtol_low) <= meets <= (res.rtol < rob.critical_rtol_high)
     else:
-        assert res.holds == (res.rtol < rob.critical_rtol)
+        assert res.share_meets_threshold == (res.rtol < rob.critical_rtol)
     seen.clear()
     probes.assumption1(x, k, subsets=count, seed=seed, threshold=threshold, robustness=False)
     assert seen == [(False, None)]  # (the plain test: no ceilings, no aim)
@@ -248,7 +249,8 @@ def test_robustness_leaves_the_verdict_unchanged_and_can_be_switched_off():
     x = spread_pool(80, 12, seed=8)
     on = probes.assumption1(x, 12, subsets=300, seed=1)
     off = probes.assumption1(x, 12, subsets=300, seed=1, robustness=False)
-    for key in ("holds", "fraction", "witness", "rank_counts", "stages", "subsets"):
+    for key in ("share_meets_threshold", "statement", "fraction", "witness", "rank_counts", "stages",
+                "subsets"):
         assert getattr(on, key) == getattr(off, key), key
     assert off.robustness.rtol_grid is None and math.isnan(off.robustness.critical_rtol)
     assert on.min_margin >= off.min_margin - 1e-12  # the exact margin is never below the proven bound
@@ -353,8 +355,8 @@ def test_the_aim_brackets_a_far_flip_among_many_subsets_from_the_certificates(ai
     slack = ratio_tol(k, 24)
     assert truth > 20 * res.rtol  # far above the grid
     assert rob.critical_rtol_low - slack <= truth <= rob.critical_rtol_high + slack
-    assert (res.holds, res.fraction, res.witness, res.rank_counts) == (
-        plain.holds, plain.fraction, plain.witness, plain.rank_counts)
+    assert (res.share_meets_threshold, res.fraction, res.witness, res.rank_counts) == (
+        plain.share_meets_threshold, plain.fraction, plain.witness, plain.rank_counts)
     assert set(rob.rtol_grid.values()) == {1.0}
     width = probes.robust.FAR_BRACKET_WIDTH
     closed = rob.critical_rtol_high <= rob.critical_rtol_low * (1 + width) * (1 + 1e-9)
@@ -384,8 +386,8 @@ def test_the_aim_lets_a_few_times_the_critical_share_fail_where_the_ratios_lie_c
     rob, slack = res.robustness, ratio_tol(k, 64)
     assert rob.critical_rtol_low - slack <= r[q - 1] <= rob.critical_rtol_high + slack
     assert r[q - 1] > 20 * res.rtol  # far above the grid
-    assert (res.holds, res.fraction, res.witness, res.rank_counts) == (
-        plain.holds, plain.fraction, plain.witness, plain.rank_counts)
+    assert (res.share_meets_threshold, res.fraction, res.witness, res.rank_counts) == (
+        plain.share_meets_threshold, plain.fraction, plain.witness, plain.rank_counts)
     assert set(rob.rtol_grid.values()) == {1.0}
     assert rob.exact(res.rtol) is (over > 0)
     # the smallest margin stays exact: the subsets that failed the aim (certified only at the usual
@@ -476,8 +478,8 @@ def test_exact_robustness_closes_the_brackets_the_work_caps_leave_open(case):
     assert rob.critical_rtol_low - slack <= truth <= rob.critical_rtol_high + slack
     low, high = default.robustness.critical_rtol_low, default.robustness.critical_rtol_high
     assert low - slack <= truth <= high + slack
-    assert (exact.holds, exact.fraction, exact.witness is None) == (
-        default.holds, default.fraction, default.witness is None)
+    assert (exact.share_meets_threshold, exact.fraction, exact.witness is None) == (
+        default.share_meets_threshold, default.fraction, default.witness is None)
     assert exact.robustness.rtol_grid == default.robustness.rtol_grid
     if case == "far above":
         assert exact.witness == default.witness and exact.rank_counts == default.rank_counts
