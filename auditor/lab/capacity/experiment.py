@@ -134,6 +134,7 @@ def assumption_columns(contexts: torch.Tensor, queries: torch.Tensor, n: int, su
     }
     for a, result in results.items():
         row = {} if result is None else result.to_dict()
+        row["holds"] = row.get("share_meets_threshold")  # (the share's verdict, by its committed column name)
         for verdict in VERDICTS:
             out[f"{prefix}assumption{a}_{verdict}"] = row.get(verdict)
     return out
