@@ -65,3 +65,35 @@ def test_no_other_module_reads_block_names_with_its_own_pattern():
     pattern = re.compile(r"re\.(?:compile|match|fullmatch|search)\(\s*r?[\"'][^\"']*block")
     readers = [str(p.relative_to(AUDITOR)) for p in AUDITOR.rglob("*.py") if pattern.search(p.read_text())]
     assert readers == ["audit/report/catalogue.py"]
+
+
+def test_the_schema_is_generated_from_the_typed_row(tmp_path):
+    import torch
+
+    import auditor
+    from auditor.audit.report.schema import (
+        BOOL_COLUMNS,
+        FLOAT_COLUMNS,
+        GEOMETRY_COLUMNS,
+        INT_COLUMNS,
+        Row,
+        csv_text,
+        read_rows,
+    )
+
+    names = [f.name for f in dataclasses.fields(Row)]
+    assert names == COLUMNS and tuple(names[names.index("effective_rank"):][:7]) == GEOMETRY_COLUMNS
+    gen = torch.Generator().manual_seed(0)
+    e = torch.randn(12, 3, 5, generator=gen)  # (N, n, d)
+    frame = auditor.audit_tokens(e, e[:, 0].clone(), subsets=40, progress=False)
+    assert {c: str(frame[c].dtype) for c in INT_COLUMNS} == dict.fromkeys(INT_COLUMNS, "Int64")
+    assert {c: str(frame[c].dtype) for c in BOOL_COLUMNS} == dict.fromkeys(BOOL_COLUMNS, "boolean")
+    assert {c: str(frame[c].dtype) for c in FLOAT_COLUMNS} == dict.fromkeys(FLOAT_COLUMNS, "float64")
+    path = tmp_path / "results.csv"
+    path.write_text(csv_text(frame))
+    read = read_rows(path)
+    for given, back in zip(frame.to_dict("records"), read.to_dict("records"), strict=True):
+        row = Row.of(given)
+        assert isinstance(row.k, int) and isinstance(row.share_meets_threshold, bool)
+        assert isinstance(row.rank_counts, dict) and row.test in TEST_SPECS
+        assert Row.of(back) == row  # the CSV text gives back the typed row

@@ -1,5 +1,7 @@
 """The rows of an audit: their columns, their types in Python and their text form in ``results.csv``.
 
+:class:`Row` declares the columns, in order, with their types; the lists below are generated from it.
+
 In memory (the DataFrame ``auditor.audit_model`` returns) a row is typed: counts are nullable integers
 (``Int64``: ``k``, ``N``, ``n``, ``d``, ``subsets``, ``seed``), flags nullable booleans
 (``share_meets_threshold``, ``exhaustive``, ``first``), ``rank_counts`` a ``{rank: count}`` dict and
@@ -36,95 +38,103 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import pandas as pd
 
 from auditor.audit.report.catalogue import TEST_COLUMNS, TEST_SPECS
 
-# the token geometry of a row's vectors, raw and mean-centred, in their column order
-GEOMETRY_COLUMNS = (
-    "effective_rank",
-    "stable_rank",
-    "anisotropy",
-    "collapse_residual",
-    "effective_rank_centred",
-    "stable_rank_centred",
-    "anisotropy_centred",
-)
-COLUMNS = [
-    "model",
-    "representation",
-    "layer",
-    "weights",
-    "test",
-    "status",
-    "k",
-    "N",
-    "n",
-    "d",
-    "statement",
-    "fraction",
-    "fraction_low",
-    "fraction_high",
-    "share_meets_threshold",
-    "threshold",
-    "min_margin",
-    "margin_bound",
-    "critical_rtol",
-    "critical_rtol_low",
-    "critical_rtol_high",
-    "critical_rtol_exact",
-    "verdict_margin",
-    "rtol_grid",
-    "subsets",
-    "exhaustive",
-    "spectrum_proof",
-    "rank_counts",
-    "witness",
-    "krank_lower",
-    "krank_lower_method",
-    "krank_upper",
-    "duplicates",
-    "near_duplicates",
-    *GEOMETRY_COLUMNS,
-    "rtol",
-    "dtype",
-    "weights_dtype",
-    "device",
-    "data_source",
-    "data_counts",
-    "first",
-    "data_fingerprint",
-    "tokenizer",
-    "seed",
-    "seconds",
-    "note",
-    "git_commit",
-    "versions",
-]
-# a column an assumption test declares (auditor.audit.report.catalogue) that the list does not place yet
+_GEOMETRY = {"geometry": True}  # the token geometry of a row's vectors, raw and mean-centred
+
+
+@dataclass
+class Row:
+    """One row of ``results.csv``: its fields are the columns, in their order, with their types in memory
+    (every one may be missing: None). The schema is generated from it: :data:`COLUMNS`, :data:`INT_COLUMNS`,
+    :data:`BOOL_COLUMNS`, :data:`FLOAT_COLUMNS`, :data:`GEOMETRY_COLUMNS`; a column that an assumption test
+    declares (:mod:`auditor.audit.report.catalogue`) and the row lacks joins after the bounds.
+
+    :meth:`of` types one record; ``dataclasses.asdict`` gives it back as a record."""
+
+    model: str | None = None
+    representation: str | None = None
+    layer: str | None = None
+    weights: str | None = None
+    test: str | None = None
+    status: str | None = None
+    k: int | None = None
+    N: int | None = None
+    n: int | None = None
+    d: int | None = None
+    statement: str | None = None
+    fraction: float | None = None
+    fraction_low: float | None = None
+    fraction_high: float | None = None
+    share_meets_threshold: bool | None = None
+    threshold: float | None = None
+    min_margin: float | None = None
+    margin_bound: bool | None = None
+    critical_rtol: float | None = None
+    critical_rtol_low: float | None = None
+    critical_rtol_high: float | None = None
+    critical_rtol_exact: bool | None = None
+    verdict_margin: float | None = None
+    rtol_grid: dict[float, float] | None = None
+    subsets: int | None = None
+    exhaustive: bool | None = None
+    spectrum_proof: bool | None = None
+    rank_counts: dict[int, int] | None = None
+    witness: list[int] | None = None
+    krank_lower: int | None = None
+    krank_lower_method: str | None = None
+    krank_upper: int | None = None
+    duplicates: int | None = None
+    near_duplicates: int | None = None
+    effective_rank: float | None = field(default=None, metadata=_GEOMETRY)
+    stable_rank: float | None = field(default=None, metadata=_GEOMETRY)
+    anisotropy: float | None = field(default=None, metadata=_GEOMETRY)
+    collapse_residual: float | None = field(default=None, metadata=_GEOMETRY)
+    effective_rank_centred: float | None = field(default=None, metadata=_GEOMETRY)
+    stable_rank_centred: float | None = field(default=None, metadata=_GEOMETRY)
+    anisotropy_centred: float | None = field(default=None, metadata=_GEOMETRY)
+    rtol: float | None = None
+    dtype: str | None = None
+    weights_dtype: str | None = None
+    device: str | None = None
+    data_source: str | None = None
+    data_counts: str | None = None
+    first: bool | None = None
+    data_fingerprint: str | None = None
+    tokenizer: str | None = None
+    seed: int | None = None
+    seconds: float | None = None
+    note: str | None = None
+    git_commit: str | None = None
+    versions: str | None = None
+
+    @classmethod
+    def of(cls, record: Mapping[str, Any]) -> Row:
+        """The typed row of a record (a dict the audit built, or a CSV line); columns it does not know are
+        left out (:func:`rows_frame` keeps them after these), and an empty text is missing (None), as its CSV
+        cell reads back."""
+        typed = typed_record(record)
+        return cls(**{name: typed[name] for name in _FIELDS
+                      if name in typed and not _missing(typed[name]) and typed[name] != ""})
+
+
+_FIELDS = {f.name: f for f in fields(Row)}
+_KINDS = {name: str(f.type).removesuffix(" | None") for name, f in _FIELDS.items()}  # "int", "dict[int, int]"
+GEOMETRY_COLUMNS = tuple(name for name, f in _FIELDS.items() if f.metadata.get("geometry"))
+COLUMNS = list(_FIELDS)
+# a column an assumption test declares (auditor.audit.report.catalogue) that the row does not have yet
 # joins it after the bounds, so adding a test never needs an edit here
 COLUMNS[COLUMNS.index("near_duplicates") + 1 : COLUMNS.index("near_duplicates") + 1] = [
     c for c in TEST_COLUMNS if c not in COLUMNS
 ]
-INT_COLUMNS = (
-    "k",
-    "N",
-    "n",
-    "d",
-    "subsets",
-    "seed",
-    "krank_lower",
-    "krank_upper",
-    "duplicates",
-    "near_duplicates",
-)
-BOOL_COLUMNS = ("share_meets_threshold", "exhaustive", "spectrum_proof", "first", "margin_bound",
-                "critical_rtol_exact")
-FLOAT_COLUMNS = ("fraction", "fraction_low", "fraction_high", "threshold", "min_margin", "critical_rtol",
-                 "critical_rtol_low", "critical_rtol_high", "verdict_margin", *GEOMETRY_COLUMNS, "rtol",
-                 "seconds")
+INT_COLUMNS = tuple(name for name, kind in _KINDS.items() if kind == "int")
+BOOL_COLUMNS = tuple(name for name, kind in _KINDS.items() if kind == "bool")
+FLOAT_COLUMNS = tuple(name for name, kind in _KINDS.items() if kind == "float")
 # read as text: a one-index witness is not a number; the grid is "multiplier:fraction;..."
 TEXT_CELLS = {"rank_counts": str, "witness": str, "rtol_grid": str, "krank_lower_method": str,
               "statement": str}
