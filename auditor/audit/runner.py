@@ -44,7 +44,7 @@ import torch
 from tqdm.auto import tqdm
 
 import probes
-from auditor.audit.assumptions import QUERY_TESTS, TESTS, RunOptions
+from auditor.audit.assumptions import ASSUMPTION_TESTS, QUERY_TESTS, TESTS, RunOptions
 from auditor.audit.config import (
     DEFAULT_REPRESENTATIONS,
     DEFAULT_SUBSETS,
@@ -332,7 +332,7 @@ def _stream_stage(work: str, rep: str, saved: bool, per_layer: bool) -> str | No
         return SAVING_TOKENS if saved else None
     if work == "geometry":
         return f"geometry ({rep})" if per_layer else None
-    test = {"ranks": "assumption2", "means": "assumption3"}[work]
+    test = next(name for name, spec in ASSUMPTION_TESTS.items() if work in spec.reduces)  # the test it serves
     return f"{test} ({rep})" if per_layer else test
 
 

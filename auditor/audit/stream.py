@@ -165,19 +165,20 @@ class ContextReducer:
         self.rows = self.largest = 0
         self.seconds: dict[str, float] = {}
         self.save = save
-        self.spill = save is not None or ("assumption2" in tests and robustness and n <= d)
+        reductions = {kept for test in tests for kept in ASSUMPTION_TESTS[test].reduces}
+        self.spill = save is not None or ("ranks" in reductions and robustness and n <= d)
         self.writer: TokenWriter | None = None
         # the (N, d) arrays are allocated whole once, and each chunk's rows written in place: a list of
         # per-chunk blocks scattered among the extraction's temporaries kept the heap from shrinking
         # (the resident set grew by about 0.1 GB per 1,000 examples at ViT-base)
         self.queries: torch.Tensor | None = torch.empty((num, d), dtype=dtype)  # (N, d), as the contexts
         self.means: torch.Tensor | None = (
-            torch.empty((num, d), dtype=torch.float64, device=self.device) if "assumption3" in tests else None
+            torch.empty((num, d), dtype=torch.float64, device=self.device) if "means" in reductions else None
         )
         self.ranks: list[probes.ContextRanks] | None = None
         self.residuals: list[torch.Tensor] | None = None
         self.aligned: list[_Aligned] = []
-        if "assumption2" in tests:
+        if "ranks" in reductions:
             self.ranks = []
             self.aligned.append(_Aligned(probes.context_block(n, d), self._ranks))
         if geometry:

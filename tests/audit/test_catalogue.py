@@ -43,6 +43,10 @@ def test_a_declaration_missing_a_form_or_its_vectors_is_refused():
         dataclasses.replace(spec, tested=None)
     with pytest.raises(ValueError, match="k rule 'N' of assumption3 is not one of"):
         dataclasses.replace(spec, k_rule="N")
+    with pytest.raises(ValueError, match=r"reduces its contexts to some of \('ranks', 'means'\)"):
+        dataclasses.replace(spec, reduces=("contexts",))
+    with pytest.raises(ValueError, match="reduces its contexts"):
+        dataclasses.replace(spec, reduces=())
 
 
 @pytest.mark.parametrize(("name", "index"), [("block.0", 0), ("block.11", 11), ("block.-1", -1),

@@ -36,6 +36,9 @@ BOUND_COLUMNS = (
     "near_duplicates",
 )
 INTERVAL_COLUMNS = ("fraction_low", "fraction_high")
+# what the streamed contexts can keep for a streamed form (auditor.audit.stream.ContextReducer): the
+# per-context ranks (probes.context_ranks) and the float64 context means (probes.context_means)
+REDUCTIONS = ("ranks", "means")
 
 # A form takes contexts (N, n, d) or None (in memory) or the streamed contexts' reductions
 # (auditor.audit.stream.StreamedContexts), queries (N, d), n and the audit's RunOptions; it returns the
@@ -97,6 +100,8 @@ class TestSpec:
         tested: the vectors a Kruskal test samples, whose certified bounds its row carries: ``"queries"``
             or ``"mixed"`` (e(t) + mean of the rows of E(t)); None for a test of every context.
         columns: the columns its rows fill besides the common ones (the schema holds them all).
+        reduces: what its streamed form reads of the streamed contexts, among :data:`REDUCTIONS` (the
+            contexts are reduced so only when a test asks).
     """
 
     __test__ = False  # not a pytest class
@@ -110,12 +115,16 @@ class TestSpec:
     streamed: Form | None
     tested: str | None
     columns: tuple[str, ...]
+    reduces: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.k_rule not in _K_RULES:
             raise ValueError(f"k rule {self.k_rule!r} of {self.name} is not one of {sorted(_K_RULES)}")
         if self.needs_contexts and self.streamed is None:
             raise ValueError(f"{self.name} needs the contexts, so it needs a streamed form")
+        if not set(self.reduces) <= set(REDUCTIONS) or bool(self.reduces) != (self.streamed is not None):
+            raise ValueError(f"{self.name}: a streamed form reduces its contexts to some of {REDUCTIONS}; "
+                             f"got {self.reduces}")
         if (self.tested is None) == self.kruskal or self.tested not in (None, "queries", "mixed"):
             raise ValueError(f"{self.name}: a Kruskal test samples 'queries' or 'mixed'; another test, None")
 
@@ -126,11 +135,13 @@ class TestSpec:
 
 TEST_SPECS: dict[str, TestSpec] = {t.name: t for t in (
     TestSpec("assumption2", "Assumption 2 (rank n per context)", "n", kruskal=False, needs_contexts=True,
-             run=_assumption2, streamed=_assumption2_streamed, tested=None, columns=INTERVAL_COLUMNS),
+             run=_assumption2, streamed=_assumption2_streamed, tested=None, columns=INTERVAL_COLUMNS,
+             reduces=("ranks",)),
     TestSpec("assumption1", "Assumption 1 (Kruskal, k = n)", "n", kruskal=True, needs_contexts=False,
              run=_assumption1, streamed=None, tested="queries", columns=BOUND_COLUMNS),
     TestSpec("assumption3", "Assumption 3 (query + mean context)", "n", kruskal=True, needs_contexts=True,
-             run=_assumption3, streamed=_assumption3_streamed, tested="mixed", columns=BOUND_COLUMNS),
+             run=_assumption3, streamed=_assumption3_streamed, tested="mixed", columns=BOUND_COLUMNS,
+             reduces=("means",)),
     TestSpec("general_position", "General position (k = min(N, d))", "min(N, d)", kruskal=True,
              needs_contexts=False, run=_general_position, streamed=None, tested="queries",
              columns=BOUND_COLUMNS),
