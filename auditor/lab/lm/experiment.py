@@ -289,9 +289,12 @@ def plateau_table(frame: pd.DataFrame) -> pd.DataFrame:
 
 def slope_fit(frame: pd.DataFrame, dtype: str) -> tuple[float, float, float, int]:
     """(slope, low, high, points): capacity = slope x parameters through 0, by least squares over every seed's
-    plateau (each (model, seed)'s largest memorized bits over the dataset sizes), 95% t interval."""
+    plateau (each (model, seed)'s largest memorized bits over the dataset sizes), 95% t interval. Only
+    plateaus that the model set count (capacity-limited: the data there hold at least 1.1 times what was
+    memorized); a model that stored nearly all of every dataset it finished shows no capacity yet."""
     part = frame[frame["dtype"] == dtype]
-    best = part.groupby(["parameters", "seed"])["memorized_bits"].max().reset_index()
+    best = part.loc[part.groupby(["parameters", "seed"])["memorized_bits"].idxmax()]
+    best = best[best["entropy_bits"] >= 1.1 * best["memorized_bits"]]
     x, y = best["parameters"].to_numpy(float), best["memorized_bits"].to_numpy(float)
     if len(x) == 0:
         return float("nan"), float("nan"), float("nan"), 0
@@ -327,7 +330,8 @@ def _report(frame: pd.DataFrame, out: Path, config: LMConfig) -> str:
     for dtype in sorted(set(frame["dtype"])):
         slope, low, high, points = slope_fit(frame, dtype)
         lines.append(f"{dtype}: capacity = {_fmt(slope, low, high)} bits x parameters (least squares through "
-                     f"0 over {points} (model, seed) plateaus; the paper: {PAPER_BITS[dtype]})")
+                     f"0 over {points} capacity-limited (model, seed) plateaus; the paper: "
+                     f"{PAPER_BITS[dtype]})")
     steps = sorted(set(frame["steps"]))
     limited = int((~frame["converged"].map(lambda v: str(v).lower() == "true")).sum())
     lines.append(f"\nsteps per unit: {', '.join(map(str, steps))}; {limited} of {len(frame)} units "

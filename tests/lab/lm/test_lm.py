@@ -99,6 +99,12 @@ def test_the_plateau_and_the_slope_recover_a_planted_capacity():
             assert row["sequences"] == 20  # the first size past the plateau (the larger one ties)
     slope, low, high, points = slope_fit(frame, "float32")
     assert points == 6 and slope == pytest.approx(3.6, rel=0.011) and low < 3.6 < high
+    # a model that stored all of every dataset shows no capacity yet: left out of the fit, marked in the table
+    unbounded = frame[frame["model"] == "b"].assign(model="c", parameters=9000)
+    unbounded["memorized_bits"] = 0.99 * unbounded["entropy_bits"]
+    both = pd.concat([frame, unbounded], ignore_index=True)
+    assert slope_fit(both, "float32") == (slope, low, high, points)
+    assert not plateau_table(both).set_index(["model", "dtype"]).loc[("c", "float32"), "capacity_limited"]
 
 
 def test_bad_settings_are_one_line_errors():
