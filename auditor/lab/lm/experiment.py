@@ -24,9 +24,10 @@ memorized bits grew by less than ``plateau`` (relative) over the last fifth of i
 The report (``summary.csv``, ``summary.md``): per model and precision, the plateau = the dataset size
 where the seeds' mean memorized bits is largest, with bits per parameter and a Student-t 95% interval
 over the seeds, whether the data there exceeded what the model stored (``capacity_limited``: the data's
-entropy at that size is at least 1.1 times the memorized bits, so the model, not the data, set the
-count), and per precision the slope of capacity against parameters (least squares through 0 over every
-seed's plateau, 95% interval), beside the paper's 3.6 (float32) and 3.5 (bfloat16). The figure
+entropy at that size is at least 1.1 times the memorized bits and every seed had stopped gaining, so
+the model, not the data or the step budget, set the count), and per precision the slope of capacity
+against parameters (least squares through 0 over the seeds' capacity-limited plateaus, 95% interval),
+beside the paper's 3.6 (float32) and 3.5 (bfloat16). The figure
 (``memorized.png``) draws memorized bits against the dataset's entropy per model, as the paper's.
 """
 
@@ -265,9 +266,16 @@ COLUMNS = ("model", "layers", "d", "heads", "parameters", "vocab", "seq_len", "s
            "steps_trained", "steps", "batch_size", "lr", "history", "device", "seconds")
 
 
+def _done(column: pd.Series) -> pd.Series:
+    """A ``converged`` column (bools, or their text in a CSV) as booleans."""
+    return column.map(lambda v: str(v).strip().lower() == "true")
+
+
 def plateau_table(frame: pd.DataFrame) -> pd.DataFrame:
     """Per model and precision: the dataset size where the seeds' mean memorized bits is largest, its bits
-    per parameter with a 95% t interval over the seeds, and whether the model (not the data) set it."""
+    per parameter with a 95% t interval over the seeds, and whether the model (not the data, not the step
+    budget) set it: ``capacity_limited`` when the data there hold at least 1.1 times what was memorized and
+    every seed had stopped gaining."""
     rows = []
     for (parameters, model, dtype), part in frame.groupby(["parameters", "model", "dtype"], sort=True):
         means = part.groupby("sequences")["memorized_bits"].mean()
@@ -280,8 +288,9 @@ def plateau_table(frame: pd.DataFrame) -> pd.DataFrame:
             "sequences": int(best["sequences"].iloc[0]),
             "entropy_bits": entropy, "memorized_bits": float(best["memorized_bits"].mean()),
             "bits_per_parameter": mean, "ci_low": low, "ci_high": high, "seeds": len(best),
-            "capacity_limited": bool(entropy >= 1.1 * float(best["memorized_bits"].mean())),
-            "converged": int(best["converged"].map(lambda v: str(v).lower() == "true").sum()),
+            "capacity_limited": bool(entropy >= 1.1 * float(best["memorized_bits"].mean())
+                                     and _done(best["converged"]).all()),
+            "converged": int(_done(best["converged"]).sum()),
             "paper_bits_per_parameter": PAPER_BITS[dtype],
         })
     return pd.DataFrame(rows)
@@ -294,7 +303,7 @@ def slope_fit(frame: pd.DataFrame, dtype: str) -> tuple[float, float, float, int
     memorized); a model that stored nearly all of every dataset it finished shows no capacity yet."""
     part = frame[frame["dtype"] == dtype]
     best = part.loc[part.groupby(["parameters", "seed"])["memorized_bits"].idxmax()]
-    best = best[best["entropy_bits"] >= 1.1 * best["memorized_bits"]]
+    best = best[(best["entropy_bits"] >= 1.1 * best["memorized_bits"]) & _done(best["converged"])]
     x, y = best["parameters"].to_numpy(float), best["memorized_bits"].to_numpy(float)
     if len(x) == 0:
         return float("nan"), float("nan"), float("nan"), 0
