@@ -7,9 +7,11 @@ byte by byte, so the library's own header checks are what refuses them. Nothing 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import struct
+import sys
 from pathlib import Path
 
 import pytest
@@ -356,38 +358,38 @@ def test_huge_memory_budget_is_a_clean_error(tmp_path, capsys):
 # ---------------------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def small_files():
-    """Files larger than the returned limit cannot be written (RLIMIT_FSIZE, as a full disk: the write
-    fails with EFBIG instead of ENOSPC); the limit is lifted after the test."""
+@contextlib.contextmanager
+def small_files(size: int):
+    """Inside the block, files larger than ``size`` bytes cannot be written (RLIMIT_FSIZE, as a full disk:
+    the write fails with EFBIG instead of ENOSPC). The limit is lifted when the block ends, before pytest
+    writes its own report: with the limit on, pytest's output to a file (a CI log) would fail too."""
     import resource
     import signal
 
+    sys.stdout.flush()
+    sys.stderr.flush()
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
     handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a failed write instead of a killed process
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
 
-    def limit(size: int) -> None:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (size, hard))
 
-    yield limit
-    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-    signal.signal(signal.SIGXFSZ, handler)
-
-
-def test_saving_tokens_on_a_full_disk_is_one_line_and_leaves_no_file(tmp_path, small_files):
+def test_saving_tokens_on_a_full_disk_is_one_line_and_leaves_no_file(tmp_path):
     from auditor.audit.tokens import Tokens
 
     contexts = torch.randn(64, 8, 16, generator=torch.Generator().manual_seed(0))  # (N, n, d)
-    small_files(4096)
-    with pytest.raises(AuditError) as info:
+    with small_files(4096), pytest.raises(AuditError) as info:
         Tokens(contexts, contexts[:, 0].clone(), {"n": "8"}).save(tmp_path / "t.safetensors")
     assert "cannot write the token file" in one_line(info.value) and str(tmp_path) in str(info.value)
     assert not list(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize("limit", [64, 2048])  # the header itself, then a chunk of contexts
-def test_a_full_temporary_folder_while_streaming_is_one_line_and_cleaned(limit, tmp_path, small_files,
-                                                                         monkeypatch):
+def test_a_full_temporary_folder_while_streaming_is_one_line_and_cleaned(limit, tmp_path, monkeypatch):
     import tempfile
 
     from auditor.audit.stream import ContextReducer
@@ -396,8 +398,7 @@ def test_a_full_temporary_folder_while_streaming_is_one_line_and_cleaned(limit, 
     gen = torch.Generator().manual_seed(0)
     reducer = ContextReducer(16, 4, 8, torch.float32, torch.device("cpu"), tests=("assumption2",), rtol=None,
                              robustness=True, geometry=False, save=None, chunk=8)
-    small_files(limit)
-    with pytest.raises(AuditError) as info:
+    with small_files(limit), pytest.raises(AuditError) as info:
         for _ in range(2):
             reducer.add(torch.randn(8, 4, 8, generator=gen), torch.randn(8, 8, generator=gen), {"n": "4"})
         reducer.finish()
