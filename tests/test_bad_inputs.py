@@ -19,7 +19,7 @@ from conftest import save_tiny_vit, shared_data, tiny_gpt2, tiny_memorize
 from auditor.audit.tokens import Tokens
 from auditor.cli import main
 
-pytestmark = [pytest.mark.fast, pytest.mark.filterwarnings("ignore")]
+pytestmark = pytest.mark.filterwarnings("ignore")
 
 
 @pytest.fixture(scope="module")

@@ -36,8 +36,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.fast  # the developer's tier: pytest -m fast
-
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("auditor", "probes")
 

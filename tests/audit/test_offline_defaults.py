@@ -12,8 +12,6 @@ from auditor.models import known_models, resolve
 from auditor.models.bert import bundled_wordpiece
 from auditor.models.gpt2 import byte_fallback_tokenizer
 
-pytestmark = pytest.mark.fast  # the developer's tier: pytest -m fast
-
 DEFAULT_SAMPLES = 2000  # the audit's default N cap (the paper's N)
 BUNDLED_CROPS = 486
 

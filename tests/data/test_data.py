@@ -30,8 +30,6 @@ from auditor.data.text import chunks, pair_windows, read_text_file, split_senten
 from auditor.models import TextTokenizer
 from auditor.models.gpt2 import _BYTE_TO_ID, byte_fallback_tokenizer
 
-pytestmark = pytest.mark.fast  # the developer's tier: pytest -m fast
-
 
 @pytest.fixture(scope="module")
 def photo() -> Image.Image:

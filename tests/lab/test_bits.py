@@ -20,7 +20,7 @@ from auditor.lab.information import argmax_stored_bits
 from auditor.lab.memorize.bits import memorize_bits
 from auditor.lab.room import get
 
-pytestmark = [pytest.mark.fast, pytest.mark.usefixtures("one_thread")]
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -43,7 +43,7 @@ class RandomLabels:
         return (model(self.x).argmax(-1) == self.y).float().mean(1)
 
 
-pytestmark = [pytest.mark.fast, pytest.mark.usefixtures("one_thread")]  # tiny models: see conftest.one_thread
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.one_thread
 
 
 def make_problem(E: int, N: int = 16, d: int = 8, C: int = 5, seed: int = 0):

@@ -22,7 +22,6 @@ from auditor.lab.information import (
     uniform_entropy,
 )
 
-pytestmark = pytest.mark.fast
 REPORTS = Path(__file__).resolve().parents[2] / "reports"
 EPS = np.finfo(float).eps
 

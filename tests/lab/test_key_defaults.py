@@ -16,12 +16,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from auditor.lab.room import experiments, get
 from auditor.lab.sweep import field_defaults
-
-pytestmark = pytest.mark.fast  # the developer's tier: pytest -m fast
 
 SNAPSHOT = Path(__file__).resolve().parents[1] / "fixtures" / "key_defaults.json"
 

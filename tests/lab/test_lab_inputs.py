@@ -22,7 +22,7 @@ from auditor.core.options import MAX_SEED, MAX_VALUES, parse_floats, parse_ints,
 from auditor.lab import sweep
 from auditor.lab.cli import lab_commands, output_folder, torch_threads
 
-pytestmark = [pytest.mark.fast, pytest.mark.usefixtures("one_thread")]
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 TOO_BIG = str(2**70)
 LAB_COMMANDS: dict[str, click.Command] = lab_commands()

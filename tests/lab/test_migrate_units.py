@@ -16,8 +16,6 @@ import auditor.lab.sweep as sweep
 from auditor.lab.experiment import run_experiment
 from auditor.lab.room import get
 
-pytestmark = pytest.mark.fast  # the developer's tier: pytest -m fast
-
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("migrate_units", ROOT / "scripts" / "migrate_units.py")
 migrate = importlib.util.module_from_spec(_spec)

@@ -23,7 +23,7 @@ from auditor.models.partial import cut_config, parameters_on_meta
 from auditor.models.partial_adapter import PartialAdapter
 from auditor.models.registry import adapters
 
-pytestmark = [pytest.mark.fast, pytest.mark.usefixtures("one_thread")]
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _partial_adapters() -> list[PartialAdapter]:

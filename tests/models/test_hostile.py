@@ -24,7 +24,7 @@ from auditor.cli import main
 from auditor.core.errors import AuditError
 from auditor.models import load_model
 
-pytestmark = [pytest.mark.fast, pytest.mark.usefixtures("one_thread"), pytest.mark.filterwarnings("ignore")]
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.filterwarnings("ignore")]
 
 INDEX = "model.safetensors.index.json"
 

@@ -26,8 +26,6 @@ from auditor.models import (
 from auditor.models.gpt2 import BYTE_FALLBACK_NAME, byte_fallback_tokenizer, gpt2_byte_order
 from auditor.models.minilm import bundled_minilm_dir
 
-pytestmark = pytest.mark.fast  # the developer's tier: pytest -m fast
-
 NAMED = ["vit-base", "vit-base-224", "vit-large", "bert-base", "bert-large", "gpt2", "gpt2-large", "minilm"]
 
 

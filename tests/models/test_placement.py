@@ -23,8 +23,6 @@ from auditor.models.placement import (
     unit_sizes,
 )
 
-pytestmark = pytest.mark.fast  # the developer's tier: pytest -m fast
-
 
 def test_plan_fills_each_gpu_in_forward_order_then_the_next():
     units = [(BEFORE_BLOCKS, 2 * GIB), ("block.0", 3 * GIB), ("block.1", 3 * GIB), ("block.2", 3 * GIB)]

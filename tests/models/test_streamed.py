@@ -17,7 +17,7 @@ from auditor.models import streamed as streamed_module
 from auditor.models.partial_adapter import PartialAdapter
 from auditor.models.streamed import SafetensorsFile
 
-pytestmark = [pytest.mark.fast, pytest.mark.usefixtures("one_thread")]
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_safetensors_reads_whole_tensors_in_chunks_and_single_rows(tmp_path, monkeypatch):

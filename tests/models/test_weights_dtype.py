@@ -18,7 +18,7 @@ from auditor.audit.report import read_rows
 from auditor.audit.runner import AuditConfig, run
 from auditor.models import load_model
 
-pytestmark = [pytest.mark.fast, pytest.mark.usefixtures("one_thread")]
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 HF_NAMES = ["vit-base", "bert-base", "gpt2"]  # whole models (transformers' from_pretrained)
 PARTIAL_TYPES = ["llama", "roberta", "dinov2", "clip_vision_model", "siglip_vision_model"]  # block by block

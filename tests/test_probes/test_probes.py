@@ -14,8 +14,6 @@ from scipy import stats
 import probes
 from probes import fast
 
-pytestmark = pytest.mark.fast  # the developer's tier: pytest -m fast
-
 
 @pytest.fixture
 def imagenet_dir():

@@ -16,8 +16,6 @@ from scipy.linalg import hadamard
 from probes.bounds import DuplicateCounts, KruskalLowerBound, clopper_pearson, duplicates, kruskal_lower_bound
 from probes.kruskal import check_witness
 
-pytestmark = pytest.mark.fast  # the developer's tier: pytest -m fast
-
 
 def random_sets():
     """Small sets of every kind the bound must not overstate: generic, duplicated, nearly dependent,

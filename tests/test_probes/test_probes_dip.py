@@ -14,8 +14,6 @@ from conftest import with_singular_values
 import probes
 from probes import fast
 
-pytestmark = pytest.mark.fast  # the developer's tier: pytest -m fast
-
 DIP = 0.1 * (1 - 1e-6)  # what kruskal_test passes for the default grid
 
 

@@ -19,8 +19,6 @@ from probes.geometry import (
     token_geometry,
 )
 
-pytestmark = pytest.mark.fast  # the developer's tier: pytest -m fast
-
 EPS64 = float(np.finfo(np.float64).eps)
 
 

@@ -18,8 +18,6 @@ import torch
 import probes
 from probes import fast
 
-pytestmark = pytest.mark.fast  # the developer's tier: pytest -m fast
-
 
 def generic(n: int, d: int, seed: int = 0, dtype=torch.float64) -> torch.Tensor:
     return torch.randn(n, d, generator=torch.Generator().manual_seed(seed), dtype=dtype)

@@ -13,8 +13,6 @@ from conftest import with_singular_values
 
 import probes
 
-pytestmark = pytest.mark.fast  # the developer's tier: pytest -m fast
-
 F64 = np.finfo(np.float64).eps
 
 

@@ -43,7 +43,7 @@ from auditor.lab.engine import TrainConfig, train
 from auditor.lab.recall.scaling import SCALING_PRESETS
 from auditor.lab.sweep import run_unit
 
-pytestmark = [pytest.mark.fast, pytest.mark.usefixtures("one_thread")]  # tiny models: see conftest.one_thread
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.one_thread
 
 
 def _fit_config(steps: int = 300, lr: float = 0.1, **overrides) -> TrainConfig:

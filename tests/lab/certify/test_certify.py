@@ -26,7 +26,7 @@ from auditor.lab.common.mha.saturation import saturation
 from auditor.lab.common.mha.task import MemorizeTask
 from auditor.lab.engine import TrainConfig, train
 
-pytestmark = [pytest.mark.fast, pytest.mark.usefixtures("one_thread")]  # tiny models: see conftest.one_thread
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.one_thread
 
 
 def layer(H: int, d: int, d_h: int, outputs: int = 5, seed: int = 0, **kw) -> MHAEnsemble:

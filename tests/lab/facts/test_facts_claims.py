@@ -11,8 +11,6 @@ from auditor.core.errors import AuditError
 from auditor.lab.facts.claims import argmax_inflation, tau_tracking, write_claims
 from auditor.lab.facts.plots import plot_argmax, plot_tau_tracking
 
-pytestmark = pytest.mark.fast  # the developer's tier: pytest -m fast
-
 
 def _tau_rows():
     # rank(D) = 20; layers with bounds 10 and 40 (they can hold 10 and 20)

@@ -18,7 +18,7 @@ from auditor.lab.lm.experiment import LMConfig, dataset, lm_unit, logloss_bits, 
 from auditor.lab.lm.model import GPTShape, TinyGPT
 from auditor.lab.room import get
 
-pytestmark = [pytest.mark.fast, pytest.mark.usefixtures("one_thread")]
+pytestmark = pytest.mark.usefixtures("one_thread")
 EPS32 = float(np.finfo(np.float32).eps)
 
 UNIT = {"experiment": "lm", "model": "1x8", "layers": 1, "d": 8, "heads": 1, "vocab": 16, "seq_len": 8,

@@ -13,7 +13,7 @@ from auditor.lab.common.mha.data import DataConfig
 from auditor.lab.memorize.shared_queries import shared_query_data
 from auditor.lab.room import get
 
-pytestmark = [pytest.mark.fast, pytest.mark.usefixtures("one_thread")]  # tiny models: see conftest.one_thread
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: see conftest.one_thread
 
 
 def test_every_example_asks_one_of_the_shared_queries_with_a_context_of_its_own():
