@@ -357,9 +357,7 @@ def kruskal_lower_bound(
 
     unit, log2_norms = _unit_rows(x)
     zero = ~(x != 0).any(dim=1)
-    # smallest over largest norm, from their logarithms (0 where it lies below float64's range)
-    ratio = 0.0 if bool(zero.any()) else 2.0 ** max(float(log2_norms.min() - log2_norms.max()), -1100.0)
-    ratio *= 1 - (d + 8) * EPS64  # each norm carries a relative error below (d / 2 + 2) eps
+    ratio = _norm_ratio(log2_norms, bool(zero.any()), d)
     if bool(zero.any()) or rtols[0] >= 1:
         first = int(zero.nonzero()[0]) if bool(zero.any()) else 0
         why = (f"vector {first} is zero" if bool(zero.any())
@@ -367,25 +365,8 @@ def kruskal_lower_bound(
         return _rank_zero(unit, ratio, why, start, common, witness=(first,))
 
     raw = _raw_bounds(x, unit, ratio, rtols, top, log2_norms)
-    proven = max(raw.babel_k, raw.coherence_k)
-    white_c, white_b, null_k, white_mu, programs, extra_note = 1, 1, 1, math.nan, 0, ""
-    searched = None
-    if not raw.pair_dependent and _search_first(n_vec, d, proven, top, max_subsets, whiten, nullspace_seconds,
-                                                nullspace_steps):
-        # a small pool: the exhaustive search answers exactly for less than the proofs would cost
-        searched = _exhaustive_search(x, proven, top, max_subsets, rtol)
-        if searched[2] is None and searched[0] < top:  # (stopped by its budget: the proofs may go further)
-            searched = None
-    # (d), (e) while k is left to prove, on pools whose norms span at most 1 / WIDE_RANGE (beyond, the
-    # whitened spectra leave float64's range: the exhaustive search and (b), (c) remain)
-    if (whiten and top >= 2 and proven < top and not raw.pair_dependent and ratio >= WIDE_RANGE
-            and searched is None):
-        white_c, white_b, null_k, white_mu, programs, extra_note = _whitened_and_nullspace(
-            x, rtols, proven, top, float(nullspace_seconds), nullspace_steps)
-    exhaustive_k, tested, witness = searched or _exhaustive_search(x, max(proven, white_c, white_b, null_k),
-                                                                   top, max_subsets, rtol)
-    if witness is None and exhaustive_k == 1 and raw.pair_dependent:
-        witness = raw.pair
+    (white_c, white_b, null_k, white_mu, programs, extra_note), (exhaustive_k, tested, witness) = \
+        _beyond_raw(x, raw, ratio, rtols, top, rtol, max_subsets, whiten, nullspace_seconds, nullspace_steps)
 
     found = {"trivial": 1, "coherence": raw.coherence_k, "babel": raw.babel_k, "whitened-coherence": white_c,
              "whitened-babel": white_b, "nullspace": null_k, "exhaustive": exhaustive_k}
@@ -400,6 +381,41 @@ def kruskal_lower_bound(
         witness=None if witness is None else tuple(int(i) for i in witness),
         seconds=time.perf_counter() - start, whitened_coherence_k=white_c, whitened_babel_k=white_b,
         whitened_coherence=white_mu, nullspace_k=null_k, nullspace_programs=programs, note=note, **common)
+
+
+def _norm_ratio(log2_norms: torch.Tensor, any_zero: bool, d: int) -> float:
+    """The smallest over the largest row norm, from their base-2 logarithms (N,) (0 with a zero row or
+    where it lies below float64's range), lowered by the norms' rounding (each below (d / 2 + 2) eps)."""
+    ratio = 0.0 if any_zero else 2.0 ** max(float(log2_norms.min() - log2_norms.max()), -1100.0)
+    return ratio * (1 - (d + 8) * EPS64)
+
+
+def _beyond_raw(x: torch.Tensor, raw: Any, ratio: float, rtols: list[float], top: int, rtol: float | None,
+                max_subsets: int, whiten: bool, nullspace_seconds: float, nullspace_steps: int
+                ) -> tuple[tuple[int, int, int, float, int, str], tuple[int, int, tuple[int, ...] | None]]:
+    """The proofs past the raw bounds ``raw`` of (N, d) ``x``: the whitened and null-space bounds
+    (whitened coherence k, whitened Babel k, null-space k, whitened coherence, programs, note) and the
+    exhaustive search (k, subsets tested, witness). A small pool is searched first, where the search
+    answers exactly for less than the proofs would cost; the proofs (d), (e) run while k is left to prove,
+    on pools whose norms span at most 1 / WIDE_RANGE (beyond, the whitened spectra leave float64's range:
+    the exhaustive search and (b), (c) remain)."""
+    n_vec, d = x.shape
+    proven = max(raw.babel_k, raw.coherence_k)
+    whitened: tuple[int, int, int, float, int, str] = (1, 1, 1, math.nan, 0, "")
+    searched = None
+    if not raw.pair_dependent and _search_first(n_vec, d, proven, top, max_subsets, whiten, nullspace_seconds,
+                                                nullspace_steps):
+        searched = _exhaustive_search(x, proven, top, max_subsets, rtol)
+        if searched[2] is None and searched[0] < top:  # (stopped by its budget: the proofs may go further)
+            searched = None
+    if (whiten and top >= 2 and proven < top and not raw.pair_dependent and ratio >= WIDE_RANGE
+            and searched is None):
+        whitened = _whitened_and_nullspace(x, rtols, proven, top, float(nullspace_seconds), nullspace_steps)
+    exhaustive_k, tested, witness = searched or _exhaustive_search(x, max(proven, *whitened[:3]), top,
+                                                                   max_subsets, rtol)
+    if witness is None and exhaustive_k == 1 and raw.pair_dependent:
+        witness = raw.pair
+    return whitened, (exhaustive_k, tested, witness)
 
 
 def _rank_zero(unit: torch.Tensor, ratio: float, why: str, start: float, common: dict[str, Any],
