@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from auditor.audit.report.catalogue import RTOL_RULE, TEST_SPECS, TEST_TITLES
-from auditor.audit.report.schema import parse_rank_counts, parse_witness
+from auditor.audit.report.schema import parse_rank_counts, parse_witness, statement_of
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -84,25 +84,12 @@ def _kruskal(row: Mapping[str, Any]) -> bool:
 
 def statement(row: Mapping[str, Any]) -> str | None:
     """The strict statement of a tested row: its ``statement`` column where the row has one, else derived
-    from its evidence: a witness (or a share below 1, a pool proven dependent, a witnessed upper bound
-    below k) refutes "Kruskal rank >= k", a certified lower bound >= k (or every k-subset enumerated full
-    rank) proves it; Assumption 2 ("every context has rank n") is proven when every context reached rank n.
-    None for a row with nothing measured."""
+    from its evidence by the schema's rule (:func:`~auditor.audit.report.schema.statement_of`). None for a
+    row with nothing measured."""
     given = row.get("statement")
     if isinstance(given, str) and given.strip() in (REFUTED, PROVEN, NOT_DECIDED):
         return given.strip()
-    fraction = _float(row.get("fraction"))
-    if fraction is None or row.get("status") not in (None, "ok"):
-        return None
-    if not _kruskal(row):
-        return PROVEN if fraction >= 1.0 else REFUTED
-    k, lower, upper = _int(row.get("k")), _int(row.get("krank_lower")), _int(row.get("krank_upper"))
-    if (parse_witness(row.get("witness")) is not None or fraction < 1.0 or _bool(row.get("spectrum_proof"))
-            or (k is not None and upper is not None and upper < k)):
-        return REFUTED
-    if k is not None and ((lower is not None and lower >= k) or _bool(row.get("exhaustive"))):
-        return PROVEN
-    return NOT_DECIDED
+    return statement_of(row)
 
 
 def share_meets(row: Mapping[str, Any]) -> bool | None:
