@@ -180,6 +180,7 @@ def test_resume_after_interruption_equals_uninterrupted(tmp_path):
     resumed = SoftmaxRegression(w, b)  # a fresh process: initial weights again, checkpoint on disk
     res = train(resumed, RandomLabels(x, y, 5), cfg, progress=False)
     assert res.resumed_from == 50
+    # same process, same batches: the checkpoint's values read back, then the same kernels: bit-identical
     assert torch.equal(resumed.weight, reference.weight) and torch.equal(resumed.bias, reference.bias)
     assert torch.equal(res.steps_trained, ref.steps_trained) and torch.equal(res.accuracy, ref.accuracy)
     assert res.history.equals(ref.history)

@@ -115,4 +115,4 @@ def test_pickled_checkpoint_is_read_whole_and_gives_the_same_tokens(tmp_path):
     b = extract(whole, inputs, ["embedding", "block.1"], progress=False)
     assert "streamed" in streamed.details["loading"] and "streamed" not in whole.details["loading"]
     for rep in ("embedding", "block.1"):
-        assert torch.equal(a[rep].contexts, b[rep].contexts), rep
+        assert torch.equal(a[rep].contexts, b[rep].contexts), rep  # same weights, batches, kernels, process

@@ -789,6 +789,7 @@ def test_spread_solves_pieces_on_one_torch_thread_each_with_the_batch_result():
         assert sorted(seen) == [(3, 1), (4, 1)] and torch.get_num_threads() == 2
         seen.clear()
         torch.set_num_threads(1)
+        # one torch thread: spread makes one call on the whole batch, the same call as the reference
         assert torch.equal(fast.threads.spread(eig, gram), torch.linalg.eigvalsh(gram))
         assert seen == [(7, 1)]
     finally:
@@ -841,6 +842,7 @@ def test_eigvalsh_by_numpy_matches_torch_on_one_blas_thread_and_restores_it(monk
     assert len(seen) == 1 and seen[0] and set(seen[0]) == {1} and _blas_threads() == before
     tune(monkeypatch, eigen_numpy=False)
     seen.clear()
+    # torch's eigvalsh on the same batch with the thread count ref was computed with: the same call
     assert torch.equal(fast.threads.eigvalsh(gram), ref) and not seen
 
 
