@@ -43,18 +43,13 @@ from probes.fast import pool as pool_module  # noqa: E402
 from probes.fast import subsets as subsets_module  # noqa: E402
 from probes.fast import tuning  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_probes import load, make_pool  # noqa: E402  (the same pools as the benchmark)
+
 SHAPES = {"vit": (2000, 768, 197), "bert": (2000, 1024, 512), "gpt2": (2000, 1280, 1024),
           "small": (400, 64, 32)}
 READ_OPS = {"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique", "_unique2", "unique_dim",
             "unique_consecutive", "is_nonzero", "equal", "repeat_interleave"}
-
-
-def load() -> str:
-    try:
-        with open("/proc/loadavg") as fh:
-            return fh.read().split()[0]
-    except OSError:
-        return "?"
 
 
 def where() -> str:
@@ -88,16 +83,6 @@ class Counter(TorchDispatchMode):
         elif name in READ_OPS:
             self.read(name)
         return func(*args, **(kwargs or {}))
-
-
-def make_pool(kind: str, n: int, d: int, k: int, seed: int) -> torch.Tensor:
-    """As benchmarks/bench_probes.py: ``gaussian`` i.i.d.; ``cluster`` half the vectors in a (k // 2)-dim
-    subspace (about half the k-subsets dependent)."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, d, generator=g)
-    if kind == "cluster":
-        x[: n // 2] = torch.randn(n // 2, k // 2, generator=g) @ torch.randn(k // 2, d, generator=g)
-    return x
 
 
 def gpu_route(small_chunks: bool) -> None:
