@@ -26,11 +26,13 @@ def parse_ints(
     low: int = -MAX_SEED,
     high: int = MAX_SEED,
     max_values: int = MAX_VALUES,
+    unique: bool = True,
 ) -> list[int]:
     """``"1,2,4"`` or inclusive ranges ``"1:8"`` / ``"0:60:10"`` -> ints, duplicates dropped in order.
 
     Every value must lie in ``low .. high`` and the list may hold at most ``max_values`` values; both are
-    checked before a range is expanded. Raises AuditError (one line, naming ``option`` and what is
+    checked before a range is expanded; ``unique=False`` keeps repeated values (a list with one value per
+    item of another list). Raises AuditError (one line, naming ``option`` and what is
     valid) for anything else.
     """
     parts: list[tuple[int, int, int]] = []  # (start, stop, step), inclusive
@@ -64,7 +66,7 @@ def parse_ints(
     values = [v for start, stop, step in parts for v in range(start, stop + 1, step)]
     if not values:
         raise AuditError(f"{option} lists no values; give e.g. 1,2,4")
-    return list(dict.fromkeys(values))
+    return list(dict.fromkeys(values)) if unique else values
 
 
 def parse_sizes(text: str, option: str) -> list[int]:
@@ -78,9 +80,10 @@ def parse_seeds(text: str, option: str) -> list[int]:
 
 
 def parse_floats(
-    text: str, option: str, *, positive: bool = False, max_values: int = MAX_VALUES
+    text: str, option: str, *, positive: bool = False, max_values: int = MAX_VALUES, unique: bool = True
 ) -> list[float]:
-    """``"1e-2,3e-2"`` -> finite floats (``positive``: each > 0), duplicates dropped in order."""
+    """``"1e-2,3e-2"`` -> finite floats (``positive``: each > 0), duplicates dropped in order (kept with
+    ``unique=False``)."""
     try:
         values = [float(p) for p in (p.strip() for p in text.split(",")) if p]
     except ValueError:
@@ -92,4 +95,4 @@ def parse_floats(
     for value in values:
         if not math.isfinite(value) or (positive and value <= 0):
             raise AuditError(f"{option} takes {'positive ' if positive else ''}finite numbers; got {value}")
-    return list(dict.fromkeys(values))
+    return list(dict.fromkeys(values)) if unique else values

@@ -42,9 +42,10 @@ def option(default: Any, help: str, **cli: Any) -> Any:
     """A config field that is also a command-line option (``--name-with-dashes``).
 
     Keywords: ``flag`` (the spelling, e.g. ``"--shared/--non-shared"``), ``choices``, ``argument``
-    (positional), ``multiple`` (repeatable), ``parse`` (``sizes``, ``seeds``, ``ints``, ``floats``,
-    ``names``: how a list is read; default from the field type), ``default_help`` (shown instead of
-    the default).
+    (positional), ``multiple`` (repeatable), ``parse`` (``sizes``, ``seeds``, ``ints``, ``steps``,
+    ``floats``, ``names``: how a list is read; default from the field type), ``per_item`` (a list with one
+    value per item of another list: repeated values kept), ``default_help`` (shown instead of the
+    default).
     """
     return field(default=default, metadata={"help": help, **cli})
 

@@ -53,6 +53,14 @@ from auditor.lab.stats import mean_ci
 
 PAPER_BITS = {"float32": 3.6, "bfloat16": 3.5}  # Morris et al. 2025, bits per parameter at the plateau
 DTYPES = tuple(PAPER_BITS)
+# The reference: five models from 11k to 814k parameters, with steps and a peak learning rate per model.
+# The rate falls as 1 / width (measured at 6000 steps, factor 1: 2x64 stores 2.0 bits/param at 3e-3, 1.7 at
+# 1e-3 and 0.25 at 1e-2; 1x24 2.3 at 1e-2 and 2.1 at 3e-3). The steps spend two cores' hour where a plateau
+# is within reach: the two largest models cannot memorize in it (at 2000 steps 3x96 stores < 0.03
+# bits/param) and are run short, their counts lower bounds that say so.
+REFERENCE_MODELS = ("1x24", "2x32", "2x64", "3x96", "4x128")
+REFERENCE_STEPS = (12000, 8000, 5000, 1500, 600)
+REFERENCE_LR = (1e-2, 7.5e-3, 4e-3, 2.5e-3, 2e-3)
 SHAPE = re.compile(r"^(\d+)x(\d+)(?:x(\d+))?$")  # LAYERSxWIDTH[xHEADS]
 
 
@@ -71,7 +79,7 @@ def parse_model(name: str) -> tuple[int, int, int]:
 class LMConfig:
     """A capacity sweep of small GPTs on uniform random token sequences (see the module docstring)."""
 
-    models: tuple[str, ...] = option(("1x24", "2x32", "2x64", "3x96", "4x128"),
+    models: tuple[str, ...] = option(REFERENCE_MODELS,
                                      "Model shapes LAYERSxWIDTH[xHEADS], e.g. 1x24,2x64 (about 11k to 810k "
                                      "parameters at the reference vocabulary).")
     dataset_factors: tuple[float, ...] = option((0.5, 1.0, 2.0),
@@ -81,10 +89,14 @@ class LMConfig:
     dtypes: tuple[str, ...] = option(DTYPES, "Training precisions: float32, bfloat16.")
     vocab: int = option(128, "Tokens V (uniform): log2 V bits per token.")
     seq_len: int = option(32, "Tokens per sequence S.")
-    steps: int = option(3000, "Minibatch steps per unit (5% warm-up, then cosine decay).")
+    steps: tuple[int, ...] = option(REFERENCE_STEPS,
+                                    "Minibatch steps per unit (5% warm-up, then cosine decay): one value for "
+                                    "every model, or one per model in --models order.",
+                                    parse="steps", per_item=True)
     batch_size: int = option(32, "Sequences per step (the whole dataset when it is smaller).")
-    lr: float = option(1e-2, "Peak AdamW learning rate.", parse="floats")
-    evals: int = option(10, "Log-loss measurements on the whole dataset per unit (the history).")
+    lr: tuple[float, ...] = option(REFERENCE_LR, "Peak AdamW learning rate: one value for every model, or "
+                                   "one per model in --models order.", per_item=True)
+    evals: int = option(5, "Log-loss measurements on the whole dataset per unit (the history).")
     plateau: float = option(0.01, "Converged: memorized bits grew by less than this share over the last "
                                   "fifth of the steps.", parse="floats")
     device: str = option("cpu", "cpu | cuda | cuda:<i>.")
@@ -101,9 +113,20 @@ class LMConfig:
             raise AuditError("--dtypes, --seeds and --dataset-factors each need at least one value")
         if self.vocab < 2 or self.seq_len < 1:
             raise AuditError(f"--vocab must be >= 2 and --seq-len >= 1, got {self.vocab} and {self.seq_len}")
-        if self.steps < 5 or self.batch_size < 1 or self.evals < 1:
-            raise AuditError(f"--steps must be >= 5, --batch-size and --evals >= 1; got {self.steps}, "
-                             f"{self.batch_size}, {self.evals}")
+        for name, reference in (("steps", REFERENCE_STEPS), ("lr", REFERENCE_LR)):
+            values = getattr(self, name)
+            if values == reference and len(self.models) != len(values) and set(self.models) <= set(
+                    REFERENCE_MODELS):  # the reference's own models, a subset: each keeps its value
+                values = tuple(reference[REFERENCE_MODELS.index(m)] for m in self.models)
+                object.__setattr__(self, name, values)
+            if len(values) not in (1, len(self.models)):
+                raise AuditError(f"--{name} takes one value for every model or one per model "
+                                 f"({','.join(self.models)}); got {len(values)} values (the reference's "
+                                 "five when not given: give --steps and --lr for other models, e.g. "
+                                 "--steps 3000 --lr 1e-2)")
+        if min(self.steps) < 5 or self.batch_size < 1 or self.evals < 1:
+            raise AuditError(f"--steps must be >= 5, --batch-size and --evals >= 1; got "
+                             f"{','.join(map(str, self.steps))}, {self.batch_size}, {self.evals}")
         if not 0 < self.plateau < 1:
             raise AuditError(f"--plateau must be in (0, 1), got {self.plateau}")
         if not (self.device == "cpu" or re.fullmatch(r"cuda(:\d+)?", self.device)):
@@ -115,8 +138,10 @@ class LMConfig:
         from auditor.lab.lm.model import GPTShape
 
         out = []
-        for name in self.models:
+        for i, name in enumerate(self.models):
             layers, d, heads = parse_model(name)
+            steps = self.steps[i if len(self.steps) > 1 else 0]
+            lr = self.lr[i if len(self.lr) > 1 else 0]
             shape = GPTShape(layers, d, heads, self.vocab, self.seq_len)
             for factor in self.dataset_factors:
                 bits = factor * PAPER_BITS["float32"] * shape.parameters
@@ -126,8 +151,8 @@ class LMConfig:
                         out.append({
                             "experiment": "lm", "model": name, "layers": layers, "d": d, "heads": heads,
                             "vocab": self.vocab, "seq_len": self.seq_len, "sequences": sequences,
-                            "dataset_factor": factor, "seed": seed, "dtype": dtype, "steps": self.steps,
-                            "batch_size": self.batch_size, "lr": self.lr, "evals": self.evals,
+                            "dataset_factor": factor, "seed": seed, "dtype": dtype, "steps": steps,
+                            "batch_size": self.batch_size, "lr": lr, "evals": self.evals,
                             "plateau": self.plateau, "device": self.device})
         return sorted(out, key=lambda u: GPTShape(u["layers"], u["d"], u["heads"], u["vocab"],
                                                    u["seq_len"]).parameters)
@@ -235,11 +260,10 @@ def lm_unit(unit: dict[str, Any]) -> list[dict[str, Any]]:
             with torch.no_grad():
                 for p, m in zip(model.parameters(), master):
                     p.copy_(m)
-            code = logloss_bits(model, data)
-            stored = float(logloss_stored_bits(entropy, code)[0])
+            per_sequence = sequence_logloss_bits(model, data)  # (n,): weights in the training precision
+            stored = float(logloss_stored_bits(entropy, float(per_sequence.sum()))[0])
             history.append({"step": step, "memorized_bits": round(stored, 3)})
-    per_sequence = sequence_logloss_bits(model, data)  # (n,): the final model, weights in its precision
-    code = float(per_sequence.sum())
+    code = float(per_sequence.sum())  # the final model's (the last mark is the last step)
     memorized = float(logloss_stored_bits(entropy, code)[0])
     sequence_entropy = shape.seq_len * math.log2(shape.vocab)
     by_sequence = float(np.clip(sequence_entropy - per_sequence, 0.0, None).sum())  # Morris et al.'s clip
@@ -399,11 +423,12 @@ EXPERIMENT = Experiment(
     report=_report,
     presets={
         "quick": {"models": ("1x8", "1x16"), "dataset_factors": (0.5, 2.0), "seeds": (0,),
-                  "dtypes": ("float32", "bfloat16"), "vocab": 16, "seq_len": 8, "steps": 40, "batch_size": 16,
-                  "evals": 2},
+                  "dtypes": ("float32", "bfloat16"), "vocab": 16, "seq_len": 8, "steps": (40,), "lr": (1e-2,),
+                  "batch_size": 16, "evals": 2},
         "paper": {"models": ("1x8", "1x32", "2x64", "4x128", "6x256"),
                   "dataset_factors": (0.25, 0.5, 1.0, 2.0, 4.0),
-                  "vocab": 2048, "seq_len": 64, "steps": 100_000, "batch_size": 128, "lr": 1e-3, "evals": 20},
+                  "vocab": 2048, "seq_len": 64, "steps": (100_000,), "batch_size": 128, "lr": (1e-3,),
+                  "evals": 20},
     },
     key_defaults=LMUnit,
 )

@@ -113,7 +113,38 @@ def test_bad_settings_are_one_line_errors():
     with pytest.raises(AuditError, match="training precision"):
         LMConfig(dtypes=("float16",))
     with pytest.raises(AuditError, match="multiple of heads"):
-        LMConfig(models=("1x10x3",)).units()
+        LMConfig(models=("1x10x3",), steps=(100,), lr=(1e-2,)).units()
+
+
+def test_steps_and_rates_are_one_for_all_or_one_per_model():
+    from auditor.lab.lm.experiment import REFERENCE_LR, REFERENCE_MODELS, REFERENCE_STEPS
+
+    units = LMConfig(dataset_factors=(1.0,), seeds=(0,), dtypes=("float32",)).units()
+    assert [(u["model"], u["steps"], u["lr"]) for u in units] == list(
+        zip(REFERENCE_MODELS, REFERENCE_STEPS, REFERENCE_LR))
+    # a subset of the reference's models keeps each model's own budget, in the order given
+    picked = LMConfig(models=("2x64", "1x24"))
+    assert picked.steps == (REFERENCE_STEPS[2], REFERENCE_STEPS[0]) and picked.lr == (REFERENCE_LR[2],
+                                                                                      REFERENCE_LR[0])
+    assert {u["steps"] for u in LMConfig(models=("1x8", "1x16"), steps=(70,), lr=(1e-2,)).units()} == {70}
+    with pytest.raises(AuditError, match="one per model"):
+        LMConfig(models=("1x8",))  # not a reference model: its budget must be given
+    with pytest.raises(AuditError, match="one per model"):
+        LMConfig(models=("1x8", "1x16"), steps=(10, 20, 30), lr=(1e-2,))
+
+
+def test_the_command_line_keeps_repeated_per_model_values():
+    from auditor.lab.cli import parse
+    from auditor.lab.experiment import Option
+
+    experiment = get("lm")
+    options = {o.field.name: o for o in experiment.options()}
+    assert isinstance(options["steps"], Option)
+    assert parse(options["steps"], "600,600,300") == (600, 600, 300)  # one per model: repeats kept
+    assert parse(options["lr"], "1e-2,1e-2") == (1e-2, 1e-2)
+    assert parse(options["seeds"], "0,0,1") == (0, 1)  # a set of seeds: repeats dropped
+    with pytest.raises(AuditError, match="--steps takes values in 1..10000000"):
+        parse(options["steps"], "0")
 
 
 def test_a_quick_run_is_counted_by_audit_bits_and_resumes(tmp_path):
