@@ -204,10 +204,12 @@ def facts_markdown(rows: pd.DataFrame) -> str:
     )
     if fit["bits_per_parameter"] is not None:
         lo, hi = slope.ci95()
+        per_fact = fit["bits_per_fact"]
         lines.append(
-            f"- bits per parameter: {fit['bits_per_parameter']:.3f} (95% {lo * fit['bits_per_fact']:.3f} to "
-            f"{hi * fit['bits_per_fact']:.3f}; log2 D = {fit['bits_per_fact']:.0f} bits per fact); "
-            f"paper's guide {FACTS_PER_PARAMETER_GUIDE * fit['bits_per_fact']:.2f}; real language models "
+            f"- facts x log2 D per parameter: {fit['bits_per_parameter']:.3f} (95% {lo * per_fact:.3f} to "
+            f"{hi * per_fact:.3f}; log2 D = {per_fact:.0f} bits per fact, the bits a perfectly recalled "
+            "table holds; `audit bits` counts each row's entropy less the code correcting its missed facts); "
+            f"paper's guide {FACTS_PER_PARAMETER_GUIDE * per_fact:.2f}; real language models "
             f"~{LM_BITS_PER_PARAMETER:g}"
         )
     lines.append(f"- exponent of facts ∝ P^b: {_fmt_power(fit['power'])} (1 = linear)")
