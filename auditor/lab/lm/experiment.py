@@ -375,34 +375,69 @@ def _report(frame: pd.DataFrame, out: Path, config: LMConfig) -> str:
 
 
 def _plots(frame: pd.DataFrame, out: Path, config: LMConfig) -> list[Path]:
+    """``memorized.png``: (a) memorized bits against the dataset's entropy per model and precision (the
+    paper's figure; log axes, a unit storing nothing drawn on the floor), (b) the same per parameter, where
+    every model meets the paper's 3.6 and 3.5 bits/param on one scale; hollow markers: step-limited units
+    (still gaining when they stopped: lower bounds)."""
+    from matplotlib.ticker import NullFormatter
+
     from auditor.lab.figures import plt, save
 
-    fig, ax = plt.subplots(figsize=(8.5, 5.5))
+    fig, (ax, per) = plt.subplots(1, 2, figsize=(13, 5.5))
     models = frame.drop_duplicates("model").sort_values("parameters")
     colors = plt.cm.viridis(np.linspace(0, 0.9, max(1, len(models))))
+    floor = max(1.0, 0.5 * float(frame.loc[frame["memorized_bits"] > 0, "memorized_bits"].min())
+                if (frame["memorized_bits"] > 0).any() else 1.0)
     for color, model in zip(colors, models.itertuples()):
         for dtype, style in (("float32", "-"), ("bfloat16", "--")):
             part = frame[(frame["model"] == model.model) & (frame["dtype"] == dtype)]
             if part.empty:
                 continue
-            stats = part.groupby("entropy_bits")["memorized_bits"].agg(["mean", "min", "max"]).reset_index()
-            ax.plot(stats["entropy_bits"], stats["mean"], style, marker="o", ms=4, color=color,
-                    label=f"{model.model} ({model.parameters:,} params), {dtype}")
-            ax.fill_between(stats["entropy_bits"], stats["min"], stats["max"], color=color, alpha=0.12)
+            stats = part.groupby("entropy_bits").agg(mean=("memorized_bits", "mean"),
+                                                     low=("memorized_bits", "min"),
+                                                     high=("memorized_bits", "max"),
+                                                     done=("converged", lambda c: bool(_done(c).all())))
+            stats = stats.reset_index()
+            x, p = stats["entropy_bits"].to_numpy(float), float(model.parameters)
+            name = f"{model.model} ({model.parameters:,} params), {dtype}"
+            for axis, scale in ((ax, 1.0), (per, p)):
+                y = np.maximum(stats["mean"].to_numpy(float), floor if axis is ax else 0.0) / scale
+                axis.plot(x / scale, y, style, color=color, lw=1.2, label=name if axis is ax else None)
+                done = stats["done"].to_numpy(bool)
+                axis.plot(x[done] / scale, y[done], "o", ms=4, color=color)
+                axis.plot(x[~done] / scale, y[~done], "o", ms=4, mfc="white", color=color)
+                axis.fill_between(x / scale, np.maximum(stats["low"], floor if axis is ax else 0.0) / scale,
+                                  np.maximum(stats["high"], floor if axis is ax else 0.0) / scale,
+                                  color=color, alpha=0.12)
         ax.axhline(PAPER_BITS["float32"] * model.parameters, color=color, ls=":", lw=0.8)
-    top = float(frame["entropy_bits"].max())
-    low = float(frame["entropy_bits"].min())
-    grid = np.geomspace(low, top, 50)
+    grid = np.geomspace(float(frame["entropy_bits"].min()), float(frame["entropy_bits"].max()), 50)
     ax.plot(grid, grid, color="gray", lw=0.8, label="memorized = dataset entropy (all of the data)")
-    ax.plot([], [], ":", color="k", lw=0.8, label="3.6 bits x parameters (Morris et al., float32)")
-    paper = PAPER_BITS["float32"] * float(models["parameters"].max())
-    ceiling = max(float(frame["memorized_bits"].max()), paper)
-    ax.set_ylim(0, 1.08 * ceiling)  # linear: a model that stores 0 bits is drawn at 0
+    ax.plot([], [], ":", color="k", lw=0.8, label="3.6 bits x parameters, per model (Morris et al., float32)")
+    ax.plot([], [], "o", mfc="white", color="k", label="hollow: step-limited (a lower bound)")
     ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_ylim(bottom=floor)
+    ax.xaxis.set_minor_formatter(NullFormatter())  # decades only: the 2..9 x 10^k labels collide
     ax.set_xlabel("dataset entropy n S log2 V (bits)")
     ax.set_ylabel("memorized bits = entropy - log-loss (bits)")
-    ax.legend(fontsize=6.5, loc="upper left")
-    ax.grid(alpha=0.3)
+    ax.set_title("(a) memorized bits (a unit storing 0 is drawn on the floor)", fontsize=9)
+    ax.legend(fontsize=6, loc="upper left")
+    ax.grid(alpha=0.3, which="both")
+    ratio = (frame["entropy_bits"] / frame["parameters"]).to_numpy(float)
+    line = np.linspace(0.0, float(ratio.max()), 50)
+    per.plot(line, line, color="gray", lw=0.8)
+    for dtype, style in (("float32", ":"), ("bfloat16", "-.")):
+        per.axhline(PAPER_BITS[dtype], color="k", ls=style, lw=0.9,
+                    label=f"Morris et al., {dtype}: {PAPER_BITS[dtype]} bits/param")
+    per.set_xlim(0, 1.05 * float(ratio.max()))
+    per.plot([], [], color="gray", lw=0.8, label="memorized = dataset entropy")
+    per.set_xlabel("dataset entropy per parameter (bits/param)")
+    per.set_ylabel("memorized bits per parameter")
+    per.set_ylim(0, 1.1 * max(PAPER_BITS["float32"], float((frame["memorized_bits"]
+                                                             / frame["parameters"]).max())))
+    per.set_title("(b) per parameter: every model on one scale (linear: 0 is 0)", fontsize=9)
+    per.legend(fontsize=7, loc="upper left")
+    per.grid(alpha=0.3)
     return [save(fig, out / "memorized.png", title="memorized bits against dataset size, per model "
                  "(seeds: mean, band = min to max)")]
 
