@@ -80,7 +80,7 @@ class LMConfig:
     """A capacity sweep of small GPTs on uniform random token sequences (see the module docstring)."""
 
     models: tuple[str, ...] = option(REFERENCE_MODELS,
-                                     "Model shapes LAYERSxWIDTH[xHEADS], e.g. 1x24,2x64 (about 11k to 810k "
+                                     "Model shapes LAYERSxWIDTH[xHEADS], e.g. 1x24,2x64 (about 11k to 814k "
                                      "parameters at the reference vocabulary).")
     dataset_factors: tuple[float, ...] = option((0.5, 1.0, 2.0),
                                                 "Dataset sizes as multiples of 3.6 bits x parameters "
@@ -269,7 +269,7 @@ def lm_unit(unit: dict[str, Any]) -> list[dict[str, Any]]:
     by_sequence = float(np.clip(sequence_entropy - per_sequence, 0.0, None).sum())  # Morris et al.'s clip
     before = next(h["memorized_bits"] for h in history if h["step"] == round(0.8 * steps))
     gain = (memorized - before) / max(memorized, 1.0)
-    converged = gain < float(unit["plateau"])
+    converged = memorized > 0 and gain < float(unit["plateau"])  # at chance is no plateau: not begun
     return [{
         "model": unit["model"], "layers": shape.layers, "d": shape.d, "heads": shape.heads,
         "parameters": shape.parameters, "vocab": shape.vocab, "seq_len": shape.seq_len, "sequences": n,
@@ -295,6 +295,13 @@ def _done(column: pd.Series) -> pd.Series:
     return column.map(lambda v: str(v).strip().lower() == "true")
 
 
+def settled(frame: pd.DataFrame) -> pd.Series:
+    """Which rows converged: ``converged`` true and something memorized. A model still at the uniform
+    distribution has not begun to memorize; its bits did not grow because it has not moved, which is no
+    plateau (rows written before this rule may say ``converged`` there: the rule is applied on reading)."""
+    return _done(frame["converged"]) & (pd.to_numeric(frame["memorized_bits"]) > 0)
+
+
 def plateau_table(frame: pd.DataFrame) -> pd.DataFrame:
     """Per model and precision: the dataset size where the seeds' mean memorized bits is largest, its bits
     per parameter with a 95% t interval over the seeds, and whether the model (not the data, not the step
@@ -306,6 +313,7 @@ def plateau_table(frame: pd.DataFrame) -> pd.DataFrame:
         best = part[part["sequences"] == means.idxmax()]
         bpp = best["memorized_bits"] / parameters
         mean, low, high = mean_ci(bpp)
+        low = low if pd.isna(low) else max(low, 0.0)  # memorized bits are clipped at 0: so is the interval
         entropy = float(best["entropy_bits"].iloc[0])
         rows.append({
             "model": model, "dtype": dtype, "parameters": int(parameters),
@@ -313,8 +321,8 @@ def plateau_table(frame: pd.DataFrame) -> pd.DataFrame:
             "entropy_bits": entropy, "memorized_bits": float(best["memorized_bits"].mean()),
             "bits_per_parameter": mean, "ci_low": low, "ci_high": high, "seeds": len(best),
             "capacity_limited": bool(entropy >= 1.1 * float(best["memorized_bits"].mean())
-                                     and _done(best["converged"]).all()),
-            "converged": int(_done(best["converged"]).sum()),
+                                     and settled(best).all()),
+            "converged": int(settled(best).sum()),
             "paper_bits_per_parameter": PAPER_BITS[dtype],
         })
     return pd.DataFrame(rows)
@@ -327,7 +335,7 @@ def slope_fit(frame: pd.DataFrame, dtype: str) -> tuple[float, float, float, int
     memorized); a model that stored nearly all of every dataset it finished shows no capacity yet."""
     part = frame[frame["dtype"] == dtype]
     best = part.loc[part.groupby(["parameters", "seed"])["memorized_bits"].idxmax()]
-    best = best[(best["entropy_bits"] >= 1.1 * best["memorized_bits"]) & _done(best["converged"])]
+    best = best[(best["entropy_bits"] >= 1.1 * best["memorized_bits"]) & settled(best)]
     x, y = best["parameters"].to_numpy(float), best["memorized_bits"].to_numpy(float)
     if len(x) == 0:
         return float("nan"), float("nan"), float("nan"), 0
@@ -337,7 +345,7 @@ def slope_fit(frame: pd.DataFrame, dtype: str) -> tuple[float, float, float, int
     resid = y - slope * x
     se = math.sqrt(float(resid @ resid) / (len(x) - 1) / float(x @ x))
     half = float(scipy.stats.t.ppf(0.975, len(x) - 1)) * se
-    return slope, slope - half, slope + half, len(x)
+    return slope, max(slope - half, 0.0), slope + half, len(x)  # capacities are >= 0: so is the interval
 
 
 def _fmt(mean: float, low: float, high: float) -> str:
@@ -355,10 +363,13 @@ def _report(frame: pd.DataFrame, out: Path, config: LMConfig) -> str:
              "bits/param [95% CI over seeds] | paper | capacity-limited | converged seeds |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in table.itertuples():
+        stepped = r.converged < r.seeds  # a seed still gaining at the plateau: its count is a lower bound
+        why = ("yes" if r.capacity_limited else "no: still gaining" if stepped
+               else "no: the data were stored (less than 1.1 x memorized)")
         lines.append(f"| {r.model} | {r.parameters} | {r.dtype} | {r.sequences} ({r.entropy_bits:.0f}) | "
-                     f"{r.memorized_bits:.0f} | {_fmt(r.bits_per_parameter, r.ci_low, r.ci_high)} | "
-                     f"{r.paper_bits_per_parameter} | {'yes' if r.capacity_limited else 'no'} | "
-                     f"{r.converged} of {r.seeds} |")
+                     f"{r.memorized_bits:.0f} | {'>= ' if stepped else ''}"
+                     f"{_fmt(r.bits_per_parameter, r.ci_low, r.ci_high)} | "
+                     f"{r.paper_bits_per_parameter} | {why} | {r.converged} of {r.seeds} |")
     lines.append("")
     for dtype in sorted(set(frame["dtype"])):
         slope, low, high, points = slope_fit(frame, dtype)
@@ -366,9 +377,10 @@ def _report(frame: pd.DataFrame, out: Path, config: LMConfig) -> str:
                      f"0 over {points} capacity-limited (model, seed) plateaus; the paper: "
                      f"{PAPER_BITS[dtype]})")
     steps = sorted(set(frame["steps"]))
-    limited = int((~frame["converged"].map(lambda v: str(v).lower() == "true")).sum())
+    limited = int((~settled(frame)).sum())
     lines.append(f"\nsteps per unit: {', '.join(map(str, steps))}; {limited} of {len(frame)} units "
-                 "step-limited (still gaining at the end: their memorized bits are lower bounds)")
+                 "step-limited (still gaining at the end, or not yet begun: their memorized bits are lower "
+                 "bounds)")
     text = "\n".join(lines)
     write_text_atomic(out / "summary.md", text + "\n")
     return text + f"\n\nresults: {out / 'results.csv'}; summary: {out / 'summary.md'}"
@@ -393,10 +405,9 @@ def _plots(frame: pd.DataFrame, out: Path, config: LMConfig) -> list[Path]:
             part = frame[(frame["model"] == model.model) & (frame["dtype"] == dtype)]
             if part.empty:
                 continue
-            stats = part.groupby("entropy_bits").agg(mean=("memorized_bits", "mean"),
-                                                     low=("memorized_bits", "min"),
-                                                     high=("memorized_bits", "max"),
-                                                     done=("converged", lambda c: bool(_done(c).all())))
+            stats = part.assign(done=settled(part)).groupby("entropy_bits").agg(
+                mean=("memorized_bits", "mean"), low=("memorized_bits", "min"),
+                high=("memorized_bits", "max"), done=("done", "all"))
             stats = stats.reset_index()
             x, p = stats["entropy_bits"].to_numpy(float), float(model.parameters)
             name = f"{model.model} ({model.parameters:,} params), {dtype}"
@@ -447,8 +458,8 @@ EXPERIMENT = Experiment(
     help="Bits per parameter of small GPTs memorizing uniform random token sequences (Morris et al.): "
     "memorized bits = the data's entropy - the model's log-loss, swept over dataset size to the plateau.",
     examples="audit lm --scale quick                      # two tiny models, seconds\n"
-    "audit lm --out runs/lm                       # reference: 5 models, 11k-810k parameters, 3 seeds, "
-    "float32 and bfloat16 (CPU)\n"
+    "audit lm --executor ray --out runs/lm        # reference: 5 models, 11k-814k parameters, 3 seeds, "
+    "float32 and bfloat16: about an hour on 2 cores (a unit per core)\n"
     "audit lm --scale paper --device cuda         # V = 2048, S = 64, 10^5 steps: a GPU job",
     config=LMConfig,
     units=lambda config, out: config.units(),

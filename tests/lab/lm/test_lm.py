@@ -107,6 +107,24 @@ def test_the_plateau_and_the_slope_recover_a_planted_capacity():
     assert not plateau_table(both).set_index(["model", "dtype"]).loc[("c", "float32"), "capacity_limited"]
 
 
+def test_a_model_still_at_chance_has_not_converged():
+    """A unit that stored nothing did not gain because it has not begun (rows of the committed reference at
+    600 steps of 814k parameters): no plateau, in the summary and in ``audit bits``, whatever the row says."""
+    from auditor.lab.lm.bits import lm_bits
+
+    frame = _planted({"float32": 3.6})
+    idle = frame[frame["model"] == "b"].assign(model="c", parameters=9000, memorized_bits=0.0)
+    both = pd.concat([frame, idle], ignore_index=True)  # "converged": True on every row, as recorded
+    table = plateau_table(both).set_index(["model", "dtype"])
+    idle_row = table.loc[("c", "float32")]
+    assert idle_row["converged"] == 0 and not idle_row["capacity_limited"]
+    assert table.loc[("a", "float32"), "converged"] == 3  # the others unchanged
+    assert slope_fit(both, "float32") == slope_fit(frame, "float32")
+    rows = idle.assign(tokens=64, vocab=16, logloss_bits=64 * 4.0, sequences=8)  # at chance: H = log-loss
+    counted = lm_bits(rows)
+    assert (counted["stored_bits"] == 0).all() and not counted["converged"].any()
+
+
 def test_bad_settings_are_one_line_errors():
     with pytest.raises(AuditError, match="LAYERSxWIDTH"):
         LMConfig(models=("2-64",))
