@@ -395,7 +395,7 @@ def _plots(frame: pd.DataFrame, out: Path, config: LMConfig) -> list[Path]:
 
     from auditor.lab.figures import plt, save
 
-    fig, (ax, per) = plt.subplots(1, 2, figsize=(13, 5.5))
+    fig, (ax, per) = plt.subplots(1, 2, figsize=(13, 7))
     models = frame.drop_duplicates("model").sort_values("parameters")
     colors = plt.cm.viridis(np.linspace(0, 0.9, max(1, len(models))))
     floor = max(1.0, 0.5 * float(frame.loc[frame["memorized_bits"] > 0, "memorized_bits"].min())
@@ -432,7 +432,7 @@ def _plots(frame: pd.DataFrame, out: Path, config: LMConfig) -> list[Path]:
     ax.set_xlabel("dataset entropy n S log2 V (bits)")
     ax.set_ylabel("memorized bits = entropy - log-loss (bits)")
     ax.set_title("(a) memorized bits (a unit storing 0 is drawn on the floor)", fontsize=9)
-    ax.legend(fontsize=6, loc="upper left")
+    ax.legend(fontsize=6.5, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=3)  # below: off the curves
     ax.grid(alpha=0.3, which="both")
     ratio = (frame["entropy_bits"] / frame["parameters"]).to_numpy(float)
     line = np.linspace(0.0, float(ratio.max()), 50)
