@@ -50,6 +50,7 @@ from auditor.audit.report.style import (  # noqa: E402
     figure_style,
     finish_panels,
     legend_below,
+    legend_rows_height,
     panel_grid,
     representation_order,
 )
@@ -257,6 +258,7 @@ def context_rank_histogram(result: AuditResult, palette: Palette | None = None) 
         handles.append(
             Line2D([], [], ls="", label=f"full rank n = {n}" + ("" if n in ranks else ": no context"))
         )
+    fig.set_figheight(fig.get_figheight() + legend_rows_height(handles))  # 34 blocks: 18 legend rows
     legend_below(fig, handles)
     return fig
 

@@ -193,6 +193,16 @@ def legend_below(fig, handles: list, ncol: int = 2, **kwargs: Any) -> None:
         )
 
 
+def legend_rows_height(handles: list, ncol: int = 2, room: int = 3) -> float:
+    """Inches a figure must grow by for a :func:`legend_below` of ``handles`` in ``ncol`` columns, beyond the
+    ``room`` rows its height already allows (one row: the legend font's line spacing, 1.4 x its size)."""
+    from matplotlib.font_manager import FontProperties
+
+    rows = math.ceil(len(handles) / ncol)
+    line = 1.4 * FontProperties(size=plt.rcParams["legend.fontsize"]).get_size_in_points() / 72
+    return max(0, rows - room) * line
+
+
 def panel_grid(count: int, *, sharey: bool = False, top: float = 1.3, per_row: float = 1.5):
     """``count`` small panels at a column width, two a row (one when alone): ``(fig, axes)``."""
     cols = 1 if count == 1 else 2
