@@ -16,10 +16,12 @@ precision (``float32``; ``bfloat16``: the model's weights and arithmetic in bflo
 float32 master copy, so the stored model is its bfloat16 weights).
 
 One unit is one (model, dataset size, seed, precision): AdamW (betas 0.9, 0.98, no weight decay), a 5%
-linear warm-up then cosine decay over ``steps`` minibatch steps of ``batch_size`` sequences, the data's
-log-loss measured ``evals`` times along the way (the row's ``history``). A unit is ``converged`` when its
-memorized bits grew by less than ``plateau`` (relative) over the last fifth of its steps, else
-``step_limited``: under-trained models store less, so their counts are lower bounds on the capacity.
+linear warm-up then cosine decay to 0 from the model's peak rate ``lr`` over its ``steps`` minibatch steps
+of ``batch_size`` sequences (``--steps`` and ``--lr``: one value for every model or one per model), the
+data's log-loss measured ``evals`` times along the way (the row's ``history``; the last is the final
+count). A unit is ``converged`` when it memorized something and its memorized bits grew by less than
+``plateau`` (relative) over the last fifth of its steps, else step-limited (a model still at chance has
+not begun): under-trained models store less, so their counts are lower bounds on the capacity.
 
 The report (``summary.csv``, ``summary.md``): per model and precision, the plateau = the dataset size
 where the seeds' mean memorized bits is largest, with bits per parameter and a Student-t 95% interval
@@ -27,8 +29,9 @@ over the seeds, whether the data there exceeded what the model stored (``capacit
 entropy at that size is at least 1.1 times the memorized bits and every seed had stopped gaining, so
 the model, not the data or the step budget, set the count), and per precision the slope of capacity
 against parameters (least squares through 0 over the seeds' capacity-limited plateaus, 95% interval),
-beside the paper's 3.6 (float32) and 3.5 (bfloat16). The figure
-(``memorized.png``) draws memorized bits against the dataset's entropy per model, as the paper's.
+beside the paper's 3.6 (float32) and 3.5 (bfloat16); intervals are clipped at 0, as the counts are.
+The figure (``memorized.png``) draws memorized bits against the dataset's entropy per model, as the
+paper's, and the same per parameter beside 3.6 and 3.5.
 """
 
 from __future__ import annotations
