@@ -123,10 +123,10 @@ class LMConfig:
                 values = tuple(reference[REFERENCE_MODELS.index(m)] for m in self.models)
                 object.__setattr__(self, name, values)
             if len(values) not in (1, len(self.models)):
+                hint = (" (the reference's, for its own models: give --steps and --lr for others, e.g. "
+                        "--steps 3000 --lr 1e-2)" if values == reference else "")
                 raise AuditError(f"--{name} takes one value for every model or one per model "
-                                 f"({','.join(self.models)}); got {len(values)} values (the reference's "
-                                 "five when not given: give --steps and --lr for other models, e.g. "
-                                 "--steps 3000 --lr 1e-2)")
+                                 f"({','.join(self.models)}); got {len(values)} values{hint}")
         if min(self.steps) < 5 or self.batch_size < 1 or self.evals < 1:
             raise AuditError(f"--steps must be >= 5, --batch-size and --evals >= 1; got "
                              f"{','.join(map(str, self.steps))}, {self.batch_size}, {self.evals}")
