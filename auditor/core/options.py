@@ -69,14 +69,19 @@ def parse_ints(
     return list(dict.fromkeys(values)) if unique else values
 
 
-def parse_sizes(text: str, option: str) -> list[int]:
+def parse_sizes(text: str, option: str, *, unique: bool = True) -> list[int]:
     """A list of sizes (heads, context rows, widths, examples): integers in 1 .. MAX_SIZE."""
-    return parse_ints(text, option, low=1, high=MAX_SIZE)
+    return parse_ints(text, option, low=1, high=MAX_SIZE, unique=unique)
 
 
-def parse_seeds(text: str, option: str) -> list[int]:
+def parse_seeds(text: str, option: str, *, unique: bool = True) -> list[int]:
     """A list of seeds: integers in 0 .. 2**63 - 1."""
-    return parse_ints(text, option, low=0, high=MAX_SEED)
+    return parse_ints(text, option, low=0, high=MAX_SEED, unique=unique)
+
+
+def parse_steps(text: str, option: str, *, unique: bool = True) -> list[int]:
+    """A list of step counts: integers in 1 .. MAX_STEPS."""
+    return parse_ints(text, option, low=1, high=MAX_STEPS, unique=unique)
 
 
 def parse_floats(

@@ -25,7 +25,7 @@ import click
 from auditor.core.atomic import confined, foreign_entries, refuse_foreign, write_text_atomic
 from auditor.core.errors import AuditError
 from auditor.core.execution import EXECUTORS, check_executor
-from auditor.core.options import MAX_STEPS, parse_floats, parse_ints, parse_seeds, parse_sizes
+from auditor.core.options import parse_floats, parse_ints, parse_seeds, parse_sizes, parse_steps
 from auditor.core.provenance import timestamp
 from auditor.core.slurm import click_options as slurm_options
 from auditor.core.slurm import pop_options as pop_slurm_options
@@ -162,9 +162,8 @@ def parse(opt: Option, raw: Any) -> Any:
             raise AuditError(f"{flag} lists no values; give e.g. a,b")
         return names
     how = opt.field.metadata.get("parse") or ("seeds" if "seed" in opt.field.name else "sizes")
-    if how == "steps":
-        return tuple(parse_ints(raw, flag, low=1, high=MAX_STEPS, unique=unique))
-    return tuple({"seeds": parse_seeds, "sizes": parse_sizes, "ints": parse_ints}[how](raw, flag))
+    parser = {"seeds": parse_seeds, "sizes": parse_sizes, "steps": parse_steps, "ints": parse_ints}[how]
+    return tuple(parser(raw, flag, unique=unique))
 
 
 def _common_options(experiment: Experiment | None, options: list[Option]) -> list[click.Parameter]:

@@ -314,6 +314,7 @@ def plateau_table(frame: pd.DataFrame) -> pd.DataFrame:
     for (parameters, model, dtype), part in frame.groupby(["parameters", "model", "dtype"], sort=True):
         means = part.groupby("sequences")["memorized_bits"].mean()
         best = part[part["sequences"] == means.idxmax()]
+        done = settled(best)
         bpp = best["memorized_bits"] / parameters
         mean, low, high = mean_ci(bpp)
         low = low if pd.isna(low) else max(low, 0.0)  # memorized bits are clipped at 0: so is the interval
@@ -323,9 +324,8 @@ def plateau_table(frame: pd.DataFrame) -> pd.DataFrame:
             "sequences": int(best["sequences"].iloc[0]),
             "entropy_bits": entropy, "memorized_bits": float(best["memorized_bits"].mean()),
             "bits_per_parameter": mean, "ci_low": low, "ci_high": high, "seeds": len(best),
-            "capacity_limited": bool(entropy >= 1.1 * float(best["memorized_bits"].mean())
-                                     and settled(best).all()),
-            "converged": int(settled(best).sum()),
+            "capacity_limited": bool(entropy >= 1.1 * float(best["memorized_bits"].mean()) and done.all()),
+            "converged": int(done.sum()),
             "paper_bits_per_parameter": PAPER_BITS[dtype],
         })
     return pd.DataFrame(rows)
@@ -414,15 +414,14 @@ def _plots(frame: pd.DataFrame, out: Path, config: LMConfig) -> list[Path]:
             stats = stats.reset_index()
             x, p = stats["entropy_bits"].to_numpy(float), float(model.parameters)
             name = f"{model.model} ({model.parameters:,} params), {dtype}"
-            for axis, scale in ((ax, 1.0), (per, p)):
-                y = np.maximum(stats["mean"].to_numpy(float), floor if axis is ax else 0.0) / scale
+            done = stats["done"].to_numpy(bool)
+            for axis, scale, bottom in ((ax, 1.0, floor), (per, p, 0.0)):
+                y = np.maximum(stats["mean"].to_numpy(float), bottom) / scale
                 axis.plot(x / scale, y, style, color=color, lw=1.2, label=name if axis is ax else None)
-                done = stats["done"].to_numpy(bool)
                 axis.plot(x[done] / scale, y[done], "o", ms=4, color=color)
                 axis.plot(x[~done] / scale, y[~done], "o", ms=4, mfc="white", color=color)
-                axis.fill_between(x / scale, np.maximum(stats["low"], floor if axis is ax else 0.0) / scale,
-                                  np.maximum(stats["high"], floor if axis is ax else 0.0) / scale,
-                                  color=color, alpha=0.12)
+                axis.fill_between(x / scale, np.maximum(stats["low"], bottom) / scale,
+                                  np.maximum(stats["high"], bottom) / scale, color=color, alpha=0.12)
         ax.axhline(PAPER_BITS["float32"] * model.parameters, color=color, ls=":", lw=0.8)
     grid = np.geomspace(float(frame["entropy_bits"].min()), float(frame["entropy_bits"].max()), 50)
     ax.plot(grid, grid, color="gray", lw=0.8, label="memorized = dataset entropy (all of the data)")
